@@ -1,0 +1,1 @@
+"""d2ops: from a labelled COCO dataset to a safely deployed detector on AWS."""

@@ -1,0 +1,5 @@
+import sys
+
+from d2ops.cli import main
+
+sys.exit(main())
