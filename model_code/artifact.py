@@ -1,0 +1,176 @@
+"""The model artifact every trainer writes and evaluation and serving load.
+
+Layout and signature are documented in docs/model-artifact.md. This module needs torch (to
+load TorchScript) and pydantic, never a training framework.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+MODEL_FILE = "model.pt"
+METADATA_FILE = "metadata.json"
+EVALUATION_FILE = "evaluation.json"
+REPORT_DIR = "report"
+CHECKPOINT_DIR = "checkpoint"
+
+Task = Literal["detection", "instance_segmentation"]
+Framework = Literal["torchvision", "detectron2"]
+
+
+class ArtifactError(Exception):
+    """The artifact is missing a file, has unreadable metadata, or is not a model.tar.gz."""
+
+
+class DatasetRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    version: str
+    uri: str | None = None
+
+
+class ArtifactMetadata(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Literal[1] = 1
+    framework: Framework
+    task: Task
+    model: str = Field(description="architecture, e.g. fasterrcnn_resnet18_fpn or a model-zoo config name")
+    class_names: list[str] = Field(min_length=1)
+    category_ids: list[int] = Field(min_length=1, description="dataset COCO category id of each label index")
+    input_format: Literal["RGB"] = "RGB"
+    training_job: str | None = None
+    dataset: DatasetRef | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    @model_validator(mode="after")
+    def _labels_line_up(self) -> ArtifactMetadata:
+        if len(self.class_names) != len(self.category_ids):
+            raise ValueError(
+                f"class_names has {len(self.class_names)} entries but category_ids has {len(self.category_ids)}"
+            )
+        if len(set(self.category_ids)) != len(self.category_ids):
+            raise ValueError("category_ids must be unique")
+        return self
+
+    @property
+    def has_masks(self) -> bool:
+        return self.task == "instance_segmentation"
+
+
+@dataclass
+class LoadedDetector:
+    module: torch.jit.ScriptModule
+    metadata: ArtifactMetadata
+    path: Path
+    evaluation: dict[str, Any] | None = None
+    _tempdir: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
+
+    @property
+    def class_names(self) -> list[str]:
+        return self.metadata.class_names
+
+
+def save_artifact(
+    directory: Path | str,
+    module: torch.jit.ScriptModule,
+    metadata: ArtifactMetadata,
+    *,
+    evaluation: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``model.pt`` and ``metadata.json`` (and ``evaluation.json``) into ``directory``.
+
+    Files are written under a temporary name and renamed, so a crash never leaves a
+    half-written model next to valid metadata.
+    """
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp_model = out / (MODEL_FILE + ".tmp")
+    torch.jit.save(module, str(tmp_model))
+    os.replace(tmp_model, out / MODEL_FILE)
+    write_json(out / METADATA_FILE, metadata.model_dump(mode="json"))
+    if evaluation is not None:
+        write_json(out / EVALUATION_FILE, evaluation)
+    return out
+
+
+def write_json(path: Path, document: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(document, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def pack_artifact(directory: Path | str, tar_path: Path | str) -> Path:
+    """Pack a model directory as SageMaker does: ``model.tar.gz`` with the files at its root."""
+    src, dst = Path(directory), Path(tar_path)
+    tmp = dst.with_name(dst.name + ".tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for child in sorted(src.iterdir()):
+            tar.add(child, arcname=child.name)
+    os.replace(tmp, dst)
+    return dst
+
+
+def read_metadata(directory: Path | str) -> ArtifactMetadata:
+    path = Path(directory) / METADATA_FILE
+    try:
+        return ArtifactMetadata.model_validate_json(path.read_bytes())
+    except FileNotFoundError as exc:
+        raise ArtifactError(f"{path}: missing; not a d2ops model artifact") from exc
+    except ValidationError as exc:
+        raise ArtifactError(f"{path}: invalid metadata: {exc}") from exc
+
+
+def load_artifact(path: Path | str, *, device: str = "cpu") -> LoadedDetector:
+    """Load a model directory or a ``model.tar.gz`` produced by any d2ops trainer."""
+    source = Path(path)
+    tempdir: tempfile.TemporaryDirectory[str] | None = None
+    if source.is_file():
+        if not tarfile.is_tarfile(source):
+            raise ArtifactError(f"{source}: not a directory or a tar archive")
+        tempdir = tempfile.TemporaryDirectory(prefix="d2ops-model-")
+        try:
+            with tarfile.open(source) as tar:
+                tar.extractall(tempdir.name, filter="data")  # refuses absolute paths, '..' and links out
+        except (tarfile.FilterError, tarfile.ReadError, EOFError) as exc:
+            tempdir.cleanup()
+            raise ArtifactError(f"{source}: unsafe or corrupt archive: {exc}") from exc
+        directory = Path(tempdir.name)
+    elif source.is_dir():
+        directory = source
+    else:
+        raise ArtifactError(f"{source}: no such model directory or model.tar.gz")
+
+    metadata = read_metadata(directory)
+    model_file = directory / MODEL_FILE
+    if not model_file.is_file():
+        raise ArtifactError(f"{model_file}: missing; the artifact has no TorchScript detector")
+    try:
+        module = torch.jit.load(str(model_file), map_location=device)
+    except RuntimeError as exc:
+        raise ArtifactError(f"{model_file}: not a loadable TorchScript module: {exc}") from exc
+    module.eval()
+    evaluation_file = directory / EVALUATION_FILE
+    evaluation = json.loads(evaluation_file.read_text()) if evaluation_file.is_file() else None
+    return LoadedDetector(module=module, metadata=metadata, path=directory, evaluation=evaluation,
+                          _tempdir=tempdir)
+
+
+def copy_native_checkpoint(directory: Path | str, files: list[Path]) -> None:
+    """Keep the framework-native checkpoint next to the export, for later fine-tuning."""
+    target = Path(directory) / CHECKPOINT_DIR
+    target.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        shutil.copy2(f, target / f.name)
