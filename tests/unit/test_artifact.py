@@ -77,7 +77,7 @@ def test_load_errors_name_the_problem(tmp_path):
     (tmp_path / "junk.tar.gz").write_bytes(b"not a tar")
     with pytest.raises(artifact.ArtifactError, match="not a directory or a tar archive"):
         artifact.load_artifact(tmp_path / "junk.tar.gz")
-    with pytest.raises(artifact.ArtifactError, match="metadata.json: missing"):
+    with pytest.raises(artifact.ArtifactError, match=r"metadata\.json: missing"):
         artifact.load_artifact(tmp_path)
 
 
