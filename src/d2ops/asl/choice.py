@@ -1,0 +1,115 @@
+"""Choice rule evaluation with the service's typing rules.
+
+A comparison whose variable has the wrong type is simply false (``NumericEquals`` on a string
+never matches); a Variable or ``...Path`` operand that matches nothing is a ``States.Runtime``
+error, except under ``IsPresent``. Strings compare like Java's ``String.compareTo`` (UTF-16 code
+units); timestamps compare as instants.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from d2ops.asl.definition import is_timestamp
+from d2ops.asl.errors import RUNTIME, StatesError
+from d2ops.asl.paths import PathError, select
+
+_COMPARE: dict[str, Callable[[Any, Any], bool]] = {
+    "Equals": operator.eq, "LessThan": operator.lt, "GreaterThan": operator.gt,
+    "LessThanEquals": operator.le, "GreaterThanEquals": operator.ge,
+}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _java_key(text: str) -> bytes:
+    return text.encode("utf-16-be", "surrogatepass")
+
+
+def _instant(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def string_matches(value: str, pattern: str) -> bool:
+    """``StringMatches``: ``*`` matches any run of characters; ``\\*`` and ``\\\\`` are literal."""
+    tokens: list[str | None] = []  # None stands for a wildcard
+    index = 0
+    while index < len(pattern):
+        char = pattern[index]
+        if char == "\\" and index + 1 < len(pattern) and pattern[index + 1] in "*\\":
+            tokens.append(pattern[index + 1])
+            index += 2
+            continue
+        tokens.append(None if char == "*" else char)
+        index += 1
+    # Classic wildcard matching with backtracking over the last star.
+    v = t = 0
+    star_t, star_v = -1, 0
+    while v < len(value):
+        if t < len(tokens) and tokens[t] is not None and tokens[t] == value[v]:
+            v, t = v + 1, t + 1
+        elif t < len(tokens) and tokens[t] is None:
+            star_t, star_v = t, v
+            t += 1
+        elif star_t >= 0:
+            star_v += 1
+            v, t = star_v, star_t + 1
+        else:
+            return False
+    while t < len(tokens) and tokens[t] is None:
+        t += 1
+    return t == len(tokens)
+
+
+def _lookup(path: str, data: Any, context: Any, field: str) -> Any:
+    try:
+        return select(path, data, context)
+    except PathError as exc:
+        raise StatesError(RUNTIME, f"Invalid path {path!r} in {field}: {exc}") from exc
+
+
+def evaluate_rule(rule: dict[str, Any], data: Any, context: Any) -> bool:
+    if "And" in rule:
+        return all(evaluate_rule(sub, data, context) for sub in rule["And"])
+    if "Or" in rule:
+        return any(evaluate_rule(sub, data, context) for sub in rule["Or"])
+    if "Not" in rule:
+        return not evaluate_rule(rule["Not"], data, context)
+    op = next(key for key in rule if key not in ("Variable", "Next", "Comment"))
+    expected = rule[op]
+    if op == "IsPresent":
+        try:
+            select(rule["Variable"], data, context)
+            present = True
+        except PathError:
+            present = False
+        return present is expected
+    value = _lookup(rule["Variable"], data, context, "Variable")
+    if op.endswith("Path"):
+        expected = _lookup(expected, data, context, op)
+        op = op[: -len("Path")]
+    if op.startswith("Is"):
+        checks: dict[str, Callable[[Any], bool]] = {
+            "IsNull": lambda v: v is None, "IsNumeric": _is_number, "IsString": lambda v: isinstance(v, str),
+            "IsBoolean": lambda v: isinstance(v, bool), "IsTimestamp": is_timestamp,
+        }
+        return checks[op](value) is expected
+    if op == "StringMatches":
+        return isinstance(value, str) and string_matches(value, expected)
+    if op == "BooleanEquals":
+        return isinstance(value, bool) and isinstance(expected, bool) and value is expected
+    for prefix, accepts, key in (
+        ("String", lambda v: isinstance(v, str), _java_key),
+        ("Numeric", _is_number, lambda v: v),
+        ("Timestamp", is_timestamp, _instant),
+    ):
+        if op.startswith(prefix):
+            if not (accepts(value) and accepts(expected)):
+                return False
+            return _COMPARE[op[len(prefix):]](key(value), key(expected))
+    raise StatesError(RUNTIME, f"unsupported comparison operator {op}")

@@ -1,0 +1,425 @@
+"""Validation of an ASL (JSONPath) definition before anything runs.
+
+Every problem is collected with its location (``States.Train.Retry[0].BackoffRate: ...``) and
+reported at once in an ``AslDefinitionError``. Features the interpreter does not implement
+(JSONata, variables, Distributed Map, activities' credentials) are refused here by name, so a
+definition either runs with the service's semantics or does not start.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from d2ops.asl import intrinsics
+from d2ops.asl.errors import ALL, AslDefinitionError
+from d2ops.asl.paths import PathError, check_path, check_reference_path
+
+_COMMON = {"Type", "Comment"}
+_IO = {"InputPath", "OutputPath"}
+_FLOW = {"Next", "End"}
+_RESULT = {"ResultPath", "Parameters"}
+_ERRORS = {"Retry", "Catch", "ResultSelector"}
+FIELDS: dict[str, set[str]] = {
+    "Pass": _COMMON | _IO | _FLOW | _RESULT | {"Result"},
+    "Task": _COMMON | _IO | _FLOW | _RESULT | _ERRORS | {"Resource", "TimeoutSeconds", "TimeoutSecondsPath",
+                                                          "HeartbeatSeconds", "HeartbeatSecondsPath"},
+    "Choice": _COMMON | _IO | {"Choices", "Default"},
+    "Wait": _COMMON | _IO | _FLOW | {"Seconds", "SecondsPath", "Timestamp", "TimestampPath"},
+    "Succeed": _COMMON | _IO,
+    "Fail": _COMMON | {"Error", "Cause", "ErrorPath", "CausePath"},
+    "Parallel": _COMMON | _IO | _FLOW | _RESULT | _ERRORS | {"Branches"},
+    "Map": _COMMON | _IO | _FLOW | _RESULT | _ERRORS | {"Iterator", "ItemProcessor", "ItemsPath", "ItemSelector",
+                                                         "MaxConcurrency", "MaxConcurrencyPath"},
+}
+# Fields of the service the interpreter refuses, with the reason given to the user.
+REFUSED: dict[str, str] = {
+    "QueryLanguage": "only the JSONPath query language is supported",
+    "Assign": "workflow variables (Assign) are not supported",
+    "Output": "JSONata Output is not supported",
+    "Arguments": "JSONata Arguments are not supported",
+    "Items": "JSONata Items is not supported",
+    "Credentials": "cross-account task Credentials are not supported",
+    "ItemReader": "Distributed Map (ItemReader) is not supported",
+    "ItemBatcher": "Distributed Map (ItemBatcher) is not supported",
+    "ResultWriter": "Distributed Map (ResultWriter) is not supported",
+    "ToleratedFailurePercentage": "Distributed Map (ToleratedFailurePercentage) is not supported",
+    "ToleratedFailurePercentagePath": "Distributed Map (ToleratedFailurePercentagePath) is not supported",
+    "ToleratedFailureCount": "Distributed Map (ToleratedFailureCount) is not supported",
+    "ToleratedFailureCountPath": "Distributed Map (ToleratedFailureCountPath) is not supported",
+    "Label": "Distributed Map (Label) is not supported",
+}
+_TOP_LEVEL = {"StartAt", "States", "Comment", "Version", "TimeoutSeconds", "QueryLanguage"}
+_RETRIER = {"ErrorEquals", "IntervalSeconds", "MaxAttempts", "BackoffRate", "MaxDelaySeconds",
+            "JitterStrategy", "Comment"}
+_CATCHER = {"ErrorEquals", "Next", "ResultPath", "Comment"}
+
+_STRING_OPS = {"StringEquals", "StringLessThan", "StringGreaterThan", "StringLessThanEquals",
+               "StringGreaterThanEquals"}
+_NUMERIC_OPS = {"NumericEquals", "NumericLessThan", "NumericGreaterThan", "NumericLessThanEquals",
+                "NumericGreaterThanEquals"}
+_TIMESTAMP_OPS = {"TimestampEquals", "TimestampLessThan", "TimestampGreaterThan", "TimestampLessThanEquals",
+                  "TimestampGreaterThanEquals"}
+_TYPE_TESTS = {"IsNull", "IsPresent", "IsNumeric", "IsString", "IsBoolean", "IsTimestamp"}
+COMPARATORS: set[str] = (
+    _STRING_OPS | _NUMERIC_OPS | _TIMESTAMP_OPS | {"BooleanEquals", "StringMatches"} | _TYPE_TESTS
+    | {op + "Path" for op in _STRING_OPS | _NUMERIC_OPS | _TIMESTAMP_OPS | {"BooleanEquals"}}
+)
+_TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
+
+
+def is_timestamp(value: Any) -> bool:
+    return isinstance(value, str) and _TIMESTAMP.match(value) is not None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@functools.lru_cache(maxsize=2048)
+def parse_intrinsic(text: str) -> intrinsics.Call:
+    return intrinsics.parse(text)
+
+
+class _Validator:
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+        self.names: dict[str, str] = {}  # state name -> where it is defined (names are machine-wide)
+
+    def problem(self, where: str, message: str) -> None:
+        self.problems.append(f"{where}: {message}")
+
+    def machine(self, definition: Any, where: str, top_level: bool) -> None:
+        if not isinstance(definition, dict):
+            self.problem(where, "must be a JSON object")
+            return
+        allowed = _TOP_LEVEL if top_level else {"StartAt", "States", "Comment", "ProcessorConfig"}
+        for key in definition:
+            if key == "QueryLanguage" and definition[key] == "JSONPath":
+                continue
+            if key in REFUSED:
+                self.problem(f"{where}.{key}" if where else key, REFUSED[key])
+            elif key not in allowed:
+                self.problem(f"{where}.{key}" if where else key, "unknown field")
+        if "ProcessorConfig" in definition:
+            config = definition["ProcessorConfig"]
+            mode = config.get("Mode", "INLINE") if isinstance(config, dict) else None
+            if mode != "INLINE" or set(config) - {"Mode"}:
+                self.problem(f"{where}.ProcessorConfig", "only Mode INLINE is supported (Distributed Map is not)")
+        if top_level and "TimeoutSeconds" in definition:
+            timeout = definition["TimeoutSeconds"]
+            if not _is_int(timeout) or timeout <= 0:
+                self.problem("TimeoutSeconds", "must be a positive integer")
+        states = definition.get("States")
+        start_at = definition.get("StartAt")
+        prefix = f"{where}." if where else ""
+        if not isinstance(states, dict) or not states:
+            self.problem(f"{prefix}States", "missing or empty (a non-empty object of states is required)")
+            states = {}
+        if not isinstance(start_at, str):
+            self.problem(f"{prefix}StartAt", "missing (the name of the first state is required)")
+        elif states and start_at not in states:
+            self.problem(f"{prefix}StartAt", f"names a state that does not exist: {start_at!r}")
+        for name, state in states.items():
+            state_where = f"{prefix}States.{name}"
+            if name in self.names:
+                self.problem(state_where, f"duplicate state name (also defined at {self.names[name]})")
+            self.names[name] = state_where
+            if len(name) > 80:
+                self.problem(state_where, "state names are at most 80 characters")
+            self.state(name, state, state_where, states)
+        if isinstance(start_at, str) and start_at in states:
+            unreachable = set(states) - self._reachable(start_at, states)
+            for name in sorted(unreachable):
+                self.problem(f"{prefix}States.{name}", "is not reachable from StartAt")
+
+    @staticmethod
+    def _reachable(start: str, states: dict[str, Any]) -> set[str]:
+        seen: set[str] = set()
+        todo = [start]
+        while todo:
+            name = todo.pop()
+            if name in seen or name not in states or not isinstance(states[name], dict):
+                continue
+            seen.add(name)
+            state = states[name]
+            targets = [state.get("Next"), state.get("Default")]
+            targets += [rule.get("Next") for rule in state.get("Choices", []) if isinstance(rule, dict)]
+            targets += [c.get("Next") for c in state.get("Catch", []) if isinstance(c, dict)]
+            todo.extend(t for t in targets if isinstance(t, str))
+        return seen
+
+    def state(self, name: str, state: Any, where: str, scope: dict[str, Any]) -> None:
+        if not isinstance(state, dict):
+            self.problem(where, "must be a JSON object")
+            return
+        kind = state.get("Type")
+        if kind not in FIELDS:
+            self.problem(f"{where}.Type", f"missing or unknown state type {kind!r} (one of {', '.join(FIELDS)})")
+            return
+        for key in state:
+            if key == "QueryLanguage" and state[key] == "JSONPath":
+                continue
+            if key in REFUSED:
+                self.problem(f"{where}.{key}", REFUSED[key])
+            elif key not in FIELDS[kind]:
+                self.problem(f"{where}.{key}", f"unknown field for a {kind} state")
+        self.transition(state, kind, where, scope)
+        for key in ("InputPath", "OutputPath"):
+            if key in state and state[key] is not None:
+                self.path(state[key], f"{where}.{key}")
+        if "ResultPath" in state and state["ResultPath"] is not None:
+            self.path(state["ResultPath"], f"{where}.ResultPath", reference=True)
+        for key in ("Parameters", "ResultSelector", "ItemSelector"):
+            if key in state:
+                self.template(state[key], f"{where}.{key}")
+        if "Retry" in state:
+            self.retriers(state["Retry"], f"{where}.Retry")
+        if "Catch" in state:
+            self.catchers(state["Catch"], f"{where}.Catch", scope)
+        getattr(self, f"state_{kind.lower()}")(name, state, where, scope)
+
+    def transition(self, state: dict[str, Any], kind: str, where: str, scope: dict[str, Any]) -> None:
+        if kind in ("Choice", "Succeed", "Fail"):
+            return
+        has_next, end = "Next" in state, state.get("End")
+        if "End" in state and end is not True:
+            self.problem(f"{where}.End", "must be true when present")
+        if has_next == (end is True):
+            self.problem(where, "needs exactly one of Next or End: true")
+        if has_next:
+            self.target(state["Next"], f"{where}.Next", scope)
+
+    def target(self, name: Any, where: str, scope: dict[str, Any]) -> None:
+        if not isinstance(name, str) or name not in scope:
+            self.problem(where, f"names a state that does not exist in this scope: {name!r}")
+
+    def path(self, value: Any, where: str, reference: bool = False) -> None:
+        try:
+            (check_reference_path if reference else check_path)(value)
+        except PathError as exc:
+            self.problem(where, str(exc))
+
+    def template(self, template: Any, where: str) -> None:
+        if isinstance(template, dict):
+            for key, value in template.items():
+                if key.endswith(".$"):
+                    if not isinstance(value, str):
+                        self.problem(f"{where}.{key}", "a '.$' field needs a path or intrinsic function string")
+                    elif intrinsics.is_intrinsic(value):
+                        try:
+                            parse_intrinsic(value)
+                        except intrinsics.IntrinsicError as exc:
+                            self.problem(f"{where}.{key}", str(exc))
+                    else:
+                        self.path(value, f"{where}.{key}")
+                else:
+                    self.template(value, f"{where}.{key}")
+        elif isinstance(template, list):
+            for index, item in enumerate(template):
+                self.template(item, f"{where}[{index}]")
+
+    def error_equals(self, value: Any, where: str, is_last: bool) -> None:
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+            self.problem(where, "must be a non-empty array of error names")
+            return
+        if ALL in value and (len(value) > 1 or not is_last):
+            self.problem(where, "States.ALL must appear alone and in the last retrier/catcher")
+
+    def retriers(self, retriers: Any, where: str) -> None:
+        if not isinstance(retriers, list):
+            self.problem(where, "must be an array of retriers")
+            return
+        for index, retrier in enumerate(retriers):
+            at = f"{where}[{index}]"
+            if not isinstance(retrier, dict):
+                self.problem(at, "must be an object")
+                continue
+            for key in set(retrier) - _RETRIER:
+                self.problem(f"{at}.{key}", "unknown retrier field")
+            self.error_equals(retrier.get("ErrorEquals"), f"{at}.ErrorEquals", index == len(retriers) - 1)
+            checks = {
+                "IntervalSeconds": (lambda v: _is_int(v) and v >= 1, "must be a positive integer"),
+                "MaxAttempts": (lambda v: _is_int(v) and v >= 0, "must be a non-negative integer"),
+                "BackoffRate": (lambda v: _is_number(v) and v >= 1.0, "must be a number >= 1.0"),
+                "MaxDelaySeconds": (lambda v: _is_int(v) and v >= 1, "must be a positive integer"),
+                "JitterStrategy": (lambda v: v in ("FULL", "NONE"), "must be FULL or NONE"),
+            }
+            for key, (ok, message) in checks.items():
+                if key in retrier and not ok(retrier[key]):
+                    self.problem(f"{at}.{key}", message)
+
+    def catchers(self, catchers: Any, where: str, scope: dict[str, Any]) -> None:
+        if not isinstance(catchers, list):
+            self.problem(where, "must be an array of catchers")
+            return
+        for index, catcher in enumerate(catchers):
+            at = f"{where}[{index}]"
+            if not isinstance(catcher, dict):
+                self.problem(at, "must be an object")
+                continue
+            for key in set(catcher) - _CATCHER:
+                self.problem(f"{at}.{key}", "unknown catcher field")
+            self.error_equals(catcher.get("ErrorEquals"), f"{at}.ErrorEquals", index == len(catchers) - 1)
+            self.target(catcher.get("Next"), f"{at}.Next", scope)
+            if catcher.get("ResultPath") is not None:
+                self.path(catcher["ResultPath"], f"{at}.ResultPath", reference=True)
+
+    def seconds_field(self, state: dict[str, Any], value_key: str, path_key: str, where: str) -> None:
+        if value_key in state and path_key in state:
+            self.problem(where, f"{value_key} and {path_key} are mutually exclusive")
+        if value_key in state and (not _is_int(state[value_key]) or state[value_key] <= 0):
+            self.problem(f"{where}.{value_key}", "must be a positive integer")
+        if path_key in state:
+            self.path(state[path_key], f"{where}.{path_key}", reference=True)
+
+    # One method per state type, for the fields only that type has.
+    def state_pass(self, name: str, state: dict[str, Any], where: str, scope: dict[str, Any]) -> None:
+        pass
+
+    def state_succeed(self, name: str, state: dict[str, Any], where: str, scope: dict[str, Any]) -> None:
+        pass
+
+    def state_task(self, name: str, state: dict[str, Any], where: str, scope: dict[str, Any]) -> None:
+        if not isinstance(state.get("Resource"), str) or not state["Resource"].startswith("arn:"):
+            self.problem(f"{where}.Resource", "missing or not an ARN")
+        self.seconds_field(state, "TimeoutSeconds", "TimeoutSecondsPath", where)
+        self.seconds_field(state, "HeartbeatSeconds", "HeartbeatSecondsPath", where)
+        timeout, heartbeat = state.get("TimeoutSeconds"), state.get("HeartbeatSeconds")
+        if isinstance(timeout, int) and isinstance(heartbeat, int) and heartbeat >= timeout:
+            self.problem(f"{where}.HeartbeatSeconds", "must be smaller than TimeoutSeconds")
+
+    def state_wait(self, name: str, state: dict[str, Any], where: str, scope: dict[str, Any]) -> None:
+        present = [k for k in ("Seconds", "SecondsPath", "Timestamp", "TimestampPath") if k in state]
+        if len(present) != 1:
+            self.problem(where, "needs exactly one of Seconds, SecondsPath, Timestamp, TimestampPath")
+        if "Seconds" in state and (not _is_int(state["Seconds"]) or state["Seconds"] < 0):
+            self.problem(f"{where}.Seconds", "must be a non-negative integer")
+        if "Timestamp" in state and not is_timestamp(state["Timestamp"]):
+            self.problem(f"{where}.Timestamp", "must be an ISO 8601 timestamp like 2016-03-14T01:59:00Z")
+        for key in ("SecondsPath", "TimestampPath"):
+            if key in state:
+                self.path(state[key], f"{where}.{key}", reference=True)
+
+    def state_fail(self, name: str, state: dict[str, Any], where: str, scope: dict[str, Any]) -> None:
+        for value_key, path_key in (("Error", "ErrorPath"), ("Cause", "CausePath")):
+            if value_key in state and path_key in state:
+                self.problem(where, f"{value_key} and {path_key} are mutually exclusive")
+            if value_key in state and not isinstance(state[value_key], str):
+                self.problem(f"{where}.{value_key}", "must be a string")
+            if path_key in state:
+                value = state[path_key]
+                if intrinsics.is_intrinsic(value):
+                    try:
+                        parse_intrinsic(value)
+                    except intrinsics.IntrinsicError as exc:
+                        self.problem(f"{where}.{path_key}", str(exc))
+                else:
+                    self.path(value, f"{where}.{path_key}", reference=True)
+
+    def state_choice(self, name: str, state: dict[str, Any], where: str, scope: dict[str, Any]) -> None:
+        choices = state.get("Choices")
+        if not isinstance(choices, list) or not choices:
+            self.problem(f"{where}.Choices", "must be a non-empty array of choice rules")
+            choices = []
+        for index, rule in enumerate(choices):
+            self.rule(rule, f"{where}.Choices[{index}]", top=True, scope=scope)
+        if "Default" in state:
+            self.target(state["Default"], f"{where}.Default", scope)
+
+    def rule(self, rule: Any, where: str, top: bool, scope: dict[str, Any]) -> None:
+        if not isinstance(rule, dict):
+            self.problem(where, "must be an object")
+            return
+        if top:
+            self.target(rule.get("Next"), f"{where}.Next", scope)
+        elif "Next" in rule:
+            self.problem(f"{where}.Next", "only top-level choice rules may have Next")
+        combinators = [k for k in ("And", "Or", "Not") if k in rule]
+        operators = [k for k in rule if k in COMPARATORS]
+        allowed = {"Next", "Comment", "Variable", *combinators, *operators}
+        for key in set(rule) - allowed:
+            self.problem(f"{where}.{key}", "unknown choice rule field")
+        if len(combinators) + len(operators) != 1:
+            self.problem(where, "needs exactly one comparison operator or one of And/Or/Not")
+            return
+        if combinators:
+            key = combinators[0]
+            if "Variable" in rule:
+                self.problem(f"{where}.Variable", f"not allowed beside {key}")
+            if key == "Not":
+                self.rule(rule["Not"], f"{where}.Not", top=False, scope=scope)
+            elif not isinstance(rule[key], list) or not rule[key]:
+                self.problem(f"{where}.{key}", "must be a non-empty array of choice rules")
+            else:
+                for index, sub in enumerate(rule[key]):
+                    self.rule(sub, f"{where}.{key}[{index}]", top=False, scope=scope)
+            return
+        operator, value = operators[0], rule[operators[0]]
+        if "Variable" not in rule:
+            self.problem(where, "a comparison needs a Variable")
+        else:
+            self.path(rule["Variable"], f"{where}.Variable")
+        at = f"{where}.{operator}"
+        if operator.endswith("Path"):
+            self.path(value, at, reference=True)
+        elif operator in _STRING_OPS or operator == "StringMatches":
+            if not isinstance(value, str):
+                self.problem(at, "must be a string")
+        elif operator in _NUMERIC_OPS:
+            if not _is_number(value):
+                self.problem(at, "must be a number")
+        elif operator in _TIMESTAMP_OPS:
+            if not is_timestamp(value):
+                self.problem(at, "must be an ISO 8601 timestamp")
+        elif not isinstance(value, bool):  # BooleanEquals and the Is* type tests
+            self.problem(at, "must be true or false")
+
+    def state_parallel(self, name: str, state: dict[str, Any], where: str, scope: dict[str, Any]) -> None:
+        branches = state.get("Branches")
+        if not isinstance(branches, list) or not branches:
+            self.problem(f"{where}.Branches", "must be a non-empty array of branches")
+            return
+        for index, branch in enumerate(branches):
+            self.machine(branch, f"{where}.Branches[{index}]", top_level=False)
+
+    def state_map(self, name: str, state: dict[str, Any], where: str, scope: dict[str, Any]) -> None:
+        keys = [k for k in ("Iterator", "ItemProcessor") if k in state]
+        if len(keys) != 1:
+            self.problem(where, "needs exactly one of ItemProcessor or Iterator")
+        else:
+            self.machine(state[keys[0]], f"{where}.{keys[0]}", top_level=False)
+        if "Parameters" in state and "ItemSelector" in state:
+            self.problem(where, "Parameters and ItemSelector are mutually exclusive")
+        if "ItemsPath" in state:
+            self.path(state["ItemsPath"], f"{where}.ItemsPath", reference=True)
+        if "MaxConcurrency" in state and (not _is_int(state["MaxConcurrency"]) or state["MaxConcurrency"] < 0):
+            self.problem(f"{where}.MaxConcurrency", "must be a non-negative integer")
+        if "MaxConcurrencyPath" in state:
+            self.path(state["MaxConcurrencyPath"], f"{where}.MaxConcurrencyPath", reference=True)
+
+
+def validate(definition: Any, *, source: str | None = None) -> None:
+    """Raise AslDefinitionError listing every problem of ``definition``; return None if it can run."""
+    validator = _Validator()
+    validator.machine(definition, "", top_level=True)
+    if validator.problems:
+        raise AslDefinitionError(validator.problems, source=source)
+
+
+def task_states(definition: dict[str, Any]) -> Iterable[tuple[str, dict[str, Any]]]:
+    """Every Task state of a (validated) definition, branches and iterators included."""
+    for name, state in definition["States"].items():
+        if state["Type"] == "Task":
+            yield name, state
+        for branch in state.get("Branches", []):
+            yield from task_states(branch)
+        for key in ("Iterator", "ItemProcessor"):
+            if key in state:
+                yield from task_states(state[key])

@@ -1,0 +1,76 @@
+"""Exceptions of the ASL interpreter: definition problems, runtime (``States.*``) errors, task failures."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# The predefined error names the interpreter raises itself (the rest come from tasks).
+ALL = "States.ALL"
+RUNTIME = "States.Runtime"
+TIMEOUT = "States.Timeout"
+HEARTBEAT_TIMEOUT = "States.HeartbeatTimeout"
+TASK_FAILED = "States.TaskFailed"
+DATA_LIMIT_EXCEEDED = "States.DataLimitExceeded"
+NO_CHOICE_MATCHED = "States.NoChoiceMatched"
+RESULT_PATH_MATCH_FAILURE = "States.ResultPathMatchFailure"
+
+
+class AslDefinitionError(ValueError):
+    """The definition (or its substitutions, or a mock config) is unusable; ``problems`` lists each one."""
+
+    def __init__(self, problems: str | Sequence[str], *, source: str | None = None) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        self.source = source
+        prefix = f"{source}: " if source else ""
+        if len(self.problems) == 1:
+            message = f"{prefix}{self.problems[0]}"
+        else:
+            message = f"{prefix}{len(self.problems)} problems:\n" + "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(message)
+
+
+class TaskFailed(Exception):
+    """Raised by a task executor: the Task state fails with this error name and cause (Retry/Catch route on it)."""
+
+    def __init__(self, error: str, cause: str = "") -> None:
+        super().__init__(f"{error}: {cause}" if cause else error)
+        self.error = error
+        self.cause = cause
+
+
+class StatesError(Exception):
+    """A runtime error inside an execution, carrying the Step Functions error name and cause."""
+
+    def __init__(self, error: str, cause: str = "") -> None:
+        super().__init__(f"{error}: {cause}" if cause else error)
+        self.error = error
+        self.cause = cause
+
+
+class ExecutionAborted(Exception):
+    """The execution was stopped from outside (``Execution.abort``) while it was running."""
+
+
+class ExecutionTimedOut(Exception):
+    """The state machine's top-level ``TimeoutSeconds`` elapsed."""
+
+
+def error_matches(error_equals: Sequence[str], error: str) -> bool:
+    """Whether a retrier's or catcher's ``ErrorEquals`` list covers ``error``.
+
+    ``States.Runtime`` is never retried or caught; ``States.ALL`` matches everything else except
+    ``States.DataLimitExceeded`` (terminal unless named explicitly); ``States.TaskFailed`` matches
+    everything but timeouts; ``States.Timeout`` also covers heartbeat timeouts.
+    """
+    if error == RUNTIME:
+        return False
+    for name in error_equals:
+        if name == error:
+            return True
+        if name == ALL and error != DATA_LIMIT_EXCEEDED:
+            return True
+        if name == TASK_FAILED and error not in (TIMEOUT, HEARTBEAT_TIMEOUT, DATA_LIMIT_EXCEEDED):
+            return True
+        if name == TIMEOUT and error == HEARTBEAT_TIMEOUT:
+            return True
+    return False

@@ -1,0 +1,794 @@
+"""Executions of a validated ASL definition with the semantics of AWS Step Functions (JSONPath).
+
+``StateMachine`` holds a validated definition; ``run`` executes it in the calling thread and
+``start`` in a background thread. Each ``Execution`` records its history in the
+GetExecutionHistory event shape, can be aborted from any thread, and reports status, output,
+error and cause like DescribeExecution.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import random
+import re
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeAlias
+
+from d2ops.asl import intrinsics
+from d2ops.asl.choice import evaluate_rule
+from d2ops.asl.clock import Cancel, Clock, VirtualClock, iso
+from d2ops.asl.definition import parse_intrinsic, task_states, validate
+from d2ops.asl.errors import (
+    DATA_LIMIT_EXCEEDED,
+    HEARTBEAT_TIMEOUT,
+    NO_CHOICE_MATCHED,
+    RESULT_PATH_MATCH_FAILURE,
+    RUNTIME,
+    TIMEOUT,
+    AslDefinitionError,
+    ExecutionAborted,
+    ExecutionTimedOut,
+    StatesError,
+    TaskFailed,
+    error_matches,
+)
+from d2ops.asl.executors import ExecutorRegistry, TaskContext, TaskDeadline, TaskExecutor
+from d2ops.asl.mock import MockTestCase
+from d2ops.asl.paths import PathError, parse_reference_path, select, set_reference
+from d2ops.asl.substitution import substitute
+
+log = logging.getLogger(__name__)
+
+PAYLOAD_LIMIT_BYTES = 256 * 1024
+_EXECUTION_NAME = re.compile(r"^[^\s<>{}\[\]?*\"#%\\^|~`$&,;:/\x00-\x1f\x7f-\x9f]{1,80}$")
+_LAMBDA_FUNCTION_ARN = re.compile(r"^arn:[^:]+:lambda:[^:]*:[^:]*:function:")
+_SERVICE_ARN = re.compile(r"^arn:[^:]+:states:::(.+):([^:]+)$")
+_DEFAULT_MAP_CONCURRENCY = 40
+
+EventCallback = Callable[[dict[str, Any]], None]
+_Step = tuple[Any, str | None]  # a state's output and the next state's name (None: the end)
+Executors: TypeAlias = Mapping[str, TaskExecutor] | ExecutorRegistry
+
+
+class _BranchCancelled(Exception):
+    pass
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _size(value: Any) -> int:
+    return len(_dumps(value).encode("utf-8"))
+
+
+def _json_copy(value: Any, what: str) -> Any:
+    try:
+        return json.loads(_dumps(value))
+    except (TypeError, ValueError) as exc:
+        raise StatesError(RUNTIME, f"{what} is not JSON-serializable: {exc}") from exc
+
+
+def _brief(value: Any, limit: int = 300) -> str:
+    text = _dumps(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _details_key(event_type: str) -> str:
+    if event_type.endswith("StateEntered"):
+        return "stateEnteredEventDetails"
+    if event_type.endswith("StateExited"):
+        return "stateExitedEventDetails"
+    return event_type[0].lower() + event_type[1:] + "EventDetails"
+
+
+def _error_details(error: str, cause: str) -> dict[str, str]:
+    details = {}
+    if error:
+        details["error"] = error
+    if cause:
+        details["cause"] = cause
+    return details
+
+
+@dataclass
+class _Frame:
+    """Where a branch of execution is: its last event (for previousEventId) and its stop signal."""
+
+    last_event: int
+    cancel: Cancel
+
+
+class StateMachine:
+    """A validated ASL definition, ready to run. Use ``from_file`` or ``from_definition``."""
+
+    def __init__(self, definition: dict[str, Any], *, name: str, region: str = "us-east-1",
+                 account_id: str = "123456789012", role_arn: str | None = None, source: str | None = None) -> None:
+        validate(definition, source=source)
+        self.definition = definition
+        self.name = name
+        self.region = region
+        self.account_id = account_id
+        self.arn = f"arn:aws:states:{region}:{account_id}:stateMachine:{name}"
+        self.role_arn = role_arn or f"arn:aws:iam::{account_id}:role/{name}-role"
+        self.source = source
+
+    @classmethod
+    def from_file(cls, path: str | Path, substitutions: Mapping[str, object] | None = None,
+                  name: str | None = None, **options: Any) -> StateMachine:
+        """Load ``path``, replace ``${Key}`` placeholders, validate. The name defaults to the file
+        name without ``.asl.json`` (or ``.json``)."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise AslDefinitionError(f"cannot read the definition: {exc}", source=str(path)) from exc
+        return cls.from_definition(text, name=name or definition_name(path), substitutions=substitutions,
+                                   source=str(path), **options)
+
+    @classmethod
+    def from_definition(cls, definition: str | dict[str, Any], name: str = "StateMachine", *,
+                        substitutions: Mapping[str, object] | None = None, source: str | None = None,
+                        **options: Any) -> StateMachine:
+        text = definition if isinstance(definition, str) else json.dumps(definition)
+        text = substitute(text, substitutions, source=source)
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise AslDefinitionError(f"not valid JSON: {exc}", source=source) from exc
+        return cls(parsed, name=name, source=source, **options)
+
+    def start(self, input: Any = None, **options: Any) -> Execution:
+        """Start an execution in a background thread and return it at once (see ``run`` for options)."""
+        execution = self._prepare(input, **options)
+        thread = threading.Thread(target=execution._execute, name=f"asl-{execution.name}", daemon=True)
+        thread.start()
+        return execution
+
+    def run(self, input: Any = None, **options: Any) -> Execution:
+        """Run an execution to its end in the calling thread and return it.
+
+        Options: ``executors`` (a mapping of resource ARN or glob -> executor, or an
+        ExecutorRegistry), ``mock`` (a MockTestCase), ``execution_name``, ``clock`` (default: a
+        VirtualClock), ``on_event`` (called with each history event as it is recorded), ``rng``
+        (random.Random for jitter, UUIDs and MathRandom).
+        """
+        execution = self._prepare(input, **options)
+        execution._execute()
+        return execution
+
+    def _prepare(self, input: Any, *, executors: Executors | None = None, mock: MockTestCase | None = None,
+                 execution_name: str | None = None, clock: Clock | None = None, on_event: EventCallback | None = None,
+                 rng: random.Random | None = None) -> Execution:
+        registry = executors if isinstance(executors, ExecutorRegistry) else ExecutorRegistry(executors or {})
+        self.check_tasks(registry, mock)
+        name = execution_name or str(uuid.uuid4())
+        if not _EXECUTION_NAME.match(name):
+            raise ValueError(f"invalid execution name {name!r}: 1-80 characters without whitespace "
+                             "or any of <>{}[]?*\"#%\\^|~`$&,;:/")
+        try:
+            data = json.loads(_dumps({} if input is None else input))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"the execution input is not JSON-serializable: {exc}") from exc
+        if _size(data) > PAYLOAD_LIMIT_BYTES:
+            raise ValueError(f"the execution input is {_size(data)} bytes, over the {PAYLOAD_LIMIT_BYTES} byte limit")
+        return Execution(self, data, name=name, registry=registry, mock=mock, clock=clock or VirtualClock(),
+                         on_event=on_event, rng=rng or random.Random())
+
+    def check_tasks(self, registry: ExecutorRegistry, mock: MockTestCase | None) -> None:
+        """Refuse to start when a Task state has neither a mock nor an executor, or a mock names no Task."""
+        problems = []
+        tasks = dict(task_states(self.definition))
+        mocked = mock.responses if mock else {}
+        for state in mocked:
+            if state not in tasks:
+                problems.append(f"the mock test case {mock.name if mock else ''!r} mocks {state!r}, "
+                                "which is not a Task state of this definition")
+        for name, state in tasks.items():
+            if name not in mocked and registry.resolve(state["Resource"]) is None:
+                problems.append(f"Task state {name!r}: no mocked response and no executor for {state['Resource']!r}")
+        if problems:
+            raise AslDefinitionError(problems, source=self.source)
+
+
+def definition_name(path: str | Path) -> str:
+    """The state machine name a definition file stands for: its name without .asl.json / .json."""
+    base = Path(path).name
+    for suffix in (".asl.json", ".json"):
+        if base.endswith(suffix):
+            return base[: -len(suffix)]
+    return base
+
+
+class Execution:
+    """One run of a state machine. Attributes mirror DescribeExecution; ``history`` mirrors
+    GetExecutionHistory's ``events`` (timestamps are timezone-aware datetimes, as boto3 returns)."""
+
+    def __init__(self, machine: StateMachine, input: Any, *, name: str, registry: ExecutorRegistry,
+                 mock: MockTestCase | None, clock: Clock, on_event: EventCallback | None,
+                 rng: random.Random) -> None:
+        self.state_machine = machine
+        self.input = input
+        self.name = name
+        self.arn = f"arn:aws:states:{machine.region}:{machine.account_id}:execution:{machine.name}:{name}"
+        self.status = "RUNNING"
+        self.output: Any = None
+        self.error: str | None = None
+        self.cause: str | None = None
+        self.clock = clock
+        self.start_date = clock.now()
+        self.stop_date: datetime | None = None
+        self._registry = registry
+        self._mock = mock
+        self._on_event = on_event
+        self._rng = rng
+        self._events: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._invocations: dict[str, int] = {}
+        self._cancel = Cancel()
+        self._abort_requested = threading.Event()
+        self._abort_details: tuple[str, str] = ("", "")
+        self._timed_out = False
+        self._done = threading.Event()
+        timeout = machine.definition.get("TimeoutSeconds")
+        self._deadline = self.start_date + timedelta(seconds=timeout) if timeout else None
+
+    # ----- public API -------------------------------------------------------------------------
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._events)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the execution ends (True) or ``timeout`` seconds pass (False)."""
+        return self._done.wait(timeout)
+
+    def abort(self, error: str = "", cause: str = "") -> None:
+        """StopExecution: the execution ends ABORTED at its next check (running tasks are abandoned)."""
+        self._abort_details = (error, cause)
+        self._abort_requested.set()
+        self._cancel.set()
+
+    def describe(self) -> dict[str, Any]:
+        """The DescribeExecution response shape (input and output as JSON strings)."""
+        result: dict[str, Any] = {
+            "executionArn": self.arn, "stateMachineArn": self.state_machine.arn, "name": self.name,
+            "status": self.status, "startDate": self.start_date, "input": _dumps(self.input),
+            "inputDetails": {"included": True},
+        }
+        if self.stop_date is not None:
+            result["stopDate"] = self.stop_date
+        if self.status == "SUCCEEDED":
+            result["output"] = _dumps(self.output)
+            result["outputDetails"] = {"included": True}
+        if self.error:
+            result["error"] = self.error
+        if self.cause:
+            result["cause"] = self.cause
+        return result
+
+    # ----- the run ---------------------------------------------------------------------------
+    def _execute(self) -> None:
+        frame = _Frame(0, self._cancel)
+        self._event(frame, "ExecutionStarted", {"input": _dumps(self.input), "inputDetails": {"truncated": False},
+                                                "roleArn": self.state_machine.role_arn})
+        try:
+            output = self._run_scope(self.state_machine.definition, self.input, frame)
+            self._finish("SUCCEEDED", output=output)
+            self._event(frame, "ExecutionSucceeded", {"output": _dumps(output), "outputDetails": {"truncated": False}})
+        except StatesError as err:
+            self._finish("FAILED", error=err.error, cause=err.cause)
+            self._event(frame, "ExecutionFailed", _error_details(err.error, err.cause))
+        except ExecutionAborted:
+            error, cause = self._abort_details
+            self._finish("ABORTED", error=error, cause=cause)
+            self._event(frame, "ExecutionAborted", _error_details(error, cause))
+        except (ExecutionTimedOut, _BranchCancelled):
+            limit = self.state_machine.definition.get("TimeoutSeconds")
+            cause = f"the execution ran longer than its TimeoutSeconds ({limit})"
+            self._finish("TIMED_OUT", error=TIMEOUT, cause=cause)
+            self._event(frame, "ExecutionTimedOut", _error_details(TIMEOUT, cause))
+        except Exception as exc:  # an interpreter or executor bug must still end the execution
+            log.exception("execution %s crashed", self.arn)
+            self._finish("FAILED", error=RUNTIME, cause=f"internal interpreter error: {exc!r}")
+            self._event(frame, "ExecutionFailed", _error_details(RUNTIME, f"internal interpreter error: {exc!r}"))
+        finally:
+            self._done.set()
+
+    def _finish(self, status: str, *, output: Any = None, error: str = "", cause: str = "") -> None:
+        with self._lock:
+            self.status = status
+            self.output = output
+            self.error = error or None
+            self.cause = cause or None
+            self.stop_date = self.clock.now()
+
+    def _event(self, frame: _Frame, event_type: str, details: dict[str, Any] | None) -> int:
+        with self._lock:
+            event_id = len(self._events) + 1
+            event: dict[str, Any] = {"timestamp": self.clock.now(), "type": event_type, "id": event_id,
+                                     "previousEventId": frame.last_event}
+            if details is not None:
+                event[_details_key(event_type)] = details
+            self._events.append(event)
+            frame.last_event = event_id
+        if self._on_event is not None:
+            try:
+                self._on_event(dict(event))
+            except Exception:  # a broken progress display must not break the execution
+                log.exception("on_event callback failed for event %s", event_type)
+        return event_id
+
+    def _last_event_id(self) -> int:
+        with self._lock:
+            return len(self._events)
+
+    def _check(self, frame: _Frame) -> None:
+        if self._abort_requested.is_set():
+            raise ExecutionAborted()
+        if self._timed_out or (self._deadline is not None and self.clock.now() >= self._deadline):
+            self._timed_out = True
+            self._cancel.set()
+            raise ExecutionTimedOut()
+        if frame.cancel.is_set():
+            raise _BranchCancelled()
+
+    def _sleep(self, seconds: float, frame: _Frame) -> None:
+        if self._deadline is not None:
+            seconds = min(seconds, max(0.0, (self._deadline - self.clock.now()).total_seconds()))
+        self.clock.sleep(seconds, frame.cancel)
+        self._check(frame)
+
+    def _context(self, state: str, entered: datetime, retry_count: int, **extra: Any) -> dict[str, Any]:
+        machine = self.state_machine
+        context = {
+            "Execution": {"Id": self.arn, "Input": self.input, "Name": self.name, "RoleArn": machine.role_arn,
+                          "StartTime": iso(self.start_date), "RedriveCount": 0},
+            "StateMachine": {"Id": machine.arn, "Name": machine.name},
+            "State": {"Name": state, "EnteredTime": iso(entered), "RetryCount": retry_count},
+        }
+        context.update(extra)
+        return context
+
+    def _run_scope(self, scope: dict[str, Any], data: Any, frame: _Frame) -> Any:
+        name: str | None = scope["StartAt"]
+        while name is not None:
+            self._check(frame)
+            data, name = self._run_state(name, scope["States"][name], data, frame)
+        return data
+
+    def _run_state(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame) -> _Step:
+        kind = state["Type"]
+        entered = self.clock.now()
+        self._event(frame, f"{kind}StateEntered",
+                    {"name": name, "input": _dumps(raw), "inputDetails": {"truncated": False}})
+        try:
+            output, next_name = getattr(self, f"_state_{kind.lower()}")(name, state, raw, frame, entered)
+        except (ExecutionAborted, ExecutionTimedOut, _BranchCancelled):
+            self._event(frame, f"{kind}StateAborted", None)
+            raise
+        self._limit(output, name, "the state output")
+        self._event(frame, f"{kind}StateExited",
+                    {"name": name, "output": _dumps(output), "outputDetails": {"truncated": False}})
+        return output, next_name
+
+    # ----- input and output processing -------------------------------------------------------
+    def _limit(self, value: Any, state: str, what: str) -> None:
+        size = _size(value)
+        if size > PAYLOAD_LIMIT_BYTES:
+            raise StatesError(DATA_LIMIT_EXCEEDED, f"{what} of state {state!r} is {size} bytes, over the "
+                                                   f"{PAYLOAD_LIMIT_BYTES} byte limit")
+
+    def _select(self, path: str, data: Any, context: Any, state: str, field: str) -> Any:
+        try:
+            return select(path, data, context)
+        except PathError as exc:
+            raise StatesError(RUNTIME, f"An error occurred while executing the state {state!r}: "
+                                       f"the {field} {path!r} matched nothing: {exc}") from exc
+
+    def _input_path(self, state: dict[str, Any], name: str, raw: Any, context: Any) -> Any:
+        path = state.get("InputPath", "$")
+        return {} if path is None else self._select(path, raw, context, name, "InputPath")
+
+    def _output_path(self, state: dict[str, Any], name: str, data: Any, context: Any) -> Any:
+        path = state.get("OutputPath", "$")
+        return {} if path is None else self._select(path, data, context, name, "OutputPath")
+
+    def _result_path(self, path: str | None, name: str, raw: Any, result: Any) -> Any:
+        if path is None:
+            return raw
+        steps = parse_reference_path(path)
+        assert steps is not None  # validated: ResultPath is a reference path
+        try:
+            return set_reference(raw, steps, result, path)
+        except PathError as exc:
+            raise StatesError(RESULT_PATH_MATCH_FAILURE, f"state {name!r}: {exc}") from exc
+
+    def _render(self, template: Any, data: Any, context: Any, state: str, field: str) -> Any:
+        """Evaluate a payload template (Parameters, ResultSelector, ItemSelector)."""
+        if isinstance(template, list):
+            return [self._render(item, data, context, state, field) for item in template]
+        if not isinstance(template, dict):
+            return template
+        rendered: dict[str, Any] = {}
+        for key, value in template.items():
+            if not key.endswith(".$"):
+                rendered[key] = self._render(value, data, context, state, f"{field}.{key}")
+            elif intrinsics.is_intrinsic(value):
+                try:
+                    rendered[key[:-2]] = intrinsics.evaluate(parse_intrinsic(value), data, context, self._rng)
+                except intrinsics.IntrinsicError as exc:
+                    raise StatesError(RUNTIME, f"state {state!r}, field {field}.{key}: intrinsic function "
+                                               f"failed: {exc}") from exc
+            else:
+                try:
+                    rendered[key[:-2]] = select(value, data, context)
+                except PathError as exc:
+                    raise StatesError(RUNTIME, f"state {state!r}: the JSONPath {value!r} specified for the field "
+                                               f"{field}.{key} could not be found in the input "
+                                               f"{_brief(context if value.startswith('$$') else data)}") from exc
+        return rendered
+
+    def _finish_result(self, state: dict[str, Any], name: str, raw: Any, result: Any, context: Any) -> Any:
+        if "ResultSelector" in state:
+            result = self._render(state["ResultSelector"], result, context, name, "ResultSelector")
+        output = self._result_path(state.get("ResultPath", "$"), name, raw, result)
+        return self._output_path(state, name, output, context)
+
+    def _positive_seconds(self, state: dict[str, Any], key: str, data: Any, context: Any, name: str) -> float | None:
+        if key in state:
+            return float(state[key])
+        if key + "Path" not in state:
+            return None
+        value = self._select(state[key + "Path"], data, context, name, key + "Path")
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise StatesError(RUNTIME, f"state {name!r}: {key}Path must select a positive integer, got {_brief(value)}")
+        return float(value)
+
+    # ----- error handling ----------------------------------------------------------------------
+    def _retry_and_catch(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame,
+                         attempt: Callable[[int], Any]) -> _Step:
+        retriers: list[dict[str, Any]] = state.get("Retry", [])
+        counts = [0] * len(retriers)
+        retry_count = 0
+        while True:
+            try:
+                return attempt(retry_count), state.get("Next")
+            except StatesError as err:
+                index = next((i for i, r in enumerate(retriers) if error_matches(r["ErrorEquals"], err.error)), None)
+                if index is not None and counts[index] < retriers[index].get("MaxAttempts", 3):
+                    retrier = retriers[index]
+                    delay = retrier.get("IntervalSeconds", 1) * retrier.get("BackoffRate", 2.0) ** counts[index]
+                    if "MaxDelaySeconds" in retrier:
+                        delay = min(delay, retrier["MaxDelaySeconds"])
+                    if retrier.get("JitterStrategy") == "FULL":
+                        delay = self._rng.uniform(0, delay)
+                    counts[index] += 1
+                    retry_count += 1
+                    self._sleep(delay, frame)
+                    continue
+                for catcher in state.get("Catch", []):
+                    if error_matches(catcher["ErrorEquals"], err.error):
+                        error_output = {"Error": err.error}
+                        if err.cause:
+                            error_output["Cause"] = err.cause
+                        output = self._result_path(catcher.get("ResultPath", "$"), name, raw, error_output)
+                        return output, catcher["Next"]
+                raise
+
+    # ----- states ------------------------------------------------------------------------------
+    def _state_pass(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
+        context = self._context(name, entered, 0)
+        data = self._input_path(state, name, raw, context)
+        if "Parameters" in state:
+            data = self._render(state["Parameters"], data, context, name, "Parameters")
+        result = state.get("Result", data)
+        output = self._result_path(state.get("ResultPath", "$"), name, raw, result)
+        return self._output_path(state, name, output, context), state.get("Next")
+
+    def _state_succeed(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
+        context = self._context(name, entered, 0)
+        return self._output_path(state, name, self._input_path(state, name, raw, context), context), None
+
+    def _state_fail(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
+        context = self._context(name, entered, 0)
+        texts = []
+        for key in ("Error", "Cause"):
+            value: Any = state.get(key, "")
+            if key + "Path" in state:
+                expression = state[key + "Path"]
+                if intrinsics.is_intrinsic(expression):
+                    try:
+                        value = intrinsics.evaluate(parse_intrinsic(expression), raw, context, self._rng)
+                    except intrinsics.IntrinsicError as exc:
+                        raise StatesError(RUNTIME, f"state {name!r}, field {key}Path: {exc}") from exc
+                else:
+                    value = self._select(expression, raw, context, name, key + "Path")
+                if not isinstance(value, str):
+                    raise StatesError(RUNTIME, f"state {name!r}: {key}Path must select a string, got {_brief(value)}")
+            texts.append(value)
+        raise StatesError(texts[0], texts[1])
+
+    def _state_choice(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
+        context = self._context(name, entered, 0)
+        data = self._input_path(state, name, raw, context)
+        next_name = next((rule["Next"] for rule in state["Choices"] if evaluate_rule(rule, data, context)),
+                         state.get("Default"))
+        if next_name is None:
+            raise StatesError(NO_CHOICE_MATCHED, f"no choice rule of state {name!r} matched its input "
+                                                 f"{_brief(data)} and it has no Default")
+        return self._output_path(state, name, data, context), next_name
+
+    def _state_wait(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
+        context = self._context(name, entered, 0)
+        data = self._input_path(state, name, raw, context)
+        if "Seconds" in state:
+            seconds = float(state["Seconds"])
+        elif "SecondsPath" in state:
+            value = self._select(state["SecondsPath"], data, context, name, "SecondsPath")
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise StatesError(RUNTIME, f"state {name!r}: SecondsPath must select a non-negative integer, "
+                                           f"got {_brief(value)}")
+            seconds = float(value)
+        else:
+            stamp = state.get("Timestamp")
+            if stamp is None:
+                stamp = self._select(state["TimestampPath"], data, context, name, "TimestampPath")
+            try:
+                until = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+                if until.tzinfo is None:
+                    raise ValueError("no time zone")
+            except ValueError as exc:
+                raise StatesError(RUNTIME, f"state {name!r}: {stamp!r} is not an ISO 8601 timestamp: {exc}") from exc
+            seconds = max(0.0, (until - self.clock.now()).total_seconds())
+        self._sleep(seconds, frame)
+        return self._output_path(state, name, data, context), state.get("Next")
+
+    def _state_task(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
+        resource: str = state["Resource"]
+
+        def attempt(retry_count: int) -> Any:
+            extra = {"Task": {"Token": f"{uuid.UUID(int=self._rng.getrandbits(128), version=4)}"}} \
+                if resource.endswith(".waitForTaskToken") else {}
+            context = self._context(name, entered, retry_count, **extra)
+            data = self._input_path(state, name, raw, context)
+            parameters = self._render(state["Parameters"], data, context, name, "Parameters") \
+                if "Parameters" in state else data
+            self._limit(parameters, name, "the task input")
+            timeout = self._positive_seconds(state, "TimeoutSeconds", data, context, name)
+            heartbeat = self._positive_seconds(state, "HeartbeatSeconds", data, context, name)
+            result = self._invoke(name, resource, parameters, context, frame, timeout, heartbeat, retry_count)
+            return self._finish_result(state, name, raw, result, context)
+
+        return self._retry_and_catch(name, state, raw, frame, attempt)
+
+    def _run_jobs(self, jobs: Sequence[Callable[[_Frame], Any]], frame: _Frame, max_concurrency: int) -> list[Any]:
+        """Run branches or iterations: in threads on a real clock, one after the other (each from
+        the same virtual start time, the clock ending at the latest finish) on a virtual clock."""
+        group = Cancel(frame.cancel)
+        if not jobs:
+            return []
+        if isinstance(self.clock, VirtualClock):
+            start = self.clock.now()
+            finishes = [start]
+            results = []
+            try:
+                for job in jobs:
+                    self.clock.set(start)
+                    results.append(job(_Frame(frame.last_event, group)))
+                    finishes.append(self.clock.now())
+            finally:
+                finishes.append(self.clock.now())
+                self.clock.set(max(finishes))
+                frame.last_event = self._last_event_id()
+            return results
+        workers = min(len(jobs), max_concurrency or _DEFAULT_MAP_CONCURRENCY)
+        first_error: BaseException | None = None
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"asl-{self.name}") as pool:
+            futures = [pool.submit(job, _Frame(frame.last_event, group)) for job in jobs]
+            for future in as_completed(futures):
+                error = future.exception()
+                if error is not None and first_error is None and not isinstance(error, _BranchCancelled):
+                    first_error = error
+                    group.set()
+        frame.last_event = self._last_event_id()
+        if first_error is not None:
+            raise first_error
+        return [future.result() for future in futures]
+
+    def _state_parallel(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
+        def attempt(retry_count: int) -> Any:
+            context = self._context(name, entered, retry_count)
+            data = self._input_path(state, name, raw, context)
+            if "Parameters" in state:
+                data = self._render(state["Parameters"], data, context, name, "Parameters")
+            self._event(frame, "ParallelStateStarted", None)
+            jobs = [functools.partial(self._run_scope, branch, data) for branch in state["Branches"]]
+            try:
+                results = self._run_jobs(jobs, frame, 0)
+            except StatesError:
+                self._event(frame, "ParallelStateFailed", None)
+                raise
+            self._event(frame, "ParallelStateSucceeded", None)
+            return self._finish_result(state, name, raw, results, context)
+
+        return self._retry_and_catch(name, state, raw, frame, attempt)
+
+    def _state_map(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
+        processor = state.get("ItemProcessor") or state["Iterator"]
+        selector = state.get("ItemSelector", state.get("Parameters"))
+
+        def attempt(retry_count: int) -> Any:
+            context = self._context(name, entered, retry_count)
+            data = self._input_path(state, name, raw, context)
+            items = self._select(state.get("ItemsPath", "$"), data, context, name, "ItemsPath")
+            if not isinstance(items, list):
+                raise StatesError(RUNTIME, f"state {name!r}: ItemsPath must select an array, got {_brief(items)}")
+            concurrency = state.get("MaxConcurrency", 0)
+            if "MaxConcurrencyPath" in state:
+                concurrency = self._select(state["MaxConcurrencyPath"], data, context, name, "MaxConcurrencyPath")
+                if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 0:
+                    raise StatesError(RUNTIME, f"state {name!r}: MaxConcurrencyPath must select a non-negative integer")
+            self._event(frame, "MapStateStarted", {"length": len(items)})
+
+            def iteration(index: int, item: Any, child: _Frame) -> Any:
+                item_input = item
+                if selector is not None:
+                    item_context = dict(context, Map={"Item": {"Index": index, "Value": item}})
+                    item_input = self._render(selector, data, item_context, name, "ItemSelector")
+                self._event(child, "MapIterationStarted", {"name": name, "index": index})
+                try:
+                    output = self._run_scope(processor, item_input, child)
+                except StatesError:
+                    self._event(child, "MapIterationFailed", {"name": name, "index": index})
+                    raise
+                except (ExecutionAborted, ExecutionTimedOut, _BranchCancelled):
+                    self._event(child, "MapIterationAborted", {"name": name, "index": index})
+                    raise
+                self._event(child, "MapIterationSucceeded", {"name": name, "index": index})
+                return output
+
+            jobs = [functools.partial(iteration, i, item) for i, item in enumerate(items)]
+            try:
+                results = self._run_jobs(jobs, frame, concurrency)
+            except StatesError:
+                self._event(frame, "MapStateFailed", None)
+                raise
+            self._event(frame, "MapStateSucceeded", None)
+            return self._finish_result(state, name, raw, results, context)
+
+        return self._retry_and_catch(name, state, raw, frame, attempt)
+
+    # ----- task invocation ----------------------------------------------------------------------
+    def _invoke(self, name: str, resource: str, parameters: Any, context: dict[str, Any], frame: _Frame,
+                timeout: float | None, heartbeat: float | None, retry_count: int) -> Any:
+        with self._lock:
+            invocation = self._invocations.get(name, 0)
+            self._invocations[name] = invocation + 1
+        prefix, service_details = self._task_event_shape(resource)
+        if prefix == "LambdaFunction":
+            scheduled: dict[str, Any] = {"resource": resource, "input": _dumps(parameters),
+                                         "inputDetails": {"truncated": False}}
+            if timeout is not None:
+                scheduled["timeoutInSeconds"] = int(timeout)
+            self._event(frame, "LambdaFunctionScheduled", scheduled)
+            self._event(frame, "LambdaFunctionStarted", None)
+        else:
+            scheduled = dict(service_details, region=self.state_machine.region, parameters=_dumps(parameters))
+            if timeout is not None:
+                scheduled["timeoutInSeconds"] = int(timeout)
+            if heartbeat is not None:
+                scheduled["heartbeatInSeconds"] = int(heartbeat)
+            self._event(frame, "TaskScheduled", scheduled)
+            self._event(frame, "TaskStarted", dict(service_details))
+        try:
+            result = self._task_result(name, resource, parameters, context, frame, timeout, heartbeat,
+                                       retry_count, invocation, service_details)
+        except StatesError as err:
+            timed_out = err.error in (TIMEOUT, HEARTBEAT_TIMEOUT)
+            suffix = "TimedOut" if timed_out else "Failed"
+            self._event(frame, f"{prefix}{suffix}", dict(service_details, **_error_details(err.error, err.cause)))
+            raise
+        self._event(frame, f"{prefix}Succeeded", dict(service_details, output=_dumps(result),
+                                                      outputDetails={"truncated": False}))
+        return result
+
+    @staticmethod
+    def _task_event_shape(resource: str) -> tuple[str, dict[str, str]]:
+        if _LAMBDA_FUNCTION_ARN.match(resource):
+            return "LambdaFunction", {}
+        match = _SERVICE_ARN.match(resource)
+        if match:
+            return "Task", {"resourceType": match.group(1), "resource": match.group(2)}
+        parts = resource.split(":")
+        return "Task", {"resourceType": parts[2] if len(parts) > 2 else "unknown", "resource": resource}
+
+    def _task_result(self, name: str, resource: str, parameters: Any, context: dict[str, Any], frame: _Frame,
+                     timeout: float | None, heartbeat: float | None, retry_count: int, invocation: int,
+                     service_details: dict[str, str]) -> Any:
+        mocked = self._mock.responses.get(name) if self._mock else None
+        if mocked is not None:
+            outcome = mocked.outcome(invocation)
+            if outcome is None:
+                raise StatesError(RUNTIME, f"mocked response {mocked.name!r} of state {name!r} has no entry for "
+                                           f"invocation {invocation} (it has: {mocked.describe_keys()})")
+            if outcome.error is not None:
+                raise StatesError(outcome.error, outcome.cause)
+            result = _json_copy(outcome.returned, f"the mocked response {mocked.name!r}")
+        else:
+            executor = self._registry.resolve(resource)
+            if executor is None:
+                raise StatesError(RUNTIME, f"no executor for resource {resource!r} of state {name!r}")
+            result = self._call_executor(executor, name, resource, parameters, context, frame, timeout, heartbeat,
+                                         retry_count, service_details)
+        self._limit(result, name, "the task result")
+        return result
+
+    def _call_executor(self, executor: TaskExecutor, name: str, resource: str, parameters: Any,
+                       context: dict[str, Any], frame: _Frame, timeout: float | None, heartbeat: float | None,
+                       retry_count: int, service_details: dict[str, str]) -> Any:
+        def submitted(output: Any) -> None:
+            self._event(frame, "TaskSubmitted", dict(service_details, output=_dumps(output),
+                                                     outputDetails={"truncated": False}))
+
+        task = TaskContext(state_name=name, resource=resource, execution_arn=self.arn, execution_name=self.name,
+                           state_machine_name=self.state_machine.name, retry_count=retry_count,
+                           context_object=context, clock=self.clock, cancel=Cancel(frame.cancel),
+                           timeout_seconds=timeout, heartbeat_seconds=heartbeat, on_submitted=submitted)
+        box: dict[str, Any] = {}
+        own_parameters = json.loads(_dumps(parameters))  # the executor may mutate its copy freely
+
+        def work() -> None:
+            try:
+                box["result"] = executor(resource, own_parameters, task)
+            except BaseException as exc:  # reported to the execution, whatever it is
+                box["error"] = exc
+
+        # A worker thread lets the execution enforce timeouts and aborts on executors that block.
+        worker = threading.Thread(target=work, name=f"asl-task-{name}", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.05)
+            if not worker.is_alive():
+                break
+            if frame.cancel.is_set() or self._deadline is not None:
+                try:
+                    self._check(frame)
+                except BaseException:
+                    task.cancel.set()
+                    raise
+            limit = task.deadline()
+            if not self.clock.virtual and limit is not None and self.clock.now() >= limit[0]:
+                task.cancel.set()
+                raise StatesError(limit[1], self._timeout_cause(name, limit[1], timeout, heartbeat))
+        self._check(frame)
+        error = box.get("error")
+        if isinstance(error, TaskDeadline):
+            raise StatesError(error.error, self._timeout_cause(name, error.error, timeout, heartbeat))
+        if isinstance(error, TaskFailed | StatesError):
+            raise StatesError(error.error, error.cause)
+        if error is not None:
+            log.warning("executor for %s (state %s) raised %r", resource, name, error, exc_info=error)
+            raise StatesError(type(error).__name__, str(error))
+        limit = task.deadline()
+        if limit is not None and self.clock.now() > limit[0]:
+            raise StatesError(limit[1], self._timeout_cause(name, limit[1], timeout, heartbeat))
+        return _json_copy(box.get("result"), f"the result of the executor for {resource!r}")
+
+    @staticmethod
+    def _timeout_cause(name: str, error: str, timeout: float | None, heartbeat: float | None) -> str:
+        if error == HEARTBEAT_TIMEOUT:
+            return f"state {name!r} sent no heartbeat for {heartbeat:g} seconds (HeartbeatSeconds)"
+        return f"state {name!r} ran longer than {timeout:g} seconds (TimeoutSeconds)"

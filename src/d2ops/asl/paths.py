@@ -1,0 +1,130 @@
+"""JSONPath as Step Functions uses it: reference paths (one node) and general paths (any query).
+
+Reference paths (``$``, ``$.a.b``, ``$['a b'][0]``) are parsed here, so ResultPath can create
+and overwrite nodes and a missing node is reported precisely. Anything else (wildcards, slices,
+filters, ``..``) is a query evaluated by jsonpath-ng and always yields a list, as in the service.
+Paths starting with ``$$`` address the context object instead of the state's input.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from typing import Any
+
+from jsonpath_ng.exceptions import JsonPathParserError
+from jsonpath_ng.ext import parse as _jsonpath_parse
+
+Step = str | int
+
+# Characters that end a dot-notation field name.
+_NAME = re.compile(r"[^.\[\]'\"\s*,()@?$]+")
+_INDEX = re.compile(r"\[\s*(-?\d+)\s*\]")
+_QUOTED = re.compile(r"""\[\s*(?:'((?:[^'\\]|\\.)*)'|"((?:[^"\\]|\\.)*)")\s*\]""")
+
+
+class PathError(ValueError):
+    """A path that does not parse, or that matches nothing in the data it is applied to."""
+
+
+def parse_reference_path(path: str) -> tuple[Step, ...] | None:
+    """The steps of a reference path (without its ``$``/``$$`` root), or None if it is not one."""
+    if path.startswith("$$"):
+        path = path[1:]
+    if not path.startswith("$"):
+        return None
+    steps: list[Step] = []
+    pos = 1
+    while pos < len(path):
+        if path[pos] == ".":
+            match = _NAME.match(path, pos + 1)
+            if not match:
+                return None
+            steps.append(match.group(0))
+        elif (match := _INDEX.match(path, pos)) is not None:
+            steps.append(int(match.group(1)))
+        elif (match := _QUOTED.match(path, pos)) is not None:
+            raw = match.group(1) if match.group(1) is not None else match.group(2)
+            steps.append(re.sub(r"\\(.)", r"\1", raw))
+        else:
+            return None
+        pos = match.end()
+    return tuple(steps)
+
+
+@functools.lru_cache(maxsize=1024)
+def _compile_query(path: str) -> Any:
+    try:
+        return _jsonpath_parse(path)
+    except (JsonPathParserError, Exception) as exc:  # jsonpath-ng's lexer raises plain Exceptions too
+        raise PathError(f"invalid JSONPath {path!r}: {exc}") from exc
+
+
+def check_path(path: str) -> None:
+    """Raise PathError unless ``path`` is a valid JSONPath (reference or query)."""
+    if not isinstance(path, str) or not path.startswith("$"):
+        raise PathError(f"a path must be a string starting with '$', got {path!r}")
+    if parse_reference_path(path) is None:
+        _compile_query(path[1:] if path.startswith("$$") else path)
+
+
+def check_reference_path(path: str) -> None:
+    """Raise PathError unless ``path`` is a reference path (it must identify a single node)."""
+    if not isinstance(path, str) or parse_reference_path(path) is None:
+        raise PathError(f"{path!r} is not a reference path ($, .field, ['field'] and [index] steps only)")
+
+
+def _brief(data: Any, limit: int = 200) -> str:
+    text = json.dumps(data, separators=(",", ":"), default=str)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def get_reference(data: Any, steps: tuple[Step, ...], path: str) -> Any:
+    node = data
+    for step in steps:
+        found_key = isinstance(step, str) and isinstance(node, dict) and step in node
+        found_index = isinstance(step, int) and isinstance(node, list) and -len(node) <= step < len(node)
+        if found_key or found_index:
+            node = node[step]
+        else:
+            raise PathError(f"the JSONPath {path!r} could not be found in the input {_brief(data)}")
+    return node
+
+
+def select(path: str, data: Any, context: Any = None) -> Any:
+    """Evaluate ``path`` against ``data`` (or ``context`` for ``$$`` paths) with Step Functions rules.
+
+    A reference path must match exactly one node (else PathError); a query path returns the list
+    of its matches.
+    """
+    root = data
+    if path.startswith("$$"):
+        root, path = context, path[1:]
+    steps = parse_reference_path(path)
+    if steps is not None:
+        return get_reference(root, steps, path)
+    if not path.startswith("$"):
+        raise PathError(f"a path must start with '$', got {path!r}")
+    return [match.value for match in _compile_query(path).find(root)]
+
+
+def set_reference(data: Any, steps: tuple[Step, ...], value: Any, path: str) -> Any:
+    """A copy of ``data`` with ``value`` placed at the reference path (intermediate objects created).
+
+    Raises PathError when an existing node on the way is not an object (or a list for an index).
+    """
+    if not steps:
+        return value
+    head, rest = steps[0], steps[1:]
+    if isinstance(head, str):
+        if not isinstance(data, dict):
+            raise PathError(f"unable to apply ResultPath {path!r} to input {_brief(data)}: {head!r} needs an object")
+        updated = dict(data)
+        updated[head] = set_reference(data.get(head, {}) if rest else None, rest, value, path)
+        return updated
+    if not isinstance(data, list) or not -len(data) <= head < len(data):
+        raise PathError(f"unable to apply ResultPath {path!r} to input {_brief(data)}: no element [{head}]")
+    items = list(data)
+    items[head] = set_reference(items[head], rest, value, path)
+    return items

@@ -1,0 +1,106 @@
+"""``d2ops asl run DEFINITION``: run a state machine definition through the embedded ASL interpreter.
+
+Prints the execution's output as JSON (or ``{"error", "cause"}`` when it does not succeed) on
+stdout and one progress line per state on stderr. Exit codes: 0 succeeded, 1 the execution
+failed / timed out / was aborted, 2 a bad definition, mock config, input or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from d2ops.cli import UsageError
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser("asl", help="run an Amazon States Language definition locally (mocks or executors)")
+    actions = p.add_subparsers(dest="asl_command", metavar="ACTION", required=True)
+    run_p = actions.add_parser("run", help="run DEFINITION once and print its output as JSON")
+    run_p.add_argument("definition", metavar="DEFINITION", help="the .asl.json file")
+    run_p.add_argument("--input", metavar="FILE", help="execution input JSON file ('-' for stdin; default {})")
+    run_p.add_argument("--mock-config", metavar="FILE", help="a Step Functions Local mock configuration file")
+    run_p.add_argument("--test-case", metavar="NAME", help="the mock config test case to run")
+    run_p.add_argument("--substitutions", metavar="FILE",
+                       help="JSON object of ${Key} placeholder values (DefinitionSubstitutions)")
+    run_p.add_argument("--state-machine-name", metavar="NAME",
+                       help="name of the state machine (default: the file name without .asl.json)")
+    run_p.add_argument("--execution-name", metavar="NAME", help="execution name (default: a UUID)")
+    run_p.add_argument("--real-time", action="store_true",
+                       help="really wait in Wait states and retry back-offs (default: virtual time)")
+    run_p.add_argument("--history", metavar="FILE", help="also write the execution history (JSON) to FILE")
+    run_p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    run_p.set_defaults(func=run)
+
+
+def _read_json(path: str, what: str) -> Any:
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read the {what} {path}: {exc}") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"the {what} {path} is not valid JSON: {exc}") from exc
+
+
+def _progress(start: list[datetime]) -> Any:
+    def show(event: dict[str, Any]) -> None:
+        if not start:
+            start.append(event["timestamp"])
+        elapsed = (event["timestamp"] - start[0]).total_seconds()
+        kind = event["type"]
+        details: dict[str, Any] = next((v for k, v in event.items() if k.endswith("EventDetails")), {})
+        if kind.endswith("StateEntered"):
+            text = f"-> {details['name']} ({kind[: -len('StateEntered')]})"
+        elif kind.endswith("Failed") or kind.endswith("TimedOut"):
+            text = f"   {kind}: {details.get('error', '')} {details.get('cause', '')[:160]}".rstrip()
+        elif kind.startswith("Execution") and kind != "ExecutionStarted":
+            text = kind
+        else:
+            return
+        print(f"[{elapsed:9.1f}s] {text}", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _history_json(history: list[dict[str, Any]]) -> str:
+    return json.dumps(history, indent=2, default=lambda v: v.isoformat() if isinstance(v, datetime) else str(v))
+
+
+def run(args: argparse.Namespace) -> int:
+    from d2ops.asl import AslDefinitionError, Clock, MockConfig, StateMachine, VirtualClock
+
+    if bool(args.mock_config) != bool(args.test_case):
+        raise UsageError("--mock-config and --test-case go together")
+    substitutions = _read_json(args.substitutions, "substitutions file") if args.substitutions else None
+    if substitutions is not None and not isinstance(substitutions, dict):
+        raise UsageError(f"the substitutions file {args.substitutions} must hold a JSON object")
+    data = _read_json(args.input, "input file") if args.input else {}
+    try:
+        machine = StateMachine.from_file(args.definition, substitutions=substitutions, name=args.state_machine_name)
+        mock = MockConfig.from_file(args.mock_config).test_case(machine.name, args.test_case) if args.mock_config \
+            else None
+        start: list[datetime] = []
+        execution = machine.run(data, mock=mock, execution_name=args.execution_name,
+                                clock=Clock() if args.real_time else VirtualClock(),
+                                on_event=None if args.quiet else _progress(start))
+    except AslDefinitionError as exc:
+        raise UsageError(str(exc)) from exc
+    except ValueError as exc:  # execution input or name refused before the run
+        raise UsageError(str(exc)) from exc
+    if args.history:
+        target = Path(args.history)
+        partial = target.with_name(target.name + ".partial")
+        partial.write_text(_history_json(execution.history), encoding="utf-8")
+        partial.replace(target)
+    if execution.status == "SUCCEEDED":
+        print(json.dumps(execution.output, indent=2))
+        return 0
+    print(json.dumps({"error": execution.error, "cause": execution.cause}, indent=2))
+    print(f"d2ops asl: execution {execution.name} {execution.status}", file=sys.stderr)
+    return 1
