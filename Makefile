@@ -40,3 +40,36 @@ lint: setup  ## ruff, mypy, cfn-lint, sam validate --lint, checkov, hadolint
 
 clean:  ## remove build output (keeps .venv)
 	rm -rf .aws-sam build dist .pytest_cache .mypy_cache .ruff_cache
+
+# ---------------------------------------------------------------- container images
+# Build the training and serving images and push them to ECR in your account. Needs Docker
+# and AWS credentials (so it cannot run on an offline machine). Override any of these:
+#   make images AWS_REGION=eu-west-1 IMAGE_TAG=v3
+# The build context is the repository root: the images install d2ops from src/ and copy
+# model_code/. --provenance=false keeps a plain image manifest, which SageMaker requires.
+# $(call once,VAR,command): run the command when VAR is first used (not on every make run), once.
+once = $(eval $1 := $(shell $2))$($1)
+AWS_REGION ?= $(call once,AWS_REGION,aws configure get region || echo us-east-1)
+AWS_ACCOUNT_ID ?= $(call once,AWS_ACCOUNT_ID,aws sts get-caller-identity --query Account --output text)
+# Tags are immutable in ECR: the commit, plus a timestamp when the working tree has changes.
+IMAGE_TAG ?= $(call once,IMAGE_TAG,git describe --always --exclude='*' --dirty=-dirty$(shell date -u +%Y%m%d%H%M%S))
+ECR_REGISTRY = $(AWS_ACCOUNT_ID).dkr.ecr.$(AWS_REGION).amazonaws.com
+IMAGES := training serving
+
+.PHONY: images
+images:  ## build and push the training and serving images to ECR (needs Docker and AWS credentials)
+	aws ecr get-login-password --region $(AWS_REGION) | docker login --username AWS --password-stdin $(ECR_REGISTRY)
+	set -e; for name in $(IMAGES); do \
+	  aws ecr describe-repositories --region $(AWS_REGION) --repository-names d2ops-$$name >/dev/null 2>&1 || \
+	    aws ecr create-repository --region $(AWS_REGION) --repository-name d2ops-$$name \
+	      --image-scanning-configuration scanOnPush=true --image-tag-mutability IMMUTABLE >/dev/null; \
+	  if aws ecr describe-images --region $(AWS_REGION) --repository-name d2ops-$$name \
+	      --image-ids imageTag=$(IMAGE_TAG) >/dev/null 2>&1; then \
+	    echo "d2ops-$$name:$(IMAGE_TAG) is already in ECR"; continue; fi; \
+	  docker build --platform linux/amd64 --provenance=false \
+	    -f containers/$$name/Dockerfile -t $(ECR_REGISTRY)/d2ops-$$name:$(IMAGE_TAG) . ; \
+	  docker push $(ECR_REGISTRY)/d2ops-$$name:$(IMAGE_TAG); \
+	done
+	@echo "Deploy with: sam deploy --guided --parameter-overrides" \
+	  "TrainingImageUri=$(ECR_REGISTRY)/d2ops-training:$(IMAGE_TAG)" \
+	  "ServingImageUri=$(ECR_REGISTRY)/d2ops-serving:$(IMAGE_TAG)"

@@ -1,0 +1,44 @@
+"""`make images` (needs Docker and an AWS account, so only its dry run is checked here)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+from d2ops.template import REPO_ROOT, load_template
+
+
+def dry_run(*overrides: str) -> str:
+    proc = subprocess.run(["make", "--no-print-directory", "-n", "images", *overrides],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=True)
+    return proc.stdout
+
+
+def test_images_recipe_builds_and_pushes_both_images_with_the_given_coordinates() -> None:
+    out = dry_run("AWS_ACCOUNT_ID=123456789012", "AWS_REGION=eu-west-1", "IMAGE_TAG=v7")
+    registry = "123456789012.dkr.ecr.eu-west-1.amazonaws.com"
+    assert f"docker login --username AWS --password-stdin {registry}" in out
+    assert re.search(r"for name in training serving;", out)
+    assert f"-f containers/$name/Dockerfile -t {registry}/d2ops-$name:v7 ." in out
+    assert f"docker push {registry}/d2ops-$name:v7" in out
+    assert "--provenance=false" in out  # SageMaker rejects OCI image indexes
+    for name in ("training", "serving"):
+        assert (REPO_ROOT / "containers" / name / "Dockerfile").is_file(), f"containers/{name}/Dockerfile missing"
+
+
+def test_printed_uris_are_accepted_by_the_template_parameters() -> None:
+    out = dry_run("AWS_ACCOUNT_ID=123456789012", "AWS_REGION=us-east-1", "IMAGE_TAG=abc1234-dirty20260101120000")
+    uris = dict(re.findall(r"(TrainingImageUri|ServingImageUri)=(\S+?)\"", out))
+    assert set(uris) == {"TrainingImageUri", "ServingImageUri"}
+    params = load_template().document["Parameters"]
+    for name, uri in uris.items():
+        assert re.fullmatch(params[name]["AllowedPattern"], uri), f"{name}={uri} fails the template's pattern"
+
+
+def test_default_tag_is_the_commit() -> None:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    out = dry_run("AWS_ACCOUNT_ID=123456789012", "AWS_REGION=us-east-1")
+    tags = set(re.findall(r"d2ops-training:(\S+?)\"", out))
+    assert len(tags) == 1
+    assert re.fullmatch(re.escape(head) + r"(-dirty\d{14})?", tags.pop())
