@@ -1,0 +1,1 @@
+"""Validate one dataset version in S3 (the pipeline's first state)."""

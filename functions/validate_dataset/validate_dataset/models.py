@@ -1,0 +1,40 @@
+"""The validate Lambda's input (built by the state machine) and its small output."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ValidateDatasetEvent(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    bucket: str = Field(min_length=3, max_length=63)
+    prefix: str = Field(min_length=1, max_length=900, description="datasets/<name>/<version>/")
+    run_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,80}$", description="the Step Functions execution name")
+
+
+class DatasetName(BaseModel):
+    name: str | None
+    version: str | None
+
+
+class IssueSummary(BaseModel):
+    code: str
+    message: str
+    location: str
+
+
+class ValidationSummary(BaseModel):
+    """What the state machine keeps: small enough for any state payload; the full report is at report_uri."""
+
+    valid: bool
+    dataset: DatasetName
+    counts: dict[str, int]
+    error_count: int
+    warning_count: int
+    first_errors: list[IssueSummary] = Field(max_length=5)
+    report_uri: str
+    manifest: dict[str, Any] | None = Field(description="optional manifest keys (task, training, gate), defaults "
+                                                        "applied; null when the manifest is invalid")

@@ -1,0 +1,27 @@
+"""Validation of COCO dataset versions (manifest, annotations, image files) for the Lambda, the CLI and offline runs.
+
+Ships in the Lambda layer: no torch, moto or other heavy imports anywhere in this package.
+"""
+
+from d2ops.validation.coco import Thresholds
+from d2ops.validation.codes import Code, Severity
+from d2ops.validation.dataset import DEFAULT_IMAGE_SAMPLE, dataset_from_prefix, validate_local, validate_s3
+from d2ops.validation.errors import DatasetNotFound, DatasetUnreadable
+from d2ops.validation.manifest import Manifest, manifest_json_schema
+from d2ops.validation.report import Issue, ValidationReport
+
+__all__ = [
+    "DEFAULT_IMAGE_SAMPLE",
+    "Code",
+    "DatasetNotFound",
+    "DatasetUnreadable",
+    "Issue",
+    "Manifest",
+    "Severity",
+    "Thresholds",
+    "ValidationReport",
+    "dataset_from_prefix",
+    "manifest_json_schema",
+    "validate_local",
+    "validate_s3",
+]

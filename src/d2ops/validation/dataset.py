@@ -1,0 +1,171 @@
+"""Validation of a whole dataset version: manifest, both splits, their consistency, the image files."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+from d2ops.validation.coco import SplitResult, Thresholds, check_split
+from d2ops.validation.codes import Code
+from d2ops.validation.errors import SourceFileError
+from d2ops.validation.images import check_image_files
+from d2ops.validation.manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from d2ops.validation.report import DatasetRef, ImageCheck, IssueLog, SplitStats, ValidationReport
+from d2ops.validation.sources import LocalSource, S3Source, Source
+
+DEFAULT_IMAGE_SAMPLE = 200
+_DATASET_PREFIX = re.compile(r"(?:^|/)datasets/(?P<name>[^/]+)/(?P<version>[^/]+)/?$")
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def dataset_from_prefix(prefix: str) -> tuple[str, str] | None:
+    """(name, version) when ``prefix`` follows the datasets/<name>/<version>/ convention."""
+    match = _DATASET_PREFIX.search(prefix)
+    return (match.group("name"), match.group("version")) if match else None
+
+
+def _dataset_ref(manifest: Manifest | None, raw: bytes, expected: tuple[str, str] | None) -> DatasetRef:
+    if manifest is not None:
+        return DatasetRef(name=manifest.name, version=manifest.version)
+    try:  # an invalid manifest may still name the dataset, which makes the report easier to place
+        doc: Any = json.loads(raw)
+        name, version = doc.get("name"), doc.get("version")
+        if isinstance(name, str) and isinstance(version, str):
+            return DatasetRef(name=name, version=version)
+    except (ValueError, AttributeError):
+        pass
+    return DatasetRef(name=expected[0], version=expected[1]) if expected else DatasetRef()
+
+
+def _cross_split(train: SplitResult | None, val: SplitResult | None, log: IssueLog, limits: Thresholds) -> None:
+    if train is not None:
+        counts = {c: train.instances[c] for c in train.categories}
+        for c, name in train.categories.items():
+            if counts[c] < limits.few_instances:
+                log.add(Code.CLASS_FEW_INSTANCES, f"category {name!r} (id {c}) has {counts[c]} train instances, "
+                        f"fewer than {limits.few_instances}", train.file, f"categories[{train.category_index[c]}]")
+        present = {c: n for c, n in counts.items() if n > 0}
+        if len(present) >= 2:
+            most, least = max(present, key=present.__getitem__), min(present, key=present.__getitem__)
+            if present[most] > limits.imbalance_ratio * present[least]:
+                log.add(Code.CLASS_IMBALANCE, f"{train.categories[most]!r} has {present[most]} train instances, "
+                        f"{train.categories[least]!r} only {present[least]} (ratio "
+                        f"{present[most] / present[least]:.0f} > {limits.imbalance_ratio:g})", train.file,
+                        "annotations")
+    if train is None or val is None:
+        return
+    for c, name in val.categories.items():
+        where = f"categories[{val.category_index[c]}]"
+        if c not in train.categories:
+            log.add(Code.CATEGORY_MISMATCH, f"val category {name!r} (id {c}) is not a train category", val.file, where)
+        elif train.categories[c] != name:
+            log.add(Code.CATEGORY_MISMATCH, f"category id {c} is {name!r} in val but {train.categories[c]!r} in "
+                    "train", val.file, where)
+        if val.instances[c] > 0 and train.instances[c] == 0:
+            log.add(Code.CATEGORY_NOT_IN_TRAIN, f"category {name!r} (id {c}) has {val.instances[c]} val instances "
+                    "and none in train", val.file, where)
+    for c, name in train.categories.items():
+        if train.instances[c] > 0 and val.instances[c] == 0:
+            log.add(Code.CLASS_MISSING_IN_VAL, f"category {name!r} (id {c}) has no val instances: its AP cannot be "
+                    "measured", val.file, None)
+    train_names = {ref.file_name for ref in train.images}
+    for ref in val.images:
+        if ref.file_name in train_names:
+            log.add(Code.SPLIT_OVERLAP, f"{ref.file_name} is in train too", val.file, f"images[{ref.index}].file_name")
+
+
+def validate_source(source: Source, *, check_images: bool = True, image_sample: int | None = None,
+                    expected: tuple[str, str] | None = None, limits: Thresholds | None = None,
+                    progress: Progress | None = None) -> ValidationReport:
+    """Validate the dataset version ``source`` holds. Raises DatasetUnreadable when it cannot be listed."""
+    say = progress or _quiet
+    limits = limits or Thresholds()
+    started = time.perf_counter()
+    log = IssueLog()
+    splits: dict[str, SplitStats] = {}
+    image_check = ImageCheck(mode="skipped")
+    manifest: Manifest | None = None
+    raw = b""
+
+    def report() -> ValidationReport:
+        return ValidationReport.build(source=source.uri, log=log, manifest=manifest,
+                                      dataset=_dataset_ref(manifest, raw, expected), splits=splits,
+                                      images=image_check, seconds=time.perf_counter() - started)
+
+    say(f"listing {source.uri}")
+    files = source.list_files()
+    if MANIFEST_FILE not in files:
+        log.add(Code.MANIFEST_MISSING, f"no {MANIFEST_FILE} in {source.uri} ({len(files)} other files)", MANIFEST_FILE)
+        return report()
+    try:
+        raw = source.read_small(MANIFEST_FILE, MAX_MANIFEST_BYTES)
+    except SourceFileError as exc:
+        log.add(Code.FILE_UNREADABLE, str(exc), MANIFEST_FILE)
+        return report()
+    manifest, problems = parse_manifest(raw)
+    for code, message, path in problems:
+        log.add(code, message, MANIFEST_FILE, path)
+    if manifest is None:
+        return report()  # without a manifest there is no telling which files are the splits
+    if expected and expected != (manifest.name, manifest.version):
+        log.add(Code.MANIFEST_PREFIX_MISMATCH, f"manifest says {manifest.name}/{manifest.version} but the files are "
+                f"under datasets/{expected[0]}/{expected[1]}/", MANIFEST_FILE)
+    if manifest.train == manifest.val:
+        log.add(Code.MANIFEST_VALUE_INVALID, f"train and val are the same file {manifest.train!r}", MANIFEST_FILE,
+                "val")
+
+    results: dict[str, SplitResult] = {}
+    for split, rel in (("train", manifest.train), ("val", manifest.val)):
+        if rel not in files:
+            hint = "" if split == "train" else " (a val split is not derived automatically: upload one)"
+            log.add(Code.MANIFEST_PATH_MISSING, f"the {split} annotations {rel} named by the manifest were not "
+                    f"uploaded{hint}", MANIFEST_FILE, split)
+            continue
+        say(f"checking {split} annotations {rel} ({files[rel] / 1e6:.1f} MB)")
+        try:
+            with source.open_large(rel) as buffer:
+                result = check_split(buffer, split, rel, log, task=manifest.task, limits=limits)
+        except SourceFileError as exc:
+            log.add(Code.FILE_UNREADABLE, str(exc), rel)
+            continue
+        if result is not None and result.stats is not None:
+            results[split] = result
+            splits[split] = result.stats
+            say(f"  {split}: {result.stats.images} images, {result.stats.instances} instances")
+    _cross_split(results.get("train"), results.get("val"), log, limits)
+
+    if check_images:
+        prefix = manifest.images_prefix
+        if not any(key.startswith(prefix) for key in files):
+            log.add(Code.MANIFEST_PATH_MISSING, f"no files under {prefix} (the manifest's images directory)",
+                    MANIFEST_FILE, "images")
+        else:
+            image_check = check_image_files(source, {r.file: r.images for r in results.values()}, files, prefix, log,
+                                            sample=image_sample, progress=say)
+    say(f"done: {log.error_count} errors, {log.warning_count} warnings")
+    return report()
+
+
+def validate_local(path: str | os.PathLike[str], *, check_images: bool = True, limits: Thresholds | None = None,
+                   progress: Progress | None = None) -> ValidationReport:
+    """Validate the dataset version in directory ``path``; every image is decoded unless ``check_images`` is off."""
+    return validate_source(LocalSource(path), check_images=check_images, image_sample=None, limits=limits,
+                           progress=progress)
+
+
+def validate_s3(s3_client: Any, bucket: str, prefix: str, *, image_sample: int = DEFAULT_IMAGE_SAMPLE,
+                check_images: bool = True, limits: Thresholds | None = None,
+                progress: Progress | None = None) -> ValidationReport:
+    """Validate the dataset version under s3://bucket/prefix; ``image_sample`` images have their size checked."""
+    return validate_source(S3Source(s3_client, bucket, prefix), check_images=check_images,
+                           image_sample=max(0, image_sample), expected=dataset_from_prefix(prefix), limits=limits,
+                           progress=progress)

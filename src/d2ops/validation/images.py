@@ -1,0 +1,66 @@
+"""Checks of the image files a split references: present, non-empty, decodable, of the declared size."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from d2ops.validation.coco import ImageRef
+from d2ops.validation.codes import Code
+from d2ops.validation.report import ImageCheck, IssueLog
+from d2ops.validation.sources import ImageProbe, Source
+
+SAMPLE_SEED = 0  # the S3 sample is deterministic: a retried run checks the same images
+
+
+def check_image_files(source: Source, refs: dict[str, list[ImageRef]], files: dict[str, int], images_prefix: str,
+                      log: IssueLog, *, sample: int | None, workers: int = 8,
+                      progress: Callable[[str], None] | None = None) -> ImageCheck:
+    """Check the images of every split (``refs``: split file -> its image entries).
+
+    ``sample``: probe at most this many present images (deterministically chosen); None probes
+    all of them. Presence and emptiness are checked for every image from the listing.
+    """
+    present: list[tuple[str, ImageRef]] = []
+    referenced = missing = 0
+    for split_file, split_refs in refs.items():
+        for ref in split_refs:
+            referenced += 1
+            size = files.get(images_prefix + ref.file_name)
+            path = f"images[{ref.index}].file_name"
+            if size is None:
+                missing += 1
+                log.add(Code.IMAGE_MISSING, f"{images_prefix}{ref.file_name} was not uploaded", split_file, path)
+            elif size <= 0:
+                log.add(Code.IMAGE_UNREADABLE, f"{images_prefix}{ref.file_name} is empty", split_file, path)
+            else:
+                present.append((split_file, ref))
+    if sample is not None and len(present) > sample:
+        present = random.Random(SAMPLE_SEED).sample(present, sample)
+    mode = "all" if sample is None or len(present) == referenced else "sample"
+    if sample == 0:
+        mode = "skipped"
+
+    def probe(item: tuple[str, ImageRef]) -> ImageProbe:
+        return source.probe_image(images_prefix + item[1].file_name)
+
+    probed = decoded = 0
+    if progress and present:
+        progress(f"checking {len(present)} image files ({mode})")
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for n, ((split_file, ref), result) in enumerate(zip(present, pool.map(probe, present), strict=True), 1):
+            path = f"images[{ref.index}]"
+            if result.error is not None:
+                log.add(Code.IMAGE_UNREADABLE, f"{images_prefix}{ref.file_name}: {result.error}", split_file, path)
+                continue
+            probed += 1
+            decoded += result.decoded
+            if result.size != (ref.width, ref.height):
+                rotated = "" if result.size == result.stored_size else " after its EXIF orientation is applied"
+                real = result.size or (0, 0)
+                log.add(Code.IMAGE_SIZE_MISMATCH, f"{images_prefix}{ref.file_name} is {real[0]}x{real[1]}{rotated}, "
+                        f"the annotations say {ref.width}x{ref.height}", split_file, path)
+            if progress and n % 5000 == 0:
+                progress(f"  {n}/{len(present)} images checked")
+    return ImageCheck(mode=mode, referenced=referenced, missing=missing, probed=probed, decoded=decoded)

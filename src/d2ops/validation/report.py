@@ -1,0 +1,168 @@
+"""The validation report: issues (bounded per code) and per-split, per-class statistics."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+from d2ops.validation.codes import Code, Severity, severity
+from d2ops.validation.manifest import Manifest
+
+REPORT_VERSION = 1
+# A broken 800k-annotation file must still make a report of bounded size: keep the first
+# issues of each code and count the rest.
+MAX_ISSUES_PER_CODE = 100
+
+
+class Issue(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    code: Code
+    severity: Severity
+    message: str
+    file: str | None = Field(default=None, description="dataset-relative file, e.g. annotations/train.json")
+    path: str | None = Field(default=None, description="JSON path inside that file, e.g. annotations[12].bbox[2]")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def location(self) -> str:
+        """``file:path``, ``file`` or ``path``: one string for logs and summaries."""
+        return ":".join(p for p in (self.file, self.path) if p) or "dataset"
+
+
+class IssueLog:
+    """Collects issues, keeping at most ``cap`` per code but counting all of them."""
+
+    def __init__(self, cap: int = MAX_ISSUES_PER_CODE) -> None:
+        self.cap = cap
+        self.counts: Counter[Code] = Counter()
+        self.kept: list[Issue] = []
+
+    def add(self, code: Code, message: str, file: str | None = None, path: str | None = None) -> None:
+        self.counts[code] += 1
+        if self.counts[code] <= self.cap:
+            self.kept.append(Issue(code=code, severity=severity(code), message=message, file=file, path=path))
+
+    def has(self, code: Code) -> bool:
+        return self.counts[code] > 0
+
+    @property
+    def error_count(self) -> int:
+        return sum(n for c, n in self.counts.items() if severity(c) is Severity.ERROR)
+
+    @property
+    def warning_count(self) -> int:
+        return sum(n for c, n in self.counts.items() if severity(c) is Severity.WARNING)
+
+
+class BoxSizes(BaseModel):
+    """Instances by COCO area range (of the annotation's ``area``), plus tiny boxes (by bbox side)."""
+
+    small: int = 0  # area < 32²
+    medium: int = 0  # 32² <= area < 96²
+    large: int = 0  # area >= 96²
+    tiny: int = 0  # bbox width or height under the tiny-box threshold
+
+
+class ClassStats(BaseModel):
+    id: int
+    name: str
+    images: int = 0
+    instances: int = 0
+    crowd: int = 0
+    box_sizes: BoxSizes = Field(default_factory=BoxSizes)
+
+
+class SplitStats(BaseModel):
+    file: str
+    images: int = 0
+    instances: int = 0
+    crowd: int = 0
+    categories: int = 0
+    images_without_annotations: int = 0
+    box_sizes: BoxSizes = Field(default_factory=BoxSizes)
+    per_class: list[ClassStats] = Field(default_factory=list)
+
+
+class ImageCheck(BaseModel):
+    mode: str = Field(description="all | sample | skipped")
+    referenced: int = Field(default=0, description="image entries with a safe, unique file_name")
+    missing: int = 0
+    probed: int = Field(default=0, description="image files whose size was read (all locally, a sample in S3)")
+    decoded: int = Field(default=0, description="image files fully decoded (locally every probed image)")
+
+
+class DatasetRef(BaseModel):
+    name: str | None = None
+    version: str | None = None
+
+
+class ValidationReport(BaseModel):
+    report_version: int = REPORT_VERSION
+    source: str
+    valid: bool
+    dataset: DatasetRef
+    manifest: Manifest | None
+    error_count: int
+    warning_count: int
+    issue_counts: dict[str, int] = Field(description="every issue counted, including those beyond the per-code cap")
+    issues_truncated: bool = Field(description="true when some codes had more issues than the report keeps")
+    errors: list[Issue]
+    warnings: list[Issue]
+    splits: dict[str, SplitStats]
+    images: ImageCheck
+    seconds: float
+
+    @classmethod
+    def build(cls, *, source: str, log: IssueLog, manifest: Manifest | None, dataset: DatasetRef,
+              splits: dict[str, SplitStats], images: ImageCheck, seconds: float) -> ValidationReport:
+        return cls(
+            source=source, valid=log.error_count == 0, dataset=dataset, manifest=manifest,
+            error_count=log.error_count, warning_count=log.warning_count,
+            issue_counts={str(c): n for c, n in sorted(log.counts.items())},
+            issues_truncated=any(n > log.cap for n in log.counts.values()),
+            errors=[i for i in log.kept if i.severity is Severity.ERROR],
+            warnings=[i for i in log.kept if i.severity is Severity.WARNING],
+            splits=splits, images=images, seconds=round(seconds, 3),
+        )
+
+    def has(self, code: Code) -> bool:
+        return self.issue_counts.get(str(code), 0) > 0
+
+    def counts(self) -> dict[str, int]:
+        """Flat counts for small payloads (Step Functions state, CLI summary)."""
+        out: dict[str, int] = {}
+        for split, s in self.splits.items():
+            out[f"{split}_images"] = s.images
+            out[f"{split}_instances"] = s.instances
+        out["categories"] = max((s.categories for s in self.splits.values()), default=0)
+        return out
+
+    def describe(self, max_issues: int = 20) -> str:
+        """A readable multi-line summary for people."""
+        name = "/".join(p for p in (self.dataset.name, self.dataset.version) if p) or self.source
+        verdict = "VALID" if self.valid else "INVALID"
+        lines = [f"{verdict} {name}: {self.error_count} errors, {self.warning_count} warnings ({self.source})"]
+        for split, s in self.splits.items():
+            lines.append(f"  {split}: {s.images} images, {s.instances} instances, {s.categories} categories "
+                         f"(boxes small/medium/large {s.box_sizes.small}/{s.box_sizes.medium}/{s.box_sizes.large})")
+        lines.append(f"  image files: {self.images.mode}, {self.images.referenced} referenced, "
+                     f"{self.images.missing} missing, {self.images.probed} probed, {self.images.decoded} decoded")
+        for title, issues in (("errors", self.errors), ("warnings", self.warnings)):
+            if not issues:
+                continue
+            lines.append(f"{title}:")
+            lines.extend(f"  {i.code} {i.location}: {i.message}" for i in issues[:max_issues])
+            if len(issues) > max_issues or self.issues_truncated:
+                lines.append(f"  ... see --json for the full list (counts per code: {self._counts_of(title)})")
+        return "\n".join(lines)
+
+    def _counts_of(self, title: str) -> str:
+        want = Severity.ERROR if title == "errors" else Severity.WARNING
+        return ", ".join(f"{c} {n}" for c, n in self.issue_counts.items() if severity(Code(c)) is want)
+
+
+def summary_issue(issue: Issue) -> dict[str, Any]:
+    return {"code": str(issue.code), "message": issue.message, "location": issue.location}

@@ -1,0 +1,215 @@
+"""Where a dataset version is read from: a local directory or an S3 prefix.
+
+Both list every file once up front (S3: one paginated ListObjectsV2 walk, never one request per
+image), hand large JSON files to the checks as a memory map, and probe image files. Locally
+every image is decoded (JPEGs in draft mode, so the whole entropy-coded stream is read at an
+eighth of the cost); in S3 a ranged GET of the first bytes is enough for the size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import mmap
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from PIL import Image, UnidentifiedImageError
+
+from d2ops.validation.errors import DatasetUnreadable, SourceFileError
+
+HEADER_BYTES = 64 * 1024  # enough for the size of JPEG/PNG/WebP images, EXIF included, in practice
+MAX_FULL_IMAGE_BYTES = 64 * 1024 * 1024
+_SWAPPING_ORIENTATIONS = {5, 6, 7, 8}  # EXIF orientations that rotate by 90 degrees
+# Errors Pillow raises on corrupt data (truncated streams, bad headers, decompression bombs).
+_IMAGE_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
+@dataclass(frozen=True)
+class ImageProbe:
+    size: tuple[int, int] | None = None  # (width, height) as a loader that applies EXIF orientation sees it
+    stored_size: tuple[int, int] | None = None  # (width, height) in the file
+    error: str | None = None
+    decoded: bool = False
+
+
+class Source(Protocol):
+    uri: str
+    image_mode: str  # "all" (every image is probed) or "sample"
+
+    def list_files(self) -> dict[str, int]:
+        """Every file of the dataset version: relative posix path -> size in bytes."""
+        ...
+
+    def read_small(self, rel: str, limit: int) -> bytes: ...
+
+    def open_large(self, rel: str) -> Any:
+        """A context manager yielding the file's bytes as a buffer (a memory map when possible)."""
+        ...
+
+    def probe_image(self, rel: str) -> ImageProbe: ...
+
+
+def _probe(im: Image.Image) -> tuple[tuple[int, int], tuple[int, int]]:
+    stored = im.size
+    try:
+        orientation = im.getexif().get(0x0112)
+    except _IMAGE_ERRORS:
+        orientation = None
+    seen = (stored[1], stored[0]) if orientation in _SWAPPING_ORIENTATIONS else stored
+    return seen, stored
+
+
+@contextmanager
+def _mapped(path: Path | str, rel: str) -> Iterator[Any]:
+    """Yield the file's bytes as a read-only memory map (b"" for an empty file)."""
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - opening errors become SourceFileError, the body's do not
+    except OSError as exc:
+        raise SourceFileError(f"cannot read {rel}: {exc.strerror or exc}") from exc
+    with fh:
+        try:
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(fh.fileno()).st_size else None
+        except (OSError, ValueError) as exc:
+            raise SourceFileError(f"cannot map {rel}: {exc}") from exc
+        try:
+            yield mm if mm is not None else b""
+        finally:
+            if mm is not None:
+                with contextlib.suppress(BufferError):  # a caller still holds a view; it goes when that is collected
+                    mm.close()
+
+
+class LocalSource:
+    image_mode = "all"
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise DatasetUnreadable(f"{self.root} is not a directory")
+        self.uri = str(self.root)
+
+    def list_files(self) -> dict[str, int]:
+        files: dict[str, int] = {}
+        for dirpath, _, names in os.walk(self.root):
+            rel_dir = Path(dirpath).relative_to(self.root).as_posix()
+            for name in names:
+                rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+                try:
+                    files[rel] = os.stat(os.path.join(dirpath, name)).st_size
+                except OSError:
+                    files[rel] = -1  # a dangling link: listed, unreadable
+        return files
+
+    def read_small(self, rel: str, limit: int) -> bytes:
+        try:
+            with open(self.root / rel, "rb") as fh:
+                return fh.read(limit + 1)
+        except OSError as exc:
+            raise SourceFileError(f"cannot read {rel}: {exc.strerror or exc}") from exc
+
+    def open_large(self, rel: str) -> Any:
+        return _mapped(self.root / rel, rel)
+
+    def probe_image(self, rel: str) -> ImageProbe:
+        try:
+            with Image.open(self.root / rel) as im:
+                seen, stored = _probe(im)
+                # Draft mode decodes JPEGs at 1/8 scale: every byte is still parsed, so truncation shows.
+                im.draft(im.mode, (max(1, stored[0] // 8), max(1, stored[1] // 8)))
+                im.load()
+            return ImageProbe(size=seen, stored_size=stored, decoded=True)
+        except _IMAGE_ERRORS as exc:
+            return ImageProbe(error=f"cannot decode: {exc}")
+
+
+def _client_error_code(exc: Exception) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))
+
+
+class S3Source:
+    image_mode = "sample"
+
+    def __init__(self, s3_client: Any, bucket: str, prefix: str) -> None:
+        self.s3, self.bucket = s3_client, bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.uri = f"s3://{bucket}/{self.prefix}"
+
+    def list_files(self) -> dict[str, int]:
+        files: dict[str, int] = {}
+        try:
+            for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix):
+                for obj in page.get("Contents", []):
+                    files[obj["Key"][len(self.prefix):]] = int(obj["Size"])
+        except Exception as exc:  # botocore's ClientError/EndpointConnectionError: no import of botocore here
+            code = _client_error_code(exc) or type(exc).__name__
+            raise DatasetUnreadable(f"cannot list {self.uri}: {code}: {exc}") from exc
+        return files
+
+    def read_small(self, rel: str, limit: int) -> bytes:
+        try:
+            body = self.s3.get_object(Bucket=self.bucket, Key=self.prefix + rel, Range=f"bytes=0-{limit}")["Body"]
+            return bytes(body.read())
+        except Exception as exc:
+            raise SourceFileError(f"cannot read {self.uri}{rel}: {_client_error_code(exc) or exc}") from exc
+
+    @contextmanager
+    def open_large(self, rel: str) -> Iterator[Any]:
+        # Downloaded to the scratch disk (Lambda: /tmp, size set by EphemeralStorage) and mapped, so the
+        # annotations never sit in memory twice.
+        with tempfile.TemporaryDirectory(prefix="d2ops-validate-") as tmp:
+            try:
+                size = self.s3.head_object(Bucket=self.bucket, Key=self.prefix + rel)["ContentLength"]
+            except Exception as exc:
+                raise SourceFileError(f"cannot read {self.uri}{rel}: {_client_error_code(exc) or exc}") from exc
+            free = shutil.disk_usage(tmp).free
+            if size > free:
+                raise SourceFileError(f"{rel} is {size / 1e6:.0f} MB but the scratch disk has {free / 1e6:.0f} MB free "
+                                      "(raise the function's EphemeralStorage)")
+            target = os.path.join(tmp, "annotations.json")
+            try:
+                self.s3.download_file(self.bucket, self.prefix + rel, target)
+            except Exception as exc:
+                raise SourceFileError(f"cannot download {self.uri}{rel}: {_client_error_code(exc) or exc}") from exc
+            with _mapped(target, rel) as buffer:
+                yield buffer
+
+    def probe_image(self, rel: str) -> ImageProbe:
+        key = self.prefix + rel
+        try:
+            head = self.s3.get_object(Bucket=self.bucket, Key=key, Range=f"bytes=0-{HEADER_BYTES - 1}")
+            data = head["Body"].read()
+            total = _total_size(head, len(data))
+            try:
+                with Image.open(io.BytesIO(data)) as im:
+                    seen, stored = _probe(im)
+                return ImageProbe(size=seen, stored_size=stored)
+            except _IMAGE_ERRORS:
+                if total <= len(data) or total > MAX_FULL_IMAGE_BYTES:
+                    raise
+            # The header did not fit in the first bytes (large EXIF/ICC blocks): read it all and decode.
+            data = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            with Image.open(io.BytesIO(data)) as im:
+                seen, stored = _probe(im)
+                im.load()
+            return ImageProbe(size=seen, stored_size=stored, decoded=True)
+        except _IMAGE_ERRORS as exc:
+            return ImageProbe(error=f"cannot decode: {exc}")
+        except Exception as exc:
+            return ImageProbe(error=f"cannot read: {_client_error_code(exc) or exc}")
+
+
+def _total_size(response: dict[str, Any], fallback: int) -> int:
+    content_range = str(response.get("ContentRange", ""))  # "bytes 0-65535/123456"
+    if "/" in content_range:
+        tail = content_range.rsplit("/", 1)[1]
+        if tail.isdigit():
+            return int(tail)
+    return int(response.get("ContentLength", fallback))

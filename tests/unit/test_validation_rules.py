@@ -1,0 +1,344 @@
+"""One broken dataset per rule: each starts from a valid synthetic version and breaks one thing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from d2ops import synth
+from d2ops.validation import Code, Thresholds, ValidationReport, validate_local
+
+Doc = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("base") / "ds"
+    synth.generate(root, images=48, seed=5, size=64)
+    return root
+
+
+@pytest.fixture
+def ds(base: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "ds"
+    shutil.copytree(base, root)
+    return root
+
+
+def edit(root: Path, rel: str, change: Callable[[Doc], None]) -> None:
+    path = root / rel
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))  # allow_nan: Python writes NaN, which the validator must handle
+
+
+def train(change: Callable[[Doc], None]) -> Callable[[Path], None]:
+    return lambda root: edit(root, "annotations/train.json", change)
+
+
+def val(change: Callable[[Doc], None]) -> Callable[[Path], None]:
+    return lambda root: edit(root, "annotations/val.json", change)
+
+
+def manifest(change: Callable[[Doc], None]) -> Callable[[Path], None]:
+    return lambda root: edit(root, "manifest.json", change)
+
+
+def issues(report: ValidationReport, code: Code) -> list[Any]:
+    return [i for i in report.errors + report.warnings if i.code == code]
+
+
+def test_the_valid_base_has_no_issues_and_correct_statistics(ds: Path) -> None:
+    report = validate_local(ds)
+    assert report.valid, report.describe()
+    assert report.error_count == report.warning_count == 0, report.describe()
+    doc = json.loads((ds / "annotations/train.json").read_text())
+    s = report.splits["train"]
+    assert (s.images, s.instances, s.categories) == (len(doc["images"]), len(doc["annotations"]), 3)
+    per_class = {c.id: c for c in s.per_class}
+    for cat in (1, 2, 3):
+        anns = [a for a in doc["annotations"] if a["category_id"] == cat]
+        assert per_class[cat].instances == len(anns)
+        assert per_class[cat].images == len({a["image_id"] for a in anns})
+        sizes = per_class[cat].box_sizes
+        assert sizes.small + sizes.medium + sizes.large == len(anns)
+        assert sizes.small == sum(a["area"] < 32**2 for a in anns)
+    assert report.images.mode == "all" and report.images.decoded == report.images.referenced == 48
+    assert report.dataset.name == "shapes" and report.manifest is not None and report.manifest.task == "detection"
+
+
+def _first(doc: Doc, key: str, index: int = 0) -> Doc:
+    item: Doc = doc[key][index]
+    return item
+
+
+def _set(key: str, index: int, field: str, value: Any) -> Callable[[Doc], None]:
+    return lambda doc: _first(doc, key, index).__setitem__(field, value)
+
+
+def _del(key: str, index: int, field: str) -> Callable[[Doc], None]:
+    return lambda doc: _first(doc, key, index).pop(field)
+
+
+def _drop_category_annotations(cat: int) -> Callable[[Doc], None]:
+    def change(doc: Doc) -> None:
+        doc["annotations"] = [a for a in doc["annotations"] if a["category_id"] != cat]
+    return change
+
+
+def _keep_of_category(cat: int, n: int) -> Callable[[Doc], None]:
+    def change(doc: Doc) -> None:
+        of_cat = [a for a in doc["annotations"] if a["category_id"] == cat]
+        doc["annotations"] = [a for a in doc["annotations"] if a["category_id"] != cat] + of_cat[:n]
+    return change
+
+
+def _drop_image_annotations(doc: Doc) -> None:
+    first_image = doc["images"][0]["id"]
+    doc["annotations"] = [a for a in doc["annotations"] if a["image_id"] != first_image]
+
+
+def _duplicate(key: str) -> Callable[[Doc], None]:
+    return lambda doc: doc[key].append(dict(doc[key][0]))
+
+
+def _bbox(value: Any) -> Callable[[Doc], None]:
+    return _set("annotations", 2, "bbox", value)
+
+
+def _write(rel: str, data: bytes) -> Callable[[Path], None]:
+    return lambda root: (root / rel).write_bytes(data)
+
+
+def _rle(size: list[int], counts: list[int]) -> Callable[[Doc], None]:
+    def change(doc: Doc) -> None:
+        ann = doc["annotations"][1]
+        ann.update(iscrowd=1, segmentation={"size": size, "counts": counts})
+    return change
+
+
+def _val_uses_train_file(root: Path) -> None:
+    name = json.loads((root / "annotations/train.json").read_text())["images"][0]["file_name"]
+    edit(root, "annotations/val.json", _set("images", 0, "file_name", name))
+
+
+def _unlink_first_image(root: Path) -> None:
+    (root / "images" / json.loads((root / "annotations/train.json").read_text())["images"][0]["file_name"]).unlink()
+
+
+def _corrupt_first_image(root: Path) -> None:
+    path = root / "images" / json.loads((root / "annotations/train.json").read_text())["images"][0]["file_name"]
+    path.write_bytes(path.read_bytes()[: 400])  # header intact, entropy-coded data cut short
+
+
+def _garbage_first_image(root: Path) -> None:
+    path = root / "images" / json.loads((root / "annotations/train.json").read_text())["images"][0]["file_name"]
+    path.write_bytes(b"not an image at all")
+
+
+def _resize_first_image(root: Path) -> None:
+    path = root / "images" / json.loads((root / "annotations/train.json").read_text())["images"][0]["file_name"]
+    Image.new("RGB", (80, 64)).save(path)
+
+
+# (id, breaker, code, file, path) -- path None means "no JSON path", ... means "not asserted"
+CASES: list[tuple[str, Callable[[Path], None], Code, str | None, Any]] = [
+    ("manifest missing", lambda r: (r / "manifest.json").unlink(), Code.MANIFEST_MISSING, "manifest.json", None),
+    ("manifest not json", _write("manifest.json", b"{name: shapes"), Code.JSON_MALFORMED, "manifest.json", None),
+    ("manifest key missing", manifest(lambda d: d.pop("train")), Code.MANIFEST_KEY_MISSING, "manifest.json", "train"),
+    ("manifest unknown key", manifest(lambda d: d.update(trian="x")), Code.MANIFEST_KEY_UNKNOWN, "manifest.json",
+     "trian"),
+    ("manifest unknown nested key", manifest(lambda d: d.update(training={"max_iters": 5})),
+     Code.MANIFEST_KEY_UNKNOWN, "manifest.json", "training.max_iters"),
+    ("manifest value out of bounds", manifest(lambda d: d.update(training={"max_iter": 0})),
+     Code.MANIFEST_VALUE_INVALID, "manifest.json", "training.max_iter"),
+    ("manifest wrong type", manifest(lambda d: d.update(gate={"min_map": "high"})), Code.MANIFEST_VALUE_INVALID,
+     "manifest.json", "gate.min_map"),
+    ("manifest format", manifest(lambda d: d.update(format="voc")), Code.MANIFEST_VALUE_INVALID, "manifest.json",
+     "format"),
+    ("manifest path traversal", manifest(lambda d: d.update(train="../other/train.json")),
+     Code.MANIFEST_VALUE_INVALID, "manifest.json", "train"),
+    ("manifest names a missing val", lambda r: (r / "annotations/val.json").unlink(), Code.MANIFEST_PATH_MISSING,
+     "manifest.json", "val"),
+    ("manifest names a missing train", manifest(lambda d: d.update(train="annotations/training.json")),
+     Code.MANIFEST_PATH_MISSING, "manifest.json", "train"),
+    ("no images uploaded", lambda r: shutil.rmtree(r / "images"), Code.MANIFEST_PATH_MISSING, "manifest.json",
+     "images"),
+    ("annotations unreadable", lambda r: ((r / "annotations/train.json").unlink(),
+                                          (r / "annotations/train.json").symlink_to(r / "nowhere.json")),
+     Code.FILE_UNREADABLE, "annotations/train.json", None),
+    ("annotations not json", _write("annotations/train.json", b'{"images": [\n  {"id": 1,,}]}'),
+     Code.JSON_MALFORMED, "annotations/train.json", None),
+    ("annotations empty file", _write("annotations/val.json", b""), Code.JSON_MALFORMED, "annotations/val.json",
+     None),
+    ("top-level key missing", train(lambda d: d.pop("categories")), Code.KEY_MISSING, "annotations/train.json",
+     None),
+    ("annotation key missing", train(_del("annotations", 3, "bbox")), Code.KEY_MISSING, "annotations/train.json",
+     "annotations[3]"),
+    ("image key missing", val(_del("images", 1, "file_name")), Code.KEY_MISSING, "annotations/val.json", "images[1]"),
+    ("wrong type of id", train(_set("images", 2, "id", "3")), Code.WRONG_TYPE, "annotations/train.json",
+     "images[2].id"),
+    ("wrong type of category name", train(_set("categories", 1, "name", 7)), Code.WRONG_TYPE,
+     "annotations/train.json", "categories[1].name"),
+    ("wrong container type", train(lambda d: d.update(annotations={"0": {}})), Code.WRONG_TYPE,
+     "annotations/train.json", "annotations"),
+    ("duplicate image id", train(_duplicate("images")), Code.DUPLICATE_IMAGE_ID, "annotations/train.json", ...),
+    ("duplicate annotation id", train(_duplicate("annotations")), Code.DUPLICATE_ANNOTATION_ID,
+     "annotations/train.json", ...),
+    ("duplicate category id", val(_duplicate("categories")), Code.DUPLICATE_CATEGORY_ID, "annotations/val.json",
+     "categories[3].id"),
+    ("non-positive image size", train(_set("images", 4, "width", 0)), Code.IMAGE_DIMENSIONS_INVALID,
+     "annotations/train.json", "images[4]"),
+    ("file_name with ..", train(_set("images", 0, "file_name", "../../etc/passwd")), Code.FILE_NAME_UNSAFE,
+     "annotations/train.json", "images[0].file_name"),
+    ("absolute file_name", train(_set("images", 1, "file_name", "/etc/passwd")), Code.FILE_NAME_UNSAFE,
+     "annotations/train.json", "images[1].file_name"),
+    ("backslash file_name", train(_set("images", 1, "file_name", "train\\000001.jpg")), Code.FILE_NAME_UNSAFE,
+     "annotations/train.json", "images[1].file_name"),
+    ("unknown image_id", train(_set("annotations", 5, "image_id", 99999)), Code.ANNOTATION_IMAGE_UNKNOWN,
+     "annotations/train.json", "annotations[5].image_id"),
+    ("unknown category_id", val(_set("annotations", 0, "category_id", 42)), Code.ANNOTATION_CATEGORY_UNKNOWN,
+     "annotations/val.json", "annotations[0].category_id"),
+    ("bbox of three numbers", train(_bbox([1, 2, 3])), Code.BBOX_MALFORMED, "annotations/train.json",
+     "annotations[2].bbox"),
+    ("bbox with a string", train(_bbox([1, 2, "3", 4])), Code.BBOX_MALFORMED, "annotations/train.json",
+     "annotations[2].bbox"),
+    ("bbox NaN (Python's json writes NaN)", train(_bbox([1.0, 2.0, float("nan"), 4.0])), Code.BBOX_NOT_FINITE,
+     "annotations/train.json", "annotations[2].bbox[2]"),
+    ("bbox infinite", train(_bbox([1.0, float("inf"), 3.0, 4.0])), Code.BBOX_NOT_FINITE, "annotations/train.json",
+     "annotations[2].bbox[1]"),
+    ("bbox zero width", train(_bbox([1, 2, 0, 4])), Code.BBOX_NON_POSITIVE_SIZE, "annotations/train.json",
+     "annotations[2].bbox[2]"),
+    ("bbox negative height", train(_bbox([1, 2, 3, -4])), Code.BBOX_NON_POSITIVE_SIZE, "annotations/train.json",
+     "annotations[2].bbox[3]"),
+    ("bbox outside the image", train(_bbox([50, 50, 20, 10])), Code.BBOX_OUTSIDE_IMAGE, "annotations/train.json",
+     "annotations[2].bbox"),
+    ("negative area", train(_set("annotations", 1, "area", -3.0)), Code.AREA_NEGATIVE, "annotations/train.json",
+     "annotations[1].area"),
+    ("area larger than its box", train(_set("annotations", 1, "area", 64 * 64.0)), Code.AREA_INCONSISTENT,
+     "annotations/train.json", "annotations[1].area"),
+    ("iscrowd 2", train(_set("annotations", 0, "iscrowd", 2)), Code.ISCROWD_INVALID, "annotations/train.json",
+     "annotations[0].iscrowd"),
+    ("segmentation a string", train(_set("annotations", 0, "segmentation", "mask")), Code.SEGMENTATION_MALFORMED,
+     "annotations/train.json", "annotations[0].segmentation"),
+    ("polygon with a string", train(_set("annotations", 0, "segmentation", [[1, 2, 3, "4", 5, 6]])),
+     Code.SEGMENTATION_MALFORMED, "annotations/train.json", "annotations[0].segmentation[0][3]"),
+    ("polygon of odd length", train(_set("annotations", 0, "segmentation", [[1, 2, 3, 4, 5, 6, 7]])),
+     Code.POLYGON_MALFORMED, "annotations/train.json", "annotations[0].segmentation[0]"),
+    ("polygon of two points", val(_set("annotations", 1, "segmentation", [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4]])),
+     Code.POLYGON_MALFORMED, "annotations/val.json", "annotations[1].segmentation[1]"),
+    ("RLE of another size", train(_rle([32, 64], [2048])), Code.RLE_SIZE_MISMATCH, "annotations/train.json",
+     "annotations[1].segmentation.size"),
+    ("RLE counts not covering the image", train(_rle([64, 64], [100, 50])), Code.RLE_SIZE_MISMATCH,
+     "annotations/train.json", "annotations[1].segmentation.counts"),
+    ("empty val split", val(lambda d: d.update(annotations=[])), Code.SPLIT_EMPTY, "annotations/val.json", None),
+    ("val category never in train", train(_drop_category_annotations(3)), Code.CATEGORY_NOT_IN_TRAIN,
+     "annotations/val.json", "categories[2]"),
+    ("val category renamed", val(_set("categories", 0, "name", "box")), Code.CATEGORY_MISMATCH,
+     "annotations/val.json", "categories[0]"),
+    ("image file missing", _unlink_first_image, Code.IMAGE_MISSING, "annotations/train.json",
+     "images[0].file_name"),
+    ("image file empty", lambda r: (r / "images/train/000000.jpg").write_bytes(b""), Code.IMAGE_UNREADABLE,
+     "annotations/train.json", "images[0].file_name"),
+    ("image file truncated", _corrupt_first_image, Code.IMAGE_UNREADABLE, "annotations/train.json", "images[0]"),
+    ("image file not an image", _garbage_first_image, Code.IMAGE_UNREADABLE, "annotations/train.json", "images[0]"),
+    ("image of another size", _resize_first_image, Code.IMAGE_SIZE_MISMATCH, "annotations/train.json", "images[0]"),
+    # warnings
+    ("image without annotations", train(_drop_image_annotations), Code.IMAGE_WITHOUT_ANNOTATIONS,
+     "annotations/train.json", "images[0]"),
+    ("class with few instances", train(_keep_of_category(2, 2)), Code.CLASS_FEW_INSTANCES, "annotations/train.json",
+     "categories[1]"),
+    ("class missing in val", val(_drop_category_annotations(2)), Code.CLASS_MISSING_IN_VAL, "annotations/val.json",
+     None),
+    ("tiny box", train(lambda d: d["annotations"][4].update(bbox=[5, 5, 3, 9], area=20)), Code.BOX_TINY,
+     "annotations/train.json", "annotations[4].bbox"),
+    ("duplicate file_name", train(lambda d: d["images"][1].update(file_name=d["images"][0]["file_name"])),
+     Code.DUPLICATE_FILE_NAME, "annotations/train.json", "images[1].file_name"),
+    ("image in both splits", _val_uses_train_file, Code.SPLIT_OVERLAP, "annotations/val.json",
+     "images[0].file_name"),
+]
+
+
+@pytest.mark.parametrize(("breaker", "code", "file", "path"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_each_rule_reports_its_code_and_location(ds: Path, breaker: Callable[[Path], None], code: Code,
+                                                  file: str | None, path: Any) -> None:
+    breaker(ds)
+    report = validate_local(ds, limits=Thresholds(few_instances=3))
+    found = issues(report, code)
+    assert found, f"{code} not reported:\n{report.describe()}"
+    issue = found[0]
+    assert issue.file == file
+    if path is not ...:
+        assert issue.path == path, issue
+    assert issue.message
+    if issue.severity == "warning":
+        assert report.valid, f"a warning alone must not reject the dataset:\n{report.describe()}"
+    else:
+        assert not report.valid
+
+
+def test_class_imbalance_is_a_warning(ds: Path) -> None:
+    edit(ds, "annotations/train.json", _keep_of_category(3, 1))
+    report = validate_local(ds, limits=Thresholds(imbalance_ratio=5, few_instances=1))
+    [warning] = issues(report, Code.CLASS_IMBALANCE)
+    assert "'triangle'" in warning.message and report.valid
+
+
+def test_instance_segmentation_requires_masks(ds: Path) -> None:
+    edit(ds, "manifest.json", lambda d: d.update(task="instance_segmentation"))
+    edit(ds, "annotations/val.json", _del("annotations", 2, "segmentation"))
+    report = validate_local(ds)
+    [issue] = issues(report, Code.SEGMENTATION_MISSING)
+    assert issue.path == "annotations[2]" and not report.valid
+    # the same annotation is fine for plain detection
+    edit(ds, "manifest.json", lambda d: d.update(task="detection"))
+    assert validate_local(ds).valid
+
+
+def test_exif_rotation_is_taken_into_account(ds: Path) -> None:
+    path = ds / "images/train/000000.jpg"
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees: loaders that honour EXIF see a 64x80 image
+    Image.new("RGB", (80, 64)).save(path, exif=exif)
+    [issue] = issues(validate_local(ds), Code.IMAGE_SIZE_MISMATCH)
+    assert "EXIF" in issue.message and "64x80" in issue.message
+
+
+def test_no_images_mode_checks_annotations_only(ds: Path) -> None:
+    shutil.rmtree(ds / "images")
+    report = validate_local(ds, check_images=False)
+    assert report.valid and report.images.mode == "skipped"
+
+
+def test_a_big_broken_file_makes_a_bounded_report(ds: Path) -> None:
+    def break_all(doc: Doc) -> None:
+        anns = doc["annotations"]
+        doc["annotations"] = [dict(anns[i % len(anns)], id=i, bbox=[0, 0, -1, 1]) for i in range(2500)]
+
+    edit(ds, "annotations/train.json", break_all)
+    report = validate_local(ds, check_images=False)
+    assert report.issue_counts[Code.BBOX_NON_POSITIVE_SIZE] == 2500
+    assert len(issues(report, Code.BBOX_NON_POSITIVE_SIZE)) == 100
+    assert report.issues_truncated and report.error_count >= 2500
+    assert len(report.model_dump_json()) < 200_000
+
+
+def test_structural_errors_name_line_and_column(ds: Path) -> None:
+    (ds / "annotations/train.json").write_text('{"images": [\n  {"id": 1,,}]}')
+    [issue] = issues(validate_local(ds), Code.JSON_MALFORMED)
+    assert "line 2, column 12" in issue.message
+
+
+def test_every_split_and_rule_is_checked_in_one_run(ds: Path) -> None:
+    """Several independent problems are all reported, not just the first."""
+    edit(ds, "annotations/train.json", lambda d: (d["annotations"][0].update(iscrowd=3),
+                                                   d["images"][1].update(file_name="/abs.jpg")))
+    edit(ds, "annotations/val.json", _set("annotations", 0, "bbox", [1, 2, 0, 4]))
+    report = validate_local(ds)
+    assert {Code.ISCROWD_INVALID, Code.FILE_NAME_UNSAFE, Code.BBOX_NON_POSITIVE_SIZE} <= {i.code for i in report.errors}
