@@ -38,6 +38,11 @@ lint: setup  ## ruff, mypy, cfn-lint, sam validate --lint, checkov, hadolint
 	$(BIN)/checkov --quiet --compact --skip-download --framework cloudformation --file template.yaml
 	find containers -name Dockerfile -print0 | xargs -0 -r $(BIN)/hadolint
 
+# --- dataset validation (issue 2) -------------------------------------------------------
+.PHONY: bench-validate
+bench-validate: setup  ## validator vs pycocotools COCO() on a train2017-sized file (time, peak RSS)
+	$(BIN)/python -m d2ops.bench.validate --workdir build/bench-validate
+
 clean:  ## remove build output (keeps .venv)
 	rm -rf .aws-sam build dist .pytest_cache .mypy_cache .ruff_cache
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 # One line per sub-command module, in the order they appear in --help.
 COMMAND_MODULES: tuple[str, ...] = (
     "d2ops.commands.synth",
+    "d2ops.commands.validate",
     "d2ops.commands.asl",
 )
 
