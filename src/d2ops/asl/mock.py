@@ -93,8 +93,8 @@ class MockConfig:
         try:
             model = _MockFileRoot.model_validate(data).root
         except ValidationError as exc:
-            raise AslDefinitionError([f"{'.'.join(str(p) for p in err['loc'][1:]) or '(top level)'}: {err['msg']}"
-                                      for err in exc.errors()], source=source or "mock config") from exc
+            raise AslDefinitionError([f"{'.'.join(str(p) for p in err['loc'] if p != 'root') or '(top level)'}: "
+                                      f"{err['msg']}" for err in exc.errors()], source=source or "mock config") from exc
         problems: list[str] = []
         self._responses: dict[str, MockedResponse] = {}
         for name, entries in model.MockedResponses.items():
