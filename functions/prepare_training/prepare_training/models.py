@@ -1,0 +1,107 @@
+"""Input, settings and output of the prepare step (the state machine's ``$.plan``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from d2ops.runs import DatasetRef
+from d2ops.validation.manifest import Gate, TrainingOverrides
+
+
+class ManifestSettings(BaseModel):
+    """The manifest's optional keys as the validation summary passes them on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: Literal["detection", "instance_segmentation"] = "detection"
+    training: TrainingOverrides = Field(default_factory=TrainingOverrides)
+    gate: Gate | None = None
+
+
+class PrepareEvent(BaseModel):
+    run_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,80}$")
+    dataset: DatasetRef
+    manifest: ManifestSettings = Field(default_factory=ManifestSettings)
+
+
+def _flag(value: str) -> bool:
+    if value.lower() not in {"true", "false"}:
+        raise ValueError(f"expected 'true' or 'false', got {value!r}")
+    return value.lower() == "true"
+
+
+class PrepareSettings(BaseModel):
+    """Stack parameters, passed to the function as environment variables (template.yaml)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    artifacts_bucket: str = Field(min_length=3)
+    sagemaker_role_arn: str = Field(pattern=r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$")
+    training_image_uri: str = Field(min_length=1)
+    evaluation_image_uri: str = Field(min_length=1)
+    framework: Literal["detectron2", "torchvision"] = "detectron2"
+    training_instance_type: str = Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+    training_instance_count: int = Field(ge=1, le=16)
+    use_spot: bool
+    max_training_seconds: int = Field(ge=60, le=432_000)
+    evaluation_instance_type: str = Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+    endpoint_instance_type: str = Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+    endpoint_instance_count: int = Field(1, ge=1, le=10)
+    endpoint_poll_seconds: int = Field(30, ge=1, le=3600)
+    endpoint_max_wait_attempts: int = Field(120, ge=1, le=1000)
+    min_map: float = Field(ge=0, le=1)
+    max_regression: float = Field(ge=0, le=1)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> PrepareSettings:
+        """Read ``ARTIFACTS_BUCKET``, ``SAGEMAKER_ROLE_ARN``, ... (upper-case field names)."""
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            raw = env.get(name.upper())
+            if raw is not None and raw != "":
+                values[name] = _flag(raw) if name == "use_spot" else raw
+        if "evaluation_image_uri" not in values and "training_image_uri" in values:
+            values["evaluation_image_uri"] = values["training_image_uri"]
+        return cls.model_validate(values)
+
+
+class JobNames(BaseModel):
+    training_job: str
+    evaluation_job: str
+    model: str
+    endpoint_config: str
+
+
+class GateThresholds(BaseModel):
+    min_map: float
+    max_regression: float
+
+
+class EndpointPlan(BaseModel):
+    instance_type: str
+    instance_count: int
+    poll_seconds: int
+    max_wait_attempts: int
+
+
+class ChampionRef(BaseModel):
+    run_id: str
+    model_data: str
+    model_package_arn: str
+    primary_metric: str
+    primary_value: float
+
+
+class Plan(BaseModel):
+    """Everything later states need; the state machine selects these keys into ``$.plan``."""
+
+    training_job: dict[str, Any]  # a CreateTrainingJob request
+    evaluation_job: dict[str, Any]  # a CreateProcessingJob request
+    names: JobNames
+    gate: GateThresholds
+    endpoint: EndpointPlan
+    evaluation_report_uri: str
+    champion: ChampionRef | None

@@ -1,0 +1,138 @@
+"""Build the training and evaluation job requests for one run (pure, apart from reading champion.json)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from d2ops import metrics, runs
+from d2ops.champion import read_champion
+from prepare_training.models import (
+    ChampionRef,
+    EndpointPlan,
+    GateThresholds,
+    JobNames,
+    Plan,
+    PrepareEvent,
+    PrepareSettings,
+)
+
+CHECKPOINT_DIR = "/opt/ml/checkpoints"
+PROCESSING_ROOT = "/opt/ml/processing"
+EVALUATION_REPORT = "evaluation.json"
+EVALUATION_MAX_SECONDS = 2 * 3600
+VOLUME_GB = 50
+
+
+def job_names(run_id: str) -> JobNames:
+    return JobNames(training_job=runs.sagemaker_name(run_id, "train"),
+                    evaluation_job=runs.sagemaker_name(run_id, "eval"),
+                    model=runs.sagemaker_name(run_id, "model"),
+                    endpoint_config=runs.sagemaker_name(run_id, "config"))
+
+
+def run_prefix(settings: PrepareSettings, run_id: str) -> str:
+    return f"s3://{settings.artifacts_bucket}/runs/{run_id}"
+
+
+def hyperparameters(settings: PrepareSettings, event: PrepareEvent) -> dict[str, str]:
+    """Strings, as SageMaker passes them; only the manifest's overrides besides the framework.
+
+    The trainer owns the defaults (model, schedule) per framework and task, so they are
+    not repeated here.
+    """
+    hps: dict[str, str] = {"framework": settings.framework}
+    for key, value in event.manifest.training.model_dump(exclude_none=True).items():
+        hps[key] = str(value)
+    return hps
+
+
+def training_job_request(settings: PrepareSettings, event: PrepareEvent, names: JobNames) -> dict[str, Any]:
+    def channel(name: str) -> dict[str, Any]:
+        # Both channels are the whole dataset version (COCO layout with manifest.json): the
+        # trainer reads the split files the manifest names.
+        return {"ChannelName": name, "InputMode": "File",
+                "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": event.dataset.uri,
+                                                "S3DataDistributionType": "FullyReplicated"}}}
+
+    stopping: dict[str, int] = {"MaxRuntimeInSeconds": settings.max_training_seconds}
+    if settings.use_spot:
+        # Spot may wait for capacity and be interrupted; twice the run time bounds the wait.
+        stopping["MaxWaitTimeInSeconds"] = 2 * settings.max_training_seconds
+    return {
+        "TrainingJobName": names.training_job,
+        "RoleArn": settings.sagemaker_role_arn,
+        "AlgorithmSpecification": {"TrainingImage": settings.training_image_uri, "TrainingInputMode": "File",
+                                   "MetricDefinitions": [dict(d) for d in metrics.METRIC_DEFINITIONS],
+                                   "EnableSageMakerMetricsTimeSeries": True},
+        "HyperParameters": hyperparameters(settings, event),
+        "InputDataConfig": [channel("train"), channel("val")],
+        "OutputDataConfig": {"S3OutputPath": f"{run_prefix(settings, event.run_id)}/training/"},
+        "ResourceConfig": {"InstanceType": settings.training_instance_type,
+                           "InstanceCount": settings.training_instance_count, "VolumeSizeInGB": VOLUME_GB},
+        "StoppingCondition": stopping,
+        "EnableManagedSpotTraining": settings.use_spot,
+        # Checkpoints sync to S3 so a spot restart (same job) resumes instead of starting over.
+        "CheckpointConfig": {"S3Uri": f"s3://{settings.artifacts_bucket}/checkpoints/{event.run_id}/",
+                             "LocalPath": CHECKPOINT_DIR},
+        "Tags": [{"Key": "d2ops:run-id", "Value": event.run_id}],
+    }
+
+
+def model_artifact_uri(training_job: dict[str, Any]) -> str:
+    """Where SageMaker writes model.tar.gz: <S3OutputPath>/<TrainingJobName>/output/model.tar.gz."""
+    output = training_job["OutputDataConfig"]["S3OutputPath"].rstrip("/")
+    return f"{output}/{training_job['TrainingJobName']}/output/model.tar.gz"
+
+
+def evaluation_job_request(settings: PrepareSettings, event: PrepareEvent, names: JobNames,
+                           challenger_model: str, champion: ChampionRef | None) -> dict[str, Any]:
+    def model_input(name: str, uri: str) -> dict[str, Any]:
+        return {"InputName": name, "S3Input": {"S3Uri": uri, "LocalPath": f"{PROCESSING_ROOT}/input/{name}",
+                                                "S3DataType": "S3Prefix", "S3InputMode": "File"}}
+
+    inputs = [model_input("challenger", challenger_model), model_input("val", event.dataset.uri)]
+    if champion is not None:
+        inputs.append(model_input("champion", champion.model_data))
+    return {
+        "ProcessingJobName": names.evaluation_job,
+        "RoleArn": settings.sagemaker_role_arn,
+        "AppSpecification": {"ImageUri": settings.evaluation_image_uri,
+                             "ContainerEntrypoint": ["python", "-m", "model_code.evaluation.job"]},
+        "ProcessingInputs": inputs,
+        "ProcessingOutputConfig": {"Outputs": [{
+            "OutputName": "evaluation",
+            "S3Output": {"S3Uri": f"{run_prefix(settings, event.run_id)}/evaluation/",
+                         "LocalPath": f"{PROCESSING_ROOT}/output", "S3UploadMode": "EndOfJob"}}]},
+        "ProcessingResources": {"ClusterConfig": {"InstanceCount": 1, "InstanceType": settings.evaluation_instance_type,
+                                                  "VolumeSizeInGB": VOLUME_GB}},
+        "StoppingCondition": {"MaxRuntimeInSeconds": EVALUATION_MAX_SECONDS},
+        "Tags": [{"Key": "d2ops:run-id", "Value": event.run_id}],
+    }
+
+
+def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: ChampionRef | None) -> Plan:
+    names = job_names(event.run_id)
+    training = training_job_request(settings, event, names)
+    gate = event.manifest.gate
+    min_map = gate.min_map if gate and gate.min_map is not None else settings.min_map
+    max_regression = gate.max_regression if gate and gate.max_regression is not None else settings.max_regression
+    return Plan(
+        training_job=training,
+        evaluation_job=evaluation_job_request(settings, event, names, model_artifact_uri(training), champion),
+        names=names,
+        gate=GateThresholds(min_map=min_map, max_regression=max_regression),
+        endpoint=EndpointPlan(instance_type=settings.endpoint_instance_type,
+                              instance_count=settings.endpoint_instance_count,
+                              poll_seconds=settings.endpoint_poll_seconds,
+                              max_wait_attempts=settings.endpoint_max_wait_attempts),
+        evaluation_report_uri=f"{run_prefix(settings, event.run_id)}/evaluation/{EVALUATION_REPORT}",
+        champion=champion,
+    )
+
+
+def current_champion(s3: Any, bucket: str) -> ChampionRef | None:
+    record = read_champion(s3, bucket)
+    if record is None:
+        return None
+    return ChampionRef(run_id=record.run_id, model_data=record.model_data, model_package_arn=record.model_package_arn,
+                       primary_metric=record.primary_metric, primary_value=record.primary_value)

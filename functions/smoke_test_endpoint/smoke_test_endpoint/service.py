@@ -1,0 +1,82 @@
+"""Send one validation image to the endpoint and check the answer is well-formed detections."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from pydantic import ValidationError
+
+from smoke_test_endpoint.models import InvocationResponse, SmokeTestEvent, SmokeTestResult
+
+CONTENT_TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png"}
+# Real-time endpoints accept at most 6 MB per request.
+MAX_IMAGE_BYTES = 5 * 1024 * 1024
+MAX_LISTED_KEYS = 10_000
+
+
+class SmokeTestFailed(Exception):
+    """The endpoint answered badly (error status, wrong content type, malformed detections)."""
+
+
+class NoSmokeTestImage(Exception):
+    """The dataset version has no JPEG/PNG image small enough to send."""
+
+
+def content_type(key: str) -> str | None:
+    dot = key.rfind(".")
+    return CONTENT_TYPES.get(key[dot:].lower()) if dot >= 0 else None
+
+
+def pick_image(s3: Any, bucket: str, prefix: str) -> str:
+    """The first image (in key order) of the dataset version, so reruns test the same image."""
+    seen = 0
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            seen += 1
+            if content_type(obj["Key"]) and 0 < obj["Size"] <= MAX_IMAGE_BYTES:
+                return str(obj["Key"])
+            if seen >= MAX_LISTED_KEYS:
+                break
+        if seen >= MAX_LISTED_KEYS:
+            break
+    raise NoSmokeTestImage(f"no .jpg/.jpeg/.png of at most {MAX_IMAGE_BYTES} bytes in the first {seen} "
+                           f"objects under s3://{bucket}/{prefix}")
+
+
+def check_response(status: int, response_type: str, body: bytes) -> InvocationResponse:
+    if status != 200:
+        raise SmokeTestFailed(f"endpoint answered HTTP {status}: {body[:300]!r}")
+    if not response_type.startswith("application/json"):
+        raise SmokeTestFailed(f"endpoint answered Content-Type {response_type!r}, expected application/json")
+    try:
+        payload = json.loads(body)
+    except ValueError as exc:
+        raise SmokeTestFailed(f"endpoint answered invalid JSON ({exc}): {body[:300]!r}") from exc
+    try:
+        return InvocationResponse.model_validate(payload)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "<root>"
+        raise SmokeTestFailed(f"endpoint answer is not detections: {where}: {first['msg']}") from exc
+
+
+def smoke_test(event: SmokeTestEvent, s3: Any, runtime: Any) -> SmokeTestResult:
+    key = pick_image(s3, event.bucket, event.prefix)
+    image = s3.get_object(Bucket=event.bucket, Key=key)["Body"].read()
+    started = time.monotonic()
+    try:
+        response = runtime.invoke_endpoint(EndpointName=event.endpoint_name, ContentType=content_type(key),
+                                           Accept="application/json", Body=image)
+    except runtime.exceptions.ModelError as exc:
+        # The container answered with an error status; its message says why.
+        err = exc.response.get("Error", {})
+        status = exc.response.get("OriginalStatusCode", "?")
+        raise SmokeTestFailed(
+            f"endpoint {event.endpoint_name} answered {status} to {key}: {err.get('Message')}") from exc
+    latency_ms = int((time.monotonic() - started) * 1000)
+    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 200))
+    parsed = check_response(status, response.get("ContentType", ""), response["Body"].read())
+    return SmokeTestResult(endpoint_name=event.endpoint_name, image_key=key, detections=len(parsed.detections),
+                           latency_ms=latency_ms)

@@ -1,0 +1,98 @@
+"""Request and response models of the status API (they generate docs/status-api.openapi.json)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from d2ops.champion import ChampionRecord
+from d2ops.runs import DatasetRef
+
+RunStatus = Literal["RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "PENDING_REDRIVE"]
+RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,80}$"
+
+
+class RunSummary(BaseModel):
+    run_id: str
+    dataset_name: str | None = Field(description="the dataset name as it appears in the run id")
+    dataset_version: str | None
+    status: str
+    started_at: str
+    stopped_at: str | None = None
+
+
+class RunList(BaseModel):
+    runs: list[RunSummary]
+    next_token: str | None = Field(None, description="pass as nextToken for the next page")
+
+
+class StateStep(BaseModel):
+    name: str
+    status: Literal["running", "succeeded", "failed"]
+    entered_at: str
+    exited_at: str | None = None
+    duration_seconds: float | None = None
+    error: str | None = None
+
+
+class TrainingInfo(BaseModel):
+    job_name: str
+    status: str | None = None
+    secondary_status: str | None = None
+    failure_reason: str | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+    model_data: str | None = None
+
+
+class EndpointInfo(BaseModel):
+    name: str | None = None
+    mode: str | None = Field(None, description="create (first deployment) or update (blue/green)")
+    status: str | None = None
+    endpoint_config: str | None = None
+
+
+class RunDetail(BaseModel):
+    run_id: str
+    execution_arn: str
+    status: str
+    started_at: str
+    stopped_at: str | None = None
+    dataset: DatasetRef | None = None
+    current_state: str | None = Field(None, description="the state the run is in (running runs)")
+    timeline: list[StateStep]
+    validation: dict[str, Any] | None = Field(None, description="the validation summary (full report at report_uri)")
+    training: TrainingInfo | None = None
+    evaluation: dict[str, Any] | None = None
+    gate: dict[str, Any] | None = Field(None, description="decision, approval_status and reason")
+    model_package_arn: str | None = None
+    endpoint: EndpointInfo | None = None
+    failure: dict[str, Any] | None = Field(None, description="what the pipeline recorded before failing")
+    error: str | None = None
+    cause: str | None = None
+
+
+class StartRunRequest(BaseModel):
+    dataset_uri: str = Field(pattern=r"^s3://[^/]+/datasets/[^/]+/[^/]+/?(manifest\.json)?$",
+                             description="s3://<DataBucket>/datasets/<name>/<version>/",
+                             examples=["s3://my-data-bucket/datasets/shapes/v1/"])
+
+
+class StartRunResponse(BaseModel):
+    run_id: str
+    execution_arn: str
+    already_started: bool = Field(description="true when this upload's run existed already (idempotent)")
+
+
+class ModelVersion(BaseModel):
+    model_package_arn: str
+    version: int | None = None
+    approval_status: str
+    created_at: str
+    description: str | None = None
+
+
+class ModelsResponse(BaseModel):
+    champion: ChampionRecord | None
+    versions: list[ModelVersion]
+    next_token: str | None = None

@@ -1,0 +1,216 @@
+"""What the status API answers, from Step Functions, SageMaker and S3 (clients passed in)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from d2ops import runs
+from d2ops.champion import read_champion
+from status_api.models import (
+    EndpointInfo,
+    ModelsResponse,
+    ModelVersion,
+    RunDetail,
+    RunList,
+    RunSummary,
+    StartRunResponse,
+    StateStep,
+    TrainingInfo,
+)
+
+MAX_HISTORY_PAGES = 10  # 10 000 events: far more than one run writes
+MAX_LIST_PAGES = 10  # pages scanned per GET /runs when filtering by dataset
+
+
+class RunNotFound(Exception):
+    pass
+
+
+class DatasetNotFound(Exception):
+    pass
+
+
+class BadDatasetUri(Exception):
+    pass
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def summarize_execution(item: dict[str, Any]) -> RunSummary:
+    parts = runs.split_run_id(item["name"])
+    return RunSummary(run_id=item["name"], dataset_name=parts[0] if parts else None,
+                      dataset_version=parts[1] if parts else None, status=item["status"],
+                      started_at=item["startDate"].isoformat(), stopped_at=_iso(item.get("stopDate")))
+
+
+def list_runs(sfn: Any, state_machine_arn: str, *, dataset: str | None, status: str | None,
+              next_token: str | None, limit: int) -> RunList:
+    """One page of runs, newest first; with ``dataset``, pages are scanned until one matches."""
+    wanted = runs.dataset_slug(dataset) if dataset else None
+    found: list[RunSummary] = []
+    token = next_token
+    for _ in range(MAX_LIST_PAGES):
+        kwargs: dict[str, Any] = {"stateMachineArn": state_machine_arn, "maxResults": limit}
+        if status:
+            kwargs["statusFilter"] = status
+        if token:
+            kwargs["nextToken"] = token
+        page = sfn.list_executions(**kwargs)
+        token = page.get("nextToken")
+        found.extend(s for s in map(summarize_execution, page["executions"])
+                     if wanted is None or s.dataset_name == wanted)
+        if found or not token or wanted is None:
+            break
+    return RunList(runs=found, next_token=token)
+
+
+def execution_history(sfn: Any, arn: str) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    kwargs: dict[str, Any] = {"executionArn": arn, "maxResults": 1000, "includeExecutionData": True}
+    for _ in range(MAX_HISTORY_PAGES):
+        page = sfn.get_execution_history(**kwargs)
+        events.extend(page["events"])
+        if not page.get("nextToken"):
+            break
+        kwargs["nextToken"] = page["nextToken"]
+    return events
+
+
+def _event_error(event: dict[str, Any]) -> str | None:
+    for key, details in event.items():
+        if key.endswith("EventDetails") and isinstance(details, dict) and details.get("error"):
+            return str(details["error"])
+    return None
+
+
+def timeline(events: list[dict[str, Any]], execution_status: str) -> tuple[list[StateStep], str | None]:
+    """Per-state steps (entered, exited, duration, error) and the state a running run is in."""
+    steps: list[StateStep] = []
+    open_steps: dict[str, StateStep] = {}
+    last_open: StateStep | None = None
+    for event in events:
+        kind: str = event["type"]
+        when: datetime = event["timestamp"]
+        if kind.endswith("StateEntered"):
+            step = StateStep(name=event["stateEnteredEventDetails"]["name"], status="running",
+                             entered_at=when.isoformat())
+            steps.append(step)
+            open_steps[step.name] = step
+            last_open = step
+        elif kind.endswith("StateExited"):
+            step = open_steps.pop(event["stateExitedEventDetails"]["name"], None)
+            if step is not None:
+                step.exited_at = when.isoformat()
+                step.duration_seconds = round((when - datetime.fromisoformat(step.entered_at)).total_seconds(), 3)
+                step.status = "failed" if step.error else "succeeded"
+        else:
+            error = _event_error(event)
+            if error and last_open is not None:
+                last_open.error = error
+    if execution_status != "RUNNING":
+        for step in open_steps.values():
+            step.status = "failed"
+        return steps, None
+    current = [s for s in steps if s.status == "running"]
+    return steps, current[-1].name if current else None
+
+
+def latest_document(events: list[dict[str, Any]], execution: dict[str, Any]) -> dict[str, Any]:
+    """The run's state document as far as it got (each state's output carries all earlier results)."""
+    text = execution.get("output")
+    if not text:
+        for event in reversed(events):
+            details = event.get("stateExitedEventDetails")
+            if details and details.get("output"):
+                text = details["output"]
+                break
+    if not text:
+        text = execution.get("input") or "{}"
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return {}
+    return document if isinstance(document, dict) else {}
+
+
+def training_info(sagemaker: Any, document: dict[str, Any]) -> TrainingInfo | None:
+    job_name = (document.get("plan") or {}).get("names", {}).get("training_job")
+    if not job_name:
+        return None
+    info = TrainingInfo(job_name=job_name, model_data=(document.get("training") or {}).get("model_data"))
+    try:
+        job = sagemaker.describe_training_job(TrainingJobName=job_name)
+    except sagemaker.exceptions.ClientError:
+        return info  # not created yet (or throttled): the plan's name is still useful
+    info.status = job.get("TrainingJobStatus")
+    info.secondary_status = job.get("SecondaryStatus")
+    info.failure_reason = job.get("FailureReason")
+    info.metrics = {m["MetricName"]: float(m["Value"]) for m in job.get("FinalMetricDataList", [])}
+    return info
+
+
+def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str) -> RunDetail:
+    arn = runs.execution_arn(state_machine_arn, run_id)
+    try:
+        execution = sfn.describe_execution(executionArn=arn)
+    except sfn.exceptions.ExecutionDoesNotExist as exc:
+        raise RunNotFound(f"no run {run_id!r}") from exc
+    events = execution_history(sfn, arn)
+    steps, current = timeline(events, execution["status"])
+    doc = latest_document(events, execution)
+    dataset = doc.get("dataset")
+    endpoint = None
+    if doc.get("deployment") or doc.get("endpoint"):
+        endpoint = EndpointInfo(name=(doc.get("champion") or {}).get("endpoint_name"),
+                                mode=(doc.get("deployment") or {}).get("mode"),
+                                status=(doc.get("endpoint") or {}).get("status"),
+                                endpoint_config=(doc.get("plan") or {}).get("names", {}).get("endpoint_config"))
+    return RunDetail(
+        run_id=run_id, execution_arn=arn, status=execution["status"],
+        started_at=execution["startDate"].isoformat(), stopped_at=_iso(execution.get("stopDate")),
+        dataset=runs.DatasetRef.model_validate(dataset) if isinstance(dataset, dict) else None,
+        current_state=current, timeline=steps,
+        validation=(doc.get("validation") or {}).get("summary"),
+        training=training_info(sagemaker, doc), evaluation=doc.get("evaluation"), gate=doc.get("gate"),
+        model_package_arn=(doc.get("registration") or {}).get("model_package_arn"), endpoint=endpoint,
+        failure=doc.get("failure"), error=execution.get("error"), cause=execution.get("cause"))
+
+
+def start_run_for_uri(s3: Any, sfn: Any, state_machine_arn: str, data_bucket: str, uri: str) -> StartRunResponse:
+    """``POST /runs``: the same run the S3 trigger starts for the manifest's current version."""
+    bucket, key = runs.parse_s3_uri(uri)
+    if bucket != data_bucket:
+        raise BadDatasetUri(f"{uri}: datasets live in s3://{data_bucket}/, not s3://{bucket}/")
+    if not key.endswith(runs.MANIFEST_NAME):
+        key = key.rstrip("/") + "/" + runs.MANIFEST_NAME
+    try:
+        head = s3.head_object(Bucket=bucket, Key=key)
+    except s3.exceptions.ClientError as exc:
+        raise DatasetNotFound(f"s3://{bucket}/{key} does not exist (upload manifest.json last)") from exc
+    try:
+        dataset = runs.dataset_ref(bucket, key, head.get("VersionId"), head.get("ETag"))
+    except runs.NotADatasetManifest as exc:
+        raise BadDatasetUri(str(exc)) from exc
+    trigger = runs.Trigger(source="api", object_key=key, object_version=dataset.manifest_version)
+    started = runs.start_run(sfn, state_machine_arn, dataset, trigger)
+    return StartRunResponse(run_id=started.run_id, execution_arn=started.execution_arn,
+                            already_started=started.already_started)
+
+
+def list_models(sagemaker: Any, s3: Any, group: str, artifacts_bucket: str, next_token: str | None,
+                limit: int) -> ModelsResponse:
+    kwargs: dict[str, Any] = {"ModelPackageGroupName": group, "ModelPackageType": "Versioned",
+                              "SortBy": "CreationTime", "SortOrder": "Descending", "MaxResults": limit}
+    if next_token:
+        kwargs["NextToken"] = next_token
+    page = sagemaker.list_model_packages(**kwargs)
+    versions = [ModelVersion(model_package_arn=p["ModelPackageArn"], version=p.get("ModelPackageVersion"),
+                             approval_status=p.get("ModelApprovalStatus", "Unknown"),
+                             created_at=p["CreationTime"].isoformat(), description=p.get("ModelPackageDescription"))
+                for p in page.get("ModelPackageSummaryList", [])]
+    return ModelsResponse(champion=read_champion(s3, artifacts_bucket), versions=versions,
+                          next_token=page.get("NextToken"))

@@ -1,0 +1,192 @@
+"""Run identity: which dataset upload a pipeline run belongs to, and what it is called.
+
+The S3 trigger (``functions/start_pipeline``) and the status API's ``POST /runs``
+(``functions/status_api``) both start runs through :func:`start_run`, so a run started by
+either is the same Step Functions execution: the execution name (the run id) is derived
+only from the dataset name, version and the manifest object's version id (or ETag), and
+Step Functions refuses a second execution with a used name. A changed re-upload gets a new
+version id, hence a new run.
+
+SageMaker resource names are derived from the run id here as well (<= 63 characters, the
+SageMaker limit), so the state machine, the status API and the tests agree on them.
+
+Standard library and pydantic only: Lambdas import this through the CoreLayer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MANIFEST_NAME = "manifest.json"
+DATASETS_ROOT = "datasets"
+MAX_RUN_ID_LENGTH = 80  # Step Functions execution name limit
+MAX_SAGEMAKER_NAME_LENGTH = 63  # training/processing job, model, endpoint config names
+RUN_ID_SEPARATOR = "_"  # never produced by _slug, so run ids split back unambiguously
+_NAME_PART = 30
+_VERSION_PART = 30
+_TOKEN_LENGTH = 16
+_SEGMENT = re.compile(r"^[^/\\]+$")
+_SLUG_DROP = re.compile(r"[^A-Za-z0-9]+")
+_S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<key>.*)$")
+
+
+class NotADatasetManifest(ValueError):
+    """The object key is not ``datasets/<name>/<version>/manifest.json``."""
+
+
+class DatasetRef(BaseModel):
+    """The ``dataset`` part of the state machine input (docs: interfaces, run identity)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bucket: str
+    prefix: str = Field(description="datasets/<name>/<version>/")
+    name: str
+    version: str
+    manifest_key: str
+    manifest_version: str = Field(description="the manifest object's version id, or its ETag when unversioned")
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+
+class Trigger(BaseModel):
+    """How a run was started. Deterministic for one upload, so identical inputs repeat."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: Literal["s3-event", "api"]
+    object_key: str
+    object_version: str
+
+
+class StartedRun(BaseModel):
+    run_id: str
+    execution_arn: str
+    already_started: bool
+
+
+def parse_manifest_key(key: str) -> tuple[str, str]:
+    """``datasets/<name>/<version>/manifest.json`` -> (name, version); anything else raises."""
+    parts = key.split("/")
+    if len(parts) != 4 or parts[0] != DATASETS_ROOT or parts[3] != MANIFEST_NAME:
+        raise NotADatasetManifest(f"{key!r} is not {DATASETS_ROOT}/<name>/<version>/{MANIFEST_NAME}")
+    name, version = parts[1], parts[2]
+    for label, value in (("name", name), ("version", version)):
+        if not _SEGMENT.match(value) or value in {".", ".."}:
+            raise NotADatasetManifest(f"{key!r}: dataset {label} {value!r} is empty or a relative path segment")
+    return name, version
+
+
+def dataset_prefix(name: str, version: str) -> str:
+    return f"{DATASETS_ROOT}/{name}/{version}/"
+
+
+def object_version_token(version_id: str | None, etag: str | None) -> str:
+    """The manifest upload's identity: its version id, or its ETag when the bucket is unversioned."""
+    if version_id and version_id != "null":
+        return version_id
+    if etag:
+        return etag.strip('"')
+    raise ValueError("the manifest object has neither a version id nor an ETag")
+
+
+def _slug(value: str, limit: int) -> str:
+    slug = _SLUG_DROP.sub("-", value).strip("-")[:limit].strip("-")
+    return slug or "x"
+
+
+def run_id_for(name: str, version: str, object_version: str) -> str:
+    """``<name>_<version>_<token>``: readable, <= 80 chars of [A-Za-z0-9-_], unique per upload.
+
+    The token hashes the untruncated name, version and object version, so truncating or
+    slugging long names never makes two uploads share a run id.
+    """
+    digest = hashlib.sha256(f"{name}\n{version}\n{object_version}".encode()).hexdigest()[:_TOKEN_LENGTH]
+    run_id = RUN_ID_SEPARATOR.join((_slug(name, _NAME_PART), _slug(version, _VERSION_PART), digest))
+    assert len(run_id) <= MAX_RUN_ID_LENGTH
+    return run_id
+
+
+def split_run_id(run_id: str) -> tuple[str, str, str] | None:
+    """(name slug, version slug, token) of a run id made by :func:`run_id_for`, else None."""
+    parts = run_id.split(RUN_ID_SEPARATOR)
+    return (parts[0], parts[1], parts[2]) if len(parts) == 3 else None
+
+
+def dataset_slug(name: str) -> str:
+    """The form a dataset name takes inside run ids (for filtering runs by dataset)."""
+    return _slug(name, _NAME_PART)
+
+
+def sagemaker_name(run_id: str, suffix: str) -> str:
+    """A SageMaker resource name for this run: ``^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$``.
+
+    Underscores are not allowed there, so the run id is slugged; a hash of the full run id
+    is kept at the end whenever the name has to be shortened, so names stay unique.
+    """
+    if not re.fullmatch(r"[a-z0-9]{1,12}", suffix):
+        raise ValueError(f"suffix must be 1-12 lowercase letters or digits, got {suffix!r}")
+    base = _slug(run_id, MAX_RUN_ID_LENGTH)
+    name = f"{base}-{suffix}"
+    if len(name) > MAX_SAGEMAKER_NAME_LENGTH:
+        digest = hashlib.sha256(run_id.encode()).hexdigest()[:12]
+        keep = MAX_SAGEMAKER_NAME_LENGTH - len(suffix) - len(digest) - 2
+        name = f"{base[:keep].rstrip('-')}-{digest}-{suffix}"
+    return name
+
+
+def execution_arn(state_machine_arn: str, run_id: str) -> str:
+    """The execution ARN Step Functions gives ``run_id`` (arn:<p>:states:<r>:<a>:execution:<sm>:<name>)."""
+    parts = state_machine_arn.split(":")
+    if len(parts) != 7 or parts[5] != "stateMachine":
+        raise ValueError(f"not a state machine ARN: {state_machine_arn!r}")
+    return ":".join([*parts[:5], "execution", parts[6], run_id])
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    match = _S3_URI.match(uri)
+    if not match:
+        raise ValueError(f"not an s3://bucket/key URI: {uri!r}")
+    return match["bucket"], match["key"]
+
+
+def dataset_ref(bucket: str, key: str, version_id: str | None, etag: str | None) -> DatasetRef:
+    name, version = parse_manifest_key(key)
+    return DatasetRef(bucket=bucket, prefix=dataset_prefix(name, version), name=name, version=version,
+                      manifest_key=key, manifest_version=object_version_token(version_id, etag))
+
+
+def execution_input(dataset: DatasetRef, trigger: Trigger) -> dict[str, Any]:
+    return {"dataset": dataset.model_dump(), "trigger": trigger.model_dump()}
+
+
+class _StepFunctionsClient(Protocol):
+    exceptions: Any
+
+    def start_execution(self, **kwargs: Any) -> Any: ...
+
+
+def start_run(sfn: _StepFunctionsClient, state_machine_arn: str, dataset: DatasetRef,
+              trigger: Trigger) -> StartedRun:
+    """Start the run for this dataset upload, or report the one already started.
+
+    Step Functions answers a used name either with the original execution (still running,
+    identical input) or ``ExecutionAlreadyExists``: both mean this upload already has its run.
+    """
+    run_id = run_id_for(dataset.name, dataset.version, dataset.manifest_version)
+    arn = execution_arn(state_machine_arn, run_id)
+    try:
+        response = sfn.start_execution(stateMachineArn=state_machine_arn, name=run_id,
+                                       input=json.dumps(execution_input(dataset, trigger), sort_keys=True))
+    except sfn.exceptions.ExecutionAlreadyExists:
+        return StartedRun(run_id=run_id, execution_arn=arn, already_started=True)
+    # A running execution with identical input is returned as if just started; either way
+    # exactly one execution exists for this upload, which is what callers rely on.
+    return StartedRun(run_id=run_id, execution_arn=response["executionArn"], already_started=False)

@@ -1,0 +1,186 @@
+"""Static contract tests of statemachine/training_pipeline.asl.json (no execution)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from d2ops import runs
+from d2ops import template as sam
+from d2ops.asl.substitution import placeholders, substitute
+from tests.fixtures.pipeline import support
+
+support.function_path("prepare_training")
+support.function_path("summarize_evaluation")
+support.function_path("smoke_test_endpoint")
+support.function_path("validate_dataset")
+from prepare_training.models import Plan, PrepareEvent  # noqa: E402
+from smoke_test_endpoint.models import SmokeTestEvent, SmokeTestResult  # noqa: E402
+from summarize_evaluation.models import EvaluationSummary, SummarizeEvent  # noqa: E402
+from validate_dataset.models import ValidateDatasetEvent  # noqa: E402
+
+TEXT = support.DEFINITION.read_text()
+DEFINITION = json.loads(TEXT)
+STATES: dict[str, dict[str, Any]] = DEFINITION["States"]
+ASL_VALIDATOR = support.REPO / "tools" / "node_modules" / ".bin" / "asl-validator"
+FAILURE_ERRORS = {"DatasetRejected", "ValidationFailed", "PreparationFailed", "TrainingFailed", "EvaluationFailed",
+                  "QualityGateFailed", "RegistrationFailed", "DeploymentFailed", "PromotionFailed", "PipelineFailed",
+                  "NotificationFailed"}
+
+
+def successors(state: dict[str, Any]) -> list[str]:
+    nxt = [state["Next"]] if "Next" in state else []
+    nxt += [c["Next"] for c in state.get("Choices", [])]
+    nxt += [state["Default"]] if "Default" in state else []
+    nxt += [c["Next"] for c in state.get("Catch", [])]
+    return nxt
+
+
+def predecessors(name: str) -> set[str]:
+    return {src for src, state in STATES.items() if name in successors(state)}
+
+
+def tasks() -> dict[str, dict[str, Any]]:
+    return {n: s for n, s in STATES.items() if s["Type"] == "Task"}
+
+
+def test_placeholders_equal_the_template_substitution_keys() -> None:
+    spec = sam.load_template().state_machine("PipelineStateMachine")
+    assert spec.definition_path == support.DEFINITION
+    assert set(placeholders(TEXT)) == set(spec.definition_substitutions)
+
+
+def test_substitution_leaves_no_placeholder_and_keeps_valid_json() -> None:
+    text = substitute(TEXT, support.substitutions())
+    assert "${" not in text
+    json.loads(text)
+
+
+def test_every_arn_is_partition_aware() -> None:
+    assert "arn:aws:" not in TEXT
+    for name, state in tasks().items():
+        assert state["Resource"].startswith("arn:${Partition}:states:::"), name
+
+
+def test_every_state_is_reachable_and_every_target_exists() -> None:
+    seen = {DEFINITION["StartAt"]}
+    queue = deque(seen)
+    while queue:
+        for nxt in successors(STATES[queue.popleft()]):
+            assert nxt in STATES, f"a transition targets the missing state {nxt!r}"
+            if nxt not in seen:
+                seen.add(nxt)
+                queue.append(nxt)
+    assert seen == set(STATES), f"unreachable: {sorted(set(STATES) - seen)}"
+
+
+def test_every_task_has_retry_and_a_catch_all() -> None:
+    for name, state in tasks().items():
+        assert state.get("Retry"), f"{name} has no Retry"
+        assert state.get("Catch"), f"{name} has no Catch"
+        assert state["Catch"][-1]["ErrorEquals"] == ["States.ALL"], f"{name}: the last catcher must be States.ALL"
+        for retrier in state["Retry"]:
+            assert retrier["MaxAttempts"] <= 12 and retrier.get("BackoffRate", 1) >= 1, name
+
+
+def test_training_retries_throttling_and_capacity_with_backoff() -> None:
+    retry = STATES["Train model"]["Retry"]
+    errors = {e: r for r in retry for e in r["ErrorEquals"]}
+    for error in ("ThrottlingException", "SageMaker.ResourceLimitExceededException"):
+        assert errors[error]["BackoffRate"] > 1 and errors[error]["MaxAttempts"] >= 3
+    assert "States.ALL" not in errors and "States.TaskFailed" not in errors, "a failed job must not be retried"
+
+
+def test_every_failure_notifies_before_its_fail_state() -> None:
+    fails = {n for n, s in STATES.items() if s["Type"] == "Fail"}
+    assert {STATES[n]["Error"] for n in fails} == FAILURE_ERRORS
+    for name in fails - {"Notification failed"}:
+        assert predecessors(name) == {"Route failure"}, name
+    assert predecessors("Notification failed") == {"Notify success"}
+    assert predecessors("Route failure") == {"Notify failure"}
+    # Everything that reaches the failure notification recorded $.failure first.
+    for name in predecessors("Notify failure"):
+        state = STATES[name]
+        assert state["Type"] == "Pass" and state["ResultPath"] == "$.failure", name
+        assert state["Parameters"]["error"] in FAILURE_ERRORS
+    routes = {c["StringEquals"]: c["Next"] for c in STATES["Route failure"]["Choices"]}
+    for error, target in routes.items():
+        assert STATES[target]["Error"] == error
+
+
+def test_the_quality_gate_compares_named_metrics_not_positions() -> None:
+    gate = json.dumps(STATES["Quality gate"])
+    assert not re.search(r"\[\d+\]", gate), "the gate must not index into lists"
+    assert "$.evaluation.challenger_value" in gate and "$.evaluation.min_map" in gate
+    assert "$.evaluation.champion_floor" in gate and "$.evaluation.has_champion" in gate
+
+
+def _payload_keys(state: str) -> set[str]:
+    return {k.removesuffix(".$") for k in STATES[state]["Parameters"]["Payload"]}
+
+
+def _selected_keys(state: str) -> set[str]:
+    return {k.removesuffix(".$") for k in STATES[state]["ResultSelector"]}
+
+
+def test_lambda_payloads_and_selectors_match_the_lambda_models() -> None:
+    assert _payload_keys("Validate dataset") == set(ValidateDatasetEvent.model_fields)
+    assert _payload_keys("Prepare training job") == set(PrepareEvent.model_fields)
+    assert _selected_keys("Prepare training job") == set(Plan.model_fields)
+    assert _payload_keys("Read evaluation report") == set(SummarizeEvent.model_fields)
+    assert _selected_keys("Read evaluation report") == set(EvaluationSummary.model_fields)
+    assert _payload_keys("Smoke test endpoint") == set(SmokeTestEvent.model_fields)
+    assert _selected_keys("Smoke test endpoint") <= set(SmokeTestResult.model_fields)
+
+
+@pytest.mark.parametrize(("state", "function_dir"), [
+    ("Validate dataset", "validate_dataset"), ("Prepare training job", "prepare_training"),
+    ("Read evaluation report", "summarize_evaluation"), ("Smoke test endpoint", "smoke_test_endpoint")])
+def test_lambda_tasks_invoke_the_function_built_from_their_directory(state: str, function_dir: str) -> None:
+    placeholder = placeholders(STATES[state]["Parameters"]["FunctionName"])[0]
+    tpl = sam.load_template()
+    value = tpl.state_machine("PipelineStateMachine").definition_substitutions[placeholder]
+    logical_id = value["Fn::GetAtt"][0] if isinstance(value["Fn::GetAtt"], list) else value["Fn::GetAtt"].split(".")[0]
+    assert tpl.function(logical_id).code_uri.rstrip("/") == f"functions/{function_dir}"
+
+
+def test_job_names_fit_sagemaker_for_the_longest_run_ids() -> None:
+    name_pattern = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+    longest = "N" * 64  # d2ops.validation.manifest.SEGMENT_PATTERN allows 64 characters
+    cases = [(longest, longest, "v" * 1024), ("a_b.c-d", "1.0_rc-1", "null-etag"), ("x", "y", "z")]
+    for name, version, token in cases:
+        run_id = runs.run_id_for(name, version, token)
+        assert len(run_id) <= 80 and re.fullmatch(r"[A-Za-z0-9_-]+", run_id)
+        for suffix in ("train", "eval", "model", "config"):
+            job = runs.sagemaker_name(run_id, suffix)
+            assert len(job) <= 63 and name_pattern.match(job), job
+    # Truncation keeps names distinct: two uploads of the same long version differ.
+    a, b = (runs.run_id_for(longest, longest, t) for t in ("v1", "v2"))
+    assert runs.sagemaker_name(a, "train") != runs.sagemaker_name(b, "train")
+
+
+def _asl_validate(path: Path) -> subprocess.CompletedProcess[str]:
+    assert ASL_VALIDATOR.exists(), "asl-validator is missing: run `make setup` (npm ci in tools/)"
+    return subprocess.run([str(ASL_VALIDATOR), "--json-path", str(path)], capture_output=True, text=True, timeout=60)
+
+
+def test_asl_validator_accepts_the_substituted_definition(tmp_path: Path) -> None:
+    path = tmp_path / "training_pipeline.json"
+    path.write_text(substitute(TEXT, support.substitutions()))
+    result = _asl_validate(path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_asl_validator_rejects_a_broken_definition(tmp_path: Path) -> None:
+    broken = json.loads(substitute(TEXT, support.substitutions()))
+    broken["States"]["Train model"]["Next"] = "No such state"
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(broken))
+    result = _asl_validate(path)
+    assert result.returncode != 0 and "No such state" in result.stdout + result.stderr

@@ -1,0 +1,208 @@
+"""Path tests: the real definition (substituted as template.yaml says) through the ASL interpreter,
+with every Task answered by the Step Functions Local mock config in tests/fixtures/pipeline/."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+from d2ops.asl.interpreter import Execution
+from d2ops.champion import ChampionRecord
+from tests.fixtures.pipeline import support
+from tests.fixtures.pipeline.support import entered_states, run_case, state_output, task_parameters
+
+support.function_path("prepare_training")
+from prepare_training.models import Plan, PrepareEvent, PrepareSettings  # noqa: E402
+from prepare_training.service import build_plan  # noqa: E402
+
+
+def notified_failure(execution: Execution) -> dict:
+    (params,) = task_parameters(execution, "Notify failure")[-1:]
+    assert params["TopicArn"] == support.TOPIC_ARN
+    message = json.loads(params["Message"])
+    assert params["Subject"] == f"d2ops run failed: {message['error']}"
+    return message
+
+
+def assert_failed(execution: Execution, error: str, fail_state: str) -> dict:
+    assert execution.status == "FAILED", (execution.error, execution.cause)
+    assert execution.error == error
+    states = entered_states(execution)
+    assert states[-3:] == ["Notify failure", "Route failure", fail_state]
+    message = notified_failure(execution)
+    assert message["error"] == error and message["cause"] == execution.cause
+    assert message["run_id"] == support.RUN_ID and message["dataset"]["name"] == "shapes"
+    return message
+
+
+def test_first_deployment_creates_the_endpoint_and_promotes_the_champion() -> None:
+    ex = run_case("FirstDeployment")
+    assert ex.status == "SUCCEEDED", (ex.error, ex.cause)
+    states = entered_states(ex)
+    assert "Create endpoint" in states and "Update endpoint (blue/green)" not in states
+    assert states.count("Check endpoint status") == 3  # Creating, Creating, InService
+    assert states[-3:] == ["Promote to champion", "Notify success", "Run succeeded"]
+
+    (register,) = task_parameters(ex, "Register model version")
+    assert register["ModelApprovalStatus"] == "Approved"
+    assert register["ModelMetrics"]["ModelQuality"]["Statistics"]["S3Uri"].endswith(
+        f"runs/{support.RUN_ID}/evaluation/evaluation.json")
+    assert register["ModelPackageGroupName"] == "d2ops-models"
+    (create,) = task_parameters(ex, "Create endpoint")
+    assert create["EndpointName"] == support.ENDPOINT_NAME
+
+    (promote,) = task_parameters(ex, "Promote to champion")
+    assert (promote["Bucket"], promote["Key"]) == (support.ARTIFACTS_BUCKET, "champion.json")
+    champion = ChampionRecord.model_validate_json(promote["Body"])  # the record readers parse
+    assert champion.run_id == support.RUN_ID and champion.primary_metric == "bbox_AP"
+    assert champion.primary_value == 0.71 and champion.gate.approval_status == "Approved"
+    assert champion.model_data.endswith("/output/model.tar.gz") and champion.endpoint_name == support.ENDPOINT_NAME
+    (notify,) = task_parameters(ex, "Notify success")
+    assert json.loads(notify["Message"])["dataset"]["version"] == "v1"
+    # The whole run's payload stays far below the 256 KB limit: documents travel as S3 URIs.
+    assert len(json.dumps(ex.output)) < 32 * 1024
+
+
+def test_update_deployment_is_blue_green_with_alarm_rollback() -> None:
+    ex = run_case("UpdateDeployment")
+    assert ex.status == "SUCCEEDED", (ex.error, ex.cause)
+    states = entered_states(ex)
+    assert "Update endpoint (blue/green)" in states and "Create endpoint" not in states
+    (update,) = task_parameters(ex, "Update endpoint (blue/green)")
+    config = update["DeploymentConfig"]
+    assert config["BlueGreenUpdatePolicy"]["TrafficRoutingConfiguration"]["Type"] == "ALL_AT_ONCE"
+    assert [a["AlarmName"] for a in config["AutoRollbackConfiguration"]["Alarms"]] == [
+        "d2ops-EndpointErrorAlarm-1", "d2ops-EndpointLatencyAlarm-1"]
+    assert update["EndpointConfigName"] == state_output(ex, "Prepare training job")["plan"]["names"]["endpoint_config"]
+    assert ex.output["gate"]["decision"] == "approved"
+
+
+def test_training_throttled_twice_then_succeeds_with_backoff() -> None:
+    ex = run_case("TrainingThrottledThenSucceeds")
+    assert ex.status == "SUCCEEDED", (ex.error, ex.cause)
+    assert len(task_parameters(ex, "Train model")) == 3
+    scheduled = [datetime.fromisoformat(str(e["timestamp"])) if isinstance(e["timestamp"], str) else e["timestamp"]
+                 for e in ex.history if e["type"] == "TaskScheduled"
+                 and json.loads(e["taskScheduledEventDetails"]["parameters"]).get("TrainingJobName")]
+    assert len(scheduled) == 3 and scheduled[1] > scheduled[0] and scheduled[2] > scheduled[1]
+    # The same job name on every attempt: a throttled CreateTrainingJob created nothing.
+    assert len({p["TrainingJobName"] for p in task_parameters(ex, "Train model")}) == 1
+
+
+def test_invalid_dataset_is_rejected_with_its_report() -> None:
+    ex = run_case("DatasetRejected")
+    message = assert_failed(ex, "DatasetRejected", "Dataset rejected")
+    assert message["report_uri"].endswith(f"runs/{support.RUN_ID}/validation/report.json")
+    assert message["first_errors"][0]["code"] == "ANNOTATION_BBOX_OUT_OF_BOUNDS"
+    assert "failed validation with 2 errors" in ex.cause
+    assert "Prepare training job" not in entered_states(ex)
+
+
+def test_missing_manifest_is_rejected_with_the_lambda_error() -> None:
+    ex = run_case("ManifestMissing")
+    assert_failed(ex, "DatasetRejected", "Dataset rejected")
+    assert "manifest.json does not exist" in ex.cause
+
+
+def test_a_failing_notification_keeps_the_original_error() -> None:
+    ex = run_case("DatasetRejectedNotificationDown")
+    assert ex.status == "FAILED" and ex.error == "DatasetRejected"
+    assert len(task_parameters(ex, "Notify failure")) == 4  # the first try and 3 retries
+
+
+def test_training_failure_ends_in_training_failed_with_the_reason() -> None:
+    ex = run_case("TrainingFailed")
+    assert_failed(ex, "TrainingFailed", "Training failed")
+    assert "CUDA out of memory" in ex.cause and support.RUN_ID.replace("_", "-") in ex.cause
+    assert len(task_parameters(ex, "Train model")) == 1, "a failed job is not retried"
+
+
+def test_evaluation_failure() -> None:
+    ex = run_case("EvaluationFailed")
+    assert_failed(ex, "EvaluationFailed", "Evaluation failed")
+    assert "has no model.pt" in ex.cause
+
+
+def test_gate_below_threshold_registers_rejected_then_fails() -> None:
+    ex = run_case("GateFailedThreshold")
+    message = assert_failed(ex, "QualityGateFailed", "Quality gate failed")
+    assert ex.cause == "challenger bbox_AP 0.21 is below the threshold 0.3"
+    (register,) = task_parameters(ex, "Register model version")
+    assert register["ModelApprovalStatus"] == "Rejected"
+    assert message["model_package_arn"].endswith("/2")
+    assert "Create model" not in entered_states(ex)
+
+
+def test_gate_regression_against_the_champion_fails() -> None:
+    ex = run_case("GateFailedRegression")
+    assert_failed(ex, "QualityGateFailed", "Quality gate failed")
+    assert ex.cause == "challenger bbox_AP 0.6 trails the champion 0.62 by more than 0.01"
+    assert "Worse than champion" in entered_states(ex)
+
+
+def test_smoke_test_failure_rolls_back_to_the_previous_config() -> None:
+    ex = run_case("SmokeTestFailsRollsBack")
+    message = assert_failed(ex, "DeploymentFailed", "Deployment failed")
+    (rollback,) = task_parameters(ex, "Roll back endpoint")
+    assert rollback == {"EndpointName": support.ENDPOINT_NAME,
+                        "EndpointConfigName": "shapes-v0-0123456789abcdef-config"}
+    assert message["rollback"]["action"] == "rolled back to the previous endpoint config"
+    assert "SmokeTestFailed" in ex.cause
+    assert "Promote to champion" not in entered_states(ex)
+
+
+def test_smoke_test_failure_on_first_deployment_deletes_the_endpoint() -> None:
+    ex = run_case("SmokeTestFailsFirstDeployment")
+    message = assert_failed(ex, "DeploymentFailed", "Deployment failed")
+    assert task_parameters(ex, "Delete new endpoint") == [{"EndpointName": support.ENDPOINT_NAME}]
+    assert message["rollback"] == {"action": "deleted the new endpoint"}
+
+
+def test_update_rolled_back_by_alarms_is_a_deployment_failure() -> None:
+    ex = run_case("UpdateRolledBackByAlarms")
+    assert_failed(ex, "DeploymentFailed", "Deployment failed")
+    assert "an alarm rolled the update back" in ex.cause
+    assert "Smoke test endpoint" not in entered_states(ex) and "Roll back endpoint" not in entered_states(ex)
+
+
+def test_endpoint_wait_is_bounded() -> None:
+    ex = run_case("EndpointNeverInService")
+    assert_failed(ex, "DeploymentFailed", "Deployment failed")
+    assert entered_states(ex).count("Check endpoint status") == 4  # ENDPOINT_MAX_WAIT_ATTEMPTS in the tests
+    assert "is Creating after 4 checks" in ex.cause
+
+
+def test_the_mocked_plan_is_what_the_prepare_lambda_builds() -> None:
+    """The mock config's prepare answers are the real build_plan output, so path tests use real requests."""
+    config = json.loads(support.MOCK_CONFIG.read_text())
+    mocked = config["MockedResponses"]["PlanFirstRun"]["0"]["Return"]["Payload"]
+    settings = PrepareSettings.from_env(support.PREPARE_ENV)
+    event = PrepareEvent(run_id=support.RUN_ID, dataset=support.DATASET, manifest={"task": "detection"})
+    assert mocked == build_plan(settings, event, None).model_dump(mode="json")
+    with_champion = Plan.model_validate(config["MockedResponses"]["PlanWithChampion"]["0"]["Return"]["Payload"])
+    assert with_champion.champion is not None
+    inputs = {i["InputName"] for i in with_champion.evaluation_job["ProcessingInputs"]}
+    assert inputs == {"challenger", "champion", "val"}
+
+
+def test_every_mocked_lambda_answer_is_a_valid_lambda_output() -> None:
+    support.function_path("summarize_evaluation")
+    support.function_path("smoke_test_endpoint")
+    support.function_path("validate_dataset")
+    from smoke_test_endpoint.models import SmokeTestResult
+    from summarize_evaluation.models import EvaluationSummary
+    from validate_dataset.models import ValidationSummary
+
+    models = {"Validate dataset": ValidationSummary, "Prepare training job": Plan,
+              "Read evaluation report": EvaluationSummary, "Smoke test endpoint": SmokeTestResult}
+    config = json.loads(support.MOCK_CONFIG.read_text())
+    checked = 0
+    for case in config["StateMachines"]["training_pipeline"]["TestCases"].values():
+        for state, response in case.items():
+            if state not in models:
+                continue
+            for entry in config["MockedResponses"][response].values():
+                if "Return" in entry:
+                    models[state].model_validate(entry["Return"]["Payload"])
+                    checked += 1
+    assert checked > 20
