@@ -6,10 +6,10 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from d2ops.asl import Clock, Execution, StateMachine, TaskContext, TaskFailed, VirtualClock
+from d2ops.asl import Execution, StateMachine, TaskContext, TaskFailed, VirtualClock
 
 RESOURCES = {
     "Invoke": "arn:aws:states:::lambda:invoke",
@@ -162,8 +162,10 @@ def test_history_and_describe_can_be_read_while_running() -> None:
         return "ok"
 
     definition = {"StartAt": "T", "States": {"T": {"Type": "Task", "Resource": RESOURCES["Invoke"], "End": True}}}
+    before = datetime.now(UTC)
     execution = StateMachine.from_definition(definition, name="Live").start(
-        {"a": 1}, executors={"arn:*": slow}, clock=Clock(), execution_name="live")
+        {"a": 1}, executors={"arn:*": slow}, execution_name="live")  # start() runs on the real clock
+    assert execution.start_date >= before
     while not any(e["type"] == "TaskStarted" for e in execution.history):
         threading.Event().wait(0.01)
     running = execution.describe()

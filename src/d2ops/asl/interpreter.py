@@ -147,7 +147,10 @@ class StateMachine:
         return cls(parsed, name=name, source=source, **options)
 
     def start(self, input: Any = None, **options: Any) -> Execution:
-        """Start an execution in a background thread and return it at once (see ``run`` for options)."""
+        """Start an execution in a background thread and return it at once (see ``run`` for options).
+
+        Meant for the offline runtime, so the clock defaults to real time (``Clock()``)."""
+        options.setdefault("clock", Clock())
         execution = self._prepare(input, **options)
         thread = threading.Thread(target=execution._execute, name=f"asl-{execution.name}", daemon=True)
         thread.start()
