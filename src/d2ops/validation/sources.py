@@ -141,6 +141,7 @@ class S3Source:
         self.s3, self.bucket = s3_client, bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.uri = f"s3://{bucket}/{self.prefix}"
+        self.sizes: dict[str, int] = {}  # from the listing, so big files need no extra HEAD
 
     def list_files(self) -> dict[str, int]:
         files: dict[str, int] = {}
@@ -151,6 +152,7 @@ class S3Source:
         except Exception as exc:  # botocore's ClientError/EndpointConnectionError: no import of botocore here
             code = _client_error_code(exc) or type(exc).__name__
             raise DatasetUnreadable(f"cannot list {self.uri}: {code}: {exc}") from exc
+        self.sizes = files
         return files
 
     def read_small(self, rel: str, limit: int) -> bytes:
@@ -165,10 +167,7 @@ class S3Source:
         # Downloaded to the scratch disk (Lambda: /tmp, size set by EphemeralStorage) and mapped, so the
         # annotations never sit in memory twice.
         with tempfile.TemporaryDirectory(prefix="d2ops-validate-") as tmp:
-            try:
-                size = self.s3.head_object(Bucket=self.bucket, Key=self.prefix + rel)["ContentLength"]
-            except Exception as exc:
-                raise SourceFileError(f"cannot read {self.uri}{rel}: {_client_error_code(exc) or exc}") from exc
+            size = self.sizes.get(rel, 0)
             free = shutil.disk_usage(tmp).free
             if size > free:
                 raise SourceFileError(f"{rel} is {size / 1e6:.0f} MB but the scratch disk has {free / 1e6:.0f} MB free "
