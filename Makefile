@@ -5,6 +5,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+NODE_STAMP := tools/node_modules/.installed
 export PYTHONDONTWRITEBYTECODE := 1
 # SAM CLI and checkov phone home by default; this machine (and CI) has no internet.
 export SAM_CLI_TELEMETRY := 0
@@ -14,7 +15,12 @@ export SAM_CLI_TELEMETRY := 0
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
-setup: $(STAMP)  ## create .venv and install everything (torch, dev and test tools, d2ops editable)
+setup: $(STAMP) $(NODE_STAMP)  ## create .venv and install everything (torch, dev and test tools, d2ops editable)
+
+# Node tools the tests run (asl-validator checks the substituted state machine definition).
+$(NODE_STAMP): tools/package.json tools/package-lock.json
+	cd tools && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
 
 $(STAMP): pyproject.toml src/requirements.txt
 	$(PYTHON) -m venv $(VENV)
