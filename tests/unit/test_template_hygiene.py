@@ -370,3 +370,92 @@ def test_every_checkov_skip_has_a_reason() -> None:
             assert re.fullmatch(r"CKV2?_AWS_\d+", skip["id"]), f"{rid}: odd checkov id {skip!r}"
             assert len(skip.get("comment", "").split()) >= 5, f"{rid}: skip {skip['id']} needs a written reason"
     assert skips, "no skips at all: either checkov got stricter or this test reads the wrong place"
+
+
+# ---------------------------------------------------------------- pipeline resources
+
+def test_state_machine_is_standard_logged_and_traced() -> None:
+    (sm_id,) = resources_of("AWS::Serverless::StateMachine")
+    p = props(sm_id)
+    assert p["Type"] == "STANDARD"
+    assert (REPO_ROOT / p["DefinitionUri"]).is_file()
+    assert p["Tracing"] == {"Enabled": True}
+    assert p["Logging"]["Level"] in ("ALL", "ERROR")
+    assert p["Logging"]["IncludeExecutionData"] is True
+    (dest,) = p["Logging"]["Destinations"]
+    log_group = dest["CloudWatchLogsLogGroup"]["LogGroupArn"]["Fn::GetAtt"][0]
+    assert RESOURCES[log_group]["Type"] == "AWS::Logs::LogGroup"
+    # Vended-log group names avoid the 5 KB resource-policy limit on /aws/states/...
+    assert props(log_group)["LogGroupName"]["Fn::Sub"].startswith("/aws/vendedlogs/states/")
+
+
+def test_state_machine_substitutes_every_placeholder_of_its_definition() -> None:
+    sm = T.state_machine()
+    placeholders = set(re.findall(r"\$\{([A-Za-z0-9_]+)\}", sm.definition_path.read_text()))
+    assert placeholders == set(sm.definition_substitutions), (
+        f"missing: {sorted(placeholders - set(sm.definition_substitutions))}, "
+        f"unused: {sorted(set(sm.definition_substitutions) - placeholders)}"
+    )
+
+
+def test_sync_integrations_can_manage_their_eventbridge_rules() -> None:
+    definition = T.state_machine().definition_path.read_text()
+    granted = {
+        str(r) for rid, st in identity_statements() if RESOURCES[rid]["Type"] == "AWS::Serverless::StateMachine"
+        for r in as_list(st["Resource"]) if "events:PutRule" in as_list(st["Action"])
+    }
+    for job, rule in (("createTrainingJob.sync", "StepFunctionsGetEventsForSageMakerTrainingJobsRule"),
+                      ("createProcessingJob.sync", "StepFunctionsGetEventsForSageMakerProcessingJobsRule")):
+        if job in definition:
+            assert any(rule in g for g in granted), f"{job} needs events:PutRule/PutTargets/DescribeRule on {rule}"
+
+
+def test_manifest_upload_triggers_the_start_function_with_retries_and_a_dead_letter_queue() -> None:
+    fn = T.function_for_code_dir("start_pipeline")
+    (event,) = fn.properties["Events"].values()
+    assert event["Type"] == "EventBridgeRule"
+    pattern = event["Properties"]["Pattern"]
+    assert pattern["source"] == ["aws.s3"] and pattern["detail-type"] == ["Object Created"]
+    assert pattern["detail"]["bucket"]["name"] == [{"Ref": "DataBucket"}]
+    (key_rule,) = pattern["detail"]["object"]["key"]
+    assert key_rule in ({"wildcard": "datasets/*/manifest.json"}, {"suffix": "/manifest.json"})
+    assert event["Properties"]["RetryPolicy"]["MaximumRetryAttempts"] >= 3
+    dlq = event["Properties"]["DeadLetterConfig"]["Arn"]["Fn::GetAtt"][0]
+    assert RESOURCES[dlq]["Type"] == "AWS::SQS::Queue"
+    assert fn.properties["DeadLetterQueue"]["TargetArn"] == {"Fn::GetAtt": [dlq, "Arn"]}
+    assert fn.environment["STATE_MACHINE_ARN"] == {"Ref": T.state_machine().logical_id}
+    queue_policies = [props(r) for r in resources_of("AWS::SQS::QueuePolicy") if {"Ref": dlq} in props(r)["Queues"]]
+    (policy,) = queue_policies
+    senders = [st for st in policy["PolicyDocument"]["Statement"] if st["Effect"] == "Allow"]
+    assert [st["Principal"] for st in senders] == [{"Service": "events.amazonaws.com"}]
+    assert "aws:SourceArn" in senders[0]["Condition"].get("ArnEquals", senders[0]["Condition"].get("ArnLike", {}))
+
+
+def test_status_api_requires_iam_auth_throttles_and_logs() -> None:
+    (api_id,) = resources_of("AWS::Serverless::HttpApi")
+    p = props(api_id)
+    assert p["Auth"]["DefaultAuthorizer"] == "AWS_IAM" and p["Auth"]["EnableIamAuthorizer"] is True
+    assert p["DefaultRouteSettings"]["ThrottlingBurstLimit"] > 0
+    assert p["DefaultRouteSettings"]["ThrottlingRateLimit"] > 0
+    log_group = p["AccessLogSettings"]["DestinationArn"]["Fn::GetAtt"][0]
+    assert RESOURCES[log_group]["Type"] == "AWS::Logs::LogGroup"
+    routes = {
+        (e["Properties"]["Method"], e["Properties"]["Path"])
+        for fn in FUNCTIONS.values() for e in (fn.properties.get("Events") or {}).values() if e["Type"] == "HttpApi"
+    }
+    assert {("GET", "/runs"), ("GET", "/runs/{runId}"), ("POST", "/runs"), ("GET", "/models")} <= routes
+    for fn in FUNCTIONS.values():
+        for e in (fn.properties.get("Events") or {}).values():
+            if e["Type"] == "HttpApi":
+                assert e["Properties"]["ApiId"] == {"Ref": api_id}
+                assert e["Properties"].get("Auth", {}).get("Authorizer", "AWS_IAM") == "AWS_IAM"
+
+
+def test_alarms_notify() -> None:
+    alarms = resources_of("AWS::CloudWatch::Alarm")
+    metrics = {(props(a)["Namespace"], props(a)["MetricName"]) for a in alarms}
+    assert ("AWS/States", "ExecutionsFailed") in metrics
+    assert ("AWS/SQS", "ApproximateNumberOfMessagesVisible") in metrics
+    assert ("AWS/Lambda", "Errors") in metrics
+    for a in alarms:
+        assert props(a)["AlarmActions"] == [{"Ref": "NotificationTopic"}], f"{a} notifies nobody"
