@@ -186,3 +186,21 @@ def test_a_failed_execution_records_the_error_and_cause() -> None:
     assert types == ["ExecutionStarted", "FailStateEntered", "ExecutionFailed"]
     assert execution.history[-1]["executionFailedEventDetails"] == {"error": "DatasetRejected", "cause": "3 errors"}
     assert execution.describe()["error"] == "DatasetRejected"
+
+
+def test_map_concurrency_is_simulated_on_the_virtual_clock() -> None:
+    def definition(concurrency: int) -> dict[str, Any]:
+        return {"StartAt": "M", "States": {"M": {"Type": "Map", "MaxConcurrency": concurrency, "End": True,
+                                                 "ItemProcessor": {"StartAt": "W", "States": {
+                                                     "W": {"Type": "Wait", "SecondsPath": "$", "End": True}}}}}}
+
+    def iteration_starts(execution: Execution) -> list[float]:
+        return [(e["timestamp"] - execution.start_date).total_seconds() for e in execution.history
+                if e["type"] == "MapIterationStarted"]
+
+    items = [10, 20, 30, 40]
+    for concurrency, starts, total in ((0, [0, 0, 0, 0], 40), (1, [0, 10, 30, 60], 100), (2, [0, 0, 10, 20], 60)):
+        execution = StateMachine.from_definition(definition(concurrency), name="M").run(items)
+        assert execution.output == items
+        assert iteration_starts(execution) == starts
+        assert (execution.stop_date - execution.start_date).total_seconds() == total

@@ -578,26 +578,27 @@ class Execution:
         return self._retry_and_catch(name, state, raw, frame, attempt)
 
     def _run_jobs(self, jobs: Sequence[Callable[[_Frame], Any]], frame: _Frame, max_concurrency: int) -> list[Any]:
-        """Run branches or iterations: in threads on a real clock, one after the other (each from
-        the same virtual start time, the clock ending at the latest finish) on a virtual clock."""
+        """Run branches or iterations: in threads on a real clock; on a virtual clock one after the
+        other, each started at the virtual time a pool of ``max_concurrency`` workers (0: one per
+        job) would start it, the clock ending at the latest finish."""
         group = Cancel(frame.cancel)
         if not jobs:
             return []
+        workers = min(len(jobs), max_concurrency or len(jobs))
         if isinstance(self.clock, VirtualClock):
-            start = self.clock.now()
-            finishes = [start]
+            lanes = [self.clock.now()] * workers  # when each simulated worker is free again
             results = []
             try:
                 for job in jobs:
-                    self.clock.set(start)
+                    lane = lanes.index(min(lanes))
+                    self.clock.set(lanes[lane])
                     results.append(job(_Frame(frame.last_event, group)))
-                    finishes.append(self.clock.now())
+                    lanes[lane] = self.clock.now()
             finally:
-                finishes.append(self.clock.now())
-                self.clock.set(max(finishes))
+                self.clock.set(max([*lanes, self.clock.now()]))
                 frame.last_event = self._last_event_id()
             return results
-        workers = min(len(jobs), max_concurrency or _DEFAULT_MAP_CONCURRENCY)
+        workers = min(workers, _DEFAULT_MAP_CONCURRENCY)
         first_error: BaseException | None = None
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"asl-{self.name}") as pool:
             futures = [pool.submit(job, _Frame(frame.last_event, group)) for job in jobs]
