@@ -83,3 +83,18 @@ def test_history_file_and_quiet(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert events[0]["type"] == "ExecutionStarted" and events[-1]["type"] == "ExecutionFailed"
     assert events[-1]["timestamp"].endswith("+00:00")
     assert not list(tmp_path.glob("*.partial"))
+
+
+def test_validate_checks_the_definition_and_every_mock_test_case(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["asl", "validate", DEFINITION, "--substitutions", str(FIXTURES / "mini_pipeline.substitutions.json")]
+    assert main([*args, "--mock-config", str(FIXTURES / "mini_pipeline.mock.json")]) == 0
+    assert "valid (15 top-level states, 7 Task states; 7 mock test cases)" in capsys.readouterr().out
+    mock = json.loads((FIXTURES / "mini_pipeline.mock.json").read_text())
+    mock["StateMachines"]["mini_pipeline"]["TestCases"]["HappyPath"]["Trian"] = "TrainingCompleted"
+    typo = tmp_path / "mock.json"
+    typo.write_text(json.dumps(mock))
+    with pytest.raises(SystemExit) as info:
+        main([*args, "--mock-config", str(typo)])
+    assert info.value.code == 2
+    assert "mocks 'Trian', which is not a Task state" in capsys.readouterr().err

@@ -147,6 +147,10 @@ class MockConfig:
         raise AslDefinitionError(f"no state machine named {name!r} in the mock config "
                                  f"(it has: {', '.join(self._cases) or 'none'})", source=self.source)
 
+    def test_cases(self, state_machine_name: str) -> list[str]:
+        """The test case names of a state machine (resolved like ``test_case``)."""
+        return list(self._cases[self.resolve_state_machine(state_machine_name)])
+
     def test_case(self, state_machine_name: str, case: str) -> MockTestCase:
         machine = self.resolve_state_machine(state_machine_name)
         cases = self._cases[machine]

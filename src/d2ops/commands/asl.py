@@ -1,4 +1,4 @@
-"""``d2ops asl run DEFINITION``: run a state machine definition through the embedded ASL interpreter.
+"""``d2ops asl run|validate DEFINITION``: run (or only check) a definition with the embedded ASL interpreter.
 
 Prints the execution's output as JSON (or ``{"error", "cause"}`` when it does not succeed) on
 stdout and one progress line per state on stderr. Exit codes: 0 succeeded, 1 the execution
@@ -35,6 +35,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run_p.add_argument("--history", metavar="FILE", help="also write the execution history (JSON) to FILE")
     run_p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     run_p.set_defaults(func=run)
+    check_p = actions.add_parser("validate", help="check DEFINITION (after substitution) and a mock config")
+    check_p.add_argument("definition", metavar="DEFINITION", help="the .asl.json file")
+    check_p.add_argument("--substitutions", metavar="FILE", help="JSON object of ${Key} placeholder values")
+    check_p.add_argument("--mock-config", metavar="FILE",
+                         help="also check this mock config: its test cases must mock Task states of DEFINITION")
+    check_p.add_argument("--state-machine-name", metavar="NAME",
+                         help="name of the state machine (default: the file name without .asl.json)")
+    check_p.set_defaults(func=validate)
 
 
 def _read_json(path: str, what: str) -> Any:
@@ -72,14 +80,42 @@ def _history_json(history: list[dict[str, Any]]) -> str:
     return json.dumps(history, indent=2, default=lambda v: v.isoformat() if isinstance(v, datetime) else str(v))
 
 
+def _substitutions(args: argparse.Namespace) -> dict[str, Any] | None:
+    substitutions = _read_json(args.substitutions, "substitutions file") if args.substitutions else None
+    if substitutions is not None and not isinstance(substitutions, dict):
+        raise UsageError(f"the substitutions file {args.substitutions} must hold a JSON object")
+    return substitutions
+
+
+def validate(args: argparse.Namespace) -> int:
+    from d2ops.asl import AslDefinitionError, ExecutorRegistry, MockConfig, StateMachine
+    from d2ops.asl.definition import task_states
+
+    try:
+        machine = StateMachine.from_file(args.definition, substitutions=_substitutions(args),
+                                         name=args.state_machine_name)
+        tasks = len(list(task_states(machine.definition)))
+        cases = 0
+        if args.mock_config:
+            config = MockConfig.from_file(args.mock_config)
+            name = config.resolve_state_machine(machine.name)
+            for case in config.test_cases(name):
+                machine.check_tasks(ExecutorRegistry(), config.test_case(name, case))
+                cases += 1
+    except AslDefinitionError as exc:
+        raise UsageError(str(exc)) from exc
+    checked = f"; {cases} mock test cases" if args.mock_config else ""
+    print(f"{args.definition}: valid ({len(machine.definition['States'])} top-level states, "
+          f"{tasks} Task states{checked})")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from d2ops.asl import AslDefinitionError, Clock, MockConfig, StateMachine, VirtualClock
 
     if bool(args.mock_config) != bool(args.test_case):
         raise UsageError("--mock-config and --test-case go together")
-    substitutions = _read_json(args.substitutions, "substitutions file") if args.substitutions else None
-    if substitutions is not None and not isinstance(substitutions, dict):
-        raise UsageError(f"the substitutions file {args.substitutions} must hold a JSON object")
+    substitutions = _substitutions(args)
     data = _read_json(args.input, "input file") if args.input else {}
     try:
         machine = StateMachine.from_file(args.definition, substitutions=substitutions, name=args.state_machine_name)
