@@ -78,7 +78,7 @@ MEANINGS: dict[Code, str] = {
     Code.MANIFEST_VALUE_INVALID: "a manifest value has the wrong type, is out of bounds or is not a safe relative path",
     Code.MANIFEST_PATH_MISSING: "a file or directory the manifest names (train, val, images) was not uploaded",
     Code.MANIFEST_PREFIX_MISMATCH: "the manifest's name/version differ from the datasets/<name>/<version>/ prefix",
-    Code.FILE_UNREADABLE: "a file cannot be read (permissions, not UTF-8, too large for the scratch disk)",
+    Code.FILE_UNREADABLE: "a file cannot be read (permissions, a dangling link, too large for the scratch disk)",
     Code.JSON_MALFORMED: "a file is not valid JSON (the message gives line and column)",
     Code.KEY_MISSING: "a required COCO key is absent (top level, image, annotation or category)",
     Code.WRONG_TYPE: "a COCO value has the wrong JSON type (e.g. a string id)",

@@ -114,3 +114,4 @@ def parse_manifest(raw: bytes) -> tuple[Manifest | None, list[tuple[Code, str, s
             else:
                 problems.append((Code.MANIFEST_VALUE_INVALID, f"{path}: {err['msg']} (got {err.get('input')!r})", path))
         return None, problems
+
