@@ -322,3 +322,12 @@ def test_wait_timestamp_path_in_the_past_does_not_wait() -> None:
     assert past.status == "SUCCEEDED" and past.stop_date == past.start_date
     bad = run(definition, {"at": "tomorrow"})
     assert bad.error == "States.Runtime"
+
+
+def test_a_task_running_past_the_execution_timeout_ends_it_on_time() -> None:
+    definition = {"TimeoutSeconds": 60, "StartAt": "T", "States": {"T": {"Type": "Task", "Resource": LAMBDA,
+                                                                          "End": True}}}
+    execution = run(definition, tasks=Recorder(lambda context: context.sleep(3600)))
+    assert (execution.status, execution.error) == ("TIMED_OUT", "States.Timeout")
+    assert (execution.stop_date - execution.start_date).total_seconds() == 60
+    assert [e["type"] for e in execution.history][-2:] == ["TaskStateAborted", "ExecutionTimedOut"]

@@ -38,7 +38,8 @@ class TaskContext:
     def __init__(self, *, state_name: str, resource: str, execution_arn: str, execution_name: str,
                  state_machine_name: str, retry_count: int, context_object: dict[str, Any],
                  clock: Clock, cancel: Cancel, timeout_seconds: float | None,
-                 heartbeat_seconds: float | None, on_submitted: Callable[[Any], None]) -> None:
+                 heartbeat_seconds: float | None, on_submitted: Callable[[Any], None],
+                 execution_deadline: datetime | None = None) -> None:
         self.state_name = state_name
         self.resource = resource
         self.execution_arn = execution_arn
@@ -54,6 +55,7 @@ class TaskContext:
         self.started = clock.now()
         self._last_heartbeat = self.started
         self._on_submitted = on_submitted
+        self._execution_deadline = execution_deadline
         self._lock = threading.Lock()
 
     @property
@@ -85,6 +87,8 @@ class TaskContext:
         """Let time pass inside the task (virtual or real), honouring its timeouts and cancellation."""
         target = self.clock.now() + timedelta(seconds=seconds)
         limit = self.deadline()
+        if self._execution_deadline is not None and (limit is None or self._execution_deadline < limit[0]):
+            limit = (self._execution_deadline, TIMEOUT)  # the whole execution times out first
         if limit is not None and target > limit[0]:
             self.clock.sleep((limit[0] - self.clock.now()).total_seconds(), self.cancel)
             raise TaskDeadline(limit[1])

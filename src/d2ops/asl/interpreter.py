@@ -751,7 +751,8 @@ class Execution:
         task = TaskContext(state_name=name, resource=resource, execution_arn=self.arn, execution_name=self.name,
                            state_machine_name=self.state_machine.name, retry_count=retry_count,
                            context_object=context, clock=self.clock, cancel=Cancel(frame.cancel),
-                           timeout_seconds=timeout, heartbeat_seconds=heartbeat, on_submitted=submitted)
+                           timeout_seconds=timeout, heartbeat_seconds=heartbeat, on_submitted=submitted,
+                           execution_deadline=self._deadline)
         box: dict[str, Any] = {}
         own_parameters = json.loads(_dumps(parameters))  # the executor may mutate its copy freely
 
