@@ -1,0 +1,95 @@
+"""The template after the SAM transform, as CloudFormation will receive it.
+
+cfn-lint 1.x validates SAM resources without running the transform, so a Ref or GetAtt to a
+resource SAM generates (or to one that does not exist) passes it silently; so do SAM
+policy templates that expand to broad grants. Here samtranslator runs offline, with local
+code paths swapped for placeholder S3 URIs (what `sam package` does), and the result is
+checked for dangling references and over-broad roles.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from d2ops.template import PSEUDO_PARAMETERS, load_template
+
+LOCAL_URI_KEYS = ("CodeUri", "ContentUri", "DefinitionUri")
+
+
+@pytest.fixture(scope="module")
+def transformed() -> dict[str, Any]:
+    from samtranslator.translator.transform import transform
+
+    document = copy.deepcopy(load_template().document)
+    for res in document["Resources"].values():
+        for key in LOCAL_URI_KEYS:
+            if isinstance((res.get("Properties") or {}).get(key), str):
+                res["Properties"][key] = "s3://placeholder-bucket/placeholder-key"
+
+    class NoManagedPolicies:
+        def load(self) -> dict[str, str]:
+            return {}
+
+    params = {"TrainingImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/t:1",
+              "ServingImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/s:1"}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        result: dict[str, Any] = transform(document, params, NoManagedPolicies())
+    return result
+
+
+def walk(node: Any) -> Iterator[Any]:
+    yield node
+    if isinstance(node, dict):
+        for v in node.values():
+            yield from walk(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from walk(v)
+
+
+def test_every_reference_resolves_after_the_transform(transformed: dict[str, Any]) -> None:
+    known = set(transformed["Resources"]) | set(transformed.get("Parameters", {})) | set(PSEUDO_PARAMETERS)
+    dangling: set[str] = set()
+    for node in walk(transformed):
+        if not isinstance(node, dict) or len(node) != 1:
+            continue
+        (key, arg), = node.items()
+        if key == "Ref" and isinstance(arg, str):
+            dangling |= {arg} - known
+        elif key == "Fn::GetAtt":
+            target = arg.split(".")[0] if isinstance(arg, str) else arg[0]
+            dangling |= {target} - known
+        elif key == "Fn::Sub":
+            text = arg if isinstance(arg, str) else arg[0]
+            local = set() if isinstance(arg, str) else set(arg[1])
+            names = {m.split(".")[0] for m in re.findall(r"\$\{([^}!]+)\}", text)}
+            dangling |= names - known - local
+    assert dangling == set(), f"references to resources that do not exist after the transform: {sorted(dangling)}"
+
+
+def test_generated_roles_have_no_wildcard_actions(transformed: dict[str, Any]) -> None:
+    roles = {k: v for k, v in transformed["Resources"].items() if v["Type"] == "AWS::IAM::Role"}
+    assert len(roles) >= 7, sorted(roles)  # one per function and state machine, plus SageMaker's
+    for rid, role in roles.items():
+        for policy in role["Properties"].get("Policies", []):
+            for st in policy["PolicyDocument"]["Statement"]:
+                actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
+                for action in actions:
+                    assert action != "*" and not action.endswith(":*"), f"{rid}/{policy['PolicyName']}: {action}"
+
+
+def test_trigger_rule_is_generated_where_the_dead_letter_queue_policy_expects_it(transformed: dict[str, Any]) -> None:
+    resources = transformed["Resources"]
+    rules = {k: v for k, v in resources.items() if v["Type"] == "AWS::Events::Rule"}
+    (rule_id,) = rules
+    (target,) = rules[rule_id]["Properties"]["Targets"]
+    assert target["Arn"] == {"Fn::GetAtt": ["StartPipelineFunction", "Arn"]}
+    queue_policy = resources["TriggerDeadLetterQueuePolicy"]["Properties"]["PolicyDocument"]
+    conditions = [st["Condition"] for st in queue_policy["Statement"] if st["Effect"] == "Allow"]
+    assert conditions[0]["ArnEquals"]["aws:SourceArn"] == {"Fn::GetAtt": [rule_id, "Arn"]}
