@@ -46,7 +46,8 @@ def test_parse_errors_name_the_problem_and_position(expression: str, message: st
 def test_format_escapes_and_argument_types() -> None:
     assert ev(r"States.Format('\{\} is literal, {} is not \\', 'this')") == "{} is literal, this is not \\"
     assert ev("States.Format('{} {} {} {}', 1, 2.5, null, true)") == "1 2.5 null true"
-    assert ev("States.Format('{}', $.o)", {"o": {"a": [1]}}) == '{"a":[1]}'
+    # Objects and arrays are printed the way the service's Java runtime prints them.
+    assert ev("States.Format('{} {}', $.o, $.l)", {"o": {"a": [1, "x"], "b": None}, "l": []}) == "{a=[1, x], b=null} []"
     with pytest.raises(IntrinsicError, match="2 placeholders but 1 arguments"):
         ev("States.Format('{}{}', 1)")
 
@@ -56,13 +57,17 @@ def test_format_escapes_and_argument_types() -> None:
     ("States.ArrayPartition($.a, 0)", {"a": [1]}, "greater than 0"),
     ("States.ArrayPartition($.a, 1)", {"a": "x"}, "must be an array"),
     ("States.ArrayRange(1, 2000, 1)", {}, "more than 1000"),
-    ("States.ArrayRange(1, 5, 0)", {}, "must not be 0"),
+    ("States.ArrayRange(1, 5, 0)", {}, "must be a positive integer"),
+    ("States.ArrayRange(9, 1, -4)", {}, "must be a positive integer"),
+    ("States.Hash($.o, 'MD5')", {"o": {"a": 1}}, "the data must be a string"),
+    ("States.Hash($.s, 'MD5')", {"s": "x" * 10_001}, "longer than 10000"),
     ("States.ArrayGetItem($.a, 3)", {"a": [1, 2, 3]}, "out of bounds"),
     ("States.Base64Decode('***')", {}, "not base64"),
     ("States.Hash('x', 'SHA-3')", {}, "unsupported algorithm"),
     ("States.JsonMerge($.a, $.a, true)", {"a": {}}, "only shallow merging"),
     ("States.MathAdd(2147483647, 1)", {}, "32-bit"),
-    ("States.MathAdd('1', 1)", {}, "must be numbers"),
+    ("States.MathAdd('1', 1)", {}, "must be a number"),
+    ("States.MathRandom(5, 1)", {}, "must not be greater"),
     ("States.StringSplit($.s, '')", {"s": "a"}, "must not be empty"),
     ("States.UUID(1)", {}, "expected 0 arguments"),
     ("States.Array($.missing)", {}, "could not be found"),
@@ -73,7 +78,8 @@ def test_function_errors(expression: str, data: Any, message: str) -> None:
 
 
 def test_functions_beyond_the_examples() -> None:
-    assert ev("States.ArrayRange(9, 1, -4)") == [9, 5, 1]
+    assert ev("States.ArrayRange(0.6, 4.4, 1.5)") == [1, 3]  # arguments are rounded
+    assert ev("States.ArrayRange(5, 1, 1)") == []
     assert ev("States.ArrayContains($.a, $.v)", {"a": [{"k": [1]}], "v": {"k": [1]}}) is True
     assert ev("States.ArrayUnique($.a)", {"a": [{"x": 1}, {"x": 1}, 1, "1"]}) == [{"x": 1}, 1, "1"]
     assert ev("States.MathAdd(1.4, 2.6)") == 4  # non-integers are rounded
@@ -86,7 +92,8 @@ def test_functions_beyond_the_examples() -> None:
 
 def test_random_functions_are_seedable() -> None:
     values = {ev("States.MathRandom(1, 3)", seed=s) for s in range(40)}
-    assert values == {1, 2, 3}
+    assert values == {1, 2, 3}  # both ends included
+    assert ev("States.MathRandom(0.6, 1.4)") == 1
     assert ev("States.MathRandom(1, 1000, 42)") == ev("States.MathRandom(1, 1000, 42)")
     first, second = ev("States.UUID()", seed=5), ev("States.UUID()", seed=5)
     assert first == second

@@ -226,6 +226,13 @@ def _integer(value: Any, what: str) -> int:
     raise IntrinsicError(f"{what} must be an integer, got {json.dumps(value)}")
 
 
+def _rounded(value: Any, what: str) -> int:
+    """Where the service rounds a non-integer number to the nearest integer (half up)."""
+    if not _is_number(value):
+        raise IntrinsicError(f"{what} must be a number, got {json.dumps(value)}")
+    return math.floor(value + 0.5)
+
+
 def _array(value: Any, what: str = "the first argument") -> list[Any]:
     if not isinstance(value, list):
         raise IntrinsicError(f"{what} must be an array, got {json.dumps(value)}")
@@ -241,7 +248,15 @@ def _string(value: Any, what: str = "the argument", limit: int | None = None) ->
 
 
 def _text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    """How States.Format renders a value: strings as they are, objects and arrays the way the
+    service's Java runtime prints them (``{a=1, b=[x, y]}``), other values as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "[" + ", ".join(_text(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key}={_text(item)}" for key, item in value.items()) + "}"
+    return json.dumps(value)
 
 
 def _format(parts: tuple[str, ...], values: list[Any]) -> str:
@@ -296,10 +311,10 @@ def _f_array_contains(args: list[Any], rng: random.Random) -> Any:
 
 def _f_array_range(args: list[Any], rng: random.Random) -> Any:
     _argc(args, 3)
-    start, end, step = (_integer(v, w) for v, w in zip(args, ("the start", "the end", "the step"), strict=True))
-    if step == 0:
-        raise IntrinsicError("the step must not be 0")
-    values = list(range(start, end + (1 if step > 0 else -1), step))
+    start, end, step = (_rounded(v, w) for v, w in zip(args, ("the start", "the end", "the step"), strict=True))
+    if step <= 0:
+        raise IntrinsicError("the step must be a positive integer")
+    values = list(range(start, end + 1, step))
     if len(values) > _MAX_RANGE:
         raise IntrinsicError(f"the range has {len(values)} elements, more than {_MAX_RANGE}")
     return values
@@ -346,9 +361,7 @@ _HASHES = {"MD5": "md5", "SHA-1": "sha1", "SHA-256": "sha256", "SHA-384": "sha38
 
 def _f_hash(args: list[Any], rng: random.Random) -> Any:
     _argc(args, 2)
-    data = _text(args[0])
-    if len(data) > _MAX_STRING:
-        raise IntrinsicError(f"the data is longer than {_MAX_STRING} characters")
+    data = _string(args[0], "the data", limit=_MAX_STRING)
     algorithm = _string(args[1], "the algorithm")
     if algorithm not in _HASHES:
         raise IntrinsicError(f"unsupported algorithm {algorithm!r} (one of {', '.join(_HASHES)})")
@@ -367,20 +380,16 @@ def _f_json_merge(args: list[Any], rng: random.Random) -> Any:
 
 def _f_math_random(args: list[Any], rng: random.Random) -> Any:
     _argc(args, 2, 3)
-    start, end = _integer(args[0], "the start"), _integer(args[1], "the end")
+    start, end = _rounded(args[0], "the start"), _rounded(args[1], "the end")
     if start > end:
         raise IntrinsicError("the start must not be greater than the end")
-    source = random.Random(_integer(args[2], "the seed")) if len(args) == 3 else rng
+    source = random.Random(_rounded(args[2], "the seed")) if len(args) == 3 else rng
     return source.randint(start, end)
 
 
 def _f_math_add(args: list[Any], rng: random.Random) -> Any:
     _argc(args, 2)
-    values = []
-    for value in args:
-        if not _is_number(value):
-            raise IntrinsicError(f"the arguments must be numbers, got {json.dumps(value)}")
-        values.append(math.floor(value + 0.5))  # the service rounds non-integers to the nearest integer
+    values = [_rounded(value, "each argument") for value in args]
     total = values[0] + values[1]
     if not all(_INT32[0] <= v <= _INT32[1] for v in (*values, total)):
         raise IntrinsicError("the values must be 32-bit integers")
