@@ -93,3 +93,36 @@ def test_trigger_rule_is_generated_where_the_dead_letter_queue_policy_expects_it
     queue_policy = resources["TriggerDeadLetterQueuePolicy"]["Properties"]["PolicyDocument"]
     conditions = [st["Condition"] for st in queue_policy["Statement"] if st["Effect"] == "Allow"]
     assert conditions[0]["ArnEquals"]["aws:SourceArn"] == {"Fn::GetAtt": [rule_id, "Arn"]}
+
+
+def _integration_action(resource: str) -> str:
+    """arn:${Partition}:states:::sagemaker:createTrainingJob.sync -> sagemaker:CreateTrainingJob."""
+    tail = resource.split(":::", 1)[1].removeprefix("aws-sdk:")
+    service, _, api = tail.partition(":")
+    api = api.split(".")[0]
+    if (service, api) == ("lambda", "invoke"):
+        return "lambda:InvokeFunction"
+    return f"{service}:{api[0].upper()}{api[1:]}"
+
+
+def test_state_machine_role_grants_every_integration_the_definition_uses(transformed: dict[str, Any]) -> None:
+    import json
+
+    sm = load_template().state_machine()
+    definition = json.loads(sm.definition_path.read_text())
+    resources: set[str] = set()
+    for node in walk(definition):
+        if isinstance(node, dict) and node.get("Type") == "Task":
+            resources.add(node["Resource"])
+    needed = {_integration_action(r) for r in resources}
+    assert "sagemaker:CreateTrainingJob" in needed  # the parser understood the definition
+
+    role_ref = transformed["Resources"][sm.logical_id]["Properties"]["RoleArn"]
+    role = transformed["Resources"][role_ref["Fn::GetAtt"][0]]
+    granted = {
+        action
+        for policy in role["Properties"]["Policies"]
+        for st in policy["PolicyDocument"]["Statement"] if st["Effect"] == "Allow"
+        for action in (st["Action"] if isinstance(st["Action"], list) else [st["Action"]])
+    }
+    assert needed - granted == set(), f"the state machine role lacks {sorted(needed - granted)}"
