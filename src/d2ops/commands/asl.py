@@ -18,7 +18,7 @@ from d2ops.cli import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = subparsers.add_parser("asl", help="run an Amazon States Language definition locally (mocks or executors)")
+    p = subparsers.add_parser("asl", help="run or validate an Amazon States Language definition locally (mock configs)")
     actions = p.add_subparsers(dest="asl_command", metavar="ACTION", required=True)
     run_p = actions.add_parser("run", help="run DEFINITION once and print its output as JSON")
     run_p.add_argument("definition", metavar="DEFINITION", help="the .asl.json file")
