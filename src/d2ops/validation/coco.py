@@ -84,10 +84,12 @@ class _DocumentDecoded(msgspec.Struct, gc=False):
 
 class _Rle(msgspec.Struct, gc=False):
     size: Any = UNSET
-    counts: Any = UNSET
+    counts: str | list[int] | UnsetType = UNSET  # typed: checked in C, not element by element
 
 
 _SEGMENTATION = msgspec.json.Decoder(list[list[float]] | _Rle)
+_POLYGONS = msgspec.json.Decoder(list[list[float]])
+_NUMBER = frozenset({int, float})
 _AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _NON_STANDARD = (b"NaN", b"Infinity", b"-Infinity")
 
@@ -256,83 +258,90 @@ class _SplitChecker:
                 self.result.category_index[c.id] = i
 
     def annotations(self, annotations: list[Any], sizes: dict[int, tuple[int, int] | None]) -> SplitStats:
+        # The hot loop (860k iterations on train2017): a valid annotation takes the inline fast path;
+        # only a suspicious one goes through the detailed checks that build messages and paths.
         limits, add, cats = self.limits, self.add, self.result.categories
-        tol, tiny = limits.bbox_tolerance, limits.tiny_box_side
+        tol, tiny, area_slack = limits.bbox_tolerance, limits.tiny_box_side, 1 + limits.area_tolerance
         need_masks = self.task == "instance_segmentation"
         seen_ids: set[int] = set()
+        seen_add = seen_ids.add
         annotated: set[int] = set()
         instances = self.result.instances
         class_images: dict[int, set[int]] = {c: set() for c in cats}
-        class_boxes: dict[int, BoxSizes] = {c: BoxSizes() for c in cats}
-        class_crowd: Counter[int] = Counter()
-        split_boxes = BoxSizes()
-        crowd_total = 0
+        # per class: [small, medium, large, tiny, crowd] as plain ints (pydantic attribute writes are slow)
+        class_counts: dict[int, list[int]] = {c: [0, 0, 0, 0, 0] for c in cats}
         isfinite = math.isfinite
         for i, a in enumerate(annotations):
-            path = f"annotations[{i}]"
             aid = a.id
-            if type(aid) is int:
-                if aid in seen_ids:
-                    add(Code.DUPLICATE_ANNOTATION_ID, f"annotation id {aid} is used more than once", f"{path}.id")
-                seen_ids.add(aid)
+            if type(aid) is int and aid not in seen_ids:
+                seen_add(aid)
+            elif type(aid) is int:
+                add(Code.DUPLICATE_ANNOTATION_ID, f"annotation id {aid} is used more than once",
+                    f"annotations[{i}].id")
             else:
-                self.field(aid, path, "id", "integer")
+                self.field(aid, f"annotations[{i}]", "id", "integer")
             image_id = a.image_id
             size = None
-            if type(image_id) is int:
-                if image_id in sizes:
-                    size = sizes[image_id]
-                    annotated.add(image_id)
-                else:
-                    add(Code.ANNOTATION_IMAGE_UNKNOWN, f"image_id {image_id} is not an image of this split",
-                        f"{path}.image_id")
+            if type(image_id) is int and image_id in sizes:
+                size = sizes[image_id]
+                annotated.add(image_id)
+            elif type(image_id) is int:
+                add(Code.ANNOTATION_IMAGE_UNKNOWN, f"image_id {image_id} is not an image of this split",
+                    f"annotations[{i}].image_id")
+                image_id = None
             else:
-                self.field(image_id, path, "image_id", "integer")
+                self.field(image_id, f"annotations[{i}]", "image_id", "integer")
+                image_id = None
             cat = a.category_id
-            if type(cat) is int:
-                if cat not in cats:
+            if type(cat) is not int or cat not in cats:
+                if type(cat) is int:
                     add(Code.ANNOTATION_CATEGORY_UNKNOWN, f"category_id {cat} is not a category of this split",
-                        f"{path}.category_id")
-                    cat = None
-            else:
-                self.field(cat, path, "category_id", "integer")
+                        f"annotations[{i}].category_id")
+                else:
+                    self.field(cat, f"annotations[{i}]", "category_id", "integer")
                 cat = None
             crowd = a.iscrowd
             if crowd is UNSET:
                 crowd = 0
             elif type(crowd) is not int or (crowd != 0 and crowd != 1):
-                add(Code.ISCROWD_INVALID, f"iscrowd must be 0 or 1, got {crowd!r:.40}", f"{path}.iscrowd")
+                add(Code.ISCROWD_INVALID, f"iscrowd must be 0 or 1, got {crowd!r:.40}", f"annotations[{i}].iscrowd")
                 crowd = 0
-            box_area = self._bbox(a.bbox, path, size, tol)
+            box = a.bbox
+            box_area = None
+            if type(box) is list and len(box) == 4:
+                x, y, w, h = box
+                if (type(x) in _NUMBER and type(y) in _NUMBER and type(w) in _NUMBER and type(h) in _NUMBER
+                        and w > 0 and h > 0 and isfinite(x + y + w + h)):
+                    box_area = float(w * h)
+                    if size is not None and (x < -tol or y < -tol or x + w > size[0] + tol or y + h > size[1] + tol):
+                        self._bbox(box, f"annotations[{i}]", size, tol)
+            if box_area is None:
+                box_area = self._bbox(box, f"annotations[{i}]", size, tol)
             area = a.area
-            if area is UNSET:
-                add(Code.KEY_MISSING, "required key 'area' is missing", path)
+            if type(area) in _NUMBER and area >= 0 and isfinite(area):
+                if box_area is not None and area > box_area * area_slack + 1:
+                    add(Code.AREA_INCONSISTENT, f"area {area} exceeds the bbox area {box_area:g}",
+                        f"annotations[{i}].area")
+            else:
+                self._area(area, f"annotations[{i}]")
                 area = box_area
-            elif not _is_number(area):
-                add(Code.WRONG_TYPE, f"area must be a number, got {_type_name(area)}", f"{path}.area")
-                area = box_area
-            elif area < 0:
-                add(Code.AREA_NEGATIVE, f"area is negative ({area})", f"{path}.area")
-            elif not isfinite(area) or (box_area is not None and area > box_area * (1 + limits.area_tolerance) + 1):
-                add(Code.AREA_INCONSISTENT, f"area {area} exceeds the bbox area {box_area}" if isfinite(area)
-                    else f"area is not finite ({area})", f"{path}.area")
-            self._segmentation(a.segmentation, path, size, crowd, need_masks)
+            seg = a.segmentation
+            if not (isinstance(seg, msgspec.Raw) and len(seg) > 0 and self._polygons_fast(seg)):
+                self._segmentation(seg, f"annotations[{i}]", size, need_masks)
             if cat is None:
                 continue
             instances[cat] += 1
-            if type(image_id) is int:
+            counts = class_counts[cat]
+            if image_id is not None:
                 class_images[cat].add(image_id)
             if crowd:
-                crowd_total += 1
-                class_crowd[cat] += 1
+                counts[4] += 1
             if box_area is not None:
-                box = a.bbox
-                is_tiny = box[2] < tiny or box[3] < tiny
-                if is_tiny:
+                if box[2] < tiny or box[3] < tiny:
+                    counts[3] += 1
                     self.log.add(Code.BOX_TINY, f"bbox {box[2]:g}x{box[3]:g} px is smaller than {tiny:g} px",
-                                 self.file, f"{path}.bbox")
-                _bucket(split_boxes, area if area is not None and area >= 0 else box_area, is_tiny)
-                _bucket(class_boxes[cat], area if area is not None and area >= 0 else box_area, is_tiny)
+                                 self.file, f"annotations[{i}].bbox")
+                counts[0 if area < SMALL_AREA else 1 if area < MEDIUM_AREA else 2] += 1
 
         unannotated = 0
         for image_id, index in self.image_index.items():
@@ -340,12 +349,34 @@ class _SplitChecker:
                 unannotated += 1
                 self.log.add(Code.IMAGE_WITHOUT_ANNOTATIONS, f"image id {image_id} has no annotations",
                              self.file, f"images[{index}]")
+        per_class = [ClassStats(id=c, name=name, images=len(class_images[c]), instances=instances[c],
+                                crowd=class_counts[c][4], box_sizes=_box_sizes(class_counts[c]))
+                     for c, name in cats.items()]
+        totals = [sum(col) for col in zip(*class_counts.values(), strict=True)] if class_counts else [0] * 5
         return SplitStats(
-            file=self.file, images=len(sizes), instances=sum(instances.values()), crowd=crowd_total,
-            categories=len(cats), images_without_annotations=unannotated, box_sizes=split_boxes,
-            per_class=[ClassStats(id=c, name=name, images=len(class_images[c]), instances=instances[c],
-                                  crowd=class_crowd[c], box_sizes=class_boxes[c]) for c, name in cats.items()],
+            file=self.file, images=len(sizes), instances=sum(instances.values()), crowd=totals[4],
+            categories=len(cats), images_without_annotations=unannotated, box_sizes=_box_sizes(totals),
+            per_class=per_class,
         )
+
+    def _area(self, area: Any, path: str) -> None:
+        if area is UNSET:
+            self.add(Code.KEY_MISSING, "required key 'area' is missing", path)
+        elif type(area) not in _NUMBER:
+            self.add(Code.WRONG_TYPE, f"area must be a number, got {_type_name(area)}", f"{path}.area")
+        elif area < 0:
+            self.add(Code.AREA_NEGATIVE, f"area is negative ({area})", f"{path}.area")
+        else:
+            self.add(Code.AREA_INCONSISTENT, f"area is not finite ({area})", f"{path}.area")
+
+    @staticmethod
+    def _polygons_fast(raw: msgspec.Raw) -> bool:
+        """True when ``raw`` is a list of well-formed polygons; anything else takes the detailed path."""
+        try:
+            seg = _POLYGONS.decode(raw)
+        except msgspec.ValidationError:  # an RLE, null, or something malformed
+            return False
+        return bool(seg) and all(len(p) >= 6 and not len(p) % 2 for p in seg)
 
     def _bbox(self, box: Any, path: str, size: tuple[int, int] | None, tol: float) -> float | None:
         """Check a bbox; its area when it is usable for statistics, else None."""
@@ -372,7 +403,7 @@ class _SplitChecker:
                          f"{width}x{height} image (tolerance {tol:g} px)", f"{path}.bbox")
         return float(w * h)
 
-    def _segmentation(self, raw: Any, path: str, size: tuple[int, int] | None, crowd: int, need_masks: bool) -> None:
+    def _segmentation(self, raw: Any, path: str, size: tuple[int, int] | None, need_masks: bool) -> None:
         if isinstance(raw, msgspec.Raw):
             if len(raw) == 0 or raw == b"null" or raw == b"[]":
                 if need_masks:
@@ -419,7 +450,7 @@ class _SplitChecker:
             self.add(Code.SEGMENTATION_MALFORMED, "RLE needs both 'size' and 'counts'", f"{path}.segmentation")
             return
         counts = rle.counts
-        if not (isinstance(counts, str) or (type(counts) is list and all(_is_int(c) and c >= 0 for c in counts))):
+        if isinstance(counts, list) and counts and min(counts) < 0:
             self.add(Code.SEGMENTATION_MALFORMED, "RLE counts must be a string or a list of non-negative integers",
                      f"{path}.segmentation.counts")
             return
@@ -435,15 +466,8 @@ class _SplitChecker:
                      f"{rle.size[0] * rle.size[1]}", f"{path}.segmentation.counts")
 
 
-def _bucket(boxes: BoxSizes, area: float, is_tiny: bool) -> None:
-    if area < SMALL_AREA:
-        boxes.small += 1
-    elif area < MEDIUM_AREA:
-        boxes.medium += 1
-    else:
-        boxes.large += 1
-    if is_tiny:
-        boxes.tiny += 1
+def _box_sizes(counts: list[int]) -> BoxSizes:
+    return BoxSizes(small=counts[0], medium=counts[1], large=counts[2], tiny=counts[3])
 
 
 def check_split(buffer: Any, split: str, file: str, log: IssueLog, *, task: str = "detection",
