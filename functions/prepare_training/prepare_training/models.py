@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from d2ops.runs import DatasetRef
 from d2ops.validation.manifest import Gate, TrainingOverrides
@@ -25,12 +25,6 @@ class PrepareEvent(BaseModel):
     run_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,80}$")
     dataset: DatasetRef
     manifest: ManifestSettings = Field(default_factory=ManifestSettings)
-
-
-def _flag(value: str) -> bool:
-    if value.lower() not in {"true", "false"}:
-        raise ValueError(f"expected 'true' or 'false', got {value!r}")
-    return value.lower() == "true"
 
 
 class PrepareSettings(BaseModel):
@@ -55,6 +49,16 @@ class PrepareSettings(BaseModel):
     min_map: float = Field(ge=0, le=1)
     max_regression: float = Field(ge=0, le=1)
 
+    @field_validator("use_spot", mode="before")
+    @classmethod
+    def _true_or_false(cls, value: object) -> object:
+        # CloudFormation passes the UseSpotTraining parameter as the string "true" or "false".
+        if isinstance(value, str):
+            if value.lower() not in {"true", "false"}:
+                raise ValueError(f"expected 'true' or 'false', got {value!r}")
+            return value.lower() == "true"
+        return value
+
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> PrepareSettings:
         """Read ``ARTIFACTS_BUCKET``, ``SAGEMAKER_ROLE_ARN``, ... (upper-case field names)."""
@@ -62,7 +66,7 @@ class PrepareSettings(BaseModel):
         for name in cls.model_fields:
             raw = env.get(name.upper())
             if raw is not None and raw != "":
-                values[name] = _flag(raw) if name == "use_spot" else raw
+                values[name] = raw
         if "evaluation_image_uri" not in values and "training_image_uri" in values:
             values["evaluation_image_uri"] = values["training_image_uri"]
         return cls.model_validate(values)

@@ -4,8 +4,8 @@
 (docs/status-api.openapi.json holds it; a test keeps it current).
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: Powertools reads the route signatures at runtime
+# to validate requests and to generate the OpenAPI document.
 import os
 from typing import Annotated, Any
 

@@ -162,7 +162,10 @@ def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str) -> Ru
     events = execution_history(sfn, arn)
     steps, current = timeline(events, execution["status"])
     doc = latest_document(events, execution)
-    dataset = doc.get("dataset")
+    try:
+        dataset = json.loads(execution.get("input") or "{}").get("dataset")
+    except (ValueError, AttributeError):
+        dataset = None
     endpoint = None
     if doc.get("deployment") or doc.get("endpoint"):
         endpoint = EndpointInfo(name=(doc.get("champion") or {}).get("endpoint_name"),
@@ -188,13 +191,14 @@ def start_run_for_uri(s3: Any, sfn: Any, state_machine_arn: str, data_bucket: st
     if not key.endswith(runs.MANIFEST_NAME):
         key = key.rstrip("/") + "/" + runs.MANIFEST_NAME
     try:
+        runs.parse_manifest_key(key)
+    except runs.NotADatasetManifest as exc:
+        raise BadDatasetUri(str(exc)) from exc
+    try:
         head = s3.head_object(Bucket=bucket, Key=key)
     except s3.exceptions.ClientError as exc:
         raise DatasetNotFound(f"s3://{bucket}/{key} does not exist (upload manifest.json last)") from exc
-    try:
-        dataset = runs.dataset_ref(bucket, key, head.get("VersionId"), head.get("ETag"))
-    except runs.NotADatasetManifest as exc:
-        raise BadDatasetUri(str(exc)) from exc
+    dataset = runs.dataset_ref(bucket, key, head.get("VersionId"), head.get("ETag"))
     trigger = runs.Trigger(source="api", object_key=key, object_version=dataset.manifest_version)
     started = runs.start_run(sfn, state_machine_arn, dataset, trigger)
     return StartRunResponse(run_id=started.run_id, execution_arn=started.execution_arn,

@@ -1,0 +1,142 @@
+"""The prepare Lambda: requests SageMaker accepts (moto + botocore's API model), overrides, champion."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+from pydantic import ValidationError
+
+from d2ops import metrics
+from d2ops.champion import CHAMPION_KEY
+from tests.fixtures.pipeline import support
+
+support.function_path("prepare_training")
+from prepare_training import handler as prepare_handler  # noqa: E402
+from prepare_training.models import PrepareSettings  # noqa: E402
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    support.aws_env(monkeypatch)
+    for key, value in support.PREPARE_ENV.items():
+        monkeypatch.setenv(key, value)
+    with mock_aws():
+        s3 = boto3.client("s3")
+        s3.create_bucket(Bucket=support.ARTIFACTS_BUCKET)
+        yield {"s3": s3, "sagemaker": boto3.client("sagemaker")}
+
+
+def prepare(case: str = "defaults", **changes: Any) -> dict[str, Any]:
+    event = support.load_event("prepare_training", case)
+    event.update(changes)
+    return dict(prepare_handler.handler(event, support.FakeLambdaContext()))
+
+
+def test_the_training_request_is_accepted_by_sagemaker(aws: dict[str, Any]) -> None:
+    plan = prepare()
+    job = plan["training_job"]
+    aws["sagemaker"].create_training_job(**job)  # botocore validates every field against the API model
+    described = aws["sagemaker"].describe_training_job(TrainingJobName=job["TrainingJobName"])
+    assert described["TrainingJobName"] == plan["names"]["training_job"]
+    run_id = support.load_event("prepare_training", "defaults")["run_id"]
+    assert job["OutputDataConfig"]["S3OutputPath"] == f"s3://{support.ARTIFACTS_BUCKET}/runs/{run_id}/training/"
+    assert [c["ChannelName"] for c in job["InputDataConfig"]] == ["train", "val"]
+    for channel in job["InputDataConfig"]:
+        assert channel["DataSource"]["S3DataSource"]["S3Uri"] == "s3://d2ops-data-example/datasets/shapes/v1/"
+    assert job["ResourceConfig"]["InstanceCount"] == 2 and job["ResourceConfig"]["InstanceType"] == "ml.g4dn.xlarge"
+    assert job["HyperParameters"] == {"framework": "detectron2"}
+
+
+def test_spot_training_waits_at_most_twice_the_runtime_and_checkpoints_to_s3(aws: dict[str, Any],
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    job = prepare()["training_job"]
+    assert job["EnableManagedSpotTraining"] is True
+    assert job["StoppingCondition"] == {"MaxRuntimeInSeconds": 14400, "MaxWaitTimeInSeconds": 28800}
+    run_id = support.load_event("prepare_training", "defaults")["run_id"]
+    assert job["CheckpointConfig"] == {"S3Uri": f"s3://{support.ARTIFACTS_BUCKET}/checkpoints/{run_id}/",
+                                       "LocalPath": "/opt/ml/checkpoints"}
+    monkeypatch.setenv("USE_SPOT", "false")
+    on_demand = prepare()["training_job"]
+    assert on_demand["EnableManagedSpotTraining"] is False
+    assert "MaxWaitTimeInSeconds" not in on_demand["StoppingCondition"]
+
+
+def test_manifest_overrides_become_string_hyperparameters_and_gate_thresholds(aws: dict[str, Any]) -> None:
+    plan = prepare("manifest_overrides")
+    assert plan["training_job"]["HyperParameters"] == {
+        "framework": "detectron2", "max_iter": "3000", "ims_per_batch": "8", "base_lr": "0.01", "seed": "7"}
+    assert plan["gate"] == {"min_map": 0.5, "max_regression": 0.02}
+    assert prepare()["gate"] == {"min_map": 0.3, "max_regression": 0.01}  # the stack parameters
+
+
+def test_out_of_bounds_overrides_are_refused(aws: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError, match="max_iter"):
+        prepare(manifest={"training": {"max_iter": 10_000_000}})
+    with pytest.raises(ValidationError, match="learning_rate"):
+        prepare(manifest={"training": {"learning_rate": 0.1}})
+
+
+def test_metric_definitions_come_from_d2ops_metrics_and_match_trainer_lines(aws: dict[str, Any]) -> None:
+    definitions = prepare()["training_job"]["AlgorithmSpecification"]["MetricDefinitions"]
+    assert definitions == [dict(d) for d in metrics.METRIC_DEFINITIONS]
+    for d in definitions:
+        line = f"[rank0] {metrics.format_metric_line(d['Name'], 0.4321, iteration=250)}"
+        match = re.search(d["Regex"], line)
+        assert match and float(match.group(1)) == pytest.approx(0.4321), d["Name"]
+    # Names are distinct prefixes of nothing else: bbox_AP does not match a bbox_AP50 line.
+    bbox_ap = next(d for d in definitions if d["Name"] == "val:bbox_AP")
+    assert not re.search(bbox_ap["Regex"], metrics.format_metric_line("val:bbox_AP50", 0.9))
+
+
+def test_the_evaluation_request_is_accepted_and_includes_the_champion(aws: dict[str, Any]) -> None:
+    first = prepare()
+    assert first["champion"] is None
+    inputs = {i["InputName"]: i["S3Input"] for i in first["evaluation_job"]["ProcessingInputs"]}
+    assert set(inputs) == {"challenger", "val"}
+    assert inputs["challenger"]["S3Uri"] == (f"{first['training_job']['OutputDataConfig']['S3OutputPath']}"
+                                             f"{first['names']['training_job']}/output/model.tar.gz")
+    assert inputs["val"]["LocalPath"] == "/opt/ml/processing/input/val"
+    aws["sagemaker"].create_processing_job(**first["evaluation_job"])
+
+    champion_record = {"run_id": "shapes_v0_0123456789abcdef", "dataset": support.DATASET.model_dump(),
+                       "model_package_arn": "arn:aws:sagemaker:us-east-1:123456789012:model-package/d2ops-models/1",
+                       "model_name": "shapes-v0-0123456789abcdef-model",
+                       "model_data": "s3://d2ops-artifacts-example/runs/shapes_v0/model.tar.gz",
+                       "endpoint_name": support.ENDPOINT_NAME, "endpoint_config_name": "shapes-v0-config",
+                       "primary_metric": "bbox_AP", "primary_value": 0.62, "evaluation_uri": "s3://x/e.json",
+                       "gate": {"decision": "approved", "approval_status": "Approved", "reason": "ok"},
+                       "promoted_at": "2026-11-01T08:00:00Z"}
+    aws["s3"].put_object(Bucket=support.ARTIFACTS_BUCKET, Key=CHAMPION_KEY, Body=json.dumps(champion_record))
+    second = prepare()
+    assert second["champion"]["run_id"] == "shapes_v0_0123456789abcdef"
+    inputs = {i["InputName"]: i["S3Input"] for i in second["evaluation_job"]["ProcessingInputs"]}
+    assert inputs["champion"]["S3Uri"] == champion_record["model_data"]
+    assert inputs["champion"]["LocalPath"] == "/opt/ml/processing/input/champion"
+
+
+def test_missing_or_bad_stack_settings_name_the_variable() -> None:
+    env = dict(support.PREPARE_ENV)
+    del env["TRAINING_IMAGE_URI"]
+    with pytest.raises(ValidationError, match="training_image_uri"):
+        PrepareSettings.from_env(env)
+    with pytest.raises(ValidationError, match="use_spot"):
+        PrepareSettings.from_env({**support.PREPARE_ENV, "USE_SPOT": "maybe"})
+    with pytest.raises(ValidationError, match="min_map"):
+        PrepareSettings.from_env({**support.PREPARE_ENV, "MIN_MAP": "1.5"})
+
+
+def test_settings_cover_the_template_environment() -> None:
+    from d2ops import template as sam
+
+    env = sam.load_template().function("PrepareTrainingFunction").environment
+    fields = {name.upper() for name in PrepareSettings.model_fields}
+    ours = {k for k in env if not k.startswith(("POWERTOOLS_", "D2OPS_"))}
+    assert ours <= fields, f"template sets variables the Lambda ignores: {sorted(ours - fields)}"
+    required = {n.upper() for n, f in PrepareSettings.model_fields.items() if f.is_required()}
+    assert required - {"EVALUATION_IMAGE_URI"} <= ours

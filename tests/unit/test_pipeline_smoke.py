@@ -1,0 +1,135 @@
+"""The smoke test Lambda: a dataset image to the endpoint, the answer checked.
+
+S3 is moto. The SageMaker runtime is a small local HTTP endpoint speaking InvokeEndpoint's
+wire format (moto's runtime cannot take binary bodies), reached through boto3's standard
+AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME variable, so the Lambda's boto3 call runs unmodified.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+from PIL import Image
+
+from tests.fixtures.pipeline import support
+
+support.function_path("smoke_test_endpoint")
+from smoke_test_endpoint import handler as smoke_handler  # noqa: E402
+from smoke_test_endpoint.service import NoSmokeTestImage, SmokeTestFailed, check_response  # noqa: E402
+
+EVENT = support.load_event("smoke_test_endpoint", "endpoint")
+GOOD = {"detections": [{"box": [1.0, 2.0, 30.5, 40.0], "score": 0.93, "class_id": 0, "class_name": "square"},
+                       {"box": [5, 5, 9, 9], "score": 0.2, "class_id": 2, "class_name": "triangle", "mask": None}]}
+
+
+def jpeg() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 24), (200, 30, 30)).save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+class FakeRuntime(BaseHTTPRequestHandler):
+    """POST /endpoints/<name>/invocations: answers the queued (status, content type, body) in order."""
+
+    answers: list[tuple[int, str, bytes]] = []
+    requests: list[tuple[str, str, bytes]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).requests.append((self.path, self.headers["Content-Type"], body))
+        status, content_type, answer = type(self).answers.pop(0)
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(answer)))
+        if status >= 400:
+            self.send_header("x-amzn-ErrorType", "ModelError")
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeRuntime]]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeRuntime)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    FakeRuntime.answers, FakeRuntime.requests = [], []
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME", f"http://127.0.0.1:{server.server_port}")
+    yield FakeRuntime
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def s3(monkeypatch: pytest.MonkeyPatch, runtime: type[FakeRuntime]) -> Iterator[Any]:
+    support.aws_env(monkeypatch)
+    with mock_aws():
+        client = boto3.client("s3")
+        client.create_bucket(Bucket=EVENT["bucket"])
+        for key, body in [("annotations/train.json", b"{}"), ("images/b.png", b"\x89PNG..."),
+                          ("images/a.jpg", jpeg()), ("manifest.json", b"{}")]:
+            client.put_object(Bucket=EVENT["bucket"], Key=EVENT["prefix"] + key, Body=body)
+        yield client
+
+
+def endpoint_answers(*bodies: Any, content_type: str = "application/json", status: int = 200) -> None:
+    for b in bodies:
+        FakeRuntime.answers.append((status, content_type, (b if isinstance(b, str) else json.dumps(b)).encode()))
+
+
+def test_a_well_formed_answer_passes(s3: Any) -> None:
+    endpoint_answers(GOOD)
+    result = smoke_handler.handler(EVENT, support.FakeLambdaContext())
+    assert result["image_key"] == "datasets/shapes/v1/images/a.jpg"  # the first image in key order
+    assert result["detections"] == 2 and result["endpoint_name"] == EVENT["endpoint_name"]
+    ((path, content_type, body),) = FakeRuntime.requests
+    assert path == f"/endpoints/{EVENT['endpoint_name']}/invocations"
+    assert content_type == "image/jpeg" and body == jpeg()
+
+
+def test_a_container_error_fails_the_smoke_test(s3: Any) -> None:
+    endpoint_answers({"message": "image could not be decoded"}, status=400)
+    with pytest.raises(SmokeTestFailed, match="image could not be decoded"):
+        smoke_handler.handler(EVENT, support.FakeLambdaContext())
+
+
+@pytest.mark.parametrize(("body", "content_type", "reason"), [
+    ({"predictions": []}, "application/json", "detections: Field required"),
+    ({"detections": [{"box": [1, 2, 3], "score": 0.5, "class_id": 0, "class_name": "a"}]}, "application/json",
+     "detections.0.box"),
+    ({"detections": [{"box": [9, 2, 3, 4], "score": 0.5, "class_id": 0, "class_name": "a"}]}, "application/json",
+     "not x1 <= x2"),
+    ({"detections": [{"box": [1, 2, 3, 4], "score": 1.5, "class_id": 0, "class_name": "a"}]}, "application/json",
+     "detections.0.score"),
+    ("<html>oops</html>", "text/html", "Content-Type 'text/html'"),
+    ("{truncated", "application/json", "invalid JSON"),
+])
+def test_bad_answers_fail_the_smoke_test_with_the_reason(s3: Any, body: Any, content_type: str, reason: str) -> None:
+    endpoint_answers(body, content_type=content_type)
+    with pytest.raises(SmokeTestFailed, match=reason.replace("(", r"\(").replace("[", r"\[")):
+        smoke_handler.handler(EVENT, support.FakeLambdaContext())
+
+
+def test_an_error_status_fails_the_smoke_test() -> None:
+    with pytest.raises(SmokeTestFailed, match="HTTP 500"):
+        check_response(500, "application/json", b'{"message": "model not loaded"}')
+
+
+def test_a_dataset_without_images_cannot_be_smoke_tested(monkeypatch: pytest.MonkeyPatch) -> None:
+    support.aws_env(monkeypatch)
+    with mock_aws():
+        client = boto3.client("s3")
+        client.create_bucket(Bucket=EVENT["bucket"])
+        client.put_object(Bucket=EVENT["bucket"], Key=EVENT["prefix"] + "manifest.json", Body=b"{}")
+        with pytest.raises(NoSmokeTestImage, match=r"no \.jpg/\.jpeg/\.png"):
+            smoke_handler.handler(EVENT, support.FakeLambdaContext())
