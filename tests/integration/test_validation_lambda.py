@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -201,3 +202,32 @@ def test_s3_image_header_beyond_the_first_bytes_is_read_in_full(s3: Any, dataset
 def test_s3_unreadable_bucket_raises(s3: Any) -> None:
     with pytest.raises(DatasetUnreadable, match="NoSuchBucket"):
         validate_s3(boto3.client("s3"), "missing-bucket-xyz", "datasets/a/v1/")
+
+
+def test_s3_malformed_manifest_is_an_invalid_result(s3: Any, dataset: Path, handler_module: Any) -> None:
+    event = {**load_event("valid.json"), "prefix": "datasets/shapes/v4/", "run_id": "shapes-v4-typo"}
+    upload(s3, dataset, event["bucket"], event["prefix"], skip=("manifest.json",))
+    s3.put_object(Bucket=event["bucket"], Key=event["prefix"] + "manifest.json",
+                  Body=json.dumps({"name": "shapes", "version": "v4", "format": "coco",
+                                   "train": "annotations/train.json", "training": {"max_iters": 10}}).encode())
+    summary = handler_module.handler(event, lambda_context())
+    assert summary["valid"] is False and summary["manifest"] is None
+    assert summary["dataset"] == {"name": "shapes", "version": "v4"}
+    assert summary["first_errors"] == [{"code": "MANIFEST_KEY_UNKNOWN", "location": "manifest.json:training.max_iters",
+                                        "message": summary["first_errors"][0]["message"]}]
+
+
+def test_cli_validates_an_s3_uri_in_another_process(s3: Any, dataset: Path, s3_endpoint: str) -> None:
+    import os
+    import subprocess
+
+    upload(s3, dataset, "data-cli", "datasets/shapes/v1/")
+    env = {**os.environ, "AWS_ENDPOINT_URL": s3_endpoint}
+    proc = subprocess.run([sys.executable, "-m", "d2ops", "validate", "s3://data-cli/datasets/shapes/v1/", "--json",
+                           "--image-sample", "3"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["valid"] and report["images"]["probed"] == 3 and report["source"].startswith("s3://data-cli/")
+    proc = subprocess.run([sys.executable, "-m", "d2ops", "validate", "s3://no-such-bucket-cli/datasets/x/v1/"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1 and "cannot read the dataset" in proc.stderr and "NoSuchBucket" in proc.stderr
