@@ -342,3 +342,10 @@ def test_every_split_and_rule_is_checked_in_one_run(ds: Path) -> None:
     edit(ds, "annotations/val.json", _set("annotations", 0, "bbox", [1, 2, 0, 4]))
     report = validate_local(ds)
     assert {Code.ISCROWD_INVALID, Code.FILE_NAME_UNSAFE, Code.BBOX_NON_POSITIVE_SIZE} <= {i.code for i in report.errors}
+
+
+def test_a_linked_images_directory_is_followed(ds: Path, tmp_path: Path) -> None:
+    shutil.move(ds / "images", tmp_path / "pictures")
+    (ds / "images").symlink_to(tmp_path / "pictures", target_is_directory=True)
+    report = validate_local(ds)
+    assert report.valid and report.images.decoded == 48, report.describe()

@@ -97,7 +97,8 @@ class LocalSource:
 
     def list_files(self) -> dict[str, int]:
         files: dict[str, int] = {}
-        for dirpath, _, names in os.walk(self.root):
+        # followlinks: offline datasets often link images/ to where the pictures really live.
+        for dirpath, _, names in os.walk(self.root, followlinks=True):
             rel_dir = Path(dirpath).relative_to(self.root).as_posix()
             for name in names:
                 rel = name if rel_dir == "." else f"{rel_dir}/{name}"
