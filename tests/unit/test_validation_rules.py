@@ -329,6 +329,17 @@ def test_a_big_broken_file_makes_a_bounded_report(ds: Path) -> None:
     assert len(report.model_dump_json()) < 200_000
 
 
+def test_overflowing_numbers_are_non_finite_and_the_file_is_still_checked(ds: Path) -> None:
+    path = ds / "annotations/train.json"
+    doc = json.loads(path.read_text())
+    doc["annotations"][2]["bbox"][1] = 123456.0
+    doc["annotations"][5]["iscrowd"] = 7
+    path.write_text(json.dumps(doc).replace("123456.0", "1e999"))
+    report = validate_local(ds)
+    assert {(i.code, i.path) for i in report.errors} == {(Code.ISCROWD_INVALID, "annotations[5].iscrowd"),
+                                                          (Code.BBOX_NOT_FINITE, "annotations[2].bbox[1]")}
+
+
 def test_structural_errors_name_line_and_column(ds: Path) -> None:
     (ds / "annotations/train.json").write_text('{"images": [\n  {"id": 1,,}]}')
     [issue] = issues(validate_local(ds), Code.JSON_MALFORMED)

@@ -148,6 +148,8 @@ def _decode(buffer: Any, file: str, log: IssueLog) -> _Document | _DocumentDecod
         with _gc_paused():
             return msgspec.json.decode(buffer, type=_Document)
     except msgspec.ValidationError as exc:
+        if "out of range" in str(exc):  # e.g. 1e999: Python's json reads it as inf, which gets its own code
+            return _decode_non_standard(buffer, file, log)
         _report_structure(exc, file, log)
         return None
     except msgspec.DecodeError as exc:
@@ -179,10 +181,7 @@ def _report_structure(exc: msgspec.ValidationError, file: str, log: IssueLog) ->
     match = _AT_PATH.search(text)
     path = match.group("path").lstrip(".") if match else ""
     message = text[: match.start()] if match else text
-    if "out of range" in message and ".bbox[" in f".{path}":
-        log.add(Code.BBOX_NOT_FINITE, f"bbox value is out of the float range (infinite): {message}", file, path)
-    else:
-        log.add(Code.WRONG_TYPE, f"{message}; the rest of this file was not checked", file, path or None)
+    log.add(Code.WRONG_TYPE, f"{message}; the rest of this file was not checked", file, path or None)
 
 
 def _type_name(v: Any) -> str:
