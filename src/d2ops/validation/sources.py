@@ -135,6 +135,19 @@ def _client_error_code(exc: Exception) -> str:
     return str(response.get("Error", {}).get("Code", ""))
 
 
+# S3 error codes that mean "this location cannot be read at all", not "this one file is bad".
+_LOCATION_ERRORS = frozenset({"AccessDenied", "403", "NoSuchBucket", "AllAccessDisabled", "InvalidAccessKeyId",
+                              "ExpiredToken", "SignatureDoesNotMatch", "KMS.AccessDeniedException"})
+
+
+def s3_read_error(exc: Exception, what: str) -> Exception:
+    """DatasetUnreadable for permission/bucket problems (Step Functions routes on it), else SourceFileError."""
+    code = _client_error_code(exc)
+    if code in _LOCATION_ERRORS:
+        return DatasetUnreadable(f"cannot read {what}: {code}")
+    return SourceFileError(f"cannot read {what}: {code or exc}")
+
+
 class S3Source:
     image_mode = "sample"
 
@@ -161,7 +174,7 @@ class S3Source:
             body = self.s3.get_object(Bucket=self.bucket, Key=self.prefix + rel, Range=f"bytes=0-{limit}")["Body"]
             return bytes(body.read())
         except Exception as exc:
-            raise SourceFileError(f"cannot read {self.uri}{rel}: {_client_error_code(exc) or exc}") from exc
+            raise s3_read_error(exc, self.uri + rel) from exc
 
     @contextmanager
     def open_large(self, rel: str) -> Iterator[Any]:
@@ -177,7 +190,7 @@ class S3Source:
             try:
                 self.s3.download_file(self.bucket, self.prefix + rel, target)
             except Exception as exc:
-                raise SourceFileError(f"cannot download {self.uri}{rel}: {_client_error_code(exc) or exc}") from exc
+                raise s3_read_error(exc, self.uri + rel) from exc
             with _mapped(target, rel) as buffer:
                 yield buffer
 
