@@ -194,6 +194,8 @@ def test_transform_and_function_globals() -> None:
     assert glob["Architectures"] == ["x86_64"]
     assert glob["Tracing"] == "Active"
     assert {"Ref": "CoreLayer"} in glob["Layers"]
+    log_group = glob["LoggingConfig"]["LogGroup"]["Ref"]
+    assert RESOURCES[log_group]["Type"] == "AWS::Logs::LogGroup" and "RetentionInDays" in props(log_group)
     assert {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE", "POWERTOOLS_LOG_LEVEL"} <= set(
         glob["Environment"]["Variables"]
     )
