@@ -1,0 +1,1 @@
+"""Benchmarks behind the `make bench-*` targets (each ends by printing one JSON line of figures)."""
