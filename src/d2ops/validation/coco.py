@@ -207,7 +207,8 @@ class _SplitChecker:
             return False
         ok = _is_int(value) if want == "integer" else isinstance(value, str)
         if not ok:
-            self.add(Code.WRONG_TYPE, f"{key} must be an {want}, got {_type_name(value)} {value!r:.40}",
+            article = "an" if want[0] in "aeiou" else "a"
+            self.add(Code.WRONG_TYPE, f"{key} must be {article} {want}, got {_type_name(value)} {value!r:.40}",
                      f"{path}.{key}")
         return ok
 
