@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import boto3
@@ -20,6 +18,7 @@ from moto import mock_aws
 from PIL import Image
 
 from tests.fixtures.pipeline import support
+from tests.fixtures.pipeline.support import FakeRuntime
 
 support.function_path("smoke_test_endpoint")
 from smoke_test_endpoint import handler as smoke_handler  # noqa: E402
@@ -36,38 +35,11 @@ def jpeg() -> bytes:
     return buffer.getvalue()
 
 
-class FakeRuntime(BaseHTTPRequestHandler):
-    """POST /endpoints/<name>/invocations: answers the queued (status, content type, body) in order."""
-
-    answers: list[tuple[int, str, bytes]] = []
-    requests: list[tuple[str, str, bytes]] = []
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).requests.append((self.path, self.headers["Content-Type"], body))
-        status, content_type, answer = type(self).answers.pop(0)
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(answer)))
-        if status >= 400:
-            self.send_header("x-amzn-ErrorType", "ModelError")
-        self.end_headers()
-        self.wfile.write(answer)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeRuntime]]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeRuntime)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    FakeRuntime.answers, FakeRuntime.requests = [], []
-    monkeypatch.setenv("AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME", f"http://127.0.0.1:{server.server_port}")
-    yield FakeRuntime
-    server.shutdown()
-    server.server_close()
+    with support.fake_runtime() as url:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME", url)
+        yield FakeRuntime
 
 
 @pytest.fixture

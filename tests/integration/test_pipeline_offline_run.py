@@ -1,0 +1,164 @@
+"""The real definition with the real Lambda handlers, against moto's server on loopback.
+
+Only what cannot run here is stood in for: the Step Functions service (the ASL interpreter),
+SageMaker's containers (moto runs the control plane; the evaluation job's output is written
+by the test) and the endpoint's runtime (a local InvokeEndpoint endpoint). The Lambdas reach
+AWS through boto3 and AWS_ENDPOINT_URL, unmodified.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+from d2ops import runs, synth
+from d2ops.asl.interpreter import Execution
+from d2ops.champion import CHAMPION_KEY, ChampionRecord
+from tests.fixtures.pipeline import support
+from tests.fixtures.pipeline.support import Boto3Integrations, FakeRuntime, LambdaInvoker
+
+pytestmark = pytest.mark.integration
+
+DETECTIONS = {"detections": [{"box": [3.0, 4.0, 20.5, 30.0], "score": 0.91, "class_id": 1, "class_name": "square"}],
+              "image": {"width": 64, "height": 64}}
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[dict[str, Any]]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    with pytest.MonkeyPatch.context() as mp, support.fake_runtime() as runtime_url:
+        env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME": runtime_url,
+               "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": support.REGION,
+               "POWERTOOLS_TRACE_DISABLED": "1", "POWERTOOLS_LOG_LEVEL": "WARNING", "IMAGE_SAMPLE_SIZE": "50",
+               **support.PREPARE_ENV}
+        for key, value in env.items():
+            mp.setenv(key, value)
+        mp.delenv("AWS_PROFILE", raising=False)
+        s3, sns, sqs = boto3.client("s3"), boto3.client("sns"), boto3.client("sqs")
+        for bucket in (support.DATA_BUCKET, support.ARTIFACTS_BUCKET):
+            s3.create_bucket(Bucket=bucket)
+            s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        topic = sns.create_topic(Name=support.TOPIC_ARN.rpartition(":")[2])["TopicArn"]
+        assert topic == support.TOPIC_ARN
+        queue = sqs.create_queue(QueueName="notifications")["QueueUrl"]
+        queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn, Attributes={"RawMessageDelivery": "true"})
+        boto3.client("sagemaker").create_model_package_group(ModelPackageGroupName="d2ops-models")
+        yield {"s3": s3, "sqs": sqs, "queue": queue, "sagemaker": boto3.client("sagemaker"), "lambdas": LambdaInvoker()}
+    server.stop()
+
+
+def upload(stack: dict[str, Any], tmp: Path, version: str, *, drop_image: bool = False) -> runs.DatasetRef:
+    local = tmp / version
+    synth.generate(local, images=8, size=64, version=version, seed=len(version))
+    if drop_image:
+        next(p for p in sorted((local / "images").rglob("*")) if p.is_file()).unlink()
+    prefix = runs.dataset_prefix("shapes", version)
+    for path in sorted(p for p in local.rglob("*") if p.is_file() and p.name != "manifest.json"):
+        stack["s3"].upload_file(str(path), support.DATA_BUCKET, prefix + path.relative_to(local).as_posix())
+    key = prefix + "manifest.json"  # last, as the contract says
+    put = stack["s3"].put_object(Bucket=support.DATA_BUCKET, Key=key, Body=(local / "manifest.json").read_bytes())
+    return runs.dataset_ref(support.DATA_BUCKET, key, put["VersionId"], put["ETag"])
+
+
+def write_evaluation(stack: dict[str, Any], kind: str, request: dict[str, Any]) -> None:
+    """What the evaluation container writes: evaluation.json in the job's output prefix."""
+    if kind != "ProcessingJob":
+        return
+    inputs = {i["InputName"] for i in request["ProcessingInputs"]}
+    scores = {"metrics": {"bbox_AP": 0.55, "bbox_AP50": 0.9, "bbox_AP75": 0.6}, "per_class": {}}
+    champion = {"metrics": {"bbox_AP": 0.5, "bbox_AP50": 0.88, "bbox_AP75": 0.5}} if "champion" in inputs else None
+    report = {"primary_metric": "bbox_AP", "val_images": 2, "challenger": scores, "champion": champion}
+    bucket, prefix = runs.parse_s3_uri(request["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"])
+    stack["s3"].put_object(Bucket=bucket, Key=prefix + "evaluation.json", Body=json.dumps(report))
+
+
+class WithUpdateEndpoint(Boto3Integrations):
+    """moto 5.2.5 has no UpdateEndpoint: switch the endpoint's config in moto's backend (it runs in
+    this process), after the same existence checks SageMaker makes."""
+
+    def __call__(self, resource: str, parameters: Any, context: Any) -> Any:
+        if not resource.endswith(":sagemaker:updateEndpoint"):
+            return super().__call__(resource, parameters, context)
+        from moto.sagemaker.models import sagemaker_backends
+
+        self.calls.append(("sagemaker:updateEndpoint", parameters))
+        client = boto3.client("sagemaker")
+        endpoint = client.describe_endpoint(EndpointName=parameters["EndpointName"])
+        config = client.describe_endpoint_config(EndpointConfigName=parameters["EndpointConfigName"])
+        fake = sagemaker_backends[support.ACCOUNT][support.REGION].endpoints[parameters["EndpointName"]]
+        fake.endpoint_config_name = config["EndpointConfigName"]
+        return {"EndpointArn": endpoint["EndpointArn"]}
+
+
+def run(stack: dict[str, Any], dataset: runs.DatasetRef) -> tuple[Execution, Boto3Integrations]:
+    FakeRuntime.answers.append((200, "application/json", json.dumps(DETECTIONS).encode()))
+    aws = WithUpdateEndpoint(after_job=lambda kind, request: write_evaluation(stack, kind, request))
+    trigger = runs.Trigger(source="s3-event", object_key=dataset.manifest_key, object_version=dataset.manifest_version)
+    run_id = runs.run_id_for(dataset.name, dataset.version, dataset.manifest_version)
+    execution = support.machine().run(runs.execution_input(dataset, trigger), execution_name=run_id,
+                                      executors={"arn:aws:states:::lambda:invoke": stack["lambdas"],
+                                                 "arn:aws:states:::*": aws})
+    return execution, aws
+
+
+def notifications(stack: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = stack["sqs"].receive_message(QueueUrl=stack["queue"], MaxNumberOfMessages=10).get("Messages", [])
+    for m in messages:
+        stack["sqs"].delete_message(QueueUrl=stack["queue"], ReceiptHandle=m["ReceiptHandle"])
+    return [json.loads(m["Body"]) for m in messages]
+
+
+def champion(stack: dict[str, Any]) -> ChampionRecord:
+    body = stack["s3"].get_object(Bucket=support.ARTIFACTS_BUCKET, Key=CHAMPION_KEY)["Body"].read()
+    return ChampionRecord.model_validate_json(body)
+
+
+def test_first_deployment_then_blue_green_update(stack: dict[str, Any], tmp_path: Path) -> None:
+    first, aws = run(stack, upload(stack, tmp_path, "v1"))
+    assert first.status == "SUCCEEDED", (first.error, first.cause)
+    called = [name for name, _ in aws.calls]
+    assert "sagemaker:createEndpoint" in called and "sagemaker:updateEndpoint" not in called
+    record = champion(stack)
+    assert record.run_id == first.name and record.primary_value == 0.55
+    endpoint = stack["sagemaker"].describe_endpoint(EndpointName=support.ENDPOINT_NAME)
+    assert endpoint["EndpointStatus"] == "InService" and endpoint["EndpointConfigName"] == record.endpoint_config_name
+    (message,) = notifications(stack)
+    assert message["run_id"] == first.name and message["gate"]["decision"] == "approved"
+    report = first.output["validation"]["summary"]["report_uri"]
+    assert stack["s3"].head_object(**dict(zip(("Bucket", "Key"), runs.parse_s3_uri(report), strict=True)))
+    assert FakeRuntime.requests[-1][0] == f"/endpoints/{support.ENDPOINT_NAME}/invocations"
+
+    second, aws = run(stack, upload(stack, tmp_path, "v2"))
+    assert second.status == "SUCCEEDED", (second.error, second.cause)
+    called = [name for name, _ in aws.calls]
+    assert "sagemaker:updateEndpoint" in called and "sagemaker:createEndpoint" not in called
+    job = stack["sagemaker"].describe_processing_job(ProcessingJobName=second.output["plan"]["names"]["evaluation_job"])
+    champion_input = next(i for i in job["ProcessingInputs"] if i["InputName"] == "champion")
+    assert champion_input["S3Input"]["S3Uri"] == record.model_data  # evaluated against the first run's model
+    assert second.output["evaluation"]["champion_value"] == 0.5
+    assert champion(stack).run_id == second.name
+    endpoint = stack["sagemaker"].describe_endpoint(EndpointName=support.ENDPOINT_NAME)
+    assert endpoint["EndpointConfigName"] == second.output["plan"]["names"]["endpoint_config"]
+    packages = stack["sagemaker"].list_model_packages(ModelPackageGroupName="d2ops-models")["ModelPackageSummaryList"]
+    assert sorted(p["ModelApprovalStatus"] for p in packages) == ["Approved", "Approved"]
+    assert notifications(stack)[0]["run_id"] == second.name
+
+
+def test_an_invalid_dataset_is_rejected_by_the_real_validator(stack: dict[str, Any], tmp_path: Path) -> None:
+    execution, aws = run(stack, upload(stack, tmp_path, "broken", drop_image=True))
+    assert execution.status == "FAILED" and execution.error == "DatasetRejected", execution.cause
+    assert [name for name, _ in aws.calls] == ["sns:publish"]  # nothing trained
+    (message,) = notifications(stack)
+    assert message["error"] == "DatasetRejected" and message["first_errors"]
+    bucket, key = runs.parse_s3_uri(message["report_uri"])
+    report = json.loads(stack["s3"].get_object(Bucket=bucket, Key=key)["Body"].read())
+    assert report  # the full report sits next to the run's artifacts
