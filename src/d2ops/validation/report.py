@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
@@ -140,8 +139,8 @@ class ValidationReport(BaseModel):
         out["categories"] = max((s.categories for s in self.splits.values()), default=0)
         return out
 
-    def describe(self, max_issues: int = 20) -> str:
-        """A readable multi-line summary for people."""
+    def describe(self, per_code: int = 3) -> str:
+        """A readable multi-line summary: counts, statistics, and the first few issues of every code."""
         name = "/".join(p for p in (self.dataset.name, self.dataset.version) if p) or self.source
         verdict = "VALID" if self.valid else "INVALID"
         lines = [f"{verdict} {name}: {self.error_count} errors, {self.warning_count} warnings ({self.source})"]
@@ -151,18 +150,14 @@ class ValidationReport(BaseModel):
         lines.append(f"  image files: {self.images.mode}, {self.images.referenced} referenced, "
                      f"{self.images.missing} missing, {self.images.probed} probed, {self.images.decoded} decoded")
         for title, issues in (("errors", self.errors), ("warnings", self.warnings)):
-            if not issues:
-                continue
-            lines.append(f"{title}:")
-            lines.extend(f"  {i.code} {i.location}: {i.message}" for i in issues[:max_issues])
-            if len(issues) > max_issues or self.issues_truncated:
-                lines.append(f"  ... see --json for the full list (counts per code: {self._counts_of(title)})")
+            by_code: dict[Code, list[Issue]] = {}
+            for issue in issues:
+                by_code.setdefault(issue.code, []).append(issue)
+            if by_code:
+                lines.append(f"{title}:")
+            for code, of_code in by_code.items():
+                lines.extend(f"  {i.code} {i.location}: {i.message}" for i in of_code[:per_code])
+                more = self.issue_counts.get(str(code), len(of_code)) - min(per_code, len(of_code))
+                if more > 0:
+                    lines.append(f"  ... {more} more {code} (--json lists up to {MAX_ISSUES_PER_CODE} of each code)")
         return "\n".join(lines)
-
-    def _counts_of(self, title: str) -> str:
-        want = Severity.ERROR if title == "errors" else Severity.WARNING
-        return ", ".join(f"{c} {n}" for c, n in self.issue_counts.items() if severity(Code(c)) is want)
-
-
-def summary_issue(issue: Issue) -> dict[str, Any]:
-    return {"code": str(issue.code), "message": issue.message, "location": issue.location}
