@@ -185,6 +185,7 @@ def test_s3_validation_catches_missing_images_wrong_sizes_and_a_prefix_mismatch(
     assert codes[Code.IMAGE_MISSING].path == "images[2].file_name"
     assert "64x40" in codes[Code.IMAGE_SIZE_MISMATCH].message
     assert report.images.missing == 1
+    assert report.images.mode == "all"  # the sample covered every image that was uploaded
 
 
 def test_s3_image_header_beyond_the_first_bytes_is_read_in_full(s3: Any, dataset: Path) -> None:

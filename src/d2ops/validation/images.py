@@ -36,11 +36,10 @@ def check_image_files(source: Source, refs: dict[str, list[ImageRef]], files: di
                 log.add(Code.IMAGE_UNREADABLE, f"{images_prefix}{ref.file_name} is empty", split_file, path)
             else:
                 present.append((split_file, ref))
+    mode = "all"
     if sample is not None and len(present) > sample:
         present = random.Random(SAMPLE_SEED).sample(present, sample)
-    mode = "all" if sample is None or len(present) == referenced else "sample"
-    if sample == 0:
-        mode = "skipped"
+        mode = "sample" if sample else "skipped"
 
     def probe(item: tuple[str, ImageRef]) -> ImageProbe:
         return source.probe_image(images_prefix + item[1].file_name)
