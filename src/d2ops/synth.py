@@ -64,7 +64,7 @@ def _make_image(
     index: int, size: int, rng: random.Random
 ) -> tuple[Image.Image, list[tuple[int, list[float], list[float]]]]:
     background = tuple(rng.randint(0, 90) for _ in range(3))
-    image = Image.new("RGB", (size, size), background)  # type: ignore[arg-type]
+    image = Image.new("RGB", (size, size), background)
     draw = ImageDraw.Draw(image)
     shapes: list[tuple[int, list[float], list[float]]] = []
     taken: list[tuple[float, float, float, float]] = []
@@ -82,7 +82,7 @@ def _make_image(
         if _overlaps(box, taken) and n < wanted * 10 - 1:
             continue
         colour = tuple(rng.randint(130, 255) for _ in range(3))
-        draw.polygon(list(zip(xs, ys, strict=True)), fill=colour)  # type: ignore[arg-type]
+        draw.polygon(list(zip(xs, ys, strict=True)), fill=colour)
         taken.append(box)
         shapes.append((kind, flat, [box[0], box[1], box[2] - box[0], box[3] - box[1]]))
     return image, shapes

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from d2ops.cli import UsageError
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("synth", help="write a synthetic COCO dataset version (shapes)")
     p.add_argument("output_dir", metavar="OUTPUT_DIR")
     p.add_argument("--images", type=int, default=60, help="total images, train + val (default 60)")
