@@ -92,6 +92,27 @@ def test_bad_answers_fail_the_smoke_test_with_the_reason(s3: Any, body: Any, con
         smoke_handler.handler(EVENT, support.FakeLambdaContext())
 
 
+def test_the_image_comes_from_the_val_split(s3: Any) -> None:
+    manifest = {"name": "shapes", "version": "v1", "format": "coco", "train": "annotations/train.json",
+                "val": "annotations/val.json", "images": "images/"}
+    val = {"images": [{"id": 7, "file_name": "b.png", "width": 32, "height": 24}], "annotations": [], "categories": []}
+    for key, body in (("manifest.json", manifest), ("annotations/val.json", val)):
+        s3.put_object(Bucket=EVENT["bucket"], Key=EVENT["prefix"] + key, Body=json.dumps(body))
+    endpoint_answers(GOOD)
+    result = smoke_handler.handler(EVENT, support.FakeLambdaContext())
+    assert result["image_key"] == "datasets/shapes/v1/images/b.png"
+    assert FakeRuntime.requests[-1][1] == "image/png"
+
+
+def test_a_huge_val_split_falls_back_to_the_first_image(s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from smoke_test_endpoint import service
+
+    test_the_image_comes_from_the_val_split(s3)
+    monkeypatch.setattr(service, "MAX_VAL_ANNOTATION_BYTES", 10)
+    endpoint_answers(GOOD)
+    assert smoke_handler.handler(EVENT, support.FakeLambdaContext())["image_key"].endswith("images/a.jpg")
+
+
 def test_an_error_status_fails_the_smoke_test() -> None:
     with pytest.raises(SmokeTestFailed, match="HTTP 500"):
         check_response(500, "application/json", b'{"message": "model not loaded"}')

@@ -8,12 +8,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from d2ops.validation.manifest import MANIFEST_FILE, parse_manifest
 from smoke_test_endpoint.models import InvocationResponse, SmokeTestEvent, SmokeTestResult
 
 CONTENT_TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png"}
 # Real-time endpoints accept at most 6 MB per request.
 MAX_IMAGE_BYTES = 5 * 1024 * 1024
 MAX_LISTED_KEYS = 10_000
+# COCO val2017's instances file is 25 MB; a larger split is not parsed just to pick one image.
+MAX_VAL_ANNOTATION_BYTES = 64 * 1024 * 1024
 
 
 class SmokeTestFailed(Exception):
@@ -29,8 +32,7 @@ def content_type(key: str) -> str | None:
     return CONTENT_TYPES.get(key[dot:].lower()) if dot >= 0 else None
 
 
-def pick_image(s3: Any, bucket: str, prefix: str) -> str:
-    """The first image (in key order) of the dataset version, so reruns test the same image."""
+def _first_listed_image(s3: Any, bucket: str, prefix: str) -> str:
     seen = 0
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
@@ -43,6 +45,39 @@ def pick_image(s3: Any, bucket: str, prefix: str) -> str:
             break
     raise NoSmokeTestImage(f"no .jpg/.jpeg/.png of at most {MAX_IMAGE_BYTES} bytes in the first {seen} "
                            f"objects under s3://{bucket}/{prefix}")
+
+
+def _first_val_image(s3: Any, bucket: str, prefix: str) -> str | None:
+    """The first image of the val split, or None when the split is too large to read here."""
+    try:
+        manifest, _ = parse_manifest(s3.get_object(Bucket=bucket, Key=prefix + MANIFEST_FILE)["Body"].read())
+        if manifest is None:
+            return None  # validation passed, so the manifest changed since: any image will do
+        obj = s3.get_object(Bucket=bucket, Key=prefix + manifest.val)
+        if obj["ContentLength"] > MAX_VAL_ANNOTATION_BYTES:
+            obj["Body"].close()
+            return None
+        images = json.loads(obj["Body"].read()).get("images", [])
+    except (s3.exceptions.NoSuchKey, ValueError, AttributeError):
+        return None
+    for image in images:
+        key = prefix + manifest.images_prefix + str(image.get("file_name", "")) if isinstance(image, dict) else ""
+        if content_type(key):
+            return key
+    return None
+
+
+def pick_image(s3: Any, bucket: str, prefix: str) -> str:
+    """The first JPEG/PNG of the val split; the first image in key order when the split is too large.
+
+    Deterministic, so reruns send the same image.
+    """
+    key = _first_val_image(s3, bucket, prefix)
+    if key is not None:
+        size = s3.head_object(Bucket=bucket, Key=key)["ContentLength"]
+        if 0 < size <= MAX_IMAGE_BYTES:
+            return key
+    return _first_listed_image(s3, bucket, prefix)
 
 
 def check_response(status: int, response_type: str, body: bytes) -> InvocationResponse:
