@@ -20,6 +20,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from status_api import service
 from status_api.models import (
     RUN_ID_PATTERN,
+    ErrorResponse,
     ModelsResponse,
     RunDetail,
     RunList,
@@ -33,6 +34,7 @@ tracer = Tracer()
 app = APIGatewayHttpResolver(enable_validation=True)
 
 OPENAPI_TITLE = "d2ops status API"
+ERROR = {"content": {"application/json": {"model": ErrorResponse}}}
 OPENAPI_VERSION = "1.0.0"
 
 
@@ -48,7 +50,9 @@ def list_runs(
                              status=status, next_token=next_token, limit=limit)
 
 
-@app.get("/runs/<runId>", summary="One run: status, timeline, validation, training, evaluation, gate, endpoint")
+@app.get("/runs/<runId>", summary="One run: status, timeline, validation, training, evaluation, gate, endpoint",
+         responses={200: {"description": "the run", "content": {"application/json": {"model": RunDetail}}},
+                    404: {**ERROR, "description": "no run with this id"}})
 @tracer.capture_method
 def get_run(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> RunDetail:  # the route spells it runId
     try:
@@ -58,7 +62,13 @@ def get_run(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> RunDetail:  
         raise NotFoundError(str(exc)) from exc
 
 
-@app.post("/runs", summary="Start the run for a dataset version (idempotent, like the S3 trigger)")
+@app.post("/runs", summary="Start the run for a dataset version (idempotent, like the S3 trigger)",
+          responses={202: {"description": "the run was started",
+                           "content": {"application/json": {"model": StartRunResponse}}},
+                     200: {"description": "this upload's run had been started already",
+                           "content": {"application/json": {"model": StartRunResponse}}},
+                     400: {**ERROR, "description": "not a dataset version of the data bucket"},
+                     404: {**ERROR, "description": "the dataset version has no manifest.json"}})
 @tracer.capture_method
 def start_run(request: StartRunRequest) -> tuple[StartRunResponse, int]:
     try:

@@ -96,3 +96,10 @@ class ModelsResponse(BaseModel):
     champion: ChampionRecord | None
     versions: list[ModelVersion]
     next_token: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """What 400 and 404 answers carry (Powertools' error shape)."""
+
+    statusCode: int  # the wire name Powertools uses
+    message: str
