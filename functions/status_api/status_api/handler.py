@@ -14,6 +14,7 @@ from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver
 from aws_lambda_powertools.event_handler.exceptions import BadRequestError, NotFoundError
 from aws_lambda_powertools.event_handler.openapi.params import Path, Query
+from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
@@ -34,7 +35,10 @@ tracer = Tracer()
 app = APIGatewayHttpResolver(enable_validation=True)
 
 OPENAPI_TITLE = "d2ops status API"
-ERROR = {"content": {"application/json": {"model": ErrorResponse}}}
+
+
+def error(description: str) -> OpenAPIResponse:
+    return {"description": description, "content": {"application/json": {"model": ErrorResponse}}}
 OPENAPI_VERSION = "1.0.0"
 
 
@@ -52,7 +56,7 @@ def list_runs(
 
 @app.get("/runs/<runId>", summary="One run: status, timeline, validation, training, evaluation, gate, endpoint",
          responses={200: {"description": "the run", "content": {"application/json": {"model": RunDetail}}},
-                    404: {**ERROR, "description": "no run with this id"}})
+                    404: error("no run with this id")})
 @tracer.capture_method
 def get_run(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> RunDetail:  # the route spells it runId
     try:
@@ -67,8 +71,8 @@ def get_run(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> RunDetail:  
                            "content": {"application/json": {"model": StartRunResponse}}},
                      200: {"description": "this upload's run had been started already",
                            "content": {"application/json": {"model": StartRunResponse}}},
-                     400: {**ERROR, "description": "not a dataset version of the data bucket"},
-                     404: {**ERROR, "description": "the dataset version has no manifest.json"}})
+                     400: error("not a dataset version of the data bucket"),
+                     404: error("the dataset version has no manifest.json")})
 @tracer.capture_method
 def start_run(request: StartRunRequest) -> tuple[StartRunResponse, int]:
     try:
