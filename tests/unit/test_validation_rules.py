@@ -128,6 +128,25 @@ def _val_uses_train_file(root: Path) -> None:
     edit(root, "annotations/val.json", _set("images", 0, "file_name", name))
 
 
+def _prepend(rel: str, data: bytes) -> Callable[[Path], None]:
+    return lambda root: (root / rel).write_bytes(data + (root / rel).read_bytes())
+
+
+def _reencode(rel: str, encoding: str) -> Callable[[Path], None]:
+    return lambda root: (root / rel).write_bytes((root / rel).read_text().encode(encoding))
+
+
+def _truncate(rel: str, size: int) -> Callable[[Path], None]:
+    return lambda root: (root / rel).write_bytes((root / rel).read_bytes()[:size])
+
+
+def _latin1_category_name(root: Path) -> None:
+    path = root / "annotations/train.json"
+    doc = json.loads(path.read_text())
+    doc["categories"][0]["name"] = "caf\u00e9"
+    path.write_bytes(json.dumps(doc, ensure_ascii=False).encode("latin-1"))
+
+
 def _unlink_first_image(root: Path) -> None:
     (root / "images" / json.loads((root / "annotations/train.json").read_text())["images"][0]["file_name"]).unlink()
 
@@ -177,6 +196,14 @@ CASES: list[tuple[str, Callable[[Path], None], Code, str | None, Any]] = [
      Code.JSON_MALFORMED, "annotations/train.json", None),
     ("annotations empty file", _write("annotations/val.json", b""), Code.JSON_MALFORMED, "annotations/val.json",
      None),
+    ("manifest with a BOM", _prepend("manifest.json", b"\xef\xbb\xbf"), Code.JSON_MALFORMED, "manifest.json", None),
+    ("annotations with a BOM", _prepend("annotations/train.json", b"\xef\xbb\xbf"), Code.JSON_MALFORMED,
+     "annotations/train.json", None),
+    ("annotations in UTF-16", _reencode("annotations/val.json", "utf-16"), Code.JSON_MALFORMED,
+     "annotations/val.json", None),
+    ("annotations in Latin-1", _latin1_category_name, Code.JSON_MALFORMED, "annotations/train.json", None),
+    ("annotations truncated", _truncate("annotations/train.json", 700), Code.JSON_MALFORMED,
+     "annotations/train.json", None),
     ("top-level key missing", train(lambda d: d.pop("categories")), Code.KEY_MISSING, "annotations/train.json",
      None),
     ("annotation key missing", train(_del("annotations", 3, "bbox")), Code.KEY_MISSING, "annotations/train.json",
@@ -338,6 +365,30 @@ def test_overflowing_numbers_are_non_finite_and_the_file_is_still_checked(ds: Pa
     report = validate_local(ds)
     assert {(i.code, i.path) for i in report.errors} == {(Code.ISCROWD_INVALID, "annotations[5].iscrowd"),
                                                           (Code.BBOX_NOT_FINITE, "annotations[2].bbox[1]")}
+
+
+@pytest.mark.parametrize(("breaker", "expected"), [
+    (_prepend("annotations/train.json", b"\xef\xbb\xbf"), "byte-order mark (BOM)"),
+    (_reencode("annotations/train.json", "utf-16"), "is UTF-16"),
+    (_reencode("annotations/train.json", "utf-16-le"), "looks like UTF-16 or UTF-32"),
+    (_latin1_category_name, "not valid UTF-8: byte 0xe9 at line 1, column"),
+    (_truncate("annotations/train.json", 700), "ends in the middle of the document after 700 bytes"),
+], ids=["bom", "utf-16", "utf-16 without bom", "latin-1", "truncated"])
+def test_encoding_and_truncation_errors_say_what_is_wrong(ds: Path, breaker: Callable[[Path], None],
+                                                          expected: str) -> None:
+    breaker(ds)
+    [issue] = issues(validate_local(ds, check_images=False), Code.JSON_MALFORMED)
+    assert expected in issue.message, issue.message
+
+
+def test_utf8_errors_are_located_across_chunk_boundaries() -> None:
+    from d2ops.validation.encoding import utf8_problem
+
+    # a two-byte character split across the 1 MiB decoding chunks is valid; a stray byte after it is found
+    text = b'{"k": "' + b"a" * ((1 << 20) - 8) + "\u00e9".encode() + b'x\nyy\xff"}'
+    assert utf8_problem(text[:-4] + b'"}') is None
+    problem = utf8_problem(text)
+    assert problem is not None and f"byte {len(text) - 3}" in problem and "line 2, column 3" in problem, problem
 
 
 def test_structural_errors_name_line_and_column(ds: Path) -> None:

@@ -24,6 +24,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from d2ops.validation.codes import Code
+from d2ops.validation.encoding import encoding_problem, line_col, utf8_problem
 from d2ops.validation.manifest import unsafe_relative_path
 from d2ops.validation.report import BoxSizes, ClassStats, IssueLog, SplitStats
 
@@ -123,11 +124,6 @@ def _is_number(v: Any) -> bool:
     return type(v) is int or type(v) is float
 
 
-def _line_col(buffer: Any, offset: int) -> tuple[int, int]:
-    head = bytes(buffer[:offset])
-    return head.count(b"\n") + 1, offset - (head.rfind(b"\n") + 1) + 1
-
-
 @contextmanager
 def _gc_paused() -> Iterator[None]:
     # Decoding allocates millions of containers; the cyclic GC would rescan them repeatedly.
@@ -144,9 +140,16 @@ def _decode(buffer: Any, file: str, log: IssueLog) -> _Document | _DocumentDecod
     if len(buffer) == 0:
         log.add(Code.JSON_MALFORMED, "file is empty", file)
         return None
+    problem = encoding_problem(buffer)
+    if problem:
+        log.add(Code.JSON_MALFORMED, f"file {problem}", file)
+        return None
     try:
         with _gc_paused():
             return msgspec.json.decode(buffer, type=_Document)
+    except UnicodeDecodeError:  # msgspec's offset is inside one string; find the byte in the file
+        log.add(Code.JSON_MALFORMED, f"file {utf8_problem(buffer) or 'is not valid UTF-8'}", file)
+        return None
     except msgspec.ValidationError as exc:
         if "out of range" in str(exc):  # e.g. 1e999: Python's json reads it as inf, which gets its own code
             return _decode_non_standard(buffer, file, log)
@@ -157,7 +160,11 @@ def _decode(buffer: Any, file: str, log: IssueLog) -> _Document | _DocumentDecod
         offset = int(match.group(1)) if match else -1
         if offset >= 0 and bytes(buffer[offset:offset + 9]).startswith(_NON_STANDARD):
             return _decode_non_standard(buffer, file, log)
-        where = "at line {}, column {} ".format(*_line_col(buffer, offset)) if offset >= 0 else ""
+        if "truncated" in str(exc):
+            log.add(Code.JSON_MALFORMED, f"not valid JSON: the file ends in the middle of the document after "
+                    f"{len(buffer)} bytes (an incomplete upload or copy?)", file)
+            return None
+        where = "at line {}, column {} ".format(*line_col(buffer, offset)) if offset >= 0 else ""
         log.add(Code.JSON_MALFORMED, f"not valid JSON {where}({exc})", file)
         return None
 
@@ -170,6 +177,8 @@ def _decode_non_standard(buffer: Any, file: str, log: IssueLog) -> _DocumentDeco
             return msgspec.convert(obj, type=_DocumentDecoded)
     except json.JSONDecodeError as exc:
         log.add(Code.JSON_MALFORMED, f"not valid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg})", file)
+    except UnicodeDecodeError:
+        log.add(Code.JSON_MALFORMED, f"file {utf8_problem(buffer) or 'is not valid UTF-8'}", file)
     except msgspec.ValidationError as exc:
         _report_structure(exc, file, log)
     return None

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from d2ops.validation.codes import Code
+from d2ops.validation.encoding import encoding_problem, utf8_problem
 
 MANIFEST_FILE = "manifest.json"
 MAX_MANIFEST_BYTES = 64 * 1024
@@ -96,6 +97,11 @@ def parse_manifest(raw: bytes) -> tuple[Manifest | None, list[tuple[Code, str, s
     """Parse manifest bytes into a Manifest, or the problems as (code, message, key path) triples."""
     if len(raw) > MAX_MANIFEST_BYTES:
         return None, [(Code.FILE_UNREADABLE, f"manifest is {len(raw)} bytes, more than {MAX_MANIFEST_BYTES}", None)]
+    if not raw.strip():
+        return None, [(Code.JSON_MALFORMED, "manifest is empty", None)]
+    problem = encoding_problem(raw) or utf8_problem(raw)
+    if problem:
+        return None, [(Code.JSON_MALFORMED, f"manifest {problem}", None)]
     try:
         return Manifest.model_validate_json(raw), []
     except ValidationError as exc:
