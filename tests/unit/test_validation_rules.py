@@ -31,22 +31,22 @@ def ds(base: Path, tmp_path: Path) -> Path:
     return root
 
 
-def edit(root: Path, rel: str, change: Callable[[Doc], None]) -> None:
+def edit(root: Path, rel: str, change: Callable[[Doc], object]) -> None:
     path = root / rel
     doc = json.loads(path.read_text())
     change(doc)
     path.write_text(json.dumps(doc))  # allow_nan: Python writes NaN, which the validator must handle
 
 
-def train(change: Callable[[Doc], None]) -> Callable[[Path], None]:
+def train(change: Callable[[Doc], None]) -> Callable[[Path], object]:
     return lambda root: edit(root, "annotations/train.json", change)
 
 
-def val(change: Callable[[Doc], None]) -> Callable[[Path], None]:
+def val(change: Callable[[Doc], None]) -> Callable[[Path], object]:
     return lambda root: edit(root, "annotations/val.json", change)
 
 
-def manifest(change: Callable[[Doc], None]) -> Callable[[Path], None]:
+def manifest(change: Callable[[Doc], None]) -> Callable[[Path], object]:
     return lambda root: edit(root, "manifest.json", change)
 
 
@@ -112,7 +112,7 @@ def _bbox(value: Any) -> Callable[[Doc], None]:
     return _set("annotations", 2, "bbox", value)
 
 
-def _write(rel: str, data: bytes) -> Callable[[Path], None]:
+def _write(rel: str, data: bytes) -> Callable[[Path], object]:
     return lambda root: (root / rel).write_bytes(data)
 
 
@@ -128,15 +128,20 @@ def _val_uses_train_file(root: Path) -> None:
     edit(root, "annotations/val.json", _set("images", 0, "file_name", name))
 
 
-def _prepend(rel: str, data: bytes) -> Callable[[Path], None]:
+def _dangling_train_link(root: Path) -> None:
+    (root / "annotations/train.json").unlink()
+    (root / "annotations/train.json").symlink_to(root / "nowhere.json")
+
+
+def _prepend(rel: str, data: bytes) -> Callable[[Path], object]:
     return lambda root: (root / rel).write_bytes(data + (root / rel).read_bytes())
 
 
-def _reencode(rel: str, encoding: str) -> Callable[[Path], None]:
+def _reencode(rel: str, encoding: str) -> Callable[[Path], object]:
     return lambda root: (root / rel).write_bytes((root / rel).read_text().encode(encoding))
 
 
-def _truncate(rel: str, size: int) -> Callable[[Path], None]:
+def _truncate(rel: str, size: int) -> Callable[[Path], object]:
     return lambda root: (root / rel).write_bytes((root / rel).read_bytes()[:size])
 
 
@@ -167,7 +172,7 @@ def _resize_first_image(root: Path) -> None:
 
 
 # (id, breaker, code, file, path) -- path None means "no JSON path", ... means "not asserted"
-CASES: list[tuple[str, Callable[[Path], None], Code, str | None, Any]] = [
+CASES: list[tuple[str, Callable[[Path], object], Code, str | None, Any]] = [
     ("manifest missing", lambda r: (r / "manifest.json").unlink(), Code.MANIFEST_MISSING, "manifest.json", None),
     ("manifest not json", _write("manifest.json", b"{name: shapes"), Code.JSON_MALFORMED, "manifest.json", None),
     ("manifest key missing", manifest(lambda d: d.pop("train")), Code.MANIFEST_KEY_MISSING, "manifest.json", "train"),
@@ -189,9 +194,7 @@ CASES: list[tuple[str, Callable[[Path], None], Code, str | None, Any]] = [
      Code.MANIFEST_PATH_MISSING, "manifest.json", "train"),
     ("no images uploaded", lambda r: shutil.rmtree(r / "images"), Code.MANIFEST_PATH_MISSING, "manifest.json",
      "images"),
-    ("annotations unreadable", lambda r: ((r / "annotations/train.json").unlink(),
-                                          (r / "annotations/train.json").symlink_to(r / "nowhere.json")),
-     Code.FILE_UNREADABLE, "annotations/train.json", None),
+    ("annotations unreadable", _dangling_train_link, Code.FILE_UNREADABLE, "annotations/train.json", None),
     ("annotations not json", _write("annotations/train.json", b'{"images": [\n  {"id": 1,,}]}'),
      Code.JSON_MALFORMED, "annotations/train.json", None),
     ("annotations empty file", _write("annotations/val.json", b""), Code.JSON_MALFORMED, "annotations/val.json",
@@ -293,7 +296,7 @@ CASES: list[tuple[str, Callable[[Path], None], Code, str | None, Any]] = [
 
 
 @pytest.mark.parametrize(("breaker", "code", "file", "path"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_each_rule_reports_its_code_and_location(ds: Path, breaker: Callable[[Path], None], code: Code,
+def test_each_rule_reports_its_code_and_location(ds: Path, breaker: Callable[[Path], object], code: Code,
                                                   file: str | None, path: Any) -> None:
     breaker(ds)
     report = validate_local(ds, limits=Thresholds(few_instances=3))
@@ -374,7 +377,7 @@ def test_overflowing_numbers_are_non_finite_and_the_file_is_still_checked(ds: Pa
     (_latin1_category_name, "not valid UTF-8: byte 0xe9 at line 1, column"),
     (_truncate("annotations/train.json", 700), "ends in the middle of the document after 700 bytes"),
 ], ids=["bom", "utf-16", "utf-16 without bom", "latin-1", "truncated"])
-def test_encoding_and_truncation_errors_say_what_is_wrong(ds: Path, breaker: Callable[[Path], None],
+def test_encoding_and_truncation_errors_say_what_is_wrong(ds: Path, breaker: Callable[[Path], object],
                                                           expected: str) -> None:
     breaker(ds)
     [issue] = issues(validate_local(ds, check_images=False), Code.JSON_MALFORMED)
