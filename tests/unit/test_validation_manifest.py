@@ -38,6 +38,7 @@ def test_defaults_apply_and_optional_keys_are_typed() -> None:
     ({**BASE, "task": "segmentation"}, Code.MANIFEST_VALUE_INVALID, "task"),
     ({**BASE, "name": "my dataset"}, Code.MANIFEST_VALUE_INVALID, "name"),
     ({**BASE, "images": "/data/images"}, Code.MANIFEST_VALUE_INVALID, "images"),
+    ({**BASE, "images": "./images/"}, Code.MANIFEST_VALUE_INVALID, "images"),  # S3 keys are literal
     ({k: v for k, v in BASE.items() if k != "format"}, Code.MANIFEST_KEY_MISSING, "format"),
 ])
 def test_bad_manifests_name_the_key(doc: dict[str, object], code: Code, path: str) -> None:

@@ -32,10 +32,15 @@ def unsafe_relative_path(value: str) -> str | None:
         return "contains a NUL character"
     if value.startswith("/") or re.match(r"^[A-Za-z]:", value):
         return "is absolute"
-    if ".." in value.split("/"):
+    segments = value.split("/")
+    if ".." in segments:
         return "contains '..'"
     if posixpath.normpath(value).startswith("../"):
         return "escapes the dataset"
+    # S3 keys are literal: "train/./a.jpg" or "train//a.jpg" name no uploaded object even though a
+    # file system would resolve them, so they would pass locally and fail in the pipeline.
+    if "." in segments or "" in segments[:-1]:
+        return f"is not normalized (write {posixpath.normpath(value)!r})"
     return None
 
 
