@@ -35,6 +35,12 @@ def jpeg() -> bytes:
     return buffer.getvalue()
 
 
+def png() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (16, 16), (30, 200, 30)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 @pytest.fixture
 def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeRuntime]]:
     with support.fake_runtime() as url:
@@ -48,7 +54,7 @@ def s3(monkeypatch: pytest.MonkeyPatch, runtime: type[FakeRuntime]) -> Iterator[
     with mock_aws():
         client = boto3.client("s3")
         client.create_bucket(Bucket=EVENT["bucket"])
-        for key, body in [("annotations/train.json", b"{}"), ("images/b.png", b"\x89PNG..."),
+        for key, body in [("annotations/train.json", b"{}"), ("images/b.png", png()),
                           ("images/a.jpg", jpeg()), ("manifest.json", b"{}")]:
             client.put_object(Bucket=EVENT["bucket"], Key=EVENT["prefix"] + key, Body=body)
         yield client
@@ -104,6 +110,17 @@ def test_the_image_comes_from_the_val_split(s3: Any) -> None:
     assert FakeRuntime.requests[-1][1] == "image/png"
 
 
+def test_missing_and_corrupt_val_images_are_skipped(s3: Any) -> None:
+    manifest = {"name": "shapes", "version": "v1", "format": "coco", "train": "annotations/train.json"}
+    val = {"images": [{"id": 1, "file_name": "gone.jpg"}, {"id": 2, "file_name": "broken.jpg"},
+                      {"id": 3, "file_name": "b.png"}]}
+    for key, body in (("manifest.json", json.dumps(manifest)), ("annotations/val.json", json.dumps(val)),
+                      ("images/broken.jpg", jpeg()[:40])):
+        s3.put_object(Bucket=EVENT["bucket"], Key=EVENT["prefix"] + key, Body=body)
+    endpoint_answers(GOOD)
+    assert smoke_handler.handler(EVENT, support.FakeLambdaContext())["image_key"].endswith("images/b.png")
+
+
 def test_a_huge_val_split_falls_back_to_the_first_image(s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from smoke_test_endpoint import service
 
@@ -124,5 +141,5 @@ def test_a_dataset_without_images_cannot_be_smoke_tested(monkeypatch: pytest.Mon
         client = boto3.client("s3")
         client.create_bucket(Bucket=EVENT["bucket"])
         client.put_object(Bucket=EVENT["bucket"], Key=EVENT["prefix"] + "manifest.json", Body=b"{}")
-        with pytest.raises(NoSmokeTestImage, match=r"no \.jpg/\.jpeg/\.png"):
+        with pytest.raises(NoSmokeTestImage, match=r"no decodable \.jpg/\.jpeg/\.png"):
             smoke_handler.handler(EVENT, support.FakeLambdaContext())
