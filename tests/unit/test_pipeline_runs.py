@@ -1,0 +1,68 @@
+"""d2ops.runs: run ids and SageMaker names for any dataset name, version and object version."""
+
+from __future__ import annotations
+
+import random
+import re
+import string
+
+import pytest
+
+from d2ops import runs
+
+SAGEMAKER_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+EXECUTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
+
+
+def test_many_random_names_give_valid_distinct_identifiers() -> None:
+    rng = random.Random(7)
+    alphabet = string.ascii_letters + string.digits + "._-"
+    seen_runs: set[str] = set()
+    seen_jobs: set[str] = set()
+    for _ in range(2000):
+        name = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 64)))
+        version = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 64)))
+        token = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40)))
+        run_id = runs.run_id_for(name, version, token)
+        assert EXECUTION_NAME.match(run_id), run_id
+        assert run_id == runs.run_id_for(name, version, token)  # deterministic
+        job = runs.sagemaker_name(run_id, "train")
+        assert SAGEMAKER_NAME.match(job) and len(job) <= 63, job
+        seen_runs.add(run_id)
+        seen_jobs.add(job)
+    assert len(seen_runs) == len(seen_jobs) == 2000
+
+
+def test_the_object_version_decides_the_run() -> None:
+    assert runs.run_id_for("shapes", "v1", "a") != runs.run_id_for("shapes", "v1", "b")
+    assert runs.object_version_token("3HL4kq", '"etag"') == "3HL4kq"
+    assert runs.object_version_token("null", '"d41d8cd9"') == "d41d8cd9"  # unversioned bucket
+    assert runs.object_version_token(None, "d41d8cd9") == "d41d8cd9"
+    with pytest.raises(ValueError, match="neither a version id nor an ETag"):
+        runs.object_version_token(None, None)
+
+
+NOT_MANIFESTS = ["datasets/a/manifest.json", "datasets/a/b/c/manifest.json", "datasets//v1/manifest.json",
+                 "datasets/./v1/manifest.json", "datasets/a/../manifest.json", "x/a/b/manifest.json",
+                 "datasets/a/b/Manifest.json", "datasets/a\\b/v1/manifest.json"]
+
+
+@pytest.mark.parametrize("key", NOT_MANIFESTS)
+def test_only_dataset_manifests_are_runs(key: str) -> None:
+    with pytest.raises(runs.NotADatasetManifest):
+        runs.parse_manifest_key(key)
+
+
+def test_execution_arns_and_uris() -> None:
+    sm = "arn:aws-cn:states:cn-north-1:123456789012:stateMachine:pipeline"
+    assert runs.execution_arn(sm, "r_1") == "arn:aws-cn:states:cn-north-1:123456789012:execution:pipeline:r_1"
+    with pytest.raises(ValueError, match="not a state machine ARN"):
+        runs.execution_arn("arn:aws:states:us-east-1:1:execution:x:y", "r")
+    assert runs.parse_s3_uri("s3://my-bucket/datasets/a/b/") == ("my-bucket", "datasets/a/b/")
+    with pytest.raises(ValueError, match="not an s3://bucket/key URI"):
+        runs.parse_s3_uri("https://my-bucket/x")
+
+
+def test_bad_suffixes_are_refused() -> None:
+    with pytest.raises(ValueError, match="suffix"):
+        runs.sagemaker_name("r", "Train_Job")
