@@ -72,6 +72,29 @@ def test_malformed_input_json_exits_2(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "is not valid JSON" in capsys.readouterr().err
 
 
+def test_non_utf8_files_and_an_unwritable_history_exit_2_naming_the_file(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    latin1 = tmp_path / "latin1.asl.json"
+    latin1.write_bytes(b'{"StartAt": "A", "States": {"A": {"Type": "Pass", "Result": "caf\xe9", "End": true}}}')
+    plain = tmp_path / "plain.asl.json"
+    plain.write_text(json.dumps({"StartAt": "A", "States": {"A": {"Type": "Pass", "End": True}}}))
+    mock = tmp_path / "mock.json"
+    mock.write_bytes(b'{"StateMachines": {"plain": {"TestCases": {"c\xe9": {}}}}, "MockedResponses": {}}')
+    cases = [
+        (["asl", "run", str(latin1)], f"{latin1}: the definition is not UTF-8 text"),
+        (["asl", "validate", str(latin1)], f"{latin1}: the definition is not UTF-8 text"),
+        (["asl", "run", str(plain), "--input", str(mock)], f"the input file {mock} is not UTF-8 text"),
+        (["asl", "validate", str(plain), "--mock-config", str(mock)], f"{mock}: not UTF-8 text"),
+        (["asl", "run", str(plain), "--history", str(tmp_path / "no-dir" / "h.json")],
+         "its directory does not exist"),
+    ]
+    for args, message in cases:
+        with pytest.raises(SystemExit) as info:
+            main(args)
+        assert info.value.code == 2, args
+        assert message in capsys.readouterr().err, args
+
+
 def test_history_file_and_quiet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     history = tmp_path / "history.json"
     code = main([*COMMON, "--test-case", "TrainingFailed", "--history", str(history), "--quiet"])

@@ -131,6 +131,8 @@ class StateMachine:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise AslDefinitionError(f"cannot read the definition: {exc}", source=str(path)) from exc
+        except UnicodeDecodeError as exc:
+            raise AslDefinitionError(f"the definition is not UTF-8 text: {exc}", source=str(path)) from exc
         return cls.from_definition(text, name=name or definition_name(path), substitutions=substitutions,
                                    source=str(path), **options)
 

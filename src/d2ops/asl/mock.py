@@ -130,6 +130,8 @@ class MockConfig:
             data = json.loads(path.read_text(encoding="utf-8"))
         except OSError as exc:
             raise AslDefinitionError(f"cannot read the mock config: {exc}", source=str(path)) from exc
+        except UnicodeDecodeError as exc:
+            raise AslDefinitionError(f"not UTF-8 text: {exc}", source=str(path)) from exc
         except json.JSONDecodeError as exc:
             raise AslDefinitionError(f"not valid JSON: {exc}", source=str(path)) from exc
         return cls(data, source=str(path))

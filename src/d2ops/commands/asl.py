@@ -50,6 +50,8 @@ def _read_json(path: str, what: str) -> Any:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot read the {what} {path}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"the {what} {path} is not UTF-8 text: {exc}") from exc
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -115,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
 
     if bool(args.mock_config) != bool(args.test_case):
         raise UsageError("--mock-config and --test-case go together")
+    if args.history and not Path(args.history).parent.is_dir():
+        raise UsageError(f"cannot write the history file {args.history}: its directory does not exist")
     substitutions = _substitutions(args)
     data = _read_json(args.input, "input file") if args.input else {}
     try:
@@ -132,8 +136,12 @@ def run(args: argparse.Namespace) -> int:
     if args.history:
         target = Path(args.history)
         partial = target.with_name(target.name + ".partial")
-        partial.write_text(_history_json(execution.history), encoding="utf-8")
-        partial.replace(target)
+        try:
+            partial.write_text(_history_json(execution.history), encoding="utf-8")
+            partial.replace(target)
+        except OSError as exc:
+            partial.unlink(missing_ok=True)
+            raise UsageError(f"cannot write the history file {target}: {exc.strerror or exc}") from exc
     if execution.status == "SUCCEEDED":
         print(json.dumps(execution.output, indent=2))
         return 0
