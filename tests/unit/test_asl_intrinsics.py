@@ -82,6 +82,10 @@ def test_functions_beyond_the_examples() -> None:
     assert ev("States.ArrayRange(5, 1, 1)") == []
     assert ev("States.ArrayContains($.a, $.v)", {"a": [{"k": [1]}], "v": {"k": [1]}}) is True
     assert ev("States.ArrayUnique($.a)", {"a": [{"x": 1}, {"x": 1}, 1, "1"]}) == [{"x": 1}, 1, "1"]
+    # JSON equality, not Python's: true is not 1, false is not 0, also inside objects
+    assert ev("States.ArrayContains($.a, 1)", {"a": [True, {"k": 1}]}) is False
+    assert ev("States.ArrayContains($.a, $.v)", {"a": [{"k": False}], "v": {"k": 0}}) is False
+    assert ev("States.ArrayUnique($.a)", {"a": [1, True, 0, False, 1, True]}) == [1, True, 0, False]
     assert ev("States.MathAdd(1.4, 2.6)") == 4  # non-integers are rounded
     assert ev("States.StringSplit(',a,,b,', ',')") == ["a", "b"]
     for name, algorithm in (("MD5", "md5"), ("SHA-256", "sha256"), ("SHA-384", "sha384"), ("SHA-512", "sha512")):

@@ -304,9 +304,20 @@ def _f_array_partition(args: list[Any], rng: random.Random) -> Any:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
+def _json_equal(a: Any, b: Any) -> bool:
+    """JSON equality: unlike Python's ``==``, ``true`` is not ``1`` and ``false`` is not ``0``, at any depth."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
 def _f_array_contains(args: list[Any], rng: random.Random) -> Any:
     _argc(args, 2)
-    return args[1] in _array(args[0])
+    return any(_json_equal(item, args[1]) for item in _array(args[0]))
 
 
 def _f_array_range(args: list[Any], rng: random.Random) -> Any:
@@ -338,7 +349,7 @@ def _f_array_unique(args: list[Any], rng: random.Random) -> Any:
     _argc(args, 1)
     unique: list[Any] = []
     for item in _array(args[0]):
-        if item not in unique:
+        if not any(_json_equal(item, kept) for kept in unique):
             unique.append(item)
     return unique
 
