@@ -418,3 +418,15 @@ def test_a_linked_images_directory_is_followed(ds: Path, tmp_path: Path) -> None
     (ds / "images").symlink_to(tmp_path / "pictures", target_is_directory=True)
     report = validate_local(ds)
     assert report.valid and report.images.decoded == 48, report.describe()
+
+
+def test_a_link_loop_is_listed_once(ds: Path) -> None:
+    from d2ops.validation.sources import LocalSource
+
+    # a link back to an ancestor: os.walk alone lists the tree again at every level until ELOOP
+    # (two such links: 2^40 times)
+    (ds / "images/train/up").symlink_to(ds / "images", target_is_directory=True)
+    files = LocalSource(ds).list_files()
+    assert not [rel for rel in files if "/up/" in rel]
+    report = validate_local(ds)
+    assert report.valid and report.images.decoded == 48, report.describe()

@@ -97,8 +97,22 @@ class LocalSource:
 
     def list_files(self) -> dict[str, int]:
         files: dict[str, int] = {}
-        # followlinks: offline datasets often link images/ to where the pictures really live.
-        for dirpath, _, names in os.walk(self.root, followlinks=True):
+        # followlinks: offline datasets often link images/ to where the pictures really live. os.walk
+        # does not notice a link back to an ancestor, which would list the tree again and again
+        # (exponentially with two such links), so each directory carries the identities above it.
+        ancestors: dict[str, frozenset[tuple[int, int]]] = {}
+        for dirpath, dirnames, names in os.walk(self.root, followlinks=True):
+            try:
+                st = os.stat(dirpath)
+            except OSError:
+                dirnames[:] = []
+                continue
+            identity = (st.st_dev, st.st_ino)
+            above = ancestors.get(os.path.dirname(dirpath), frozenset())
+            if identity in above:  # a link loop: everything below is listed already
+                dirnames[:] = []
+                continue
+            ancestors[dirpath] = above | {identity}
             rel_dir = Path(dirpath).relative_to(self.root).as_posix()
             for name in names:
                 rel = name if rel_dir == "." else f"{rel_dir}/{name}"
