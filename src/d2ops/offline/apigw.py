@@ -1,0 +1,177 @@
+"""The status API on loopback: HTTP requests -> API Gateway HTTP API (payload 2.0) events -> handler.
+
+Routes come from the function's ``HttpApi`` events in template.yaml, so the local API answers
+exactly the routes the deployed one has (others get API Gateway's 404 ``{"message":"Not
+Found"}``). The handler's response document becomes the HTTP response. IAM authorisation is
+not enforced on loopback; the event carries an ``iam`` authorizer block like a signed request.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from d2ops.offline.stack import HttpRoute
+
+log = logging.getLogger(__name__)
+MAX_BODY = 1024 * 1024
+
+Invoke = Callable[[str, dict[str, Any]], Any]  # (function logical id, event) -> response document
+
+
+def _route_regex(path: str) -> re.Pattern[str]:
+    parts = re.split(r"(\{[A-Za-z0-9_]+\+?\})", path)
+    pattern = ""
+    for part in parts:
+        if part.startswith("{") and part.endswith("+}"):
+            pattern += f"(?P<{part[1:-2]}>.+)"
+        elif part.startswith("{"):
+            pattern += f"(?P<{part[1:-1]}>[^/]+)"
+        else:
+            pattern += re.escape(part)
+    return re.compile(f"^{pattern}$")
+
+
+def http_event(method: str, raw_path: str, query: str, headers: dict[str, str], body: bytes,
+               route: HttpRoute | None, path_parameters: dict[str, str], account_id: str,
+               source_ip: str = "127.0.0.1") -> dict[str, Any]:
+    """An API Gateway HTTP API payload-2.0 event, as the Lambda integration receives it."""
+    now = datetime.now(UTC)
+    lower = {k.lower(): v for k, v in headers.items()}
+    query_params: dict[str, str] = {}
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        # Payload 2.0 joins repeated query parameters with commas.
+        query_params[key] = f"{query_params[key]},{value}" if key in query_params else value
+    text_types = ("application/json", "text/", "application/x-www-form-urlencoded")
+    is_text = not body or any(lower.get("content-type", "").startswith(t) for t in text_types)
+    event: dict[str, Any] = {
+        "version": "2.0",
+        "routeKey": f"{route.method} {route.path}" if route else "$default",
+        "rawPath": raw_path,
+        "rawQueryString": query,
+        "headers": lower,
+        "requestContext": {
+            "accountId": account_id, "apiId": "offline", "domainName": lower.get("host", "localhost"),
+            "domainPrefix": "offline", "requestId": str(uuid.uuid4()),
+            "routeKey": f"{route.method} {route.path}" if route else "$default", "stage": "$default",
+            "time": now.strftime("%d/%b/%Y:%H:%M:%S +0000"), "timeEpoch": int(time.time() * 1000),
+            "http": {"method": method, "path": raw_path, "protocol": "HTTP/1.1", "sourceIp": source_ip,
+                     "userAgent": lower.get("user-agent", "")},
+            "authorizer": {"iam": {"accessKey": "offline", "accountId": account_id, "callerId": "offline",
+                                   "principalOrgId": None, "userArn": f"arn:aws:iam::{account_id}:user/offline",
+                                   "userId": "offline"}},
+        },
+        "isBase64Encoded": not is_text,
+    }
+    if query_params:
+        event["queryStringParameters"] = query_params
+    if path_parameters:
+        event["pathParameters"] = path_parameters
+    if body:
+        event["body"] = body.decode("utf-8") if is_text else base64.b64encode(body).decode()
+    return event
+
+
+class HttpApi:
+    """A ThreadingHTTPServer that turns requests into events for ``invoke``."""
+
+    def __init__(self, routes: list[HttpRoute], invoke: Invoke, account_id: str, host: str = "127.0.0.1",
+                 port: int = 0) -> None:
+        self.routes = [(route, _route_regex(route.path)) for route in routes]
+        self.invoke = invoke
+        self.account_id = account_id
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("status api: " + format, *args)
+
+            def do_GET(self) -> None:
+                api._handle(self)
+
+            def do_POST(self) -> None:
+                api._handle(self)
+
+            def do_PUT(self) -> None:
+                api._handle(self)
+
+            def do_DELETE(self) -> None:
+                api._handle(self)
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://{host}:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, name="offline-status-api", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def match(self, method: str, path: str) -> tuple[HttpRoute, dict[str, str]] | None:
+        for route, regex in self.routes:
+            found = regex.match(path)
+            if found and route.method == method:
+                return route, found.groupdict()
+        return None
+
+    @staticmethod
+    def _send(handler: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict[str, str]) -> None:
+        handler.send_response(status)
+        for key, value in headers.items():
+            if key.lower() not in ("content-length", "connection", "transfer-encoding"):
+                handler.send_header(key, value)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    def _handle(self, handler: BaseHTTPRequestHandler) -> None:
+        parts = urlsplit(handler.path)
+        length = int(handler.headers.get("Content-Length") or 0)
+        if length > MAX_BODY:
+            # API Gateway refuses payloads over its limit before the function sees them.
+            self._send(handler, 413, b'{"message":"Request Entity Too Large"}', {"Content-Type": "application/json"})
+            handler.close_connection = True
+            return
+        body = handler.rfile.read(length) if length else b""
+        found = self.match(handler.command, parts.path)
+        if found is None:
+            self._send(handler, 404, b'{"message":"Not Found"}', {"Content-Type": "application/json"})
+            return
+        route, params = found
+        event = http_event(handler.command, parts.path, parts.query, dict(handler.headers.items()), body, route,
+                           params, self.account_id, handler.client_address[0])
+        try:
+            response = self.invoke(route.function, event)
+        except Exception:
+            log.exception("status API function failed")
+            self._send(handler, 500, b'{"message":"Internal Server Error"}', {"Content-Type": "application/json"})
+            return
+        self._reply(handler, response)
+
+    def _reply(self, handler: BaseHTTPRequestHandler, response: Any) -> None:
+        # Payload 2.0: a dict without statusCode is a 200 JSON body (API Gateway's inference).
+        if not isinstance(response, dict) or "statusCode" not in response:
+            self._send(handler, 200, json.dumps(response).encode(), {"Content-Type": "application/json"})
+            return
+        raw = response.get("body") or ""
+        data = base64.b64decode(raw) if response.get("isBase64Encoded") else str(raw).encode("utf-8")
+        headers = {str(k): str(v) for k, v in (response.get("headers") or {}).items()}
+        headers.setdefault("Content-Type", "application/json")
+        for key, values in (response.get("multiValueHeaders") or {}).items():
+            headers[str(key)] = ",".join(str(v) for v in values)
+        self._send(handler, int(response["statusCode"]), data, headers)

@@ -1,0 +1,108 @@
+"""Adapters from the offline SageMaker service to the local job runner and local TorchServe.
+
+The training payload's runner (`d2ops.local_jobs`) and the serving module
+(`d2ops.local_serving`) own how a job or an endpoint runs on this machine; these adapters only
+translate the SageMaker requests into their arguments and their results back.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from d2ops import local_jobs, local_serving
+from d2ops.offline.sagemaker import JobOutcome, ServedModel
+
+PROCESSING_OUTPUT_ROOT = PurePosixPath("/opt/ml/processing/output")
+ENDPOINT_STARTUP_SECONDS = 300.0
+
+
+class _LogTee:
+    """Keeps a job's log lines (for its metric regexes) and writes them to the job's log file."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.lines: list[str] = []
+        self._file = path.open("a", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def __call__(self, line: str) -> None:
+        with self._lock:
+            self.lines.append(line)
+            self._file.write(line.rstrip("\n") + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _command(entrypoint: list[str] | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    """A container entry point run with this interpreter (the images' ``python`` is ours offline)."""
+    if not entrypoint:
+        return default
+    first = PurePosixPath(entrypoint[0]).name
+    if first.startswith("python"):
+        return (sys.executable, *entrypoint[1:])
+    return tuple(entrypoint)
+
+
+class LocalJobBackend:
+    def run_training(self, request: dict[str, Any], channels: dict[str, Path], work_dir: Path,
+                     stop: threading.Event) -> JobOutcome:
+        resources = request.get("ResourceConfig") or {}
+        stopping = request.get("StoppingCondition") or {}
+        spec = local_jobs.TrainingJobSpec(
+            job_name=request["TrainingJobName"], channels=channels, work_dir=work_dir / "hosts",
+            output_dir=work_dir / "output", hyperparameters=dict(request.get("HyperParameters") or {}),
+            instance_count=int(resources.get("InstanceCount", 1)),
+            max_runtime_seconds=stopping.get("MaxRuntimeInSeconds"))
+        tee = _LogTee(work_dir / "job.log")
+        try:
+            result = local_jobs.run_training_job(spec, stop=stop, log=tee)
+        except local_jobs.LocalJobError as exc:
+            return JobOutcome(failure_reason=f"ClientError: {exc}", log_lines=tee.lines)
+        finally:
+            tee.close()
+        reason = result.failure_reason if result.status != "Completed" else None
+        if result.status == "Stopped":
+            reason = reason or "the job was stopped"
+        return JobOutcome(failure_reason=reason, model_tar=result.model_artifact, output_tar=result.output_artifact,
+                          log_lines=tee.lines)
+
+    def run_processing(self, request: dict[str, Any], inputs: dict[str, Path], work_dir: Path,
+                       stop: threading.Event) -> JobOutcome:
+        app = request.get("AppSpecification") or {}
+        stopping = request.get("StoppingCondition") or {}
+        output_dir = work_dir / "output"
+        spec = local_jobs.ProcessingJobSpec(
+            job_name=request["ProcessingJobName"], inputs=inputs, work_dir=work_dir / "root", output_dir=output_dir,
+            command=_command(app.get("ContainerEntrypoint"), local_jobs.EVALUATION_COMMAND),
+            environment=dict(request.get("Environment") or {}), max_runtime_seconds=stopping.get("MaxRuntimeInSeconds"))
+        tee = _LogTee(work_dir / "job.log")
+        try:
+            result = local_jobs.run_processing_job(spec, stop=stop, log=tee)
+        except local_jobs.LocalJobError as exc:
+            return JobOutcome(failure_reason=f"ClientError: {exc}", log_lines=tee.lines)
+        finally:
+            tee.close()
+        if result.status != "Completed":
+            return JobOutcome(failure_reason=result.failure_reason or f"the job ended {result.status}",
+                              log_lines=tee.lines)
+        outputs: dict[str, Path] = {}
+        for output in (request.get("ProcessingOutputConfig") or {}).get("Outputs") or []:
+            local = PurePosixPath(output["S3Output"]["LocalPath"])
+            if local != PROCESSING_OUTPUT_ROOT and PROCESSING_OUTPUT_ROOT not in local.parents:
+                return JobOutcome(failure_reason=f"ClientError: output {output['OutputName']} LocalPath {local} is "
+                                                 f"not under {PROCESSING_OUTPUT_ROOT}, the one output dir "
+                                                 "the local runner collects", log_lines=tee.lines)
+            outputs[output["OutputName"]] = output_dir / local.relative_to(PROCESSING_OUTPUT_ROOT)
+        return JobOutcome(failure_reason=None, processing_outputs=outputs, log_lines=tee.lines)
+
+
+class TorchServeBackend:
+    def start(self, model_tar: Path, work_dir: Path, name: str) -> ServedModel:
+        endpoint = local_serving.LocalEndpoint(model_tar, workdir=work_dir / "serve",
+                                               startup_timeout=ENDPOINT_STARTUP_SECONDS)
+        return endpoint.start()

@@ -1,0 +1,156 @@
+"""Task executors: how the offline runtime performs each Task state's ``Resource``.
+
+- ``arn:aws:states:::lambda:invoke``: the handler in-process (`lambdas.LocalLambdas`), result
+  shaped like the Lambda Invoke response (``Payload``, ``StatusCode``...).
+- ``arn:aws:states:::aws-sdk:<service>:<action>`` and the optimised integrations
+  (``arn:aws:states:::<service>:<action>``): the same call through boto3 against the offline
+  endpoints (moto, or the local gateway for SageMaker), so the call meets the same
+  validation a real one would.
+- ``...:createTrainingJob.sync`` / ``createProcessingJob.sync``: create the job, report it
+  submitted, then poll Describe* until it ends, as the service's ``.sync`` pattern does; a
+  failed or stopped job fails the task with ``States.TaskFailed`` and the job description as
+  cause, and an aborted execution stops the job.
+
+Error names follow Step Functions' conventions: a Lambda's exception class name; for
+``aws-sdk`` integrations ``<Service>.<ErrorCode>Exception`` when the service models the error
+and ``<Service>.<Service>Exception`` otherwise; for optimised integrations
+``<Service>.Amazon<Service>Exception``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from botocore import xform_name
+from botocore.exceptions import ClientError
+
+from d2ops.asl import ExecutorRegistry, TaskContext, TaskFailed
+from d2ops.offline.lambdas import FunctionError, LocalLambdas
+
+_SERVICE_ARN = re.compile(r"^arn:[^:]+:states:::(?:(?P<sdk>aws-sdk):)?(?P<service>[a-z0-9-]+):(?P<action>[A-Za-z0-9]+)"
+                          r"(?P<sync>\.sync(?::2)?|\.waitForTaskToken)?$")
+SYNC_POLL_SECONDS = 2.0
+# Step Functions' service names -> boto3 client names, where they differ.
+_CLIENT_NAMES = {"sfn": "stepfunctions", "states": "stepfunctions"}
+_ERROR_PREFIX = {"sagemaker": "SageMaker", "s3": "S3", "sns": "Sns", "sqs": "Sqs", "stepfunctions": "Sfn"}
+
+ClientFactory = Callable[[str], Any]
+
+
+def json_safe(value: Any) -> Any:
+    """A boto3 response as Step Functions passes it on: JSON only, no ResponseMetadata."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items() if k != "ResponseMetadata"}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if hasattr(value, "read"):  # StreamingBody
+        return value.read().decode("utf-8", "replace")
+    return value
+
+
+def error_name(client: Any, service: str, code: str, sdk: bool) -> str:
+    prefix = _ERROR_PREFIX.get(service, service.capitalize())
+    if not sdk:
+        return f"{prefix}.Amazon{prefix}Exception"
+    modeled = {shape for shape in client.meta.service_model.error_shapes}
+    if code in modeled or code.removesuffix("Exception") in modeled:
+        return f"{prefix}.{code if code.endswith('Exception') else code + 'Exception'}"
+    return f"{prefix}.{prefix}Exception"
+
+
+class ServiceExecutors:
+    """Builds the executor registry for the interpreter."""
+
+    def __init__(self, lambdas: LocalLambdas, clients: ClientFactory) -> None:
+        self.lambdas = lambdas
+        self.clients = clients
+
+    def registry(self) -> ExecutorRegistry:
+        return ExecutorRegistry([
+            ("arn:aws:states:::lambda:invoke", self.invoke_lambda),
+            ("arn:aws:states:::sagemaker:createTrainingJob.sync", self.training_job_sync),
+            ("arn:aws:states:::sagemaker:createProcessingJob.sync", self.processing_job_sync),
+            ("arn:aws:states:::aws-sdk:*", self.sdk_call),
+            ("arn:aws:states:::sagemaker:*", self.sdk_call),
+            ("arn:aws:states:::sns:*", self.sdk_call),
+            ("arn:aws:states:::sqs:*", self.sdk_call),
+        ])
+
+    # ----- Lambda ----------------------------------------------------------------------------
+    def invoke_lambda(self, resource: str, parameters: Any, context: TaskContext) -> Any:
+        if not isinstance(parameters, dict) or "FunctionName" not in parameters:
+            raise TaskFailed("States.Runtime", "lambda:invoke needs Parameters.FunctionName")
+        try:
+            payload = self.lambdas.invoke(str(parameters["FunctionName"]), parameters.get("Payload"))
+        except KeyError as exc:
+            raise TaskFailed("Lambda.ResourceNotFoundException", str(exc)) from exc
+        except FunctionError as exc:
+            raise TaskFailed(exc.error, exc.cause) from exc
+        return {"ExecutedVersion": "$LATEST", "Payload": payload, "StatusCode": 200,
+                "SdkHttpMetadata": {"HttpStatusCode": 200}}
+
+    # ----- aws-sdk and optimised integrations -----------------------------------------------
+    def sdk_call(self, resource: str, parameters: Any, context: TaskContext) -> Any:
+        match = _SERVICE_ARN.match(resource)
+        if match is None or match["sync"]:
+            raise TaskFailed("States.Runtime", f"the offline runtime has no integration for {resource}")
+        service = _CLIENT_NAMES.get(match["service"], match["service"])
+        client = self.clients(service)
+        method = getattr(client, xform_name(match["action"]), None)
+        if method is None:
+            raise TaskFailed("States.Runtime", f"{service} has no action {match['action']}")
+        try:
+            return json_safe(method(**(parameters or {})))
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "Unknown")
+            message = exc.response.get("Error", {}).get("Message", str(exc))
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 400)
+            cause = f"{message} (Service: {service}, Status Code: {status}, Error Code: {code})"
+            raise TaskFailed(error_name(client, service, code, bool(match["sdk"])), cause) from exc
+        except Exception as exc:  # botocore's parameter validation, before any request
+            raise TaskFailed(error_name(client, service, "ValidationException", bool(match["sdk"])),
+                             str(exc)) from exc
+
+    # ----- .sync jobs -------------------------------------------------------------------------
+    def _sync(self, context: TaskContext, create: Callable[[], Any], describe: Callable[[], dict[str, Any]],
+              stop: Callable[[], Any], status_key: str) -> Any:
+        try:
+            submitted = create()
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "Unknown")
+            raise TaskFailed(f"SageMaker.{'ResourceInUse' if code == 'ResourceInUse' else 'AmazonSageMakerException'}",
+                             exc.response.get("Error", {}).get("Message", str(exc))) from exc
+        context.submitted(json_safe(submitted))
+        while True:
+            if context.cancelled:
+                stop()  # the execution was aborted or timed out: the job must not run on
+                return None
+            job = describe()
+            status = job.get(status_key)
+            if status == "Completed":
+                return json_safe(job)
+            if status in ("Failed", "Stopped"):
+                raise TaskFailed("States.TaskFailed", json.dumps(json_safe(job)))
+            context.sleep(SYNC_POLL_SECONDS)
+
+    def training_job_sync(self, resource: str, parameters: Any, context: TaskContext) -> Any:
+        sm = self.clients("sagemaker")
+        name = parameters.get("TrainingJobName")
+        return self._sync(context, lambda: sm.create_training_job(**parameters),
+                          lambda: sm.describe_training_job(TrainingJobName=name),
+                          lambda: sm.stop_training_job(TrainingJobName=name), "TrainingJobStatus")
+
+    def processing_job_sync(self, resource: str, parameters: Any, context: TaskContext) -> Any:
+        sm = self.clients("sagemaker")
+        name = parameters.get("ProcessingJobName")
+        return self._sync(context, lambda: sm.create_processing_job(**parameters),
+                          lambda: sm.describe_processing_job(ProcessingJobName=name),
+                          lambda: sm.stop_processing_job(ProcessingJobName=name), "ProcessingJobStatus")

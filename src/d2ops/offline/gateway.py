@@ -1,0 +1,174 @@
+"""One loopback HTTP endpoint for the AWS APIs moto cannot serve the way the pipeline needs.
+
+- Step Functions (AWS JSON 1.0, ``X-Amz-Target: AWSStepFunctions.<Op>``): `sfn.LocalStepFunctions`.
+- SageMaker (AWS JSON 1.1, ``X-Amz-Target: SageMaker.<Op>``): training and processing jobs and
+  endpoints are served by `sagemaker.LocalSageMaker` (they run real local processes); every
+  other SageMaker operation (models, endpoint configs, the Model Registry) is forwarded
+  unchanged to the moto server, which keeps those control-plane records.
+- SageMaker Runtime (REST JSON, ``POST /endpoints/<name>/invocations``): forwarded to the
+  endpoint's local TorchServe ``/invocations``.
+
+boto3 reaches it through ``AWS_ENDPOINT_URL_SFN``, ``AWS_ENDPOINT_URL_SAGEMAKER`` and
+``AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME``. Signatures are not checked (dummy credentials).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import urllib.error
+import urllib.request
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+
+from d2ops.offline.errors import ApiError
+
+log = logging.getLogger(__name__)
+
+_INVOKE = re.compile(r"^/endpoints/(?P<name>[A-Za-z0-9-]{1,63})/invocations$")
+MAX_BODY = 64 * 1024 * 1024  # generous for images; refuses absurd requests before reading them
+
+
+def aws_json(value: Any) -> Any:
+    """Python values -> the AWS JSON protocols' encoding (timestamps as epoch seconds)."""
+    if isinstance(value, datetime):
+        return value.timestamp()
+    if isinstance(value, dict):
+        return {k: aws_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [aws_json(v) for v in value]
+    return value
+
+
+class JsonService(Protocol):
+    def call(self, operation: str, request: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class Invoker(Protocol):
+    def invoke(self, endpoint_name: str, body: bytes, content_type: str | None,
+               accept: str | None) -> tuple[int, bytes, str]: ...
+
+
+class Gateway:
+    """Owns the HTTP server thread; services are attached after construction."""
+
+    def __init__(self, moto_url: str, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.moto_url = moto_url.rstrip("/")
+        self.sfn: JsonService | None = None
+        self.sagemaker: JsonService | None = None
+        self.sagemaker_owned: frozenset[str] = frozenset()
+        self.runtime: Invoker | None = None
+        gateway = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("gateway: " + format, *args)
+
+            def do_POST(self) -> None:
+                gateway._handle(self)
+
+            def do_GET(self) -> None:
+                gateway._reply(self, 404, b'{"message":"not found"}', "application/json")
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://{host}:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, name="offline-gateway", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    # ----- request handling ----------------------------------------------------------------
+    @staticmethod
+    def _reply(handler: BaseHTTPRequestHandler, status: int, body: bytes, content_type: str,
+               headers: dict[str, str] | None = None) -> None:
+        handler.send_response(status)
+        handler.send_header("Content-Type", content_type)
+        handler.send_header("Content-Length", str(len(body)))
+        for key, value in (headers or {}).items():
+            handler.send_header(key, value)
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    def _handle(self, handler: BaseHTTPRequestHandler) -> None:
+        length = int(handler.headers.get("Content-Length") or 0)
+        if length > MAX_BODY:
+            self._reply(handler, 413, json.dumps({"message": f"request body over {MAX_BODY} bytes"}).encode(),
+                        "application/json")
+            handler.close_connection = True
+            return
+        body = handler.rfile.read(length) if length else b""
+        target = handler.headers.get("X-Amz-Target", "")
+        match = _INVOKE.match(handler.path.split("?")[0])
+        if match and self.runtime is not None:
+            self._invoke(handler, match["name"], body)
+        elif target.startswith("AWSStepFunctions.") and self.sfn is not None:
+            self._json_call(handler, self.sfn, target.partition(".")[2], body, "1.0")
+        elif target.startswith("SageMaker.") and self.sagemaker is not None:
+            operation = target.partition(".")[2]
+            if operation in self.sagemaker_owned:
+                self._json_call(handler, self.sagemaker, operation, body, "1.1")
+            else:
+                self._forward(handler, body)
+        else:
+            self._reply(handler, 400, json.dumps({"__type": "UnknownOperationException",
+                                                  "message": f"no offline service for {target or handler.path}"})
+                        .encode(), "application/x-amz-json-1.0")
+
+    def _json_call(self, handler: BaseHTTPRequestHandler, service: JsonService, operation: str, body: bytes,
+                   version: str) -> None:
+        content_type = f"application/x-amz-json-{version}"
+        try:
+            request = json.loads(body or b"{}")
+            if not isinstance(request, dict):
+                raise ApiError("SerializationException", "the request body is not a JSON object")
+            result = service.call(operation, request)
+            self._reply(handler, 200, json.dumps(aws_json(result)).encode(), content_type)
+        except ApiError as err:
+            self._reply(handler, err.status, json.dumps({"__type": err.code, "message": err.message}).encode(),
+                        content_type)
+        except ValueError as exc:
+            self._reply(handler, 400, json.dumps({"__type": "SerializationException", "message": str(exc)}).encode(),
+                        content_type)
+        except Exception as exc:  # a bug here must reach the client as a 500, not a dropped connection
+            log.exception("offline %s %s failed", content_type, operation)
+            self._reply(handler, 500, json.dumps({"__type": "InternalFailure", "message": repr(exc)}).encode(),
+                        content_type)
+
+    def _forward(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        headers = {k: v for k, v in handler.headers.items() if k.lower() not in ("host", "content-length")}
+        request = urllib.request.Request(self.moto_url + handler.path, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                status, data, content_type = response.status, response.read(), response.headers.get("Content-Type")
+        except urllib.error.HTTPError as err:
+            status, data, content_type = err.code, err.read(), err.headers.get("Content-Type")
+        self._reply(handler, status, data, content_type or "application/x-amz-json-1.1")
+
+    def _invoke(self, handler: BaseHTTPRequestHandler, name: str, body: bytes) -> None:
+        assert self.runtime is not None
+        try:
+            status, data, content_type = self.runtime.invoke(name, body, handler.headers.get("Content-Type"),
+                                                             handler.headers.get("Accept"))
+        except ApiError as err:
+            self._reply(handler, err.status, json.dumps({"message": err.message}).encode(), "application/json",
+                        {"x-amzn-ErrorType": err.code})
+            return
+        if 200 <= status < 300:
+            self._reply(handler, 200, data, content_type, {"x-Amzn-Invoked-Production-Variant": "AllTraffic"})
+            return
+        # SageMaker wraps a container's error answer as ModelError (HTTP 424) with the original.
+        message = data.decode("utf-8", "replace")[:4096]
+        self._reply(handler, 424, json.dumps({"message": f"Received client error ({status}) from primary with "
+                                                         f"message \"{message}\"",
+                                              "OriginalStatusCode": status, "OriginalMessage": message}).encode(),
+                    "application/json", {"x-amzn-ErrorType": "ModelError"})

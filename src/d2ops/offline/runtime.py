@@ -1,0 +1,273 @@
+"""The offline runtime: the deployed stack's moving parts, on loopback, in one process.
+
+    with OfflineRuntime(work_dir=Path(".d2ops")) as rt:
+        key, version = rt.upload_dataset(Path("my-dataset"))       # manifest.json last
+        rt.deliver_upload_event(rt.stack.data_bucket, key)         # the S3 -> EventBridge trigger
+        ...                                                        # boto3 works as against AWS
+
+Starting it: takes the work dir's lock, ends processes an interrupted runtime left behind,
+starts moto's server (S3, SNS, SQS, the SageMaker control-plane records) and the local
+gateway (Step Functions, SageMaker jobs and endpoints, SageMaker Runtime), points boto3 at
+them through the standard ``AWS_ENDPOINT_URL_*`` variables with dummy credentials, creates
+the stack's buckets, topic and model package group from template.yaml, restores the S3
+snapshot of the last run, reloads execution and job records, and serves the status API.
+Stopping it reverses all of that and saves an S3 snapshot for the next start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import threading
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import boto3
+from botocore.config import Config
+
+from d2ops.asl import StateMachine
+from d2ops.offline import events
+from d2ops.offline.apigw import HttpApi
+from d2ops.offline.executors import ServiceExecutors
+from d2ops.offline.gateway import Gateway
+from d2ops.offline.lambdas import LocalLambdas
+from d2ops.offline.processes import ProcessWarden
+from d2ops.offline.sagemaker import JobBackend, LocalSageMaker, ServingBackend
+from d2ops.offline.sfn import LocalStepFunctions
+from d2ops.offline.stack import ACCOUNT_ID, REGION, OfflineStack, load_stack
+from d2ops.offline.store import ExecutionStore, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WORK_DIR = Path(".d2ops")
+RUNTIME_INFO = "runtime.json"  # where a running runtime's status API listens (for `d2ops status`)
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "offline", "AWS_SECRET_ACCESS_KEY": "offline", "AWS_SESSION_TOKEN": "offline"}
+_CLIENT_CONFIG = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5, read_timeout=120)
+
+
+class OfflineRuntime:
+    def __init__(self, work_dir: Path = DEFAULT_WORK_DIR, *, parameters: dict[str, str] | None = None,
+                 jobs: JobBackend | None = None, serving: ServingBackend | None = None,
+                 fresh: bool = False) -> None:
+        self.work_dir = work_dir.resolve()
+        self.stack: OfflineStack = load_stack(parameters=parameters)
+        self.fresh = fresh
+        self._jobs = jobs
+        self._serving = serving
+        self.messages: list[str] = []  # what start-up found and did (interrupted runs, leftovers)
+        self._saved_env: dict[str, str | None] = {}
+        self._started = False
+        self._sequencer = 0
+        self._seq_lock = threading.Lock()
+
+    # ----- lifecycle --------------------------------------------------------------------------
+    def __enter__(self) -> OfflineRuntime:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def _set_env(self, values: dict[str, str]) -> None:
+        for key, value in values.items():
+            self._saved_env.setdefault(key, os.environ.get(key))
+            os.environ[key] = value
+
+    def start(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request access log
+        self.warden = ProcessWarden(self.work_dir)
+        self.warden.acquire()
+        try:
+            self.messages += self.warden.reap_leftovers()
+            if self.fresh:
+                for name in ("executions", "sagemaker", "jobs", "endpoints", "s3"):
+                    shutil.rmtree(self.work_dir / name, ignore_errors=True)
+            self.moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+            self.moto.start()
+            host, port = self.moto.get_host_and_port()
+            self.moto_url = f"http://{host}:{port}"
+            self.gateway = Gateway(self.moto_url)
+            env = {**CREDENTIALS, "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
+                   # Everything moto serves goes straight to it; the gateway takes the rest.
+                   "AWS_ENDPOINT_URL": self.moto_url, "AWS_ENDPOINT_URL_SFN": self.gateway.url,
+                   "AWS_ENDPOINT_URL_SAGEMAKER": self.gateway.url,
+                   "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME": self.gateway.url,
+                   "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS": "false",
+                   **self.stack.lambda_environment()}
+            self._set_env(env)
+            self._started = True
+            self._create_resources()
+            self.messages += self._restore_s3()
+            self.sagemaker = LocalSageMaker(self.work_dir, self.client("s3"), self._moto_client("sagemaker"),
+                                            self._jobs or _default_jobs(), self._serving or _default_serving(),
+                                            REGION, ACCOUNT_ID)
+            (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
+            self._lambda_log = open(self.work_dir / "logs" / "lambda.log", "a", encoding="utf-8")  # noqa: SIM115
+            self.lambdas = LocalLambdas(self.stack.functions, self._lambda_log)
+            self.sfn = LocalStepFunctions(ExecutionStore(self.work_dir / "executions"),
+                                          ServiceExecutors(self.lambdas, self.client).registry())
+            self.machine = StateMachine.from_file(self.stack.definition_path, substitutions=self.stack.substitutions,
+                                                  name=self.stack.state_machine_name, region=REGION,
+                                                  account_id=ACCOUNT_ID)
+            self.sfn.add_state_machine(self.machine)
+            self.sfn.reload()
+            self.messages += self.sfn.recovery_messages
+            self.gateway.sfn = self.sfn
+            self.gateway.sagemaker = self.sagemaker
+            self.gateway.sagemaker_owned = LocalSageMaker.OWNED
+            self.gateway.runtime = self.sagemaker
+            self.gateway.start()
+            self.status_api = HttpApi([r for r in self.stack.routes], lambda fn, event: self.lambdas.invoke(fn, event),
+                                      ACCOUNT_ID)
+            self.status_api.start()
+            self.warden.start_watching()
+            write_json_atomic(self.work_dir / RUNTIME_INFO, {"pid": os.getpid(), "status_api": self.status_api.url,
+                                                             "gateway": self.gateway.url, "moto": self.moto_url})
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop executions, jobs and endpoints, save the S3 snapshot, release everything. Idempotent."""
+        if getattr(self, "_stopping", False):
+            return
+        self._stopping = True
+        steps = [
+            ("executions", lambda: self.sfn.abort_all("the offline runtime is stopping")),
+            ("sagemaker", lambda: self.sagemaker.shutdown()),
+            ("status api", lambda: self.status_api.stop()),
+            ("gateway", lambda: self.gateway.stop()),
+            ("s3 snapshot", self._save_s3),
+            ("moto", lambda: self.moto.stop()),
+        ]
+        for what, step in steps:
+            try:
+                step()
+            except AttributeError:
+                continue  # never started
+            except Exception:
+                log.exception("stopping the offline runtime: %s failed", what)
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._saved_env.clear()
+        with contextlib.suppress(AttributeError):
+            self.lambdas.restore_logs()
+            self._lambda_log.close()
+        (self.work_dir / RUNTIME_INFO).unlink(missing_ok=True)
+        with contextlib.suppress(AttributeError):
+            self.warden.release()
+
+    # ----- AWS clients --------------------------------------------------------------------------
+    def client(self, service: str) -> Any:
+        """A boto3 client configured exactly as the handlers' are (by the environment)."""
+        session: Any = boto3.session.Session()  # Any: boto3-stubs overloads want a literal service name
+        return session.client(service, region_name=REGION, config=_CLIENT_CONFIG)
+
+    def _moto_client(self, service: str) -> Any:
+        session: Any = boto3.session.Session()
+        return session.client(service, region_name=REGION, endpoint_url=self.moto_url, config=_CLIENT_CONFIG)
+
+    def _create_resources(self) -> None:
+        s3 = self.client("s3")
+        for bucket in self.stack.buckets:
+            s3.create_bucket(Bucket=bucket)
+            s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        self.client("sns").create_topic(Name=self.stack.topic_name)
+        self._moto_client("sagemaker").create_model_package_group(ModelPackageGroupName=self.stack.model_package_group)
+
+    # ----- S3 snapshot (moto keeps S3 in memory) -------------------------------------------------
+    def _snapshot_buckets(self) -> list[str]:
+        return [self.stack.data_bucket, self.stack.artifacts_bucket]
+
+    def _save_s3(self) -> None:
+        if not self._started:
+            return
+        s3 = self._moto_client("s3")
+        target = self.work_dir / "s3.new"
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        for bucket in self._snapshot_buckets():
+            for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+                for item in page.get("Contents", []):
+                    dest = target / bucket / item["Key"]
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    s3.download_file(bucket, item["Key"], str(dest))
+        final = self.work_dir / "s3"
+        shutil.rmtree(final, ignore_errors=True)
+        target.rename(final)  # the old snapshot stays whole until the new one is
+
+    def _restore_s3(self) -> list[str]:
+        shutil.rmtree(self.work_dir / "s3.new", ignore_errors=True)  # a save interrupted by a kill
+        root = self.work_dir / "s3"
+        if not root.is_dir():
+            return []
+        s3 = self.client("s3")
+        count = 0
+        for bucket in self._snapshot_buckets():
+            base = root / bucket
+            for path in sorted(p for p in base.rglob("*") if p.is_file()) if base.is_dir() else []:
+                s3.upload_file(str(path), bucket, path.relative_to(base).as_posix())
+                count += 1
+        return [f"restored {count} objects of the previous session into the local S3"] if count else []
+
+    # ----- the things a user does -----------------------------------------------------------------
+    def upload_dataset(self, local_dir: Path, name: str | None = None, version: str | None = None) -> tuple[str, str]:
+        """Upload a dataset version directory to the data bucket, manifest.json last. -> (key, version id)."""
+        import json
+
+        manifest_path = local_dir / "manifest.json"
+        try:
+            manifest = json.loads(manifest_path.read_text("utf-8"))
+        except OSError as exc:
+            raise ValueError(f"{manifest_path}: cannot read the dataset manifest: {exc}") from exc
+        except ValueError as exc:
+            raise ValueError(f"{manifest_path}: not valid JSON: {exc}") from exc
+        name = name or str(manifest.get("name") or "")
+        version = version or str(manifest.get("version") or "")
+        if not name or not version or "/" in name + version or name in (".", "..") or version in (".", ".."):
+            raise ValueError(f"{manifest_path}: needs a plain 'name' and 'version' to form "
+                             f"datasets/<name>/<version>/ (got {name!r}, {version!r})")
+        prefix = f"datasets/{name}/{version}/"
+        s3 = self.client("s3")
+        files = sorted(p for p in local_dir.rglob("*") if p.is_file() and p != manifest_path)
+        for path in files:
+            s3.upload_file(str(path), self.stack.data_bucket, prefix + path.relative_to(local_dir).as_posix())
+        key = prefix + "manifest.json"
+        response = s3.put_object(Bucket=self.stack.data_bucket, Key=key, Body=manifest_path.read_bytes(),
+                                 ContentType="application/json")
+        return key, str(response.get("VersionId") or "")
+
+    def upload_event(self, bucket: str, key: str) -> dict[str, Any]:
+        head = self.client("s3").head_object(Bucket=bucket, Key=key)
+        with self._seq_lock:
+            self._sequencer += 1
+            sequencer = self._sequencer
+        return events.object_created_event(bucket, key, head, REGION, ACCOUNT_ID, sequencer)
+
+    def deliver_event(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        """EventBridge: invoke the rule's target if the template's pattern matches, else None."""
+        if not events.matches(self.stack.trigger_pattern, event):
+            return None
+        result: dict[str, Any] = self.lambdas.invoke(self.stack.trigger_function, event)
+        return result
+
+
+def _default_jobs() -> JobBackend:
+    from d2ops.offline.backends import LocalJobBackend
+
+    return LocalJobBackend()
+
+
+def _default_serving() -> ServingBackend:
+    from d2ops.offline.backends import TorchServeBackend
+
+    return TorchServeBackend()

@@ -1,0 +1,574 @@
+"""The SageMaker operations that do real work offline: training and processing jobs, endpoints.
+
+Jobs run in background threads that download their inputs from the local S3, hand them to a
+`JobBackend` (local processes honouring the training-container contract), upload what the job
+wrote where SageMaker would, and keep a DescribeTrainingJob / DescribeProcessingJob record
+with real statuses, timings, FinalMetricDataList and FailureReason. Job records are persisted
+under the work dir so the status API can describe them after a restart.
+
+Endpoints follow the model the state machine references: endpoint config -> model ->
+model package (all moto records) -> ModelDataUrl. CreateEndpoint starts a local TorchServe
+(`ServingBackend`) and reports Creating -> InService (or Failed). UpdateEndpoint is blue/green:
+the endpoint stays InService on the old server while the new one starts (Updating); traffic
+switches only when the new one answers /ping, then the old one stops; if the new one fails,
+the endpoint stays on the old config, as SageMaker's automatic rollback leaves it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import re
+import shutil
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from d2ops.offline.errors import ApiError
+from d2ops.offline.store import write_json_atomic
+from d2ops.runs import parse_s3_uri
+
+log = logging.getLogger(__name__)
+
+TERMINAL_JOB_STATES = ("Completed", "Failed", "Stopped")
+
+
+@dataclass
+class JobOutcome:
+    """What a local job left behind: artifacts to upload, or why it failed."""
+
+    failure_reason: str | None
+    model_tar: Path | None = None  # training: model.tar.gz
+    output_tar: Path | None = None  # training: output.tar.gz
+    processing_outputs: dict[str, Path] | None = None  # processing: OutputName -> local dir
+    log_lines: list[str] | None = None
+
+
+class JobBackend(Protocol):
+    def run_training(self, request: dict[str, Any], channels: dict[str, Path], work_dir: Path,
+                     stop: threading.Event) -> JobOutcome: ...
+
+    def run_processing(self, request: dict[str, Any], inputs: dict[str, Path], work_dir: Path,
+                       stop: threading.Event) -> JobOutcome: ...
+
+
+class ServedModel(Protocol):
+    url: str  # http://127.0.0.1:<port> answering /ping and /invocations
+
+    def stop(self) -> None: ...
+
+
+class ServingBackend(Protocol):
+    def start(self, model_tar: Path, work_dir: Path, name: str) -> ServedModel: ...
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def final_metrics(lines: list[str], definitions: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """FinalMetricDataList: the last value each of the job's MetricDefinitions regexes found in its logs."""
+    compiled = []
+    for definition in definitions:
+        try:
+            compiled.append((definition["Name"], re.compile(definition["Regex"])))
+        except (KeyError, re.error):
+            continue  # CreateTrainingJob validation would have refused it; nothing to scrape
+    last: dict[str, float] = {}
+    for line in lines:
+        for name, regex in compiled:
+            found = regex.search(line)
+            if found:
+                with contextlib.suppress(ValueError, IndexError):
+                    last[name] = float(found.group(1))
+    now = _now()
+    return [{"MetricName": name, "Value": value, "Timestamp": now} for name, value in last.items()]
+
+
+class LocalSageMaker:
+    """Serves the OWNED operations; the gateway forwards all others to moto."""
+
+    OWNED = frozenset({"CreateTrainingJob", "DescribeTrainingJob", "StopTrainingJob", "ListTrainingJobs",
+                       "CreateProcessingJob", "DescribeProcessingJob", "StopProcessingJob",
+                       "CreateEndpoint", "UpdateEndpoint", "DescribeEndpoint", "DeleteEndpoint", "ListEndpoints"})
+
+    def __init__(self, work_dir: Path, s3: Any, registry: Any, jobs: JobBackend, serving: ServingBackend,
+                 region: str, account_id: str) -> None:
+        self.work_dir = work_dir
+        self.s3 = s3  # boto3 S3 client (moto)
+        self.registry = registry  # boto3 SageMaker client straight to moto (models, configs, packages)
+        self.jobs = jobs
+        self.serving = serving
+        self.region = region
+        self.account_id = account_id
+        self._lock = threading.RLock()
+        self._training: dict[str, dict[str, Any]] = {}
+        self._processing: dict[str, dict[str, Any]] = {}
+        self._stops: dict[str, threading.Event] = {}
+        self._threads: list[threading.Thread] = []
+        self._endpoints: dict[str, dict[str, Any]] = {}
+        self._servers: dict[str, ServedModel] = {}  # endpoint name -> server taking traffic
+        self._records = work_dir / "sagemaker"
+        self._reload()
+
+    # ----- persistence ---------------------------------------------------------------------
+    def _save(self, kind: str, record: dict[str, Any]) -> None:
+        name = record["TrainingJobName"] if kind == "training" else record["ProcessingJobName"]
+        write_json_atomic(self._records / kind / f"{name}.json",
+                          json.loads(json.dumps(record, default=lambda v: {"$datetime": v.isoformat()})))
+
+    def _reload(self) -> None:
+        def decode(value: Any) -> Any:
+            if isinstance(value, dict):
+                if set(value) == {"$datetime"}:
+                    return datetime.fromisoformat(value["$datetime"])
+                return {k: decode(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [decode(v) for v in value]
+            return value
+
+        for kind, table, key, status in (("training", self._training, "TrainingJobName", "TrainingJobStatus"),
+                                         ("processing", self._processing, "ProcessingJobName",
+                                          "ProcessingJobStatus")):
+            for path in sorted((self._records / kind).glob("*.json")):
+                try:
+                    record = decode(json.loads(path.read_text("utf-8")))
+                except (OSError, ValueError):
+                    path.replace(path.with_suffix(".corrupt"))
+                    continue
+                if record.get(status) not in TERMINAL_JOB_STATES:
+                    # Its processes died with the runtime that ran it.
+                    record[status] = "Stopped"
+                    record["FailureReason"] = "the offline runtime stopped while the job was running"
+                    record["EndTime"] = record.get("LastModifiedTime", _now())
+                    self._save(kind, record)
+                table[record[key]] = record
+
+    # ----- dispatch -------------------------------------------------------------------------
+    def call(self, operation: str, request: dict[str, Any]) -> dict[str, Any]:
+        if operation not in self.OWNED:
+            raise ApiError("UnknownOperationException", f"{operation} is not served locally")
+        method = "".join("_" + c.lower() if c.isupper() else c for c in operation).lstrip("_")
+        result: dict[str, Any] = getattr(self, method)(request)
+        return result
+
+    def _arn(self, kind: str, name: str) -> str:
+        return f"arn:aws:sagemaker:{self.region}:{self.account_id}:{kind}/{name.lower()}"
+
+    def _start(self, name: str, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, name=f"sagemaker-{name}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    # ----- training jobs ---------------------------------------------------------------------
+    def create_training_job(self, request: dict[str, Any]) -> dict[str, Any]:
+        name = request.get("TrainingJobName")
+        if not name or not isinstance(name, str):
+            raise ApiError("ValidationException", "TrainingJobName is required")
+        for required in ("AlgorithmSpecification", "OutputDataConfig", "ResourceConfig", "RoleArn"):
+            if required not in request:
+                raise ApiError("ValidationException", f"{required} is required")
+        with self._lock:
+            if name in self._training:
+                raise ApiError("ResourceInUse", f"Training job names must be unique within an AWS account and "
+                                                f"region, and a training job with this name already exists "
+                                                f"({self._arn('training-job', name)})")
+            now = _now()
+            record = {**request, "TrainingJobName": name, "TrainingJobArn": self._arn("training-job", name),
+                      "TrainingJobStatus": "InProgress", "SecondaryStatus": "Starting", "CreationTime": now,
+                      "LastModifiedTime": now, "SecondaryStatusTransitions": [
+                          {"Status": "Starting", "StartTime": now,
+                           "StatusMessage": "Preparing the instances for training"}]}
+            record.pop("Tags", None)
+            self._training[name] = record
+            self._stops[name] = threading.Event()
+            self._save("training", record)
+        self._start(name, lambda: self._run_training(name))
+        return {"TrainingJobArn": record["TrainingJobArn"]}
+
+    def _transition(self, record: dict[str, Any], secondary: str, message: str) -> None:
+        now = _now()
+        transitions = record.setdefault("SecondaryStatusTransitions", [])
+        if transitions and "EndTime" not in transitions[-1]:
+            transitions[-1]["EndTime"] = now
+        transitions.append({"Status": secondary, "StartTime": now, "StatusMessage": message})
+        record["SecondaryStatus"] = secondary
+        record["LastModifiedTime"] = now
+
+    def _run_training(self, name: str) -> None:
+        record = self._training[name]
+        job_dir = self.work_dir / "jobs" / name
+        stop = self._stops[name]
+        try:
+            shutil.rmtree(job_dir, ignore_errors=True)
+            with self._lock:
+                self._transition(record, "Downloading", "Downloading input data")
+                self._save("training", record)
+            channels = {}
+            for channel in record.get("InputDataConfig") or []:
+                uri = channel["DataSource"]["S3DataSource"]["S3Uri"]
+                channels[channel["ChannelName"]] = self._download(uri, job_dir / "channels" / channel["ChannelName"])
+            with self._lock:
+                record["TrainingStartTime"] = _now()
+                self._transition(record, "Training", "Training image download completed. Training in progress.")
+                self._save("training", record)
+            outcome = self.jobs.run_training(record, channels, job_dir, stop)
+            lines = outcome.log_lines or []
+            definitions = (record.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []
+            with self._lock:
+                record["FinalMetricDataList"] = final_metrics(lines, definitions)
+            if stop.is_set():
+                raise _Stopped()
+            if outcome.failure_reason is not None:
+                raise _JobFailed(outcome.failure_reason)
+            with self._lock:
+                self._transition(record, "Uploading", "Uploading generated training model")
+                self._save("training", record)
+            output = record["OutputDataConfig"]["S3OutputPath"].rstrip("/") + f"/{name}/output"
+            if outcome.model_tar is None:
+                raise _JobFailed("the training job wrote nothing to its model directory")
+            self._upload(outcome.model_tar, f"{output}/model.tar.gz")
+            if outcome.output_tar is not None:
+                self._upload(outcome.output_tar, f"{output}/output.tar.gz")
+            with self._lock:
+                record["ModelArtifacts"] = {"S3ModelArtifacts": f"{output}/model.tar.gz"}
+                self._finish(record, "TrainingJobStatus", "Completed", "Completed", "Training job completed")
+        except _Stopped:
+            with self._lock:
+                self._finish(record, "TrainingJobStatus", "Stopped", "Stopped", "Training job stopped")
+        except _JobFailed as exc:
+            with self._lock:
+                record["FailureReason"] = str(exc)
+                self._finish(record, "TrainingJobStatus", "Failed", "Failed", f"Training job failed: {exc}")
+        except Exception as exc:
+            log.exception("training job %s crashed", name)
+            with self._lock:
+                record["FailureReason"] = f"InternalServerError: {exc!r}"
+                self._finish(record, "TrainingJobStatus", "Failed", "Failed", "Training job failed")
+        finally:
+            with self._lock:
+                self._save("training", record)
+
+    def _finish(self, record: dict[str, Any], status_key: str, status: str, secondary: str | None,
+                message: str) -> None:
+        now = _now()
+        record[status_key] = status
+        if secondary is not None:
+            self._transition(record, secondary, message)
+            record["TrainingEndTime"] = now
+            if "TrainingStartTime" in record:
+                record["TrainingTimeInSeconds"] = int((now - record["TrainingStartTime"]).total_seconds())
+                record["BillableTimeInSeconds"] = record["TrainingTimeInSeconds"]
+        else:
+            record["ProcessingEndTime"] = now
+        record["LastModifiedTime"] = now
+
+    def describe_training_job(self, request: dict[str, Any]) -> dict[str, Any]:
+        name = request.get("TrainingJobName", "")
+        with self._lock:
+            record = self._training.get(name)
+            if record is None:
+                raise ApiError("ValidationException", f"Requested resource not found: training job {name!r}")
+            return copy.deepcopy(record)
+
+    def stop_training_job(self, request: dict[str, Any]) -> dict[str, Any]:
+        name = request.get("TrainingJobName", "")
+        with self._lock:
+            record = self._training.get(name)
+            if record is None:
+                raise ApiError("ValidationException", f"Requested resource not found: training job {name!r}")
+            if record["TrainingJobStatus"] == "InProgress":
+                record["TrainingJobStatus"] = "Stopping"
+                self._stops[name].set()
+        return {}
+
+    def list_training_jobs(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            items = sorted(self._training.values(), key=lambda r: r["CreationTime"], reverse=True)
+            return {"TrainingJobSummaries": [
+                {k: r.get(k) for k in ("TrainingJobName", "TrainingJobArn", "CreationTime", "TrainingEndTime",
+                                       "LastModifiedTime", "TrainingJobStatus") if r.get(k) is not None}
+                for r in items]}
+
+    # ----- processing jobs -------------------------------------------------------------------
+    def create_processing_job(self, request: dict[str, Any]) -> dict[str, Any]:
+        name = request.get("ProcessingJobName")
+        if not name or not isinstance(name, str):
+            raise ApiError("ValidationException", "ProcessingJobName is required")
+        with self._lock:
+            if name in self._processing:
+                raise ApiError("ResourceInUse", f"a processing job named {name!r} already exists")
+            now = _now()
+            record = {**request, "ProcessingJobName": name, "ProcessingJobArn": self._arn("processing-job", name),
+                      "ProcessingJobStatus": "InProgress", "CreationTime": now, "LastModifiedTime": now}
+            record.pop("Tags", None)
+            self._processing[name] = record
+            self._stops[name] = threading.Event()
+            self._save("processing", record)
+        self._start(name, lambda: self._run_processing(name))
+        return {"ProcessingJobArn": record["ProcessingJobArn"]}
+
+    def _run_processing(self, name: str) -> None:
+        record = self._processing[name]
+        job_dir = self.work_dir / "jobs" / name
+        stop = self._stops[name]
+        try:
+            shutil.rmtree(job_dir, ignore_errors=True)
+            inputs = {}
+            for item in record.get("ProcessingInputs") or []:
+                uri = item["S3Input"]["S3Uri"]
+                inputs[item["InputName"]] = self._download(uri, job_dir / "inputs" / item["InputName"])
+            with self._lock:
+                record["ProcessingStartTime"] = _now()
+                self._save("processing", record)
+            outcome = self.jobs.run_processing(record, inputs, job_dir, stop)
+            if stop.is_set():
+                raise _Stopped()
+            if outcome.failure_reason is not None:
+                raise _JobFailed(outcome.failure_reason)
+            produced = outcome.processing_outputs or {}
+            for output in (record.get("ProcessingOutputConfig") or {}).get("Outputs") or []:
+                local = produced.get(output["OutputName"])
+                if local is None:
+                    raise _JobFailed(f"the job produced no output {output['OutputName']!r}")
+                target = output["S3Output"]["S3Uri"].rstrip("/")
+                for path in sorted(p for p in local.rglob("*") if p.is_file()):
+                    self._upload(path, f"{target}/{path.relative_to(local).as_posix()}")
+            with self._lock:
+                self._finish(record, "ProcessingJobStatus", "Completed", None, "")
+        except _Stopped:
+            with self._lock:
+                self._finish(record, "ProcessingJobStatus", "Stopped", None, "")
+        except _JobFailed as exc:
+            with self._lock:
+                record["FailureReason"] = str(exc)
+                record["ExitMessage"] = str(exc)
+                self._finish(record, "ProcessingJobStatus", "Failed", None, "")
+        except Exception as exc:
+            log.exception("processing job %s crashed", name)
+            with self._lock:
+                record["FailureReason"] = f"InternalServerError: {exc!r}"
+                self._finish(record, "ProcessingJobStatus", "Failed", None, "")
+        finally:
+            with self._lock:
+                self._save("processing", record)
+
+    def describe_processing_job(self, request: dict[str, Any]) -> dict[str, Any]:
+        name = request.get("ProcessingJobName", "")
+        with self._lock:
+            record = self._processing.get(name)
+            if record is None:
+                raise ApiError("ValidationException", f"Could not find requested job with name {name}")
+            return copy.deepcopy(record)
+
+    def stop_processing_job(self, request: dict[str, Any]) -> dict[str, Any]:
+        name = request.get("ProcessingJobName", "")
+        with self._lock:
+            record = self._processing.get(name)
+            if record is None:
+                raise ApiError("ValidationException", f"Could not find requested job with name {name}")
+            if record["ProcessingJobStatus"] == "InProgress":
+                record["ProcessingJobStatus"] = "Stopping"
+                self._stops[name].set()
+        return {}
+
+    # ----- S3 transfer -----------------------------------------------------------------------
+    def _download(self, uri: str, target: Path) -> Path:
+        """An S3 prefix (or one object) -> a local directory, like SageMaker's File input mode."""
+        bucket, key = parse_s3_uri(uri)
+        target.mkdir(parents=True, exist_ok=True)
+        found = 0
+        paginator = self.s3.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=bucket, Prefix=key):
+            for item in page.get("Contents", []):
+                rel = item["Key"][len(key):].lstrip("/") if item["Key"] != key else Path(key).name
+                if not rel or rel.endswith("/"):
+                    continue
+                dest = (target / rel).resolve()
+                if not dest.is_relative_to(target.resolve()):
+                    raise _JobFailed(f"s3://{bucket}/{item['Key']} would be written outside the job's input dir")
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                self.s3.download_file(bucket, item["Key"], str(dest))
+                found += 1
+        if found == 0:
+            raise _JobFailed(f"ClientError: Data download failed: no objects under {uri}")
+        return target
+
+    def _upload(self, path: Path, uri: str) -> None:
+        bucket, key = parse_s3_uri(uri)
+        self.s3.upload_file(str(path), bucket, key)
+
+    # ----- endpoints -------------------------------------------------------------------------
+    def _model_data(self, config_name: str) -> str:
+        """Endpoint config -> model -> (model package) -> ModelDataUrl, from the moto records."""
+        try:
+            config = self.registry.describe_endpoint_config(EndpointConfigName=config_name)
+        except self.registry.exceptions.ClientError as exc:
+            raise ApiError("ValidationException", f"Could not find endpoint configuration {config_name}") from exc
+        variant = config["ProductionVariants"][0]
+        model = self.registry.describe_model(ModelName=variant["ModelName"])
+        container = model.get("PrimaryContainer") or (model.get("Containers") or [{}])[0]
+        if container.get("ModelDataUrl"):
+            return str(container["ModelDataUrl"])
+        package = container.get("ModelPackageName")
+        if not package:
+            raise ApiError("ValidationException", f"model {variant['ModelName']} has neither ModelDataUrl nor "
+                                                  "ModelPackageName")
+        described = self.registry.describe_model_package(ModelPackageName=package)
+        return str(described["InferenceSpecification"]["Containers"][0]["ModelDataUrl"])
+
+    def _serve(self, name: str, config_name: str) -> ServedModel:
+        model_uri = self._model_data(config_name)
+        serve_dir = self.work_dir / "endpoints" / name / config_name
+        shutil.rmtree(serve_dir, ignore_errors=True)
+        serve_dir.mkdir(parents=True)
+        bucket, key = parse_s3_uri(model_uri)
+        tar_path = serve_dir / "model.tar.gz"
+        self.s3.download_file(bucket, key, str(tar_path))
+        return self.serving.start(tar_path, serve_dir, name)
+
+    def create_endpoint(self, request: dict[str, Any]) -> dict[str, Any]:
+        name, config = request.get("EndpointName", ""), request.get("EndpointConfigName", "")
+        with self._lock:
+            if name in self._endpoints:
+                raise ApiError("ValidationException", f"Cannot create already existing endpoint "
+                                                      f"\"{self._arn('endpoint', name)}\".")
+            self._model_data(config)  # a missing config fails the call, not the endpoint
+            now = _now()
+            endpoint = {"EndpointName": name, "EndpointArn": self._arn("endpoint", name),
+                        "EndpointConfigName": config, "EndpointStatus": "Creating", "CreationTime": now,
+                        "LastModifiedTime": now}
+            self._endpoints[name] = endpoint
+
+        def bring_up() -> None:
+            try:
+                server = self._serve(name, config)
+            except Exception as exc:
+                log.warning("endpoint %s failed to start: %s", name, exc)
+                with self._lock:
+                    endpoint.update(EndpointStatus="Failed", FailureReason=str(exc)[:1024], LastModifiedTime=_now())
+                return
+            with self._lock:
+                if self._endpoints.get(name) is not endpoint:  # deleted meanwhile
+                    server.stop()
+                    return
+                self._servers[name] = server
+                endpoint.update(EndpointStatus="InService", LastModifiedTime=_now())
+
+        self._start(f"endpoint-{name}", bring_up)
+        return {"EndpointArn": endpoint["EndpointArn"]}
+
+    def update_endpoint(self, request: dict[str, Any]) -> dict[str, Any]:
+        name, config = request.get("EndpointName", ""), request.get("EndpointConfigName", "")
+        with self._lock:
+            endpoint = self._endpoints.get(name)
+            if endpoint is None:
+                raise ApiError("ValidationException", f"Could not find endpoint \"{self._arn('endpoint', name)}\".")
+            if endpoint["EndpointStatus"] != "InService":
+                raise ApiError("ValidationException", f"Cannot update in-progress endpoint "
+                                                      f"\"{endpoint['EndpointArn']}\".")
+            self._model_data(config)
+            endpoint.update(EndpointStatus="Updating", LastModifiedTime=_now())
+            endpoint.pop("FailureReason", None)
+
+        def blue_green() -> None:
+            try:
+                green = self._serve(name, config)
+            except Exception as exc:
+                log.warning("endpoint %s update failed, staying on the old config: %s", name, exc)
+                with self._lock:  # blue keeps serving: the update rolled back
+                    endpoint.update(EndpointStatus="InService", FailureReason=str(exc)[:1024],
+                                    LastModifiedTime=_now())
+                return
+            with self._lock:
+                blue = self._servers.get(name)
+                self._servers[name] = green  # the traffic switch
+                endpoint.update(EndpointStatus="InService", EndpointConfigName=config, LastModifiedTime=_now())
+            if blue is not None:
+                blue.stop()
+
+        self._start(f"endpoint-{name}-update", blue_green)
+        return {"EndpointArn": endpoint["EndpointArn"]}
+
+    def describe_endpoint(self, request: dict[str, Any]) -> dict[str, Any]:
+        name = request.get("EndpointName", "")
+        with self._lock:
+            endpoint = self._endpoints.get(name)
+            if endpoint is None:
+                raise ApiError("ValidationException", f"Could not find endpoint \"{self._arn('endpoint', name)}\".")
+            result = dict(endpoint)
+        if result["EndpointStatus"] in ("InService", "Updating"):
+            result["ProductionVariants"] = [{"VariantName": "AllTraffic", "CurrentInstanceCount": 1,
+                                             "DesiredInstanceCount": 1}]
+        return result
+
+    def delete_endpoint(self, request: dict[str, Any]) -> dict[str, Any]:
+        name = request.get("EndpointName", "")
+        with self._lock:
+            if self._endpoints.pop(name, None) is None:
+                raise ApiError("ValidationException", f"Could not find endpoint \"{self._arn('endpoint', name)}\".")
+            server = self._servers.pop(name, None)
+        if server is not None:
+            server.stop()
+        return {}
+
+    def list_endpoints(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            return {"Endpoints": [{k: e[k] for k in ("EndpointName", "EndpointArn", "CreationTime",
+                                                     "LastModifiedTime", "EndpointStatus")}
+                                  for e in self._endpoints.values()]}
+
+    # ----- SageMaker Runtime -------------------------------------------------------------------
+    def invoke(self, endpoint_name: str, body: bytes, content_type: str | None,
+               accept: str | None) -> tuple[int, bytes, str]:
+        import urllib.error
+        import urllib.request
+
+        with self._lock:
+            server = self._servers.get(endpoint_name)
+        if server is None:
+            raise ApiError("ValidationError", f"Endpoint {endpoint_name} of account {self.account_id} not found.")
+        headers = {"Content-Type": content_type or "application/octet-stream"}
+        if accept:
+            headers["Accept"] = accept
+        request = urllib.request.Request(f"{server.url}/invocations", data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, response.read(), response.headers.get("Content-Type") or "application/json"
+        except urllib.error.HTTPError as err:
+            return err.code, err.read(), err.headers.get("Content-Type") or "application/json"
+        except OSError as exc:
+            raise ApiError("ServiceUnavailable", f"endpoint {endpoint_name} did not answer: {exc}", 503) from exc
+
+    def endpoint_url(self, endpoint_name: str) -> str | None:
+        with self._lock:
+            server = self._servers.get(endpoint_name)
+        return server.url if server else None
+
+    # ----- shutdown ----------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop running jobs and every endpoint server (their processes must not outlive us)."""
+        for stop in self._stops.values():
+            stop.set()
+        for thread in self._threads:
+            thread.join(timeout=30)
+        with self._lock:
+            servers = list(self._servers.values())
+            self._servers.clear()
+            for endpoint in self._endpoints.values():
+                endpoint["EndpointStatus"] = "OutOfService"
+        for server in servers:
+            server.stop()
+
+
+class _JobFailed(Exception):
+    pass
+
+
+class _Stopped(Exception):
+    pass

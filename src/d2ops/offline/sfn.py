@@ -1,0 +1,254 @@
+"""A local Step Functions API over the ASL interpreter (the operations the pipeline's code calls).
+
+StartExecution keeps the service's idempotency rule, which the S3 trigger relies on: a used
+execution name returns the original execution while it is still RUNNING with identical
+input, and fails with ``ExecutionAlreadyExists`` otherwise. Executions run in background
+threads on the real clock; each history event is persisted (see `store`), and executions
+found RUNNING on disk at start-up belonged to a runtime that was killed: they are closed as
+ABORTED with a cause saying so, since their worker processes are gone.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from d2ops.asl import ExecutorRegistry, StateMachine
+from d2ops.asl.interpreter import Execution
+from d2ops.offline.errors import ApiError
+from d2ops.offline.store import ExecutionRecord, ExecutionStore
+
+INTERRUPTED_ERROR = "OfflineRuntimeStopped"
+MAX_PAGE = 1000
+EventListener = Callable[[str, dict[str, Any]], None]  # (execution name, history event)
+
+
+def _token(offset: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"offset": offset}).encode()).decode()
+
+
+def _offset(token: str | None) -> int:
+    if not token:
+        return 0
+    try:
+        value = json.loads(base64.urlsafe_b64decode(token.encode()))["offset"]
+        if not isinstance(value, int) or value < 0:
+            raise ValueError
+        return value
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ApiError("InvalidToken", f"invalid nextToken {token[:40]!r}") from exc
+
+
+def _page_size(value: Any, default: int) -> int:
+    if value in (None, 0):
+        return default
+    if not isinstance(value, int) or not 0 < value <= MAX_PAGE:
+        raise ApiError("ValidationException", f"maxResults must be between 1 and {MAX_PAGE}")
+    return value
+
+
+class LocalStepFunctions:
+    """State machines by ARN, and their executions (live ones and those reloaded from disk)."""
+
+    def __init__(self, store: ExecutionStore, executors: ExecutorRegistry) -> None:
+        self.store = store
+        self.executors = executors
+        self.machines: dict[str, StateMachine] = {}
+        self._records: dict[str, ExecutionRecord] = {}  # by execution ARN
+        self._live: dict[str, Execution] = {}
+        self._lock = threading.RLock()
+        self._listeners: list[EventListener] = []
+        self.recovery_messages: list[str] = []
+
+    def add_state_machine(self, machine: StateMachine) -> None:
+        self.machines[machine.arn] = machine
+
+    def add_listener(self, listener: EventListener) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: EventListener) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    # ----- persistence ---------------------------------------------------------------------
+    def reload(self) -> None:
+        """Load recorded executions; close those a killed runtime left RUNNING."""
+        records, problems = self.store.load_all()
+        self.recovery_messages.extend(problems)
+        for record in records:
+            if record.status == "RUNNING":
+                last = record.history[-1] if record.history else None
+                where = ""
+                for event in reversed(record.history):
+                    details = event.get("stateEnteredEventDetails")
+                    if details:
+                        where = f" in state {details['name']!r}"
+                        break
+                record.status = "ABORTED"
+                record.error = INTERRUPTED_ERROR
+                record.cause = (f"the offline runtime stopped while this execution was running{where}; its jobs "
+                                "and endpoints were stopped with it. Upload the dataset again (or `d2ops run`) "
+                                "to start a new run.")
+                record.stop_date = last["timestamp"] if last else record.start_date
+                record.history.append({"timestamp": record.stop_date, "type": "ExecutionAborted",
+                                       "id": len(record.history) + 1,
+                                       "previousEventId": len(record.history),
+                                       "executionAbortedEventDetails": {"error": record.error,
+                                                                         "cause": record.cause}})
+                self.store.save(record)
+                self.recovery_messages.append(f"run {record.name} was interrupted{where}; marked ABORTED")
+            self._records[record.execution_arn] = record
+
+    def _snapshot(self, execution: Execution) -> ExecutionRecord:
+        d = execution.describe()
+        return ExecutionRecord(execution_arn=d["executionArn"], state_machine_arn=d["stateMachineArn"],
+                               name=d["name"], status=d["status"], start_date=d["startDate"],
+                               stop_date=d.get("stopDate"), input=d["input"], output=d.get("output"),
+                               error=d.get("error"), cause=d.get("cause"), history=execution.history)
+
+    def _on_event(self, arn: str, event: dict[str, Any]) -> None:
+        with self._lock:
+            execution = self._live.get(arn)
+            if execution is None:  # the first event arrives before start() returns
+                return
+            record = self._snapshot(execution)  # the status is final before the final event
+            self._records[arn] = record
+            self.store.save(record)
+        for listener in list(self._listeners):
+            listener(record.name, event)
+
+    # ----- the API -------------------------------------------------------------------------
+    def _machine(self, arn: str | None) -> StateMachine:
+        if not arn:
+            raise ApiError("ValidationException", "stateMachineArn is required")
+        try:
+            return self.machines[arn]
+        except KeyError:
+            raise ApiError("StateMachineDoesNotExist", f"State Machine Does Not Exist: '{arn}'") from None
+
+    def _record(self, arn: str | None) -> ExecutionRecord:
+        if not arn:
+            raise ApiError("ValidationException", "executionArn is required")
+        with self._lock:
+            live = self._live.get(arn)
+            if live is not None:
+                return self._snapshot(live)
+            try:
+                return self._records[arn]
+            except KeyError:
+                raise ApiError("ExecutionDoesNotExist", f"Execution Does Not Exist: '{arn}'") from None
+
+    def live_execution(self, arn: str) -> Execution | None:
+        return self._live.get(arn)
+
+    def start_execution(self, request: dict[str, Any]) -> dict[str, Any]:
+        machine = self._machine(request.get("stateMachineArn"))
+        name = request.get("name") or str(uuid.uuid4())
+        text = request.get("input") or "{}"
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ApiError("InvalidExecutionInput", f"the input is not valid JSON: {exc}") from exc
+        with self._lock:
+            arn = f"arn:aws:states:{machine.region}:{machine.account_id}:execution:{machine.name}:{name}"
+            if arn in self._records:
+                current = self._record(arn)
+                if current.status == "RUNNING" and json.loads(current.input) == data:
+                    return {"executionArn": arn, "startDate": current.start_date}
+                raise ApiError("ExecutionAlreadyExists", f"Execution Already Exists: '{arn}'")
+            try:
+                # The execution thread's first event waits for this lock, so it sees _live filled in.
+                execution = machine.start(data, executors=self.executors, execution_name=name,
+                                          on_event=lambda event: self._on_event(arn, event))
+            except ValueError as exc:
+                raise ApiError("InvalidName" if "name" in str(exc) else "InvalidExecutionInput", str(exc)) from exc
+            self._live[execution.arn] = execution
+            record = self._snapshot(execution)
+            self._records[execution.arn] = record
+            self.store.save(record)
+            threading.Thread(target=self._retire, args=(execution,), daemon=True,
+                             name=f"sfn-retire-{execution.name}").start()
+            return {"executionArn": execution.arn, "startDate": execution.start_date}
+
+    def _retire(self, execution: Execution) -> None:
+        execution.wait()
+        with self._lock:
+            record = self._snapshot(execution)
+            self._records[execution.arn] = record
+            self.store.save(record)
+            self._live.pop(execution.arn, None)
+
+    def describe_execution(self, request: dict[str, Any]) -> dict[str, Any]:
+        return self._record(request.get("executionArn")).describe()
+
+    def list_executions(self, request: dict[str, Any]) -> dict[str, Any]:
+        machine = self._machine(request.get("stateMachineArn"))
+        status = request.get("statusFilter")
+        if status and status not in ("RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "PENDING_REDRIVE"):
+            raise ApiError("ValidationException", f"invalid statusFilter {status!r}")
+        with self._lock:
+            arns = [arn for arn, r in self._records.items() if r.state_machine_arn == machine.arn]
+            items = [self._record(arn) for arn in arns]
+        items = [r for r in items if not status or r.status == status]
+        items.sort(key=lambda r: (r.start_date, r.name), reverse=True)
+        start = _offset(request.get("nextToken"))
+        size = _page_size(request.get("maxResults"), 100)
+        page = items[start:start + size]
+        response: dict[str, Any] = {"executions": [r.list_item() for r in page]}
+        if start + size < len(items):
+            response["nextToken"] = _token(start + size)
+        return response
+
+    def get_execution_history(self, request: dict[str, Any]) -> dict[str, Any]:
+        record = self._record(request.get("executionArn"))
+        events = list(reversed(record.history)) if request.get("reverseOrder") else list(record.history)
+        if request.get("includeExecutionData") is False:
+            events = [{k: ({kk: vv for kk, vv in v.items() if kk not in ("input", "output")}
+                           if k.endswith("EventDetails") and isinstance(v, dict) else v)
+                       for k, v in e.items()} for e in events]
+        start = _offset(request.get("nextToken"))
+        size = _page_size(request.get("maxResults"), 100)
+        response: dict[str, Any] = {"events": events[start:start + size]}
+        if start + size < len(events):
+            response["nextToken"] = _token(start + size)
+        return response
+
+    def stop_execution(self, request: dict[str, Any]) -> dict[str, Any]:
+        arn = request.get("executionArn")
+        record = self._record(arn)
+        live = self._live.get(str(arn))
+        if live is None or record.status != "RUNNING":
+            raise ApiError("ExecutionNotRunning" if record else "ExecutionDoesNotExist",
+                           f"execution {record.name} is {record.status}, not RUNNING")
+        live.abort(request.get("error", ""), request.get("cause", ""))
+        live.wait(30)
+        return {"stopDate": live.stop_date or datetime.now(UTC)}
+
+    def describe_state_machine(self, request: dict[str, Any]) -> dict[str, Any]:
+        machine = self._machine(request.get("stateMachineArn"))
+        return {"stateMachineArn": machine.arn, "name": machine.name, "status": "ACTIVE",
+                "definition": json.dumps(machine.definition), "roleArn": machine.role_arn, "type": "STANDARD",
+                "creationDate": datetime(2024, 1, 1, tzinfo=UTC)}
+
+    OPERATIONS = ("StartExecution", "DescribeExecution", "ListExecutions", "GetExecutionHistory", "StopExecution",
+                  "DescribeStateMachine")
+
+    def call(self, operation: str, request: dict[str, Any]) -> dict[str, Any]:
+        if operation not in self.OPERATIONS:
+            raise ApiError("UnknownOperationException", f"the offline Step Functions API does not serve {operation}")
+        method = "".join("_" + c.lower() if c.isupper() else c for c in operation).lstrip("_")
+        result: dict[str, Any] = getattr(self, method)(request)
+        return result
+
+    def abort_all(self, cause: str) -> None:
+        with self._lock:
+            live = list(self._live.values())
+        for execution in live:
+            execution.abort(INTERRUPTED_ERROR, cause)
+        for execution in live:
+            execution.wait(10)
