@@ -188,16 +188,23 @@ def test_s3_validation_catches_missing_images_wrong_sizes_and_a_prefix_mismatch(
     assert report.images.mode == "all"  # the sample covered every image that was uploaded
 
 
-def test_s3_image_header_beyond_the_first_bytes_is_read_in_full(s3: Any, dataset: Path) -> None:
+def test_s3_sampled_images_are_decoded_in_full(s3: Any, dataset: Path) -> None:
     prefix = "datasets/shapes/v1/"
     upload(s3, dataset, "data-exif", prefix)
     buf = io.BytesIO()
-    # A 100 kB ICC profile before the frame header: the first 64 kB do not hold the image size.
+    # A 100 kB ICC profile before the frame header: the image size is not in the first 64 kB.
     Image.new("RGB", (64, 64)).save(buf, format="JPEG", icc_profile=b"\0" * 100_000)
     s3.put_object(Bucket="data-exif", Key=prefix + "images/train/000000.jpg", Body=buf.getvalue())
-    report = validate_s3(boto3.client("s3"), "data-exif", prefix, image_sample=1000)
-    assert report.valid, report.describe()
-    assert report.images.decoded >= 1
+    truncated = (dataset / "images/train/000001.jpg").read_bytes()[:400]  # header intact, image data cut
+    s3.put_object(Bucket="data-exif", Key=prefix + "images/train/000001.jpg", Body=truncated)
+    client = boto3.client("s3")
+    calls = count_calls(client)
+    report = validate_s3(client, "data-exif", prefix, image_sample=1000)
+    [error] = report.errors
+    assert (error.code, error.path) == (Code.IMAGE_UNREADABLE, "images[1]"), report.describe()
+    assert "cannot decode" in error.message
+    assert report.images.decoded == report.images.probed == report.images.referenced - 1
+    assert calls["GetObject"] == 1 + 2 + report.images.referenced  # one GET per image, no second read
 
 
 def test_s3_unreadable_bucket_raises(s3: Any) -> None:

@@ -90,7 +90,8 @@ class ImageCheck(BaseModel):
     referenced: int = Field(default=0, description="image entries with a safe, unique file_name")
     missing: int = 0
     probed: int = Field(default=0, description="image files whose size was read (all locally, a sample in S3)")
-    decoded: int = Field(default=0, description="image files fully decoded (locally every probed image)")
+    decoded: int = Field(default=0, description="image files fully decoded (every probed image but S3 ones over "
+                                                 "16 MB, whose header alone is read)")
 
 
 class DatasetRef(BaseModel):

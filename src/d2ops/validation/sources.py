@@ -1,9 +1,10 @@
 """Where a dataset version is read from: a local directory or an S3 prefix.
 
 Both list every file once up front (S3: one paginated ListObjectsV2 walk, never one request per
-image), hand large JSON files to the checks as a memory map, and probe image files. Locally
-every image is decoded (JPEGs in draft mode, so the whole entropy-coded stream is read at an
-eighth of the cost); in S3 a ranged GET of the first bytes is enough for the size.
+image), hand large JSON files to the checks as a memory map, and probe image files. A probed
+image is decoded (JPEGs in draft mode, so the whole entropy-coded stream is read at an eighth of
+the cost): locally every image, in S3 the sampled ones, each with one GET (images larger than
+FULL_DECODE_BYTES get only their header read, from the same ranged GET).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from PIL import Image, UnidentifiedImageError
 
 from d2ops.validation.errors import DatasetUnreadable, SourceFileError
 
-HEADER_BYTES = 64 * 1024  # enough for the size of JPEG/PNG/WebP images, EXIF included, in practice
-MAX_FULL_IMAGE_BYTES = 64 * 1024 * 1024
+# S3 images up to this size are downloaded whole and decoded; of larger ones this much is read, which
+# holds the header. Bounds a Lambda's memory: 8 probing threads hold at most 8 of these at once.
+FULL_DECODE_BYTES = 16 * 1024 * 1024
 _SWAPPING_ORIENTATIONS = {5, 6, 7, 8}  # EXIF orientations that rotate by 90 degrees
 # Errors Pillow raises on corrupt data (truncated streams, bad headers, decompression bombs).
 _IMAGE_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError)
@@ -56,14 +58,23 @@ class Source(Protocol):
     def probe_image(self, rel: str) -> ImageProbe: ...
 
 
-def _probe(im: Image.Image) -> tuple[tuple[int, int], tuple[int, int]]:
-    stored = im.size
-    try:
-        orientation = im.getexif().get(0x0112)
-    except _IMAGE_ERRORS:
-        orientation = None
-    seen = (stored[1], stored[0]) if orientation in _SWAPPING_ORIENTATIONS else stored
-    return seen, stored
+def _probe(fp: Any, *, decode: bool) -> ImageProbe:
+    """Read an image's size (as seen after its EXIF orientation) and, with ``decode``, decode it all.
+
+    Raises one of _IMAGE_ERRORS when the file is not an image or is corrupt.
+    """
+    with Image.open(fp) as im:
+        stored = im.size
+        try:
+            orientation = im.getexif().get(0x0112)
+        except _IMAGE_ERRORS:
+            orientation = None
+        seen = (stored[1], stored[0]) if orientation in _SWAPPING_ORIENTATIONS else stored
+        if decode:
+            # Draft mode decodes JPEGs at 1/8 scale: every byte is still parsed, so truncation shows.
+            im.draft(im.mode, (max(1, stored[0] // 8), max(1, stored[1] // 8)))
+            im.load()
+    return ImageProbe(size=seen, stored_size=stored, decoded=decode)
 
 
 @contextmanager
@@ -134,12 +145,7 @@ class LocalSource:
 
     def probe_image(self, rel: str) -> ImageProbe:
         try:
-            with Image.open(self.root / rel) as im:
-                seen, stored = _probe(im)
-                # Draft mode decodes JPEGs at 1/8 scale: every byte is still parsed, so truncation shows.
-                im.draft(im.mode, (max(1, stored[0] // 8), max(1, stored[1] // 8)))
-                im.load()
-            return ImageProbe(size=seen, stored_size=stored, decoded=True)
+            return _probe(self.root / rel, decode=True)
         except _IMAGE_ERRORS as exc:
             return ImageProbe(error=f"cannot decode: {exc}")
 
@@ -209,28 +215,16 @@ class S3Source:
                 yield buffer
 
     def probe_image(self, rel: str) -> ImageProbe:
-        key = self.prefix + rel
         try:
-            head = self.s3.get_object(Bucket=self.bucket, Key=key, Range=f"bytes=0-{HEADER_BYTES - 1}")
-            data = head["Body"].read()
-            total = _total_size(head, len(data))
-            try:
-                with Image.open(io.BytesIO(data)) as im:
-                    seen, stored = _probe(im)
-                return ImageProbe(size=seen, stored_size=stored)
-            except _IMAGE_ERRORS:
-                if total <= len(data) or total > MAX_FULL_IMAGE_BYTES:
-                    raise
-            # The header did not fit in the first bytes (large EXIF/ICC blocks): read it all and decode.
-            data = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
-            with Image.open(io.BytesIO(data)) as im:
-                seen, stored = _probe(im)
-                im.load()
-            return ImageProbe(size=seen, stored_size=stored, decoded=True)
-        except _IMAGE_ERRORS as exc:
-            return ImageProbe(error=f"cannot decode: {exc}")
+            response = self.s3.get_object(Bucket=self.bucket, Key=self.prefix + rel,
+                                          Range=f"bytes=0-{FULL_DECODE_BYTES - 1}")
+            data = response["Body"].read()
         except Exception as exc:
             return ImageProbe(error=f"cannot read: {_client_error_code(exc) or exc}")
+        try:
+            return _probe(io.BytesIO(data), decode=_total_size(response, len(data)) <= len(data))
+        except _IMAGE_ERRORS as exc:
+            return ImageProbe(error=f"cannot decode: {exc}")
 
 
 def _total_size(response: dict[str, Any], fallback: int) -> int:
