@@ -21,14 +21,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser("asl", help="run or validate an Amazon States Language definition locally (mock configs)")
     actions = p.add_subparsers(dest="asl_command", metavar="ACTION", required=True)
     run_p = actions.add_parser("run", help="run DEFINITION once and print its output as JSON")
-    run_p.add_argument("definition", metavar="DEFINITION", help="the .asl.json file")
+    _definition_arguments(run_p)
     run_p.add_argument("--input", metavar="FILE", help="execution input JSON file ('-' for stdin; default {})")
     run_p.add_argument("--mock-config", metavar="FILE", help="a Step Functions Local mock configuration file")
     run_p.add_argument("--test-case", metavar="NAME", help="the mock config test case to run")
-    run_p.add_argument("--substitutions", metavar="FILE",
-                       help="JSON object of ${Key} placeholder values (DefinitionSubstitutions)")
-    run_p.add_argument("--state-machine-name", metavar="NAME",
-                       help="name of the state machine (default: the file name without .asl.json)")
     run_p.add_argument("--execution-name", metavar="NAME", help="execution name (default: a UUID)")
     run_p.add_argument("--real-time", action="store_true",
                        help="really wait in Wait states and retry back-offs (default: virtual time)")
@@ -36,13 +32,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run_p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     run_p.set_defaults(func=run)
     check_p = actions.add_parser("validate", help="check DEFINITION (after substitution) and a mock config")
-    check_p.add_argument("definition", metavar="DEFINITION", help="the .asl.json file")
-    check_p.add_argument("--substitutions", metavar="FILE", help="JSON object of ${Key} placeholder values")
+    _definition_arguments(check_p)
     check_p.add_argument("--mock-config", metavar="FILE",
                          help="also check this mock config: its test cases must mock Task states of DEFINITION")
-    check_p.add_argument("--state-machine-name", metavar="NAME",
-                         help="name of the state machine (default: the file name without .asl.json)")
     check_p.set_defaults(func=validate)
+
+
+def _definition_arguments(parser: argparse.ArgumentParser) -> None:
+    """What names the definition, for run and validate alike."""
+    parser.add_argument("definition", metavar="DEFINITION", help="the .asl.json file")
+    parser.add_argument("--substitutions", metavar="FILE",
+                        help="JSON object of ${Key} placeholder values (DefinitionSubstitutions)")
+    parser.add_argument("--state-machine-name", metavar="NAME",
+                        help="name of the state machine (default: the file name without .asl.json)")
 
 
 def _read_json(path: str, what: str) -> Any:
