@@ -317,6 +317,22 @@ def test_each_rule_reports_its_code_and_location(ds: Path, breaker: Callable[[Pa
         assert not report.valid
 
 
+def test_every_code_is_exercised() -> None:
+    """A new code needs a broken dataset that triggers it: in CASES or in a test of its own below."""
+    own_tests = {Code.CLASS_IMBALANCE, Code.SEGMENTATION_MISSING, Code.MANIFEST_PREFIX_MISMATCH}
+    assert {case[2] for case in CASES} | own_tests == set(Code)
+
+
+def test_a_manifest_naming_another_dataset_than_its_prefix(ds: Path) -> None:
+    from d2ops.validation.dataset import validate_source
+    from d2ops.validation.sources import LocalSource
+
+    report = validate_source(LocalSource(ds), check_images=False, expected=("shapes", "v2"))
+    [issue] = issues(report, Code.MANIFEST_PREFIX_MISMATCH)
+    assert issue.file == "manifest.json" and "shapes/v1" in issue.message and "datasets/shapes/v2/" in issue.message
+    assert not report.valid
+
+
 def test_class_imbalance_is_a_warning(ds: Path) -> None:
     edit(ds, "annotations/train.json", _keep_of_category(3, 1))
     report = validate_local(ds, limits=Thresholds(imbalance_ratio=5, few_instances=1))
