@@ -1,0 +1,114 @@
+"""The serving image's entry point, ``python -m model_code.serving.entrypoint serve``.
+
+SageMaker starts the container as ``docker run IMAGE serve`` with the model unpacked under
+``/opt/ml/model``; ``d2ops serve`` and the offline endpoints run this same module with
+environment variables pointing at a local model, loopback and their own ports. It prepares the
+artifact (:mod:`model_code.serving.launch`), runs TorchServe, reports when ``/ping`` turns
+healthy and, on SIGTERM or SIGINT, stops TorchServe's whole process group before exiting.
+
+Environment (all optional):
+  D2OPS_MODEL_PATH          model directory or model.tar.gz (default /opt/ml/model)
+  SAGEMAKER_BIND_TO_PORT    inference port (default 8080; SageMaker sets it in multi-container endpoints)
+  D2OPS_BIND_HOST           inference host (default 0.0.0.0)
+  D2OPS_MANAGEMENT_PORT, D2OPS_METRICS_PORT   loopback ports (default: config.properties)
+  D2OPS_SERVING_WORKDIR     model store, logs, temp files (default /tmp/d2ops-serving)
+  D2OPS_STARTUP_TIMEOUT     seconds to wait for /ping before giving up (default 600)
+  D2OPS_BATCH_SIZE, D2OPS_MAX_BATCH_DELAY_MS, D2OPS_WORKERS   batching (model_code.serving.launch.BatchSettings)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+from urllib.parse import urlsplit
+
+from pydantic import ValidationError
+
+from model_code.serving import launch
+
+PID_FILE = "torchserve.pid"  # the TorchServe process group, for a supervisor that must clean up after us
+
+
+def _port(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if not raw:
+        return default
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise launch.ServingError(f"{name}={raw!r} is not a TCP port")
+    return int(raw)
+
+
+def serve(env: Mapping[str, str]) -> int:
+    model = Path(env.get("D2OPS_MODEL_PATH") or "/opt/ml/model")
+    workdir = Path(env.get("D2OPS_SERVING_WORKDIR") or "/tmp/d2ops-serving")
+    base = launch.read_properties(launch.config_path(env))
+    host = env.get("D2OPS_BIND_HOST") or "0.0.0.0"
+    port = _port(env, "SAGEMAKER_BIND_TO_PORT", urlsplit(base["inference_address"]).port or 8080)
+    management = _port(env, "D2OPS_MANAGEMENT_PORT", urlsplit(base["management_address"]).port or 8081)
+    metrics = _port(env, "D2OPS_METRICS_PORT", urlsplit(base["metrics_address"]).port or 8082)
+    timeout = float(env.get("D2OPS_STARTUP_TIMEOUT") or 600)
+    try:
+        settings = launch.BatchSettings.from_env(env)
+    except ValidationError as exc:
+        raise launch.ServingError(f"batching settings: {exc}") from exc
+
+    print(f"d2ops serving: preparing {model} in {workdir}", flush=True)
+    config = launch.prepare(model, workdir, inference_address=f"http://{host}:{port}",
+                            management_address=f"http://127.0.0.1:{management}",
+                            metrics_address=f"http://127.0.0.1:{metrics}", settings=settings)
+    ping_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    server = launch.TorchServeProcess(config, workdir, f"http://{ping_host}:{port}/ping")
+
+    stopping = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server.start()
+    (workdir / PID_FILE).write_text(str(server.pid))
+    try:
+        waited = 0.0
+        healthy = False
+        while not stopping.is_set():
+            code = server.proc.poll() if server.proc else 1
+            if code is not None:
+                print(f"d2ops serving: TorchServe exited with code {code}; logs in {workdir / 'logs'}", flush=True)
+                return 1
+            if not healthy and server.ping() == 200:
+                healthy = True
+                print(f"d2ops serving: model ready after {waited:.1f} s; listening on http://{host}:{port} "
+                      f"(/ping, /invocations, /predictions/{launch.MODEL_NAME})", flush=True)
+            if not healthy and waited > timeout:
+                print(f"d2ops serving: /ping not healthy after {timeout:.0f} s; stopping", flush=True)
+                return 1
+            stopping.wait(0.5)
+            waited += 0.5
+        print("d2ops serving: stopping TorchServe", flush=True)
+        return 0
+    finally:
+        server.stop()
+        (workdir / PID_FILE).unlink(missing_ok=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args not in ([], ["serve"]):
+        print(f"usage: {sys.argv[0]} serve  (got {' '.join(args)!r}; SageMaker runs the image with 'serve')",
+              file=sys.stderr)
+        return 2
+    try:
+        return serve(os.environ)
+    except launch.ServingError as exc:
+        print(f"d2ops serving: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,331 @@
+"""Package a model artifact for TorchServe and run TorchServe as one supervised process group.
+
+One home for how TorchServe is started, shared by the serving image's entry point
+(``model_code.serving.entrypoint``) and the local endpoints of ``d2ops.local_serving``:
+
+1. :func:`prepare_model_dir` takes a model directory or ``model.tar.gz`` (docs/model-artifact.md)
+   and checks it is one before anything starts, so a bad artifact fails fast with a message
+   instead of a server whose ``/ping`` never turns healthy;
+2. :func:`build_model_archive` runs torch-model-archiver at start-up (an unzipped archive in
+   the model store: nothing is zipped only to be unzipped again);
+3. :func:`render_config` writes the effective ``config.properties``: the base file
+   (``containers/serving/config.properties``) plus the addresses, the model store and the one
+   model with its batching settings;
+4. :class:`TorchServeProcess` starts ``torchserve --foreground`` in its own session, waits for
+   ``/ping`` and stops the whole process group (Java frontend and Python workers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from model_code.artifact import MODEL_FILE, ArtifactError, read_metadata
+
+MODEL_NAME = "model"
+MODEL_VERSION = "1.0"
+HANDLER_FILE = Path(__file__).with_name("torchserve_handler.py")
+# In the repository the base configuration sits next to the Dockerfile; the image copies it to
+# /etc/d2ops/config.properties and points D2OPS_TS_CONFIG at it.
+CONFIG_ENV = "D2OPS_TS_CONFIG"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_CONFIG = REPO_ROOT / "containers" / "serving" / "config.properties"
+# TorchServe 0.12's own /ping answers 200 while the model is still loading; the ReadinessPing
+# plugin replaces it. The image compiles it at build time and points D2OPS_TS_PLUGINS at the jar's
+# directory; elsewhere it is compiled on first use into build/serving-plugin/.
+PLUGINS_ENV = "D2OPS_TS_PLUGINS"
+PLUGIN_SOURCE = REPO_ROOT / "containers" / "serving" / "plugin" / "ReadinessPing.java"
+PLUGIN_JAR = "d2ops-readiness-ping.jar"
+PLUGIN_SERVICE = "META-INF/services/org.pytorch.serve.servingsdk.ModelServerEndpoint"
+
+
+class ServingError(Exception):
+    """TorchServe could not be prepared, did not start, or did not become healthy in time."""
+
+
+class BatchSettings(BaseModel):
+    """Per-model settings TorchServe reads from the ``models`` property."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    batch_size: int = Field(default=8, ge=1, le=64)
+    max_batch_delay_ms: int = Field(default=20, ge=0, le=10_000)
+    workers: int = Field(default=1, ge=1, le=32)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> BatchSettings:
+        """``D2OPS_BATCH_SIZE``, ``D2OPS_MAX_BATCH_DELAY_MS``, ``D2OPS_WORKERS`` (e.g. set in the SageMaker model)."""
+        names = {"batch_size": "D2OPS_BATCH_SIZE", "max_batch_delay_ms": "D2OPS_MAX_BATCH_DELAY_MS",
+                 "workers": "D2OPS_WORKERS"}
+        return cls.model_validate({field: env[var] for field, var in names.items() if env.get(var)})
+
+
+def config_path(env: Mapping[str, str] = os.environ) -> Path:
+    return Path(env.get(CONFIG_ENV) or REPO_CONFIG)
+
+
+def torchserve_jar() -> Path:
+    import ts
+
+    return Path(ts.__file__).parent / "frontend" / "model-server.jar"
+
+
+def build_ping_plugin(dest_dir: Path, source: Path = PLUGIN_SOURCE) -> Path:
+    """Compile ReadinessPing.java into ``dest_dir``/d2ops-readiness-ping.jar (needs a JDK's javac)."""
+    jar = dest_dir / PLUGIN_JAR
+    if jar.is_file():
+        return jar
+    javac = shutil.which("javac")
+    if javac is None:
+        raise ServingError("javac not found: a JDK is needed once to compile the /ping plugin "
+                           f"({source}); or set {PLUGINS_ENV} to a directory holding {PLUGIN_JAR}")
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest_dir) as tmp:
+        classes = Path(tmp) / "classes"
+        proc = subprocess.run([javac, "--release", "17", "-cp", str(torchserve_jar()), "-d", str(classes), str(source)],
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise ServingError(f"compiling {source} failed:\n{proc.stderr}")
+        staged = Path(tmp) / PLUGIN_JAR
+        with zipfile.ZipFile(staged, "w") as zf:
+            for path in sorted(classes.rglob("*.class")):
+                zf.write(path, path.relative_to(classes).as_posix())
+            zf.writestr(PLUGIN_SERVICE, "io.d2ops.serving.ReadinessPing\n")
+        os.replace(staged, jar)
+    return jar
+
+
+def plugins_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """Where the /ping plugin jar is: prebuilt (the image) or compiled once per source version."""
+    if env.get(PLUGINS_ENV):
+        directory = Path(env[PLUGINS_ENV])
+        if not (directory / PLUGIN_JAR).is_file():
+            raise ServingError(f"{PLUGINS_ENV}={directory} holds no {PLUGIN_JAR}")
+        return directory
+    digest = hashlib.sha256(PLUGIN_SOURCE.read_bytes() + torchserve_jar().name.encode()).hexdigest()[:12]
+    directory = REPO_ROOT / "build" / "serving-plugin" / digest
+    build_ping_plugin(directory)
+    return directory
+
+
+def prepare_model_dir(model_path: Path | str, workdir: Path | str) -> Path:
+    """A model directory as-is, or ``model.tar.gz`` safely extracted under ``workdir``; checked either way."""
+    source = Path(model_path)
+    if source.is_dir():
+        directory = source
+    elif source.is_file():
+        directory = Path(workdir) / "artifact"
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            with tarfile.open(source) as tar:
+                tar.extractall(directory, filter="data")  # refuses absolute paths, '..' and links out
+        except (tarfile.TarError, EOFError, OSError) as exc:
+            raise ServingError(f"{source}: not a readable model.tar.gz: {exc}") from exc
+    else:
+        raise ServingError(f"{source}: no such model directory or model.tar.gz")
+    try:
+        read_metadata(directory)
+    except ArtifactError as exc:
+        raise ServingError(str(exc)) from exc
+    if not (directory / MODEL_FILE).is_file():
+        raise ServingError(f"{directory / MODEL_FILE}: missing; the artifact has no TorchScript detector")
+    return directory
+
+
+def build_model_archive(model_dir: Path, model_store: Path) -> Path:
+    """torch-model-archiver: model.pt + metadata.json + the handler, unzipped into the model store."""
+    from model_archiver.model_archiver_config import ModelArchiverConfig
+    from model_archiver.model_packaging import generate_model_archive
+
+    model_store.mkdir(parents=True, exist_ok=True)
+    extra = [str(model_dir / name) for name in ("metadata.json", "evaluation.json") if (model_dir / name).is_file()]
+    generate_model_archive(ModelArchiverConfig(
+        model_name=MODEL_NAME, version=MODEL_VERSION, handler=str(HANDLER_FILE),
+        serialized_file=str(model_dir / MODEL_FILE), extra_files=",".join(extra),
+        export_path=str(model_store), archive_format="no-archive", force=True))
+    return model_store / MODEL_NAME
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    props: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", "!")) and "=" in line:
+            key, value = line.split("=", 1)
+            props[key.strip()] = value.strip()
+    return props
+
+
+def render_config(base: Mapping[str, str], *, model_store: Path, plugins: Path, inference_address: str,
+                  management_address: str, metrics_address: str, settings: BatchSettings) -> dict[str, str]:
+    """The base configuration plus this server's addresses and its one model, loaded at start.
+
+    Exactly one model is loaded so ``/invocations`` (which goes to the single startup model)
+    is unambiguous.
+    """
+    model = {MODEL_VERSION: {"defaultVersion": True, "marName": MODEL_NAME, "minWorkers": settings.workers,
+                             "maxWorkers": settings.workers, "batchSize": settings.batch_size,
+                             "maxBatchDelay": settings.max_batch_delay_ms}}
+    return {**base, "inference_address": inference_address, "management_address": management_address,
+            "metrics_address": metrics_address, "model_store": str(model_store), "plugins_path": str(plugins),
+            "load_models": MODEL_NAME,
+            "models": json.dumps({MODEL_NAME: model}, separators=(",", ":"))}
+
+
+def write_properties(path: Path, props: Mapping[str, str]) -> Path:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+    os.replace(tmp, path)
+    return path
+
+
+def serving_env(workdir: Path, base: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """Environment for TorchServe: its logs, temp files and pid file under ``workdir``."""
+    tmp = workdir / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    env = dict(base)
+    env.update({
+        "LOG_LOCATION": str(workdir / "logs"), "METRICS_LOCATION": str(workdir / "logs"),
+        # TorchServe keeps a pid file in the temp dir and refuses to start a second server that
+        # shares it: a temp dir per server lets blue and green run side by side.
+        "TEMP": str(tmp), "TMPDIR": str(tmp),
+        # Hand request bodies to the handler as bytes, so JSON errors are ours to report.
+        "TS_DECODE_INPUT_REQUEST": "false",
+        "PYTHONUNBUFFERED": "1",
+    })
+    # The workers import model_code from the same tree as this module.
+    root = str(Path(__file__).resolve().parents[2])
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([root, *[p for p in paths if p != root]])
+    return env
+
+
+def torchserve_command(config_file: Path, model_store: Path) -> list[str]:
+    return [sys.executable, "-m", "ts.model_server", "--foreground", "--ts-config", str(config_file),
+            "--model-store", str(model_store), "--ncs", "--disable-token-auth"]
+
+
+def prepare(model_path: Path | str, workdir: Path | str, *, inference_address: str, management_address: str,
+            metrics_address: str, settings: BatchSettings, base_config: Path | None = None) -> Path:
+    """Steps 1-3: check the artifact, build the archive, write ``config.properties``; returns its path."""
+    work = Path(workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = prepare_model_dir(model_path, work)
+    store = work / "model-store"
+    build_model_archive(model_dir, store)
+    base = read_properties(base_config or config_path())
+    props = render_config(base, model_store=store, plugins=plugins_dir(), inference_address=inference_address,
+                          management_address=management_address, metrics_address=metrics_address, settings=settings)
+    return write_properties(work / "config.properties", props)
+
+
+class TorchServeProcess:
+    """``torchserve --foreground`` in its own session, so stopping it can signal every process it made."""
+
+    def __init__(self, config_file: Path, workdir: Path, ping_url: str, *, stdout: IO[bytes] | int | None = None):
+        self.config_file = config_file
+        self.workdir = workdir
+        self.ping_url = ping_url
+        self.stdout = stdout
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        props = read_properties(self.config_file)
+        cmd = torchserve_command(self.config_file, Path(props["model_store"]))
+        self.proc = subprocess.Popen(cmd, cwd=self.workdir, env=serving_env(self.workdir), stdout=self.stdout,
+                                     stderr=subprocess.STDOUT if self.stdout is not None else None,
+                                     start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise ServingError("TorchServe was not started")
+        return self.proc.pid
+
+    def ping(self, timeout: float = 2.0) -> int | None:
+        """The /ping status code, or None while nothing listens."""
+        try:
+            with urllib.request.urlopen(self.ping_url, timeout=timeout) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except (urllib.error.URLError, OSError):
+            return None
+
+    def wait_healthy(self, timeout: float) -> float:
+        """Block until /ping answers 200; returns the seconds waited. Fails early if TorchServe exits."""
+        started = time.monotonic()
+        while True:
+            if self.proc is None or self.proc.poll() is not None:
+                code = None if self.proc is None else self.proc.returncode
+                raise ServingError(f"TorchServe exited (code {code}) before /ping was healthy; "
+                                   f"see {self.workdir / 'logs'}")
+            if self.ping() == 200:
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                raise ServingError(f"{self.ping_url} not healthy after {timeout:.0f} s; see {self.workdir / 'logs'}")
+            time.sleep(0.25)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop Java and its workers, then the ``torchserve`` wrapper; SIGKILL what is left after ``timeout``.
+
+        The wrapper (the session leader) waits for Java and so reaps it; it is signalled last so no
+        process is orphaned, and anything still in the group at the deadline is killed.
+        """
+        if self.proc is None:
+            return
+        pgid = self.proc.pid  # the session leader's pid is the group id
+        for pid in _group_members(pgid):
+            if pid != pgid:
+                _signal(pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=timeout)
+        deadline = time.monotonic() + 5
+        while _group_members(pgid) and time.monotonic() < deadline:
+            _signal_group(pgid, signal.SIGTERM)
+            time.sleep(0.1)
+        while _group_members(pgid):
+            _signal_group(pgid, signal.SIGKILL)
+            time.sleep(0.05)
+        self.proc.wait()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in the group."""
+    import psutil
+
+    members = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(proc.pid)
+        except (ProcessLookupError, psutil.Error, OSError):
+            continue
+    return members

@@ -1,0 +1,42 @@
+"""Detections -> the endpoint's JSON answer (documented with examples in docs/serving.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from pycocotools import mask as mask_utils
+
+from model_code.artifact import ArtifactMetadata
+from model_code.inference import Detections
+from model_code.serving.options import PredictOptions
+
+
+def encode_masks(masks: np.ndarray) -> list[dict[str, Any]]:
+    """bool [N, H, W] -> COCO RLE dicts ``{"size": [H, W], "counts": str}`` (JSON-safe counts)."""
+    if masks.shape[0] == 0:
+        return []
+    rles = mask_utils.encode(np.asfortranarray(masks.transpose(1, 2, 0).astype(np.uint8)))
+    return [{"size": [int(s) for s in rle["size"]], "counts": rle["counts"].decode("ascii")} for rle in rles]
+
+
+def detections_to_json(detections: Detections, metadata: ArtifactMetadata, options: PredictOptions,
+                       width: int, height: int) -> dict[str, Any]:
+    boxes = detections.boxes.detach().cpu().tolist()
+    scores = detections.scores.detach().cpu().tolist()
+    labels = detections.labels.detach().cpu().tolist()
+    rles: list[dict[str, Any]] | None = None
+    if options.masks and detections.masks is not None:
+        rles = encode_masks(detections.masks.detach().cpu().numpy())
+    out = []
+    for i, (box, score, label) in enumerate(zip(boxes, scores, labels, strict=True)):
+        item: dict[str, Any] = {
+            "box": [round(float(v), 2) for v in box],
+            "score": round(float(score), 4),
+            "class_id": metadata.category_ids[label],
+            "class_name": metadata.class_names[label],
+        }
+        if rles is not None:
+            item["mask"] = rles[i]
+        out.append(item)
+    return {"detections": out, "image": {"width": width, "height": height}}

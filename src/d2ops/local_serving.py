@@ -1,0 +1,184 @@
+"""A local TorchServe endpoint on loopback, configured exactly like the serving image.
+
+It runs the image's own entry point (``python -m model_code.serving.entrypoint serve``) as a
+subprocess with the environment pointed at a local model, 127.0.0.1 and its own ports, so the
+configuration, the model archive and the readiness ``/ping`` are those of the endpoint in AWS.
+Each endpoint has its own work directory (model store, logs, temp files, TorchServe's pid file),
+so two can run side by side: start the new one on another port, wait for it to be healthy, move
+traffic, stop the old one (blue/green).
+
+    with LocalEndpoint("runs/x/model.tar.gz", port=8080) as endpoint:
+        requests.post(endpoint.invocations_url, data=jpeg, headers={"Content-Type": "image/jpeg"})
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ENTRYPOINT = (sys.executable, "-m", "model_code.serving.entrypoint", "serve")
+MODEL_NAME = "model"  # model_code.serving.launch.MODEL_NAME (not imported: d2ops does not import torch)
+
+
+class LocalServingError(Exception):
+    """The local endpoint could not start, did not become healthy in time, or the model is unusable."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class LocalEndpoint:
+    """TorchServe serving one model on ``127.0.0.1:port``; a context manager that always cleans up."""
+
+    def __init__(self, model_path: Path | str, port: int = 0, *, batch_size: int | None = None,
+                 max_batch_delay_ms: int | None = None, workers: int | None = None,
+                 startup_timeout: float = 180.0, workdir: Path | str | None = None, host: str = "127.0.0.1") -> None:
+        self.model_path = Path(model_path).resolve()
+        self.host = host
+        self.port = port or free_port(host)
+        self.startup_timeout = startup_timeout
+        self.settings = {"D2OPS_BATCH_SIZE": batch_size, "D2OPS_MAX_BATCH_DELAY_MS": max_batch_delay_ms,
+                         "D2OPS_WORKERS": workers}
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="d2ops-serve-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def ping_url(self) -> str:
+        return f"{self.url}/ping"
+
+    @property
+    def invocations_url(self) -> str:
+        return f"{self.url}/invocations"
+
+    @property
+    def predictions_url(self) -> str:
+        return f"{self.url}/predictions/{MODEL_NAME}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "serve.log"
+
+    @property
+    def logs_dir(self) -> Path:
+        """TorchServe's own logs (ts_log.log, model_log.log, access_log.log)."""
+        return self.workdir / "logs"
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        paths = [str(REPO_ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+        env.update({
+            "PYTHONPATH": os.pathsep.join(paths), "D2OPS_MODEL_PATH": str(self.model_path),
+            "D2OPS_SERVING_WORKDIR": str(self.workdir), "D2OPS_BIND_HOST": self.host,
+            "SAGEMAKER_BIND_TO_PORT": str(self.port), "D2OPS_MANAGEMENT_PORT": str(free_port()),
+            "D2OPS_METRICS_PORT": str(free_port()), "D2OPS_STARTUP_TIMEOUT": str(self.startup_timeout),
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.update({k: str(v) for k, v in self.settings.items() if v is not None})
+        return env
+
+    def ping(self, timeout: float = 2.0) -> int | None:
+        """/ping's status code, or None while nothing listens on the port."""
+        try:
+            with urllib.request.urlopen(self.ping_url, timeout=timeout) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except (urllib.error.URLError, OSError):
+            return None
+
+    def start(self) -> LocalEndpoint:
+        if self.proc is not None:
+            raise LocalServingError(f"endpoint on port {self.port} is already started")
+        if not self.model_path.exists():
+            raise LocalServingError(f"{self.model_path}: no such model directory or model.tar.gz")
+        if self.ping() is not None:
+            raise LocalServingError(f"port {self.port} on {self.host} is already in use")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(ENTRYPOINT, cwd=self.workdir, env=self.environment(), stdout=self._log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            self.wait_healthy(self.startup_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_healthy(self, timeout: float) -> float:
+        started = time.monotonic()
+        while True:
+            if self.proc is None or self.proc.poll() is not None:
+                raise LocalServingError(f"serving exited before /ping was healthy:\n{self.log_tail()}")
+            if self.ping() == 200:
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                raise LocalServingError(f"{self.ping_url} not healthy after {timeout:.0f} s:\n{self.log_tail()}")
+            time.sleep(0.25)
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return "(no log)"
+        return "\n".join(text[-lines:])
+
+    def stop(self, timeout: float = 45.0) -> None:
+        """SIGTERM the entry point (it stops TorchServe's process group); SIGKILL both after ``timeout``."""
+        if self.proc is not None:
+            torchserve_pgid = self._torchserve_pgid()
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    _kill_group(self.proc.pid)
+                    self.proc.wait()
+            if torchserve_pgid is not None:
+                _kill_group(torchserve_pgid)  # only does anything if the entry point could not clean up
+            _kill_group(self.proc.pid)
+            self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _torchserve_pgid(self) -> int | None:
+        try:
+            return int((self.workdir / "torchserve.pid").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def __enter__(self) -> LocalEndpoint:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)

@@ -1,0 +1,118 @@
+"""Packaging for TorchServe: artifact checks, the model archive, the effective configuration, the plugin."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from model_code.artifact import pack_artifact
+from model_code.serving import entrypoint, launch
+from tests.fixtures.serving.support import cached_artifact
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_image_config_disables_token_auth_and_keeps_management_on_loopback():
+    props = launch.read_properties(REPO / "containers" / "serving" / "config.properties")
+    assert props["inference_address"] == "http://0.0.0.0:8080"
+    assert props["management_address"].startswith("http://127.0.0.1:")
+    assert props["metrics_address"].startswith("http://127.0.0.1:")
+    assert props["disable_token_authorization"] == "true" and props["enable_model_api"] == "false"
+    assert int(props["max_request_size"]) == 6 * 1024 * 1024
+    assert "load_models" not in props and "models" not in props  # added at start, for exactly one model
+
+
+def test_render_config_loads_exactly_one_model_with_its_batching(tmp_path):
+    base = launch.read_properties(launch.REPO_CONFIG)
+    props = launch.render_config(base, model_store=tmp_path / "store", plugins=tmp_path / "plugins",
+                                 inference_address="http://127.0.0.1:9999", management_address="http://127.0.0.1:1",
+                                 metrics_address="http://127.0.0.1:2",
+                                 settings=launch.BatchSettings(batch_size=4, max_batch_delay_ms=7, workers=2))
+    assert props["load_models"] == "model" and props["inference_address"] == "http://127.0.0.1:9999"
+    models = json.loads(props["models"])
+    assert models == {"model": {"1.0": {"defaultVersion": True, "marName": "model", "minWorkers": 2, "maxWorkers": 2,
+                                        "batchSize": 4, "maxBatchDelay": 7}}}
+    for key in ("disable_token_authorization", "default_response_timeout", "max_request_size"):
+        assert props[key] == base[key]
+    written = launch.write_properties(tmp_path / "config.properties", props)
+    assert launch.read_properties(written) == props
+
+
+def test_batch_settings_from_env_are_validated():
+    assert launch.BatchSettings.from_env({"D2OPS_BATCH_SIZE": "16", "D2OPS_WORKERS": ""}).batch_size == 16
+    with pytest.raises(ValueError, match="batch_size"):
+        launch.BatchSettings.from_env({"D2OPS_BATCH_SIZE": "0"})
+
+
+def test_prepare_model_dir_accepts_a_directory_or_model_tar_gz(tmp_path):
+    model_dir = cached_artifact()
+    assert launch.prepare_model_dir(model_dir, tmp_path) == model_dir
+    tar = pack_artifact(model_dir, tmp_path / "model.tar.gz")
+    extracted = launch.prepare_model_dir(tar, tmp_path / "work")
+    assert (extracted / "model.pt").is_file() and (extracted / "metadata.json").is_file()
+
+
+def test_prepare_model_dir_refuses_what_is_not_an_artifact(tmp_path):
+    with pytest.raises(launch.ServingError, match="no such model directory"):
+        launch.prepare_model_dir(tmp_path / "absent", tmp_path)
+    (tmp_path / "junk.tar.gz").write_bytes(b"not a tar")
+    with pytest.raises(launch.ServingError, match="not a readable model.tar.gz"):
+        launch.prepare_model_dir(tmp_path / "junk.tar.gz", tmp_path / "w1")
+    with pytest.raises(launch.ServingError, match=r"metadata\.json: missing"):
+        launch.prepare_model_dir(tmp_path / "w1", tmp_path)
+    no_model = tmp_path / "no-model"
+    no_model.mkdir()
+    shutil.copy(cached_artifact() / "metadata.json", no_model)
+    with pytest.raises(launch.ServingError, match=r"model\.pt: missing"):
+        launch.prepare_model_dir(no_model, tmp_path)
+    evil = tmp_path / "evil.tar.gz"
+    with tarfile.open(evil, "w:gz") as tar:
+        info = tarfile.TarInfo("../escaped.json")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"{}"))
+    with pytest.raises(launch.ServingError, match="not a readable model.tar.gz"):
+        launch.prepare_model_dir(evil, tmp_path / "w2")
+    assert not (tmp_path / "escaped.json").exists()
+
+
+def test_build_model_archive_holds_the_model_metadata_and_handler(tmp_path):
+    store = tmp_path / "store"
+    archive = launch.build_model_archive(cached_artifact(), store)
+    manifest = json.loads((archive / "MAR-INF" / "MANIFEST.json").read_text())
+    assert manifest["model"]["modelName"] == "model" and manifest["model"]["handler"] == "torchserve_handler.py"
+    assert manifest["model"]["serializedFile"] == "model.pt"
+    assert {p.name for p in archive.iterdir()} >= {"model.pt", "metadata.json", "torchserve_handler.py"}
+
+
+def test_readiness_ping_plugin_compiles_into_a_service_jar(tmp_path):
+    jar = launch.build_ping_plugin(tmp_path)
+    with zipfile.ZipFile(jar) as zf:
+        assert "io/d2ops/serving/ReadinessPing.class" in zf.namelist()
+        assert zf.read(launch.PLUGIN_SERVICE).decode().strip() == "io.d2ops.serving.ReadinessPing"
+    assert launch.build_ping_plugin(tmp_path) == jar  # cached
+    with pytest.raises(launch.ServingError, match="holds no"):
+        launch.plugins_dir({launch.PLUGINS_ENV: str(tmp_path / "empty")})
+    assert launch.plugins_dir({launch.PLUGINS_ENV: str(tmp_path)}) == tmp_path
+
+
+def test_entrypoint_accepts_only_serve_and_fails_fast_on_a_bad_model(tmp_path):
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "D2OPS_MODEL_PATH": str(tmp_path / "absent"),
+           "D2OPS_SERVING_WORKDIR": str(tmp_path / "work")}
+    assert entrypoint.main(["train"]) == 2
+    proc = subprocess.run([sys.executable, "-m", "model_code.serving.entrypoint", "serve"], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 1 and "no such model directory or model.tar.gz" in proc.stderr
+
+
+def test_entrypoint_port_validation():
+    with pytest.raises(launch.ServingError, match="is not a TCP port"):
+        entrypoint._port({"SAGEMAKER_BIND_TO_PORT": "80a"}, "SAGEMAKER_BIND_TO_PORT", 8080)
+    assert entrypoint._port({}, "SAGEMAKER_BIND_TO_PORT", 8080) == 8080
