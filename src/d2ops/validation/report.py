@@ -44,9 +44,6 @@ class IssueLog:
         if self.counts[code] <= self.cap:
             self.kept.append(Issue(code=code, severity=severity(code), message=message, file=file, path=path))
 
-    def has(self, code: Code) -> bool:
-        return self.counts[code] > 0
-
     @property
     def error_count(self) -> int:
         return sum(n for c, n in self.counts.items() if severity(c) is Severity.ERROR)

@@ -43,7 +43,6 @@ class ImageProbe:
 
 class Source(Protocol):
     uri: str
-    image_mode: str  # "all" (every image is probed) or "sample"
 
     def list_files(self) -> dict[str, int]:
         """Every file of the dataset version: relative posix path -> size in bytes."""
@@ -98,8 +97,6 @@ def _mapped(path: Path | str, rel: str) -> Iterator[Any]:
 
 
 class LocalSource:
-    image_mode = "all"
-
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
@@ -169,8 +166,6 @@ def s3_read_error(exc: Exception, what: str) -> Exception:
 
 
 class S3Source:
-    image_mode = "sample"
-
     def __init__(self, s3_client: Any, bucket: str, prefix: str) -> None:
         self.s3, self.bucket = s3_client, bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
