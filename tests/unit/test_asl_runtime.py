@@ -149,6 +149,9 @@ def test_no_choice_matched() -> None:
         {"Variable": "$.x", "NumericEquals": 1, "Next": "D"}]}, "D": {"Type": "Succeed"}}}
     execution = run(definition, {"x": 2})
     assert (execution.status, execution.error) == ("FAILED", "States.NoChoiceMatched")
+    missing = run(definition, {"y": 1})  # a Variable that is not in the input is a runtime error
+    assert (missing.status, missing.error) == ("FAILED", "States.Runtime")
+    assert (missing.cause or "").startswith("state 'C': ") and "'$.x'" in (missing.cause or "")
 
 
 def test_payload_limit_is_terminal_unless_named() -> None:

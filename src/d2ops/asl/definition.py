@@ -93,7 +93,7 @@ class _Validator:
         self.names: dict[str, str] = {}  # state name -> where it is defined (names are machine-wide)
 
     def problem(self, where: str, message: str) -> None:
-        self.problems.append(f"{where}: {message}")
+        self.problems.append(f"{where or 'the definition'}: {message}")
 
     def machine(self, definition: Any, where: str, top_level: bool) -> None:
         if not isinstance(definition, dict):
@@ -197,7 +197,9 @@ class _Validator:
             self.target(state["Next"], f"{where}.Next", scope)
 
     def target(self, name: Any, where: str, scope: dict[str, Any]) -> None:
-        if not isinstance(name, str) or name not in scope:
+        if name is None:
+            self.problem(where, "missing (the name of the state to go to)")
+        elif not isinstance(name, str) or name not in scope:
             self.problem(where, f"names a state that does not exist in this scope: {name!r}")
 
     def path(self, value: Any, where: str, reference: bool = False) -> None:

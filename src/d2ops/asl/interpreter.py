@@ -529,8 +529,11 @@ class Execution:
     def _state_choice(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
         context = self._context(name, entered, 0)
         data = self._input_path(state, name, raw, context)
-        next_name = next((rule["Next"] for rule in state["Choices"] if evaluate_rule(rule, data, context)),
-                         state.get("Default"))
+        try:
+            next_name = next((rule["Next"] for rule in state["Choices"] if evaluate_rule(rule, data, context)),
+                             state.get("Default"))
+        except StatesError as err:  # a missing Variable: say which Choice state it is in
+            raise StatesError(err.error, f"state {name!r}: {err.cause}") from err
         if next_name is None:
             raise StatesError(NO_CHOICE_MATCHED, f"no choice rule of state {name!r} matched its input "
                                                  f"{_brief(data)} and it has no Default")
