@@ -89,7 +89,7 @@ def test_list_filters_and_paginates_and_history_pages(runtime: OfflineRuntime) -
     assert names[0] == "slow" and sorted(names) == ["quick-0", "quick-1", "quick-2", "slow"]
     quick = f"{machine.replace('stateMachine', 'execution')}:quick-0"
     events = sfn.get_execution_history(executionArn=quick)["events"]
-    assert [e["type"] for e in events][0] == "ExecutionStarted" and events[-1]["type"] == "ExecutionSucceeded"
+    assert events[0]["type"] == "ExecutionStarted" and events[-1]["type"] == "ExecutionSucceeded"
     first = sfn.get_execution_history(executionArn=quick, maxResults=2)
     rest = sfn.get_execution_history(executionArn=quick, maxResults=100, nextToken=first["nextToken"])
     assert [e["id"] for e in first["events"] + rest["events"]] == [e["id"] for e in events]

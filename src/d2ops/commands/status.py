@@ -1,0 +1,99 @@
+"""``d2ops status [RUN_ID]``: the offline status API's view of the runs (or of one run)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from d2ops.cli import UsageError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("status", help="show offline runs (GET /runs) or one run (GET /runs/{runId})")
+    p.add_argument("run_id", metavar="RUN_ID", nargs="?")
+    p.add_argument("--work-dir", type=Path, default=Path(".d2ops"), help="offline runtime state (default .d2ops)")
+    p.add_argument("--json", action="store_true", help="print the status API's JSON answer")
+    p.set_defaults(func=run)
+
+
+def _fmt_seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}s" if value < 120 else f"{value / 60:.1f}min"
+
+
+def format_run(run: dict[str, Any]) -> list[str]:
+    """A run as the status API returns it (GET /runs/{runId}) -> readable lines."""
+    lines = [f"run {run['run_id']}: {run['status']}" + (f" ({run['error']})" if run.get("error") else "")]
+    dataset = run.get("dataset") or {}
+    if dataset:
+        lines.append(f"  dataset   {dataset.get('name')} {dataset.get('version')} (s3://{dataset.get('bucket')}/"
+                     f"{dataset.get('prefix')})")
+    lines.append(f"  started   {run.get('started_at')}   stopped {run.get('stopped_at') or '-'}")
+    if run.get("current_state"):
+        lines.append(f"  now in    {run['current_state']}")
+    validation = run.get("validation") or {}
+    if validation:
+        lines.append(f"  validation valid={validation.get('valid')} errors={validation.get('error_count')} "
+                     f"warnings={validation.get('warning_count')} report={validation.get('report_uri')}")
+        for err in validation.get("first_errors") or []:
+            lines.append(f"    {err.get('code')}: {err.get('message')} ({err.get('location')})")
+    training = run.get("training") or {}
+    if training:
+        metrics = ", ".join(f"{k}={v:.4f}" for k, v in sorted((training.get("metrics") or {}).items())
+                            if not k.startswith("train:"))
+        lines.append(f"  training  {training.get('job_name')} {training.get('status') or ''} {metrics}")
+        if training.get("failure_reason"):
+            lines.append(f"    failure: {training['failure_reason']}")
+    evaluation = run.get("evaluation") or {}
+    if evaluation:
+        champion = evaluation.get("champion_value")
+        lines.append(f"  evaluation {evaluation.get('primary_metric')}: challenger "
+                     f"{evaluation.get('challenger_value'):.4f}" + (f", champion {champion:.4f}" if champion is not None
+                                                                    else ", no champion yet"))
+    gate = run.get("gate") or {}
+    if gate:
+        lines.append(f"  gate      {gate.get('decision')}: {gate.get('reason')}")
+    endpoint = run.get("endpoint") or {}
+    if endpoint:
+        lines.append(f"  endpoint  {endpoint.get('name') or ''} mode={endpoint.get('mode')} "
+                     f"status={endpoint.get('status')} config={endpoint.get('endpoint_config')}")
+    if run.get("cause") and run.get("status") != "SUCCEEDED":
+        lines.append(f"  cause     {run['cause']}")
+    lines.append("  timeline")
+    for step in run.get("timeline") or []:
+        error = f"  [{step['error']}]" if step.get("error") else ""
+        lines.append(f"    {step['status']:<10} {step['name']:<36} {_fmt_seconds(step.get('duration_seconds'))}{error}")
+    return lines
+
+
+def format_runs(listing: dict[str, Any]) -> list[str]:
+    runs = listing.get("runs") or []
+    if not runs:
+        return ["no runs yet (start one with `d2ops run DATASET_DIR` or `d2ops demo`)"]
+    lines = [f"{'RUN ID':<48} {'STATUS':<10} STARTED"]
+    lines += [f"{r['run_id']:<48} {r['status']:<10} {r['started_at']}" for r in runs]
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    from d2ops.offline.client import StatusApiError, connect
+    from d2ops.offline.processes import RuntimeBusy
+
+    try:
+        with connect(args.work_dir) as apis:
+            try:
+                answer = apis.get(f"/runs/{args.run_id}" if args.run_id else "/runs?limit=100")
+            except StatusApiError as err:
+                if err.status == 404 and args.run_id:
+                    raise UsageError(f"no run {args.run_id!r} in {args.work_dir} ({err.message})") from err
+                raise UsageError(f"the status API answered {err}") from err
+    except RuntimeBusy as exc:
+        raise UsageError(str(exc)) from exc
+    if args.json:
+        print(json.dumps(answer))
+        return 0
+    print("\n".join(format_run(answer) if args.run_id else format_runs(answer)))
+    return 0

@@ -1,0 +1,78 @@
+"""Reach the offline stack's APIs from a command: the running runtime's, or a runtime started for it.
+
+While ``d2ops demo`` or ``d2ops run`` holds the work dir, ``d2ops status`` and ``d2ops graph``
+read that runtime's status API and Step Functions endpoint (published in
+``<work dir>/runtime.json``); otherwise they start a runtime on the work dir just long enough
+to answer from the recorded runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import psutil
+
+from d2ops.offline.runtime import CREDENTIALS, RUNTIME_INFO, OfflineRuntime
+from d2ops.offline.stack import REGION, load_stack
+
+
+class StatusApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class OfflineApis:
+    status_api: str
+    sfn: Any
+    state_machine_arn: str
+
+    def get(self, path: str) -> Any:
+        try:
+            with urllib.request.urlopen(self.status_api + path, timeout=30) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as err:
+            body = err.read().decode("utf-8", "replace")
+            try:
+                message = json.loads(body).get("message", body)
+            except ValueError:
+                message = body
+            raise StatusApiError(err.code, str(message)) from err
+
+
+def _running(work_dir: Path) -> dict[str, Any] | None:
+    try:
+        info = json.loads((work_dir / RUNTIME_INFO).read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    pid = info.get("pid")
+    if not isinstance(pid, int) or pid == os.getpid() or not psutil.pid_exists(pid):
+        return None
+    return info
+
+
+@contextlib.contextmanager
+def connect(work_dir: Path) -> Iterator[OfflineApis]:
+    stack = load_stack()
+    info = _running(work_dir.resolve())
+    if info is not None:
+        session: Any = boto3.session.Session(aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                                             aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
+        yield OfflineApis(status_api=info["status_api"],
+                          sfn=session.client("stepfunctions", region_name=REGION, endpoint_url=info["gateway"]),
+                          state_machine_arn=stack.state_machine_arn)
+        return
+    with OfflineRuntime(work_dir) as rt:
+        yield OfflineApis(status_api=rt.status_api.url, sfn=rt.client("stepfunctions"),
+                          state_machine_arn=rt.stack.state_machine_arn)
