@@ -24,10 +24,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "d2ops.commands.run",
     "d2ops.commands.status",
     "d2ops.commands.graph",
-    "d2ops.commands.demo",
-    "d2ops.commands.run",
-    "d2ops.commands.status",
-    "d2ops.commands.graph",
 )
 
 
