@@ -35,6 +35,17 @@ def metric_regex(name: str) -> str:
 
 METRIC_DEFINITIONS: tuple[dict[str, str], ...] = tuple({"Name": n, "Regex": metric_regex(n)} for n in METRIC_NAMES)
 
+# The metric the quality gate compares, by the manifest's task (masks are judged by mask AP).
+PRIMARY_METRIC_BY_TASK: dict[str, str] = {"detection": "bbox_AP", "instance_segmentation": "segm_AP"}
+
+
+def primary_metric(task: str) -> str:
+    """``bbox_AP`` for detection, ``segm_AP`` for instance segmentation (evaluation report names)."""
+    try:
+        return PRIMARY_METRIC_BY_TASK[task]
+    except KeyError:
+        raise ValueError(f"unknown task {task!r}; known: {', '.join(PRIMARY_METRIC_BY_TASK)}") from None
+
 
 def format_metric_line(name: str, value: float, iteration: int | None = None) -> str:
     if name not in METRIC_NAMES:

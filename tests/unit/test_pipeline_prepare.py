@@ -71,8 +71,10 @@ def test_manifest_overrides_become_string_hyperparameters_and_gate_thresholds(aw
     plan = prepare("manifest_overrides")
     assert plan["training_job"]["HyperParameters"] == {
         "framework": "detectron2", "max_iter": "3000", "ims_per_batch": "8", "base_lr": "0.01", "seed": "7"}
-    assert plan["gate"] == {"min_map": 0.5, "max_regression": 0.02}
-    assert prepare()["gate"] == {"min_map": 0.3, "max_regression": 0.01}  # the stack parameters
+    # The manifest's task is instance_segmentation: the gate judges mask AP.
+    assert plan["gate"] == {"primary_metric": "segm_AP", "min_map": 0.5, "max_regression": 0.02}
+    assert prepare()["gate"] == {"primary_metric": "bbox_AP", "min_map": 0.3,  # detection; stack parameters
+                                 "max_regression": 0.01}
 
 
 def test_out_of_bounds_overrides_are_refused(aws: dict[str, Any]) -> None:

@@ -34,9 +34,11 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         yield client
 
 
-def summarize(s3: Any, report: dict[str, Any] | bytes, **gate: float) -> dict[str, Any]:
+def summarize(s3: Any, report: dict[str, Any] | bytes, **gate: float | str) -> dict[str, Any]:
     body = report if isinstance(report, bytes) else json.dumps(report).encode()
     s3.put_object(Bucket=support.ARTIFACTS_BUCKET, Key=KEY, Body=body)
+    if isinstance(report, dict) and report.get("primary_metric") in {"bbox_AP", "segm_AP"}:
+        gate.setdefault("primary_metric", report["primary_metric"])  # the plan of a run of that task
     event = {**EVENT, "gate": {**EVENT["gate"], **gate}}
     return dict(summarize_handler.handler(event, support.FakeLambdaContext()))
 
@@ -64,6 +66,19 @@ def test_the_primary_metric_is_read_by_name(s3: Any) -> None:
     summary = summarize(s3, report, max_regression=0.1)
     assert (summary["challenger_value"], summary["champion_value"]) == (0.35, 0.4)
     assert summary["champion_floor"] == 0.3
+
+
+def test_the_plan_s_metric_wins_over_the_report_s_primary_metric(s3: Any) -> None:
+    """A segmentation run is gated on segm_AP even when the report calls bbox_AP primary."""
+    report = {"primary_metric": "bbox_AP", "val_images": 5,
+              "challenger": {"metrics": {"bbox_AP": 0.9, "segm_AP": 0.2}}, "champion": None}
+    summary = summarize(s3, report, primary_metric="segm_AP")
+    assert (summary["primary_metric"], summary["challenger_value"]) == ("segm_AP", 0.2)
+    with pytest.raises(EvaluationReportInvalid, match="challenger has no 'segm_AP'"):
+        summarize(s3, {**report, "challenger": scores(0.9)}, primary_metric="segm_AP")
+    # Without a metric in the gate (older plans), the report's primary metric is used.
+    legacy = {**EVENT, "gate": {"min_map": 0.3, "max_regression": 0.01}}
+    assert summarize_handler.handler(legacy, support.FakeLambdaContext())["primary_metric"] == "bbox_AP"
 
 
 @pytest.mark.parametrize(("report", "message"), [

@@ -80,6 +80,7 @@ class JobNames(BaseModel):
 
 
 class GateThresholds(BaseModel):
+    primary_metric: Literal["bbox_AP", "segm_AP"] = Field(description="by the manifest's task")
     min_map: float
     max_regression: float
 

@@ -8,6 +8,8 @@ from pydantic import BaseModel, Field
 
 
 class GateThresholds(BaseModel):
+    primary_metric: Literal["bbox_AP", "segm_AP"] | None = Field(
+        None, description="the metric the run's task is judged by (plan.gate); default: the report's")
     min_map: float = Field(ge=0, le=1)
     max_regression: float = Field(ge=0, le=1)
 

@@ -49,7 +49,9 @@ def primary_value(scores: ModelScores, metric: str, who: str) -> float:
 
 
 def summarize(report: EvaluationReport, event: SummarizeEvent) -> EvaluationSummary:
-    metric = report.primary_metric
+    # The plan names the metric from the manifest's task, so a report that calls bbox_AP
+    # primary cannot let a segmentation model through on its box AP.
+    metric = event.gate.primary_metric or report.primary_metric
     challenger = primary_value(report.challenger, metric, "challenger")
     champion = primary_value(report.champion, metric, "champion") if report.champion is not None else None
     floor = round(max(0.0, champion - event.gate.max_regression), FLOOR_DIGITS) if champion is not None else 0.0
