@@ -223,9 +223,9 @@ def test_current_state_of_a_running_run() -> None:
 def test_get_models_lists_registry_versions_and_the_champion(aws: dict[str, Any]) -> None:
     sm = aws["sagemaker"]
     sm.create_model_package_group(ModelPackageGroupName="d2ops-models")
-    for status in ("Rejected", "Approved"):
-        sm.create_model_package(ModelPackageGroupName="d2ops-models", ModelApprovalStatus=status,
-                                ModelPackageDescription=f"shapes v1: {status}",
+    for approval in ("Rejected", "Approved"):
+        sm.create_model_package(ModelPackageGroupName="d2ops-models", ModelApprovalStatus=approval,
+                                ModelPackageDescription=f"shapes v1: {approval}",
                                 InferenceSpecification={"Containers": [{"Image": "123456789012.dkr.ecr.us-east-1."
                                                                                  "amazonaws.com/serving:1"}],
                                                         "SupportedContentTypes": ["image/jpeg"],
