@@ -87,6 +87,9 @@ def test_every_task_has_retry_and_a_catch_all() -> None:
         assert state["Catch"][-1]["ErrorEquals"] == ["States.ALL"], f"{name}: the last catcher must be States.ALL"
         for retrier in state["Retry"]:
             assert retrier["MaxAttempts"] <= 12 and retrier.get("BackoffRate", 1) >= 1, name
+            # Capped, jittered backoff: retries of many runs neither grow unbounded nor stampede.
+            assert retrier["JitterStrategy"] == "FULL", name
+            assert retrier["IntervalSeconds"] <= retrier["MaxDelaySeconds"] <= 1800, name
 
 
 def test_training_retries_throttling_and_capacity_with_backoff() -> None:
