@@ -1,0 +1,121 @@
+"""The offline stack without training: the S3 trigger, the status API over HTTP, the CLI views.
+
+A broken dataset version ends the real pipeline at validation, which exercises the trigger's
+idempotency, the in-process Lambdas, the local Step Functions API, the API Gateway adapter and
+the persisted records in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from d2ops.offline.pipeline import RunSummary, run_pipeline
+from d2ops.offline.runtime import OfflineRuntime
+from d2ops.runs import parse_s3_uri
+from tests.fixtures.offline.support import break_dataset, tiny_dataset
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _get(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def _post(url: str, body: dict[str, Any]) -> tuple[int, Any]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+@pytest.fixture(scope="module")
+def rejected(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OfflineRuntime, RunSummary]]:
+    root = tmp_path_factory.mktemp("offline-status")
+    dataset = tiny_dataset(root, "broken", "v1", images=10)
+    break_dataset(dataset)
+    lines: list[str] = []
+    with OfflineRuntime(root / "work") as rt:
+        summary = run_pipeline(rt, dataset, deliveries=5, out=lines.append, timeout=120)
+        yield rt, summary
+
+
+def test_five_deliveries_start_one_run_that_ends_dataset_rejected(rejected: tuple[OfflineRuntime, RunSummary]) -> None:
+    rt, summary = rejected
+    assert [r["run_id"] for r in summary.trigger_results] == [summary.run_id] * 5
+    executions = rt.client("stepfunctions").list_executions(stateMachineArn=rt.stack.state_machine_arn)["executions"]
+    assert [e["name"] for e in executions] == [summary.run_id]
+    assert (summary.status, summary.error) == ("FAILED", "DatasetRejected")
+    assert "Train model" not in summary.states_visited and "Dataset rejected" in summary.states_visited
+    failure = summary.output["failure"]
+    assert failure["first_errors"][0]["code"] == "BBOX_OUTSIDE_IMAGE"
+    bucket, key = parse_s3_uri(failure["report_uri"])
+    report = json.loads(rt.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read())
+    assert report["valid"] is False and any(e["code"] == "BBOX_OUTSIDE_IMAGE" for e in report["errors"])
+
+
+def test_a_repeated_event_after_the_run_ended_starts_nothing(rejected: tuple[OfflineRuntime, RunSummary]) -> None:
+    rt, summary = rejected
+    key = summary.output["dataset"]["manifest_key"]
+    result = rt.deliver_event(rt.upload_event(rt.stack.data_bucket, key))
+    assert result is not None and (result["action"], result["run_id"]) == ("already-started", summary.run_id)
+    other = rt.upload_event(rt.stack.data_bucket, key)
+    other["detail"]["object"]["key"] = "datasets/broken/v1/images/x.png"
+    assert rt.deliver_event(other) is None  # the template's rule pattern does not match
+
+
+def test_status_api_routes_over_http(rejected: tuple[OfflineRuntime, RunSummary]) -> None:
+    rt, summary = rejected
+    api = rt.status_api.url
+    status, listing = _get(f"{api}/runs?status=FAILED")
+    assert status == 200 and [r["run_id"] for r in listing["runs"]] == [summary.run_id]
+    status, listing = _get(f"{api}/runs?status=SUCCEEDED")
+    assert status == 200 and listing["runs"] == []
+    status, run = _get(f"{api}/runs/{summary.run_id}")
+    assert status == 200 and run["status"] == "FAILED" and run["error"] == "DatasetRejected"
+    assert run["validation"]["valid"] is False and run["timeline"][0]["name"] == "Validate dataset"
+    assert _get(f"{api}/runs/no_such_run")[0] == 404
+    assert _get(f"{api}/nowhere") == (404, {"message": "Not Found"})
+    status, models = _get(f"{api}/models")
+    assert status == 200 and models["versions"] == [] and models["champion"] is None
+    uri = f"s3://{rt.stack.data_bucket}/{summary.output['dataset']['prefix']}"
+    status, started = _post(f"{api}/runs", {"dataset_uri": uri})
+    assert status == 200 and started["run_id"] == summary.run_id and started["already_started"] is True
+    assert _post(f"{api}/runs", {"dataset_uri": "s3://elsewhere/datasets/x/v1/"})[0] == 400
+
+
+def test_cli_status_and_graph_read_the_recorded_run(rejected: tuple[OfflineRuntime, RunSummary],
+                                                    tmp_path: Path) -> None:
+    rt, summary = rejected
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    # While this runtime holds the work dir, the CLI reads its status API (runtime.json).
+    out = subprocess.run([sys.executable, "-m", "d2ops", "status", summary.run_id, "--json", "--work-dir",
+                          str(rt.work_dir)], capture_output=True, text=True, env=env, timeout=120, check=True)
+    assert json.loads(out.stdout)["error"] == "DatasetRejected"
+    svg = tmp_path / "run.svg"
+    subprocess.run([sys.executable, "-m", "d2ops", "graph", summary.run_id, "-o", str(svg), "--work-dir",
+                    str(rt.work_dir)], capture_output=True, text=True, env=env, timeout=120, check=True)
+    text = svg.read_text()
+    assert "<title>Dataset rejected (Fail): failed</title>" in text
+    assert "<title>Train model (Task): not reached</title>" in text
+    assert "<title>Validate dataset (Task): succeeded</title>" in text
+    missing = subprocess.run([sys.executable, "-m", "d2ops", "status", "nope_v1_0", "--work-dir",
+                              str(rt.work_dir)], capture_output=True, text=True, env=env, timeout=120)
+    assert missing.returncode == 2 and "no run 'nope_v1_0'" in missing.stderr
