@@ -16,6 +16,12 @@ from prepare_training.models import Plan, PrepareEvent, PrepareSettings  # noqa:
 from prepare_training.service import build_plan  # noqa: E402
 
 
+TO_THE_GATE = ["Validate dataset", "Dataset valid?", "Prepare training job", "Train model",
+               "Evaluate challenger and champion", "Read evaluation report", "Quality gate"]
+REJECTED_BY_THE_GATE = ["Register model version", "Model approved?", "Record quality gate failure", "Notify failure",
+                        "Route failure", "Quality gate failed"]
+
+
 def notified_failure(execution: Execution) -> dict:
     (params,) = task_parameters(execution, "Notify failure")[-1:]
     assert params["TopicArn"] == support.TOPIC_ARN
@@ -95,7 +101,8 @@ def test_invalid_dataset_is_rejected_with_its_report() -> None:
     assert message["report_uri"].endswith(f"runs/{support.RUN_ID}/validation/report.json")
     assert message["first_errors"][0]["code"] == "ANNOTATION_BBOX_OUT_OF_BOUNDS"
     assert "failed validation with 2 errors" in ex.cause
-    assert "Prepare training job" not in entered_states(ex)
+    assert entered_states(ex) == ["Validate dataset", "Dataset valid?", "Record dataset rejection", "Notify failure",
+                                  "Route failure", "Dataset rejected"]
 
 
 def test_missing_manifest_is_rejected_with_the_lambda_error() -> None:
@@ -115,12 +122,16 @@ def test_training_failure_ends_in_training_failed_with_the_reason() -> None:
     assert_failed(ex, "TrainingFailed", "Training failed")
     assert "CUDA out of memory" in ex.cause and support.RUN_ID.replace("_", "-") in ex.cause
     assert len(task_parameters(ex, "Train model")) == 1, "a failed job is not retried"
+    assert entered_states(ex) == [*TO_THE_GATE[:4], "Record training failure", "Notify failure", "Route failure",
+                                  "Training failed"]
 
 
 def test_evaluation_failure() -> None:
     ex = run_case("EvaluationFailed")
     assert_failed(ex, "EvaluationFailed", "Evaluation failed")
     assert "has no model.pt" in ex.cause
+    assert entered_states(ex) == [*TO_THE_GATE[:5], "Record evaluation failure", "Notify failure", "Route failure",
+                                  "Evaluation failed"]
 
 
 def test_gate_below_threshold_registers_rejected_then_fails() -> None:
@@ -130,14 +141,18 @@ def test_gate_below_threshold_registers_rejected_then_fails() -> None:
     (register,) = task_parameters(ex, "Register model version")
     assert register["ModelApprovalStatus"] == "Rejected"
     assert message["model_package_arn"].endswith("/2")
-    assert "Create model" not in entered_states(ex)
+    # Registered as Rejected, and nothing of the endpoint was touched.
+    assert entered_states(ex) == [*TO_THE_GATE, "Below quality threshold", *REJECTED_BY_THE_GATE]
 
 
 def test_gate_regression_against_the_champion_fails() -> None:
     ex = run_case("GateFailedRegression")
     assert_failed(ex, "QualityGateFailed", "Quality gate failed")
     assert ex.cause == "challenger bbox_AP 0.6 trails the champion 0.62 by more than 0.01"
-    assert "Worse than champion" in entered_states(ex)
+    # 0.6 clears the threshold 0.3: only the comparison with the champion rejects it.
+    assert entered_states(ex) == [*TO_THE_GATE, "Worse than champion", *REJECTED_BY_THE_GATE]
+    (register,) = task_parameters(ex, "Register model version")
+    assert register["ModelApprovalStatus"] == "Rejected"
 
 
 def test_smoke_test_failure_rolls_back_to_the_previous_config() -> None:
@@ -146,6 +161,13 @@ def test_smoke_test_failure_rolls_back_to_the_previous_config() -> None:
     (rollback,) = task_parameters(ex, "Roll back endpoint")
     assert rollback == {"EndpointName": support.ENDPOINT_NAME,
                         "EndpointConfigName": "shapes-v0-0123456789abcdef-config"}
+    # The config the endpoint served before this run (found before the update), not the new one.
+    previous = state_output(ex, "Find current endpoint")["previous_endpoint"]["endpoint_config"]
+    (update,) = task_parameters(ex, "Update endpoint (blue/green)")
+    assert rollback["EndpointConfigName"] == previous != update["EndpointConfigName"]
+    assert entered_states(ex)[-8:] == ["Endpoint in service?", "Smoke test endpoint", "Undo deployment",
+                                       "Roll back endpoint", "Record rolled-back deployment", "Notify failure",
+                                       "Route failure", "Deployment failed"]
     assert message["rollback"]["action"] == "rolled back to the previous endpoint config"
     assert "SmokeTestFailed" in ex.cause
     assert "Promote to champion" not in entered_states(ex)
@@ -156,6 +178,7 @@ def test_smoke_test_failure_on_first_deployment_deletes_the_endpoint() -> None:
     message = assert_failed(ex, "DeploymentFailed", "Deployment failed")
     assert task_parameters(ex, "Delete new endpoint") == [{"EndpointName": support.ENDPOINT_NAME}]
     assert message["rollback"] == {"action": "deleted the new endpoint"}
+    assert "Roll back endpoint" not in entered_states(ex)
 
 
 def test_update_rolled_back_by_alarms_is_a_deployment_failure() -> None:
