@@ -15,7 +15,6 @@ support.function_path("prepare_training")
 from prepare_training.models import Plan, PrepareEvent, PrepareSettings  # noqa: E402
 from prepare_training.service import build_plan  # noqa: E402
 
-
 TO_THE_GATE = ["Validate dataset", "Dataset valid?", "Prepare training job", "Train model",
                "Evaluate challenger and champion", "Read evaluation report", "Quality gate"]
 REJECTED_BY_THE_GATE = ["Register model version", "Model approved?", "Record quality gate failure", "Notify failure",
