@@ -197,6 +197,10 @@ def start_run_for_uri(s3: Any, sfn: Any, state_machine_arn: str, data_bucket: st
     try:
         head = s3.head_object(Bucket=bucket, Key=key)
     except s3.exceptions.ClientError as exc:
+        # HEAD answers carry no error body: a missing key is the bare status 404. Anything
+        # else (access denied, throttling) is not the caller's mistake and must not read as 404.
+        if exc.response.get("Error", {}).get("Code") not in {"404", "NoSuchKey", "NotFound"}:
+            raise
         raise DatasetNotFound(f"s3://{bucket}/{key} does not exist (upload manifest.json last)") from exc
     dataset = runs.dataset_ref(bucket, key, head.get("VersionId"), head.get("ETag"))
     trigger = runs.Trigger(source="api", object_key=key, object_version=dataset.manifest_version)
