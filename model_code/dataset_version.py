@@ -1,0 +1,81 @@
+"""A dataset version on disk (a SageMaker channel or a processing input): its manifest and split files.
+
+Shared by training and evaluation. The manifest schema is d2ops.validation.manifest's; this
+module only resolves paths and reads a split's COCO categories into the label order every
+trainer and the artifact use (sorted dataset category ids -> labels 0..K-1).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from d2ops.validation.manifest import MANIFEST_FILE, parse_manifest
+
+
+class DatasetError(Exception):
+    """The dataset version is missing, has no manifest, or a split file cannot be read."""
+
+
+@dataclass(frozen=True)
+class DatasetVersion:
+    root: Path
+    name: str
+    version: str
+    task: Literal["detection", "instance_segmentation"]
+    train_json: Path
+    val_json: Path
+    images_dir: Path
+
+    def split(self, split: Literal["train", "val"]) -> Path:
+        return self.train_json if split == "train" else self.val_json
+
+
+@dataclass(frozen=True)
+class Categories:
+    """Label index i <-> dataset category id ``ids[i]`` and name ``names[i]``."""
+
+    ids: list[int]
+    names: list[str]
+
+    def label_of(self) -> dict[int, int]:
+        return {cid: i for i, cid in enumerate(self.ids)}
+
+
+def open_dataset_version(root: Path | str) -> DatasetVersion:
+    base = Path(root)
+    if not base.is_dir():
+        raise DatasetError(f"{base}: no such dataset directory")
+    manifest_path = base / MANIFEST_FILE
+    if not manifest_path.is_file():
+        raise DatasetError(f"{manifest_path}: missing; a dataset version needs a manifest.json")
+    manifest, problems = parse_manifest(manifest_path.read_bytes())
+    if manifest is None:
+        details = "; ".join(message for _, message, _ in problems)
+        raise DatasetError(f"{manifest_path}: invalid manifest: {details}")
+    version = DatasetVersion(root=base, name=manifest.name, version=manifest.version, task=manifest.task,
+                             train_json=base / manifest.train, val_json=base / manifest.val,
+                             images_dir=base / manifest.images_prefix)
+    for path in (version.train_json, version.val_json):
+        if not path.is_file():
+            raise DatasetError(f"{path}: missing (named by {manifest_path})")
+    return version
+
+
+def read_coco(path: Path) -> dict[str, Any]:
+    try:
+        document = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"{path}: not readable COCO JSON: {exc}") from exc
+    if not isinstance(document, dict) or not isinstance(document.get("images"), list) \
+            or not isinstance(document.get("categories"), list):
+        raise DatasetError(f"{path}: not a COCO instances file (needs 'images' and 'categories' lists)")
+    document.setdefault("annotations", [])
+    return document
+
+
+def categories_of(document: dict[str, Any]) -> Categories:
+    cats = sorted(document["categories"], key=lambda c: int(c["id"]))
+    return Categories(ids=[int(c["id"]) for c in cats], names=[str(c["name"]) for c in cats])

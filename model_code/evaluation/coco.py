@@ -1,0 +1,174 @@
+"""COCO metrics of a model artifact on a dataset split, computed through the shared inference code.
+
+Detections come from :func:`model_code.inference.predict` on the loaded artifact, exactly
+what serving answers; metrics come from faster-coco-eval's COCOeval (a pycocotools-
+compatible reimplementation; tests cross-check it against pycocotools itself).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from faster_coco_eval import COCO, COCOeval_faster
+from faster_coco_eval.core import mask as mask_utils
+from PIL import Image
+
+from model_code.artifact import LoadedDetector
+from model_code.dataset_version import DatasetError
+from model_code.inference import Detections, image_to_tensor, predict
+
+# The names of COCOeval's first six stats, in order (AP values are fractions in [0, 1]).
+STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl")
+MAX_DETECTIONS = 100
+
+
+@dataclass
+class IouTypeScores:
+    metrics: dict[str, float]  # e.g. {"bbox_AP": 0.71, ...}; undefined values (no GT in a range) left out
+    per_class: dict[str, float]  # class name -> AP
+    # precision at IoU 0.5 and averaged over IoU 0.5:0.95, per class, over recall 0:0.01:1 (-1: undefined)
+    pr_curves: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+
+
+@dataclass
+class Evaluation:
+    val_images: int
+    metrics: dict[str, float]
+    per_class: dict[str, dict[str, float]]
+    pr_curves: dict[str, dict[str, dict[str, list[float]]]]  # iou type -> class -> {"iou50", "iou50_95"}
+    results: list[dict[str, Any]]  # COCO result dicts the metrics were computed from
+
+    def summary(self) -> dict[str, Any]:
+        """The ``metrics``/``per_class`` shape of evaluation.json (interfaces.md)."""
+        return {"metrics": self.metrics, "per_class": self.per_class}
+
+
+def detections_to_coco(det: Detections, image_id: int, category_ids: list[int]) -> list[dict[str, Any]]:
+    boxes = det.boxes.numpy().astype(float)
+    scores = det.scores.numpy().astype(float)
+    labels = det.labels.numpy()
+    rles = None
+    if det.masks is not None:
+        binary = np.asfortranarray(det.masks.numpy().astype(np.uint8).transpose(1, 2, 0))
+        rles = mask_utils.encode(binary)
+    out = []
+    for i in range(len(det)):
+        x0, y0, x1, y1 = boxes[i]
+        entry: dict[str, Any] = {"image_id": image_id, "category_id": category_ids[int(labels[i])],
+                                 "bbox": [round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2)],
+                                 "score": round(float(scores[i]), 5)}
+        if rles is not None:
+            rle = rles[i]
+            entry["segmentation"] = {"size": list(rle["size"]),
+                                     "counts": rle["counts"].decode() if isinstance(rle["counts"], bytes)
+                                     else rle["counts"]}
+        out.append(entry)
+    return out
+
+
+def iterate_images(coco: dict[str, Any], images_dir: Path) -> Iterator[tuple[dict[str, Any], Image.Image]]:
+    for info in coco["images"]:
+        path = images_dir / info["file_name"]
+        try:
+            with Image.open(path) as image:
+                image.load()
+                yield info, image.convert("RGB")
+        except (OSError, ValueError) as exc:
+            raise DatasetError(f"{path}: unreadable image (image id {info['id']}): {exc}") from exc
+
+
+def predict_split(detector: LoadedDetector, coco: dict[str, Any], images_dir: Path, *, batch_size: int = 4,
+                  progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+    """COCO result dicts for every image of ``coco`` (a COCO instances document)."""
+    results: list[dict[str, Any]] = []
+    batch: list[tuple[int, Any]] = []
+    total, done = len(coco["images"]), 0
+
+    def flush() -> None:
+        nonlocal done
+        dets = predict(detector, [t for _, t in batch], score_threshold=0.0, max_detections=MAX_DETECTIONS)
+        for (image_id, _), det in zip(batch, dets, strict=True):
+            results.extend(detections_to_coco(det, image_id, detector.metadata.category_ids))
+        done += len(batch)
+        batch.clear()
+        if progress:
+            progress(done, total)
+
+    for info, image in iterate_images(coco, images_dir):
+        batch.append((int(info["id"]), image_to_tensor(image)))
+        if len(batch) == batch_size:
+            flush()
+    if batch:
+        flush()
+    return results
+
+
+def _quiet(*_: Any, **__: Any) -> None:
+    return None
+
+
+def score_iou_type(gt: dict[str, Any], results: list[dict[str, Any]], iou_type: str,
+                   class_names: dict[int, str]) -> IouTypeScores:
+    """COCOeval on one IoU type; ``class_names`` maps the GT's category ids to names."""
+    coco_gt = COCO(gt, print_function=_quiet)
+    if not results:  # loadRes refuses an empty list; no detections means zero AP everywhere there is GT
+        zero = dict.fromkeys(class_names.values(), 0.0)
+        return IouTypeScores(metrics={f"{iou_type}_{n}": 0.0 for n in STAT_NAMES[:3]}, per_class=zero)
+    coco_dt = coco_gt.loadRes(results)
+    evaluator = COCOeval_faster(coco_gt, coco_dt, iouType=iou_type, print_function=_quiet)
+    evaluator.evaluate()
+    evaluator.accumulate()
+    evaluator.summarize()
+    stats = [float(s) for s in evaluator.stats[: len(STAT_NAMES)]]
+    metrics = {f"{iou_type}_{name}": v for name, v in zip(STAT_NAMES, stats, strict=True) if v >= 0}
+    precision = np.asarray(evaluator.eval["precision"])  # [T iou, R recall, K class, A area, M maxdets]
+    cat_ids = list(evaluator.params.catIds)
+    per_class: dict[str, float] = {}
+    curves: dict[str, dict[str, list[float]]] = {}
+    for k, cat_id in enumerate(cat_ids):
+        p = precision[:, :, k, 0, -1]  # area "all", maxDets 100
+        valid = p[p > -1]
+        name = class_names.get(int(cat_id), str(cat_id))
+        if valid.size:
+            per_class[name] = float(valid.mean())
+        with np.errstate(invalid="ignore"):
+            mean_over_iou = np.where((p > -1).all(axis=0), p.mean(axis=0), -1.0)
+        curves[name] = {"iou50": [round(float(v), 4) for v in p[0]],
+                        "iou50_95": [round(float(v), 4) for v in mean_over_iou]}
+    return IouTypeScores(metrics=metrics, per_class=per_class, pr_curves=curves)
+
+
+def evaluate_detector(detector: LoadedDetector, gt: dict[str, Any], images_dir: Path, *, batch_size: int = 4,
+                      progress: Callable[[int, int], None] | None = None) -> Evaluation:
+    """bbox (and segm when the artifact segments) metrics of ``detector`` on the split ``gt``."""
+    if not gt["images"]:
+        raise DatasetError("the val split has no images to evaluate on")
+    results = predict_split(detector, gt, images_dir, batch_size=batch_size, progress=progress)
+    names = {int(c["id"]): str(c["name"]) for c in gt["categories"]}
+    iou_types = ["bbox"] + (["segm"] if detector.metadata.has_masks else [])
+    metrics: dict[str, float] = {}
+    per_class: dict[str, dict[str, float]] = {}
+    curves: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for iou_type in iou_types:
+        wanted = results if iou_type == "bbox" else [r for r in results if "segmentation" in r]
+        if iou_type == "bbox":
+            wanted = [{k: v for k, v in r.items() if k != "segmentation"} for r in results]
+        scores = score_iou_type(gt, wanted, iou_type, names)
+        metrics.update(scores.metrics)
+        for name, ap in scores.per_class.items():
+            per_class.setdefault(name, {})[f"{iou_type}_AP"] = ap
+        curves[iou_type] = scores.pr_curves
+    return Evaluation(val_images=len(gt["images"]), metrics=metrics, per_class=per_class, pr_curves=curves,
+                      results=results)
+
+
+def print_progress(prefix: str) -> Callable[[int, int], None]:
+    def report(done: int, total: int) -> None:
+        if done == total or done % 20 < 4:
+            print(f"{prefix}: {done}/{total} images", file=sys.stderr, flush=True)
+    return report

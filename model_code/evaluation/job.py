@@ -1,0 +1,108 @@
+"""The evaluation processing job: challenger (and champion) on the same val split, one report.
+
+``python -m model_code.evaluation.job`` with SageMaker processing's layout::
+
+    <root>/processing/input/challenger/   model directory, or a directory holding model.tar.gz
+    <root>/processing/input/champion/     optional, same forms
+    <root>/processing/input/val/          dataset version (manifest.json, annotations/, images/)
+    <root>/processing/output/evaluation.json   the report the quality gate reads
+    <root>/processing/output/report/           PR curves and sample predictions of both models
+
+``<root>`` is ``$D2OPS_ML_ROOT`` (default ``/opt/ml``). On failure the reason goes to
+``<root>/output/message`` and the exit code is 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from model_code.artifact import ArtifactError, LoadedDetector, load_artifact, write_json
+from model_code.dataset_version import DatasetError, open_dataset_version, read_coco
+from model_code.evaluation.coco import Evaluation, evaluate_detector, print_progress
+from model_code.evaluation.documents import job_report, primary_metric_for
+
+MAX_MESSAGE = 1000
+
+
+class EvaluationError(Exception):
+    """The inputs do not fit together (no challenger, classes the val split does not have)."""
+
+
+def find_model(directory: Path) -> Path:
+    """A model directory as given, or the single model.tar.gz (or *.tar.gz) inside it."""
+    if (directory / "metadata.json").is_file():
+        return directory
+    archives = sorted(directory.glob("*.tar.gz"))
+    if len(archives) == 1:
+        return archives[0]
+    if not archives:
+        raise EvaluationError(f"{directory}: neither a model directory (metadata.json) nor a model.tar.gz")
+    raise EvaluationError(f"{directory}: several archives {[a.name for a in archives]}; expected one model.tar.gz")
+
+
+def load_model(root: Path, name: str) -> LoadedDetector | None:
+    directory = root / "processing" / "input" / name
+    if not directory.exists():
+        return None
+    return load_artifact(find_model(directory))
+
+
+def evaluate(root: Path, sample_images: int = 6) -> dict[str, object]:
+    challenger = load_model(root, "challenger")
+    if challenger is None:
+        raise EvaluationError(f"{root / 'processing/input/challenger'}: missing; the challenger model is required")
+    champion = load_model(root, "champion")
+    dataset = open_dataset_version(root / "processing" / "input" / "val")
+    gt = read_coco(dataset.val_json)
+    gt_ids = {int(c["id"]) for c in gt["categories"]}
+    for who, model in (("challenger", challenger), ("champion", champion)):
+        if model is not None and not set(model.metadata.category_ids) <= gt_ids:
+            raise EvaluationError(f"{who} predicts category ids {model.metadata.category_ids} but the val split "
+                                  f"{dataset.val_json} has {sorted(gt_ids)}")
+    results: dict[str, Evaluation] = {}
+    for who, model in (("challenger", challenger), ("champion", champion)):
+        if model is not None:
+            print(f"evaluating the {who} ({model.metadata.model}, {model.metadata.framework}) on "
+                  f"{len(gt['images'])} images", flush=True)
+            results[who] = evaluate_detector(model, gt, dataset.images_dir, progress=print_progress(who))
+    primary = primary_metric_for(challenger.metadata.task)
+    report = job_report(primary, results["challenger"], results.get("champion"))
+    output = root / "processing" / "output"
+    output.mkdir(parents=True, exist_ok=True)
+    from model_code.evaluation.report import write_report
+
+    write_report(output / "report", results, gt, dataset.images_dir, sample_images=sample_images)
+    write_json(output / "evaluation.json", report)  # last: its presence means the job's work is complete
+    for who, ev in results.items():
+        print(f"{who}: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(ev.metrics.items())), flush=True)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m model_code.evaluation.job", description=__doc__.splitlines()[0])
+    parser.add_argument("--root", default=os.environ.get("D2OPS_ML_ROOT", "/opt/ml"), help="the /opt/ml root")
+    parser.add_argument("--sample-images", type=int, default=6)
+    args = parser.parse_args(argv)
+    root = Path(args.root)
+    message = root / "output" / "message"
+    message.unlink(missing_ok=True)
+    try:
+        evaluate(root, args.sample_images)
+        return 0
+    except (EvaluationError, ArtifactError, DatasetError) as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:
+        traceback.print_exc()
+        reason = f"{type(exc).__name__}: {exc}"
+    print(f"evaluation failed: {reason}", file=sys.stderr, flush=True)
+    message.parent.mkdir(parents=True, exist_ok=True)
+    message.write_text(" ".join(reason.split())[:MAX_MESSAGE] + "\n")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

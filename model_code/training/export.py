@@ -1,0 +1,49 @@
+"""From a trained torchvision model to the artifact, evaluated through the artifact itself."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from model_code import artifact
+from model_code.dataset_version import read_coco
+from model_code.evaluation.coco import Evaluation, evaluate_detector, print_progress
+from model_code.evaluation.documents import model_evaluation_document, primary_metric_for
+from model_code.training.torchvision_export import export_torchvision
+
+if TYPE_CHECKING:
+    from model_code.training.torchvision_trainer import RunContext
+
+
+def write_artifact(ctx: RunContext, model: nn.Module, directory: Path, *, iteration: int, report: bool,
+                   native_files: list[Path] | None = None) -> Evaluation:
+    """Export, save, reload from disk, evaluate on val; what is evaluated is the file that ships."""
+    metadata = artifact.ArtifactMetadata(
+        framework="torchvision", task=ctx.dataset.task, model=ctx.model_name, class_names=ctx.categories.names,
+        category_ids=ctx.categories.ids, training_job=ctx.env.job_name,
+        dataset=artifact.DatasetRef(name=ctx.dataset.name, version=ctx.dataset.version))
+    artifact.save_artifact(directory, export_torchvision(model, ctx.has_masks), metadata)
+    if native_files:
+        artifact.copy_native_checkpoint(directory, native_files)
+    detector = artifact.load_artifact(directory)
+    gt = read_coco(ctx.val_dataset.val_json)
+    evaluation = evaluate_detector(detector, gt, ctx.val_dataset.images_dir,
+                                   progress=print_progress(f"evaluating iteration {iteration}"))
+    document = model_evaluation_document(evaluation, primary_metric_for(ctx.dataset.task), iteration=iteration)
+    artifact.write_json(directory / artifact.EVALUATION_FILE,  document)
+    artifact.write_json(directory / artifact.METADATA_FILE,
+                        metadata.model_copy(update={"metrics": evaluation.metrics}).model_dump(mode="json"))
+    if report:
+        from model_code.evaluation.report import write_report
+
+        report_dir = directory / artifact.REPORT_DIR
+        write_report(report_dir, {"challenger": evaluation}, gt, ctx.val_dataset.images_dir,
+                     sample_images=ctx.hp.report_images)
+        out = ctx.env.output_data_dir
+        out.mkdir(parents=True, exist_ok=True)
+        artifact.write_json(out / artifact.EVALUATION_FILE, document)
+        shutil.copytree(report_dir, out / artifact.REPORT_DIR, dirs_exist_ok=True)
+    return evaluation

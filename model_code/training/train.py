@@ -1,0 +1,75 @@
+"""The training job's entry point (``train`` in the image runs ``python -m model_code.training.train``).
+
+Exit codes: 0 finished; 1 failed, with a one-line reason in ``<output>/failure`` (SageMaker
+shows it as the job's FailureReason); 143 stopped by SIGTERM after writing a checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from model_code.training.config import (
+    ConfigError,
+    Hyperparameters,
+    TrainingEnvironment,
+    failure_file,
+    load_environment,
+    parse_hyperparameters,
+)
+
+EXIT_FAILED = 1
+EXIT_STOPPED = 143  # 128 + SIGTERM, what a process killed by the signal would report
+MAX_REASON = 1000  # SageMaker truncates FailureReason at 1024 characters
+
+
+def write_failure(path: Path, reason: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    one_line = " ".join(reason.split())[:MAX_REASON]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(one_line + "\n")
+    os.replace(tmp, path)
+
+
+def run(env: TrainingEnvironment, hp: Hyperparameters) -> None:
+    if hp.framework == "detectron2":
+        from model_code.training import detectron2_trainer
+
+        detectron2_trainer.run(env, hp, dict(os.environ))
+    else:
+        from model_code.training import torchvision_launch
+
+        torchvision_launch.run(env, hp, dict(os.environ))
+
+
+def main() -> int:
+    failure = failure_file()
+    failure.unlink(missing_ok=True)  # a restarted job must not inherit the previous attempt's reason
+    from model_code.dataset_version import DatasetError
+    from model_code.training.checkpoints import CheckpointError
+    from model_code.training.torchvision_trainer import Interrupted, TrainingError
+
+    try:
+        env = load_environment()
+        hp = parse_hyperparameters(env.hyperparameters)
+        run(env, hp)
+    except Interrupted as exc:
+        print(str(exc), flush=True)
+        return EXIT_STOPPED
+    except (ConfigError, CheckpointError, TrainingError, DatasetError) as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # anything else is still a failed job, never a silent exit 0
+        traceback.print_exc()
+        reason = f"{type(exc).__name__}: {exc}"
+    else:
+        print("training job finished", flush=True)
+        return 0
+    print(f"training failed: {reason}", file=sys.stderr, flush=True)
+    write_failure(failure, reason)
+    return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
