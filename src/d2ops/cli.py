@@ -19,7 +19,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "d2ops.commands.validate",
     "d2ops.commands.asl",
     "d2ops.commands.train_local",
-    "d2ops.commands.train_local",
     "d2ops.commands.serve",
     "d2ops.commands.demo",
     "d2ops.commands.run",
