@@ -446,3 +446,18 @@ def test_a_link_loop_is_listed_once(ds: Path) -> None:
     assert not [rel for rel in files if "/up/" in rel]
     report = validate_local(ds)
     assert report.valid and report.images.decoded == 48, report.describe()
+
+
+def test_a_missing_image_names_a_file_that_differs_only_in_case_or_normalization(ds: Path) -> None:
+    doc = json.loads((ds / "annotations/train.json").read_text())
+    first, second = doc["images"][0]["file_name"], doc["images"][1]["file_name"]
+    upper = first.replace(".jpg", ".JPG")
+    (ds / "images" / first).rename(ds / "images" / upper)
+    nfd = "train/cafe\u0301.jpg"  # what macOS writes for the name the annotations spell in NFC
+    (ds / "images" / second).rename(ds / "images" / nfd)
+    edit(ds, "annotations/train.json", _set("images", 1, "file_name", "train/caf\u00e9.jpg"))
+    messages = [i.message for i in issues(validate_local(ds), Code.IMAGE_MISSING)]
+    assert messages == [f"images/{first} was not uploaded (images/{upper} differs only in letter case or "
+                        "Unicode normalization)",
+                        f"images/train/caf\u00e9.jpg was not uploaded (images/{nfd} differs only in letter case or "
+                        "Unicode normalization)"]

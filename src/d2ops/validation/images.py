@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import unicodedata
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,6 +13,11 @@ from d2ops.validation.report import ImageCheck, IssueLog
 from d2ops.validation.sources import ImageProbe, Source
 
 SAMPLE_SEED = 0  # the S3 sample is deterministic: a retried run checks the same images
+
+
+def _loose(name: str) -> str:
+    # Names that look the same to a person: macOS writes NFD, most tools NFC; Windows ignores case.
+    return unicodedata.normalize("NFC", name).casefold()
 
 
 def check_image_files(source: Source, refs: dict[str, list[ImageRef]], files: dict[str, int], images_prefix: str,
@@ -24,6 +30,7 @@ def check_image_files(source: Source, refs: dict[str, list[ImageRef]], files: di
     """
     present: list[tuple[str, ImageRef]] = []
     referenced = missing = 0
+    near_names: dict[str, str] | None = None  # built on the first missing image only
     for split_file, split_refs in refs.items():
         for ref in split_refs:
             referenced += 1
@@ -31,7 +38,11 @@ def check_image_files(source: Source, refs: dict[str, list[ImageRef]], files: di
             path = f"images[{ref.index}].file_name"
             if size is None:
                 missing += 1
-                log.add(Code.IMAGE_MISSING, f"{images_prefix}{ref.file_name} was not uploaded", split_file, path)
+                if near_names is None:
+                    near_names = {_loose(key): key for key in files if key.startswith(images_prefix)}
+                near = near_names.get(_loose(images_prefix + ref.file_name))
+                hint = f" ({near} differs only in letter case or Unicode normalization)" if near else ""
+                log.add(Code.IMAGE_MISSING, f"{images_prefix}{ref.file_name} was not uploaded{hint}", split_file, path)
             elif size <= 0:
                 log.add(Code.IMAGE_UNREADABLE, f"{images_prefix}{ref.file_name} is empty", split_file, path)
             else:
