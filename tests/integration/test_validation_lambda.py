@@ -63,9 +63,13 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def upload(s3: Any, root: Path, bucket: str, prefix: str, *, skip: tuple[str, ...] = ()) -> None:
+def ensure_bucket(s3: Any, bucket: str) -> None:
     if bucket not in {b["Name"] for b in s3.list_buckets()["Buckets"]}:
         s3.create_bucket(Bucket=bucket)
+
+
+def upload(s3: Any, root: Path, bucket: str, prefix: str, *, skip: tuple[str, ...] = ()) -> None:
+    ensure_bucket(s3, bucket)
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != "manifest.json")
     for path in [*files, root / "manifest.json"]:  # the manifest goes last, as the contract says
         rel = path.relative_to(root).as_posix()
@@ -139,6 +143,7 @@ def test_handler_reports_invalid_data_as_a_normal_result(s3: Any, dataset: Path,
 
 def test_handler_raises_named_errors_for_a_missing_manifest_and_bucket(s3: Any, handler_module: Any) -> None:
     event = load_event("no_manifest.json")
+    ensure_bucket(s3, event["bucket"])  # the bucket exists, the dataset version does not
     with pytest.raises(Exception) as missing:
         handler_module.handler(event, lambda_context())
     assert type(missing.value).__name__ == "DatasetNotFound"
