@@ -84,3 +84,12 @@ images:  ## build and push the training and serving images to ECR (needs Docker 
 	@echo "Deploy with: sam deploy --guided --parameter-overrides" \
 	  "TrainingImageUri=$(ECR_REGISTRY)/d2ops-training:$(IMAGE_TAG)" \
 	  "ServingImageUri=$(ECR_REGISTRY)/d2ops-serving:$(IMAGE_TAG)"
+
+# ---------------------------------------------------------------- offline runtime (issue 6)
+# The whole pipeline on this machine: synthetic dataset -> local S3 -> trigger -> train ->
+# evaluate -> gate -> register -> local TorchServe endpoint -> prediction. Pass more options
+# with DEMO_ARGS, e.g. `make demo DEMO_ARGS=--twice`.
+DEMO_ARGS ?=
+.PHONY: demo
+demo: setup  ## the whole pipeline offline on a synthetic dataset (bootstraps a fresh clone first)
+	$(BIN)/python -m d2ops demo $(DEMO_ARGS)
