@@ -68,6 +68,12 @@ def test_no_images_validates_annotations_before_images_are_uploaded(dataset: Pat
     assert main(["validate", str(root), "--quiet"]) == 1
 
 
+def test_image_sample_is_refused_for_a_local_directory(dataset: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["validate", str(dataset), "--image-sample", "5"])
+    assert info.value.code == 2 and "s3:// sources only" in capsys.readouterr().err
+
+
 def test_usage_errors_exit_2(tmp_path: Path) -> None:
     assert validate(str(tmp_path / "nowhere")).returncode == 2
     (tmp_path / "file.json").write_text("{}")

@@ -57,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
             report = validate_s3(boto3.client("s3"), bucket, prefix, image_sample=_image_sample(args),
                                  check_images=not args.no_images, progress=progress)
         else:
+            if args.image_sample is not None:
+                raise UsageError("--image-sample applies to s3:// sources only (every local image is checked)")
             if not os.path.exists(source):
                 raise UsageError(f"{source} does not exist")
             if not os.path.isdir(source):
