@@ -1,0 +1,30 @@
+"""Metric lines: what the trainer prints is what SageMaker's regexes and the local runner read."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from d2ops import metrics
+
+
+def test_every_definition_extracts_exactly_its_own_metric() -> None:
+    lines = [metrics.format_metric_line(name, 0.5 + i / 100, 40) for i, name in enumerate(metrics.METRIC_NAMES)]
+    log = "\n".join(["[algo-1] some other output", *lines])
+    for i, definition in enumerate(metrics.METRIC_DEFINITIONS):
+        found = re.findall(definition["Regex"], log)  # SageMaker takes the first group of each match
+        assert [float(v) for v in found] == [pytest.approx(0.5 + i / 100)], definition["Name"]
+
+
+def test_round_trip_and_rejections() -> None:
+    line = metrics.format_metric_line("val:bbox_AP50", 0.9731, 150)
+    assert line == "d2ops-metric val:bbox_AP50=0.973100 iter=150"
+    assert metrics.parse_metric_line(line) == ("val:bbox_AP50", pytest.approx(0.9731), 150)
+    assert metrics.parse_metric_line("d2ops-metric train:loss=1e-3") == ("train:loss", 0.001, None)
+    assert metrics.parse_metric_line("d2ops-metric made:up=1") is None
+    assert metrics.parse_metric_line("loss=0.3") is None
+    with pytest.raises(ValueError, match="unknown metric"):
+        metrics.format_metric_line("val:bbox_mAP", 0.1)
+    with pytest.raises(ValueError, match="finite"):
+        metrics.format_metric_line("train:loss", float("nan"))
