@@ -105,6 +105,15 @@ def test_every_problem_is_reported_at_once() -> None:
     assert message.startswith(f"x.asl.json: {len(problems)} problems:")
 
 
+def test_problems_come_in_a_stable_order() -> None:
+    """Unknown fields are listed sorted, not in set order (which changes with PYTHONHASHSEED)."""
+    problems = problems_of(single({"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:f", "End": True,
+                                   "Retry": [{"ErrorEquals": ["X"], "Zeta": 1, "Alpha": 2, "Mid": 3}],
+                                   "Catch": [{"ErrorEquals": ["Y"], "Next": "A", "Zed": 1, "Abc": 2}]}))
+    assert problems == [f"States.A.Retry[0].{key}: unknown retrier field" for key in ("Alpha", "Mid", "Zeta")] + [
+        f"States.A.Catch[0].{key}: unknown catcher field" for key in ("Abc", "Zed")]
+
+
 def test_malformed_json_is_a_definition_error() -> None:
     with pytest.raises(AslDefinitionError, match="not valid JSON"):
         StateMachine.from_definition('{"StartAt": ', name="Bad")

@@ -208,19 +208,23 @@ class _Validator:
         except PathError as exc:
             self.problem(where, str(exc))
 
+    def path_or_intrinsic(self, value: Any, where: str, reference: bool = False) -> None:
+        if intrinsics.is_intrinsic(value):
+            try:
+                parse_intrinsic(value)
+            except intrinsics.IntrinsicError as exc:
+                self.problem(where, str(exc))
+        else:
+            self.path(value, where, reference=reference)
+
     def template(self, template: Any, where: str) -> None:
         if isinstance(template, dict):
             for key, value in template.items():
                 if key.endswith(".$"):
                     if not isinstance(value, str):
                         self.problem(f"{where}.{key}", "a '.$' field needs a path or intrinsic function string")
-                    elif intrinsics.is_intrinsic(value):
-                        try:
-                            parse_intrinsic(value)
-                        except intrinsics.IntrinsicError as exc:
-                            self.problem(f"{where}.{key}", str(exc))
                     else:
-                        self.path(value, f"{where}.{key}")
+                        self.path_or_intrinsic(value, f"{where}.{key}")
                 else:
                     self.template(value, f"{where}.{key}")
         elif isinstance(template, list):
@@ -234,18 +238,23 @@ class _Validator:
         if ALL in value and (len(value) > 1 or not is_last):
             self.problem(where, "States.ALL must appear alone and in the last retrier/catcher")
 
-    def retriers(self, retriers: Any, where: str) -> None:
-        if not isinstance(retriers, list):
-            self.problem(where, "must be an array of retriers")
+    def handlers(self, items: Any, where: str, kind: str, fields: set[str]) -> Iterable[tuple[str, dict[str, Any]]]:
+        """The well-formed retriers or catchers of ``items`` (with where they are), after the checks they share."""
+        if not isinstance(items, list):
+            self.problem(where, f"must be an array of {kind}s")
             return
-        for index, retrier in enumerate(retriers):
+        for index, item in enumerate(items):
             at = f"{where}[{index}]"
-            if not isinstance(retrier, dict):
+            if not isinstance(item, dict):
                 self.problem(at, "must be an object")
                 continue
-            for key in set(retrier) - _RETRIER:
-                self.problem(f"{at}.{key}", "unknown retrier field")
-            self.error_equals(retrier.get("ErrorEquals"), f"{at}.ErrorEquals", index == len(retriers) - 1)
+            for key in sorted(set(item) - fields):
+                self.problem(f"{at}.{key}", f"unknown {kind} field")
+            self.error_equals(item.get("ErrorEquals"), f"{at}.ErrorEquals", index == len(items) - 1)
+            yield at, item
+
+    def retriers(self, retriers: Any, where: str) -> None:
+        for at, retrier in self.handlers(retriers, where, "retrier", _RETRIER):
             checks = {
                 "IntervalSeconds": (lambda v: _is_int(v) and v >= 1, "must be a positive integer"),
                 "MaxAttempts": (lambda v: _is_int(v) and v >= 0, "must be a non-negative integer"),
@@ -258,17 +267,7 @@ class _Validator:
                     self.problem(f"{at}.{key}", message)
 
     def catchers(self, catchers: Any, where: str, scope: dict[str, Any]) -> None:
-        if not isinstance(catchers, list):
-            self.problem(where, "must be an array of catchers")
-            return
-        for index, catcher in enumerate(catchers):
-            at = f"{where}[{index}]"
-            if not isinstance(catcher, dict):
-                self.problem(at, "must be an object")
-                continue
-            for key in set(catcher) - _CATCHER:
-                self.problem(f"{at}.{key}", "unknown catcher field")
-            self.error_equals(catcher.get("ErrorEquals"), f"{at}.ErrorEquals", index == len(catchers) - 1)
+        for at, catcher in self.handlers(catchers, where, "catcher", _CATCHER):
             self.target(catcher.get("Next"), f"{at}.Next", scope)
             if catcher.get("ResultPath") is not None:
                 self.path(catcher["ResultPath"], f"{at}.ResultPath", reference=True)
@@ -316,14 +315,7 @@ class _Validator:
             if value_key in state and not isinstance(state[value_key], str):
                 self.problem(f"{where}.{value_key}", "must be a string")
             if path_key in state:
-                value = state[path_key]
-                if intrinsics.is_intrinsic(value):
-                    try:
-                        parse_intrinsic(value)
-                    except intrinsics.IntrinsicError as exc:
-                        self.problem(f"{where}.{path_key}", str(exc))
-                else:
-                    self.path(value, f"{where}.{path_key}", reference=True)
+                self.path_or_intrinsic(state[path_key], f"{where}.{path_key}", reference=True)
 
     def state_choice(self, name: str, state: dict[str, Any], where: str, scope: dict[str, Any]) -> None:
         choices = state.get("Choices")
@@ -346,7 +338,7 @@ class _Validator:
         combinators = [k for k in ("And", "Or", "Not") if k in rule]
         operators = [k for k in rule if k in COMPARATORS]
         allowed = {"Next", "Comment", "Variable", *combinators, *operators}
-        for key in set(rule) - allowed:
+        for key in sorted(set(rule) - allowed):
             self.problem(f"{where}.{key}", "unknown choice rule field")
         if len(combinators) + len(operators) != 1:
             self.problem(where, "needs exactly one comparison operator or one of And/Or/Not")
