@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from d2ops.runs import DatasetRef
+from d2ops.runs import DatasetRef, key_listed
 
 CHAMPION_KEY = "champion.json"
 
@@ -50,11 +50,19 @@ class _S3Client(Protocol):
 
     def get_object(self, **kwargs: Any) -> Any: ...
 
+    def list_objects_v2(self, **kwargs: Any) -> Any: ...
+
 
 def read_champion(s3: _S3Client, bucket: str) -> ChampionRecord | None:
-    """The current champion, or None before the first promotion."""
+    """The current champion, or None before the first promotion.
+
+    Existence is asked by listing (:func:`d2ops.runs.key_listed`): readers may list only
+    ``champion.json``, and a GET of the missing record could answer 403 rather than 404.
+    """
+    if not key_listed(s3, bucket, CHAMPION_KEY):
+        return None
     try:
         body = s3.get_object(Bucket=bucket, Key=CHAMPION_KEY)["Body"].read()
-    except s3.exceptions.NoSuchKey:
+    except s3.exceptions.NoSuchKey:  # removed between the listing and the read
         return None
     return ChampionRecord.model_validate_json(body)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import re
 import string
+from typing import Any
 
 import pytest
 
@@ -66,3 +67,28 @@ def test_execution_arns_and_uris() -> None:
 def test_bad_suffixes_are_refused() -> None:
     with pytest.raises(ValueError, match="suffix"):
         runs.sagemaker_name("r", "Train_Job")
+
+
+def stubbed_s3(monkeypatch: pytest.MonkeyPatch) -> Any:
+    import boto3
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    return boto3.client("s3", aws_access_key_id="testing", aws_secret_access_key="testing")
+
+
+def test_existence_is_asked_by_listing_the_exact_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing champion is None without a GET (which a prefix-scoped role may see as 403)."""
+    from botocore.stub import Stubber
+
+    from d2ops.champion import CHAMPION_KEY, read_champion
+
+    s3 = stubbed_s3(monkeypatch)
+    with Stubber(s3) as stub:  # an unexpected GetObject would fail: nothing is stubbed for it
+        listing = {"Bucket": "artifacts", "Prefix": CHAMPION_KEY, "MaxKeys": 1}
+        stub.add_response("list_objects_v2", {"KeyCount": 0}, listing)
+        assert read_champion(s3, "artifacts") is None
+        stub.add_response("list_objects_v2", {"KeyCount": 1, "Contents": [{"Key": "champion.json.bak"}]}, listing)
+        assert read_champion(s3, "artifacts") is None
+        stub.add_response("list_objects_v2", {"KeyCount": 1, "Contents": [{"Key": CHAMPION_KEY}]}, listing)
+        assert runs.key_listed(s3, "artifacts", CHAMPION_KEY)
+        stub.assert_no_pending_responses()

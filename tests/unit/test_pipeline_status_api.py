@@ -99,21 +99,24 @@ def test_post_runs_rejects_bad_requests(aws: dict[str, Any], body: Any, status: 
     assert message in json.dumps(answer)
 
 
-def test_post_runs_reads_only_a_404_as_a_missing_manifest(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only S3's 404 means "no manifest"; a 403 is the API's own problem, not the caller's."""
+def test_post_runs_lists_the_manifest_before_reading_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing manifest is a 404 found by listing; a refused HEAD of a listed one is not a 404."""
     from botocore.exceptions import ClientError
     from botocore.stub import Stubber
 
     support.aws_env(monkeypatch)
     s3, no_sfn = boto3.client("s3"), object()  # neither answer may reach Step Functions
     uri = f"s3://{support.DATA_BUCKET}/datasets/shapes/v1/"
+    listing = {"Bucket": support.DATA_BUCKET, "Prefix": "datasets/shapes/v1/manifest.json", "MaxKeys": 1}
     with Stubber(s3) as stub:
+        stub.add_response("list_objects_v2", {"KeyCount": 0}, listing)
+        with pytest.raises(service.DatasetNotFound, match="does not exist"):
+            service.start_run_for_uri(s3, no_sfn, support.STATE_MACHINE_ARN, support.DATA_BUCKET, uri)
+        stub.add_response("list_objects_v2", {"KeyCount": 1, "Contents": [{"Key": listing["Prefix"]}]}, listing)
         stub.add_client_error("head_object", service_error_code="403", http_status_code=403)
         with pytest.raises(ClientError, match="403"):
             service.start_run_for_uri(s3, no_sfn, support.STATE_MACHINE_ARN, support.DATA_BUCKET, uri)
-        stub.add_client_error("head_object", service_error_code="404", http_status_code=404)
-        with pytest.raises(service.DatasetNotFound, match="does not exist"):
-            service.start_run_for_uri(s3, no_sfn, support.STATE_MACHINE_ARN, support.DATA_BUCKET, uri)
+        stub.assert_no_pending_responses()
 
 
 def test_get_runs_filters_by_dataset_and_paginates(aws: dict[str, Any]) -> None:

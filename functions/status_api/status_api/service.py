@@ -194,14 +194,11 @@ def start_run_for_uri(s3: Any, sfn: Any, state_machine_arn: str, data_bucket: st
         runs.parse_manifest_key(key)
     except runs.NotADatasetManifest as exc:
         raise BadDatasetUri(str(exc)) from exc
-    try:
-        head = s3.head_object(Bucket=bucket, Key=key)
-    except s3.exceptions.ClientError as exc:
-        # HEAD answers carry no error body: a missing key is the bare status 404. Anything
-        # else (access denied, throttling) is not the caller's mistake and must not read as 404.
-        if exc.response.get("Error", {}).get("Code") not in {"404", "NoSuchKey", "NotFound"}:
-            raise
-        raise DatasetNotFound(f"s3://{bucket}/{key} does not exist (upload manifest.json last)") from exc
+    # Listed first: a HEAD of a missing key may answer 403 to a role that lists only some
+    # prefixes; access denied or throttling on the HEAD is then not mistaken for a 404.
+    if not runs.key_listed(s3, bucket, key):
+        raise DatasetNotFound(f"s3://{bucket}/{key} does not exist (upload manifest.json last)")
+    head = s3.head_object(Bucket=bucket, Key=key)
     dataset = runs.dataset_ref(bucket, key, head.get("VersionId"), head.get("ETag"))
     trigger = runs.Trigger(source="api", object_key=key, object_version=dataset.manifest_version)
     started = runs.start_run(sfn, state_machine_arn, dataset, trigger)
