@@ -461,3 +461,15 @@ def test_a_missing_image_names_a_file_that_differs_only_in_case_or_normalization
                         "Unicode normalization)",
                         f"images/train/caf\u00e9.jpg was not uploaded (images/{nfd} differs only in letter case or "
                         "Unicode normalization)"]
+
+
+def test_huge_images_have_their_size_checked_without_being_decoded(ds: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from d2ops.validation import sources
+
+    path = ds / "images/train/000000.jpg"
+    Image.new("RGB", (64, 64)).save(path, format="PNG")  # PNG: draft mode cannot shrink it
+    monkeypatch.setattr(sources, "FULL_DECODE_PIXELS", 64 * 64 - 1)
+    report = validate_local(ds)
+    assert report.valid and report.images.decoded == report.images.probed - 1 == 47, report.describe()
+    Image.new("RGB", (80, 64)).save(path, format="PNG")
+    assert [i.path for i in issues(validate_local(ds), Code.IMAGE_SIZE_MISMATCH)] == ["images[0]"]

@@ -87,8 +87,8 @@ class ImageCheck(BaseModel):
     referenced: int = Field(default=0, description="image entries with a safe, unique file_name")
     missing: int = 0
     probed: int = Field(default=0, description="image files whose size was read (all locally, a sample in S3)")
-    decoded: int = Field(default=0, description="image files fully decoded (every probed image but S3 ones over "
-                                                 "16 MB, whose header alone is read)")
+    decoded: int = Field(default=0, description="image files fully decoded (every probed image but those over "
+                                                 "16 MB in S3 or 25 megapixels, whose size alone is read)")
 
 
 class DatasetRef(BaseModel):

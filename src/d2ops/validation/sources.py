@@ -4,7 +4,7 @@ Both list every file once up front (S3: one paginated ListObjectsV2 walk, never 
 image), hand large JSON files to the checks as a memory map, and probe image files. A probed
 image is decoded (JPEGs in draft mode, so the whole entropy-coded stream is read at an eighth of
 the cost): locally every image, in S3 the sampled ones, each with one GET (images larger than
-FULL_DECODE_BYTES get only their header read, from the same ranged GET).
+FULL_DECODE_BYTES, or of more than FULL_DECODE_PIXELS after draft scaling, get only their size read).
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ from d2ops.validation.errors import DatasetUnreadable, SourceFileError
 # S3 images up to this size are downloaded whole and decoded; of larger ones this much is read, which
 # holds the header. Bounds a Lambda's memory: 8 probing threads hold at most 8 of these at once.
 FULL_DECODE_BYTES = 16 * 1024 * 1024
+# Images that would still decode to more pixels than this (after JPEG draft scaling) get their size
+# checked but are not decoded: a 90-megapixel PNG needs 270 MB per probing thread.
+FULL_DECODE_PIXELS = 25_000_000
 _SWAPPING_ORIENTATIONS = {5, 6, 7, 8}  # EXIF orientations that rotate by 90 degrees
 # Errors Pillow raises on corrupt data (truncated streams, bad headers, decompression bombs).
 _IMAGE_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError)
@@ -72,7 +75,9 @@ def _probe(fp: Any, *, decode: bool) -> ImageProbe:
         if decode:
             # Draft mode decodes JPEGs at 1/8 scale: every byte is still parsed, so truncation shows.
             im.draft(im.mode, (max(1, stored[0] // 8), max(1, stored[1] // 8)))
-            im.load()
+            decode = im.size[0] * im.size[1] <= FULL_DECODE_PIXELS
+            if decode:
+                im.load()
     return ImageProbe(size=seen, stored_size=stored, decoded=decode)
 
 
