@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torchvision  # noqa: F401  registers torchvision::nms & co., which exported detectors call
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 MODEL_FILE = "model.pt"
