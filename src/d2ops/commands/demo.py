@@ -114,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     from d2ops.offline.pipeline import run_pipeline
     from d2ops.offline.processes import RuntimeBusy, install_signal_handlers
     from d2ops.offline.runtime import OfflineRuntime
+    from d2ops.offline.stack import cpu_training_profile
 
     if args.images < 8 or args.max_iter < 1 or args.deliveries < 1:
         raise UsageError("--images must be >= 8, --max-iter and --deliveries >= 1")
@@ -126,12 +127,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not args.keep_state and work_dir.exists():
             previous = sorted(p.stem for p in (work_dir / "executions").glob("*.json"))
-            runtime = OfflineRuntime(work_dir, fresh=True)
+            runtime = OfflineRuntime(work_dir, fresh=True, training_defaults=cpu_training_profile(args.size))
             if previous:
                 say(f"starting clean: removing {len(previous)} earlier run(s) from {work_dir} "
                     "(--keep-state keeps them)")
         else:
-            runtime = OfflineRuntime(work_dir)
+            runtime = OfflineRuntime(work_dir, training_defaults=cpu_training_profile(args.size))
         say("d2ops demo: the whole pipeline on this machine (no AWS account, no Docker, no GPU)")
         with runtime as rt:
             stages["start runtime"] = round(time.monotonic() - t0, 1)

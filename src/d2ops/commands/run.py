@@ -17,26 +17,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--work-dir", type=Path, default=Path(".d2ops"), help="offline runtime state (default .d2ops)")
     p.add_argument("--parameter", action="append", default=[], metavar="NAME=VALUE",
                    help="override a template.yaml stack parameter, e.g. MinMap=0.5 (repeatable)")
+    p.add_argument("--hyperparameter", action="append", default=[], metavar="NAME=VALUE",
+                   help="a training hyperparameter default for this machine, e.g. min_size=256 (repeatable; "
+                        "the manifest's training keys win)")
+    p.add_argument("--cpu-profile", type=int, metavar="PX",
+                   help="CPU-friendly training defaults for images of about PX pixels (input size, proposals)")
     p.add_argument("--timeout", type=float, default=3600.0, help="stop the run after this many seconds")
     p.add_argument("--json", action="store_true", help="print only the run summary as JSON (progress on stderr)")
     p.set_defaults(func=run)
 
 
-def parse_parameters(items: list[str]) -> dict[str, str]:
-    parameters = {}
+def parse_pairs(items: list[str], option: str) -> dict[str, str]:
+    pairs = {}
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name:
-            raise UsageError(f"--parameter {item!r}: expected NAME=VALUE")
-        parameters[name] = value
-    return parameters
+            raise UsageError(f"{option} {item!r}: expected NAME=VALUE")
+        pairs[name] = value
+    return pairs
 
 
 def run(args: argparse.Namespace) -> int:
     from d2ops.offline.pipeline import run_pipeline
     from d2ops.offline.processes import RuntimeBusy, install_signal_handlers
     from d2ops.offline.runtime import OfflineRuntime
-    from d2ops.offline.stack import StackError
+    from d2ops.offline.stack import StackError, cpu_training_profile
 
     if not (args.dataset_dir / "manifest.json").is_file():
         raise UsageError(f"{args.dataset_dir}: no manifest.json (a dataset version directory holds manifest.json, "
@@ -45,7 +50,10 @@ def run(args: argparse.Namespace) -> int:
         (lambda line: print(line, flush=True))
     install_signal_handlers()
     try:
-        runtime = OfflineRuntime(args.work_dir, parameters=parse_parameters(args.parameter))
+        defaults = cpu_training_profile(args.cpu_profile) if args.cpu_profile else {}
+        defaults.update(parse_pairs(args.hyperparameter, "--hyperparameter"))
+        runtime = OfflineRuntime(args.work_dir, parameters=parse_pairs(args.parameter, "--parameter"),
+                                 training_defaults=defaults)
     except StackError as exc:
         raise UsageError(str(exc)) from exc
     try:

@@ -16,6 +16,7 @@ Stopping it reverses all of that and saves an S3 snapshot for the next start.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -51,12 +52,13 @@ _CLIENT_CONFIG = Config(retries={"max_attempts": 3, "mode": "standard"}, connect
 class OfflineRuntime:
     def __init__(self, work_dir: Path = DEFAULT_WORK_DIR, *, parameters: dict[str, str] | None = None,
                  jobs: JobBackend | None = None, serving: ServingBackend | None = None,
-                 fresh: bool = False) -> None:
+                 fresh: bool = False, training_defaults: dict[str, str] | None = None) -> None:
         self.work_dir = work_dir.resolve()
         self.stack: OfflineStack = load_stack(parameters=parameters)
         self.fresh = fresh
         self._jobs = jobs
         self._serving = serving
+        self.training_defaults = dict(training_defaults or {})
         self.messages: list[str] = []  # what start-up found and did (interrupted runs, leftovers)
         self._saved_env: dict[str, str | None] = {}
         self._started = False
@@ -83,6 +85,7 @@ class OfflineRuntime:
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request access log
         self.warden = ProcessWarden(self.work_dir)
         self.warden.acquire()
+        atexit.register(self.stop)  # an exit that skips the caller's cleanup still ends TorchServe and jobs
         try:
             self.messages += self.warden.reap_leftovers()
             if self.fresh:
@@ -106,7 +109,7 @@ class OfflineRuntime:
             self.messages += self._restore_s3()
             self.sagemaker = LocalSageMaker(self.work_dir, self.client("s3"), self._moto_client("sagemaker"),
                                             self._jobs or _default_jobs(), self._serving or _default_serving(),
-                                            REGION, ACCOUNT_ID)
+                                            REGION, ACCOUNT_ID, self.training_defaults)
             (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
             self._lambda_log = open(self.work_dir / "logs" / "lambda.log", "a", encoding="utf-8")  # noqa: SIM115
             self.lambdas = LocalLambdas(self.stack.functions, self._lambda_log)
@@ -138,6 +141,7 @@ class OfflineRuntime:
         if getattr(self, "_stopping", False):
             return
         self._stopping = True
+        atexit.unregister(self.stop)
         steps = [
             ("executions", lambda: self.sfn.abort_all("the offline runtime is stopping")),
             ("sagemaker", lambda: self.sagemaker.shutdown()),

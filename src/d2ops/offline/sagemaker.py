@@ -98,8 +98,11 @@ class LocalSageMaker:
                        "CreateEndpoint", "UpdateEndpoint", "DescribeEndpoint", "DeleteEndpoint", "ListEndpoints"})
 
     def __init__(self, work_dir: Path, s3: Any, registry: Any, jobs: JobBackend, serving: ServingBackend,
-                 region: str, account_id: str) -> None:
+                 region: str, account_id: str, training_defaults: dict[str, str] | None = None) -> None:
         self.work_dir = work_dir
+        # Hyperparameters a job gets when its request does not set them: a machine profile
+        # (a CPU laptop trains at the data's resolution), recorded in the job's description.
+        self.training_defaults = dict(training_defaults or {})
         self.s3 = s3  # boto3 S3 client (moto)
         self.registry = registry  # boto3 SageMaker client straight to moto (models, configs, packages)
         self.jobs = jobs
@@ -179,7 +182,9 @@ class LocalSageMaker:
                                                 f"region, and a training job with this name already exists "
                                                 f"({self._arn('training-job', name)})")
             now = _now()
-            record = {**request, "TrainingJobName": name, "TrainingJobArn": self._arn("training-job", name),
+            hyperparameters = {**self.training_defaults, **(request.get("HyperParameters") or {})}
+            record = {**request, "HyperParameters": hyperparameters,
+                      "TrainingJobName": name, "TrainingJobArn": self._arn("training-job", name),
                       "TrainingJobStatus": "InProgress", "SecondaryStatus": "Starting", "CreationTime": now,
                       "LastModifiedTime": now, "SecondaryStatusTransitions": [
                           {"Status": "Starting", "StartTime": now,

@@ -1,0 +1,95 @@
+"""The offline pipeline end to end: real training, evaluation, registry, TorchServe endpoint.
+
+Tiny datasets and a few iterations keep this bounded (the demo's quality belongs to `make
+demo`); the gate is set per dataset version in its manifest, so one run passes and one fails.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from d2ops.offline.pipeline import run_pipeline
+from d2ops.offline.runtime import OfflineRuntime
+from d2ops.offline.stack import cpu_training_profile
+from tests.fixtures.offline.support import tiny_dataset
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
+
+TRAINING = {"model": "fasterrcnn_resnet18_fpn", "max_iter": 6, "ims_per_batch": 2, "seed": 0}
+SUCCESS_STATES = ["Validate dataset", "Prepare training job", "Train model", "Evaluate challenger and champion",
+                  "Read evaluation report", "Quality gate", "Quality gate passed", "Register model version",
+                  "Create model", "Create endpoint config", "Find current endpoint", "Create endpoint",
+                  "Wait for endpoint", "Check endpoint status", "Smoke test endpoint", "Record champion",
+                  "Promote to champion", "Notify success", "Run succeeded"]
+ENDPOINT_STATES = {"Create model", "Create endpoint config", "Find current endpoint", "Create endpoint",
+                   "Update endpoint (blue/green)", "Smoke test endpoint"}
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineRuntime]:
+    with OfflineRuntime(tmp_path_factory.mktemp("e2e") / "work", training_defaults=cpu_training_profile(64)) as rt:
+        yield rt
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("datasets")
+
+
+def test_a_tiny_dataset_goes_through_every_state_to_a_served_model(runtime: OfflineRuntime, datasets: Path) -> None:
+    dataset = tiny_dataset(datasets, "tiny", "v1", images=16, size=64, training=TRAINING, gate={"min_map": 0.0})
+    lines: list[str] = []
+    summary = run_pipeline(runtime, dataset, deliveries=5, out=lines.append, timeout=1200)
+    assert summary.status == "SUCCEEDED", (summary.error, summary.cause, lines[-10:])
+    assert [s for s in SUCCESS_STATES if s not in summary.states_visited] == []
+    executions = runtime.client("stepfunctions").list_executions(stateMachineArn=runtime.stack.state_machine_arn)
+    assert [e["name"] for e in executions["executions"]] == [summary.run_id]  # five deliveries, one run
+
+    sagemaker = runtime.client("sagemaker")
+    job = sagemaker.describe_training_job(TrainingJobName=summary.output["plan"]["names"]["training_job"])
+    assert job["TrainingJobStatus"] == "Completed"
+    assert {m["MetricName"] for m in job["FinalMetricDataList"]} >= {"train:loss"}
+    bucket, _, key = job["ModelArtifacts"]["S3ModelArtifacts"].removeprefix("s3://").partition("/")
+    assert runtime.client("s3").head_object(Bucket=bucket, Key=key)["ContentLength"] > 1000
+    packages = sagemaker.list_model_packages(ModelPackageGroupName=runtime.stack.model_package_group)
+    assert [p["ModelApprovalStatus"] for p in packages["ModelPackageSummaryList"]] == ["Approved"]
+    endpoint = sagemaker.describe_endpoint(EndpointName=runtime.stack.endpoint_name)
+    assert endpoint["EndpointStatus"] == "InService"
+    champion = json.loads(runtime.client("s3").get_object(Bucket=runtime.stack.artifacts_bucket,
+                                                          Key="champion.json")["Body"].read())
+    assert champion["run_id"] == summary.run_id
+
+    image = next((dataset / "images").rglob("*.png"), None) or next((dataset / "images").rglob("*.jpg"))
+    smr = runtime.client("sagemaker-runtime")
+    answer = json.loads(smr.invoke_endpoint(EndpointName=runtime.stack.endpoint_name, Body=image.read_bytes(),
+                                            ContentType="image/png" if image.suffix == ".png" else "image/jpeg")
+                        ["Body"].read())
+    assert isinstance(answer, dict | list)
+    with pytest.raises(smr.exceptions.ModelError) as bad:
+        smr.invoke_endpoint(EndpointName=runtime.stack.endpoint_name, Body=b"not an image", ContentType="image/png")
+    assert 400 <= bad.value.response["OriginalStatusCode"] < 500
+    with pytest.raises(smr.exceptions.ValidationError):
+        smr.invoke_endpoint(EndpointName="no-such-endpoint", Body=image.read_bytes(), ContentType="image/png")
+
+
+def test_a_gate_set_too_high_fails_without_touching_the_endpoint(runtime: OfflineRuntime, datasets: Path) -> None:
+    sagemaker = runtime.client("sagemaker")
+    before = sagemaker.describe_endpoint(EndpointName=runtime.stack.endpoint_name)
+    dataset = tiny_dataset(datasets, "tiny", "v2", images=16, size=64, seed=1, training=TRAINING,
+                           gate={"min_map": 1.0})
+    lines: list[str] = []
+    summary = run_pipeline(runtime, dataset, out=lines.append, timeout=1200)
+    assert (summary.status, summary.error) == ("FAILED", "QualityGateFailed"), (summary.cause, lines[-10:])
+    assert "Below quality threshold" in summary.states_visited
+    assert ENDPOINT_STATES.isdisjoint(summary.states_visited)
+    after = sagemaker.describe_endpoint(EndpointName=runtime.stack.endpoint_name)
+    assert (after["EndpointConfigName"], after["LastModifiedTime"]) == (before["EndpointConfigName"],
+                                                                        before["LastModifiedTime"])
+    packages = sagemaker.list_model_packages(ModelPackageGroupName=runtime.stack.model_package_group,
+                                             SortBy="CreationTime", SortOrder="Descending")
+    assert packages["ModelPackageSummaryList"][0]["ModelApprovalStatus"] == "Rejected"
+    assert summary.output["evaluation"]["has_champion"] is True  # evaluated against the first run's model
