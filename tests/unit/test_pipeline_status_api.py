@@ -150,6 +150,12 @@ def test_get_runs_validates_the_query(aws: dict[str, Any], query: dict[str, str]
     assert status == 422 and name in json.dumps(body)
 
 
+@pytest.mark.parametrize("path", ["/runs", "/models"])
+def test_a_foreign_page_token_is_a_400(aws: dict[str, Any], path: str) -> None:
+    status, body = call("GET", path, {"nextToken": "not-a-token"})
+    assert status == 400 and "nextToken is not a page token" in body["message"]
+
+
 def test_get_run_answers_404_and_422(aws: dict[str, Any]) -> None:
     status, body = call("GET", "/runs/shapes_v1_0000000000000000")
     assert status == 404 and "no run" in body["message"]

@@ -35,14 +35,16 @@ tracer = Tracer()
 app = APIGatewayHttpResolver(enable_validation=True)
 
 OPENAPI_TITLE = "d2ops status API"
+OPENAPI_VERSION = "1.0.0"
 
 
 def error(description: str) -> OpenAPIResponse:
     return {"description": description, "content": {"application/json": {"model": ErrorResponse}}}
-OPENAPI_VERSION = "1.0.0"
 
 
-@app.get("/runs", summary="List pipeline runs, newest first")
+@app.get("/runs", summary="List pipeline runs, newest first",
+         responses={200: {"description": "one page of runs", "content": {"application/json": {"model": RunList}}},
+                    400: error("nextToken is not a token of this listing")})
 @tracer.capture_method
 def list_runs(
     dataset: Annotated[str | None, Query(description="only runs of this dataset name")] = None,
@@ -50,8 +52,11 @@ def list_runs(
     next_token: Annotated[str | None, Query(alias="nextToken", description="from the previous page")] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 25,
 ) -> RunList:
-    return service.list_runs(boto3.client("stepfunctions"), os.environ["STATE_MACHINE_ARN"], dataset=dataset,
-                             status=status, next_token=next_token, limit=limit)
+    try:
+        return service.list_runs(boto3.client("stepfunctions"), os.environ["STATE_MACHINE_ARN"], dataset=dataset,
+                                 status=status, next_token=next_token, limit=limit)
+    except service.BadPageToken as exc:
+        raise BadRequestError(str(exc)) from exc
 
 
 @app.get("/runs/<runId>", summary="One run: status, timeline, validation, training, evaluation, gate, endpoint",
@@ -87,14 +92,21 @@ def start_run(request: StartRunRequest) -> tuple[StartRunResponse, int]:
     return started, 200 if started.already_started else 202
 
 
-@app.get("/models", summary="Model Registry versions and the current champion")
+@app.get("/models", summary="Model Registry versions and the current champion",
+         responses={200: {"description": "one page of model versions and the champion",
+                          "content": {"application/json": {"model": ModelsResponse}}},
+                    400: error("nextToken is not a token of this listing")})
 @tracer.capture_method
 def list_models(
     next_token: Annotated[str | None, Query(alias="nextToken")] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 25,
 ) -> ModelsResponse:
-    return service.list_models(boto3.client("sagemaker"), boto3.client("s3"), os.environ["MODEL_PACKAGE_GROUP_NAME"],
-                               os.environ["ARTIFACTS_BUCKET"], next_token, limit)
+    try:
+        return service.list_models(boto3.client("sagemaker"), boto3.client("s3"),
+                                   os.environ["MODEL_PACKAGE_GROUP_NAME"], os.environ["ARTIFACTS_BUCKET"], next_token,
+                                   limit)
+    except service.BadPageToken as exc:
+        raise BadRequestError(str(exc)) from exc
 
 
 def openapi_document() -> str:

@@ -36,6 +36,10 @@ class BadDatasetUri(Exception):
     pass
 
 
+class BadPageToken(Exception):
+    """A nextToken the listing did not hand out (or one that expired)."""
+
+
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
@@ -59,7 +63,10 @@ def list_runs(sfn: Any, state_machine_arn: str, *, dataset: str | None, status: 
             kwargs["statusFilter"] = status
         if token:
             kwargs["nextToken"] = token
-        page = sfn.list_executions(**kwargs)
+        try:
+            page = sfn.list_executions(**kwargs)
+        except sfn.exceptions.InvalidToken as exc:
+            raise BadPageToken(f"nextToken is not a page token of this run listing: {exc}") from exc
         token = page.get("nextToken")
         found.extend(s for s in map(summarize_execution, page["executions"])
                      if wanted is None or s.dataset_name == wanted)
@@ -212,7 +219,13 @@ def list_models(sagemaker: Any, s3: Any, group: str, artifacts_bucket: str, next
                               "SortBy": "CreationTime", "SortOrder": "Descending", "MaxResults": limit}
     if next_token:
         kwargs["NextToken"] = next_token
-    page = sagemaker.list_model_packages(**kwargs)
+    try:
+        page = sagemaker.list_model_packages(**kwargs)
+    except sagemaker.exceptions.ClientError as exc:
+        # SageMaker refuses a foreign or expired token as a validation error.
+        if next_token and exc.response.get("Error", {}).get("Code") in {"InvalidToken", "ValidationException"}:
+            raise BadPageToken(f"nextToken is not a page token of the model listing: {exc}") from exc
+        raise
     versions = [ModelVersion(model_package_arn=p["ModelPackageArn"], version=p.get("ModelPackageVersion"),
                              approval_status=p.get("ModelApprovalStatus", "Unknown"),
                              created_at=p["CreationTime"].isoformat(), description=p.get("ModelPackageDescription"))
