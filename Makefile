@@ -49,6 +49,19 @@ lint: setup  ## ruff, mypy, cfn-lint, sam validate --lint, checkov, hadolint
 bench-validate: setup  ## validator vs pycocotools COCO() on a train2017-sized file (time, peak RSS)
 	$(BIN)/python -m d2ops.bench.validate --workdir build/bench-validate
 
+# --- serving (issue 4) ------------------------------------------------------------------
+.PHONY: bench-serve
+bench-serve: setup  ## TorchServe /invocations (concurrency 1 and 8, batching on/off) vs in-process predict
+	$(BIN)/python -m d2ops.bench.serve
+
+# --- training (issue 3) -----------------------------------------------------------------
+.PHONY: bench-train test-training-slow
+bench-train: setup  ## CPU training throughput (images/s), one process vs two (gloo), and the ratio
+	$(BIN)/python -m d2ops.bench.train --workdir build/bench-train
+
+test-training-slow: setup  ## the longer, better-converged training run (marker `slow`)
+	$(BIN)/pytest -m slow tests/integration/test_training_slow.py
+
 clean:  ## remove build output (keeps .venv)
 	rm -rf .aws-sam build dist .pytest_cache .mypy_cache .ruff_cache
 

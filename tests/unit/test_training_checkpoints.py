@@ -56,7 +56,7 @@ def test_corrupt_checkpoint_is_named_with_what_to_do(tmp_path: Path) -> None:
 
 def test_pointer_to_a_missing_or_foreign_file(tmp_path: Path) -> None:
     (tmp_path / ck.POINTER).write_text("model_0000099.pth")
-    with pytest.raises(ck.CheckpointError, match="model_0000099.pth but .* is missing"):
+    with pytest.raises(ck.CheckpointError, match=r"model_0000099.pth but .* is missing"):
         ck.latest_checkpoint(tmp_path)
     (tmp_path / ck.POINTER).write_text("../../etc/passwd")
     with pytest.raises(ck.CheckpointError, match="not a checkpoint file"):

@@ -28,7 +28,8 @@ def test_config_source_zoo_name_shipped_file_and_rejections(tmp_path: Path) -> N
     assert d2.config_source(None, "detection") == d2.ConfigSource("zoo", "COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml")
     assert d2.config_source(None, "instance_segmentation").location.startswith("COCO-InstanceSegmentation/mask_rcnn")
     (tmp_path / "shapes.yaml").write_text("_BASE_: x\n")
-    assert d2.config_source("shapes.yaml", "detection", tmp_path) == d2.ConfigSource("file", str(tmp_path / "shapes.yaml"))
+    shipped = d2.config_source("shapes.yaml", "detection", tmp_path)
+    assert shipped == d2.ConfigSource("file", str(tmp_path / "shapes.yaml"))
     for bad in ("../etc/passwd.yaml", "/abs.yaml", "not-a-config", "fasterrcnn_resnet18_fpn"):
         with pytest.raises(ConfigError, match="model="):
             d2.config_source(bad, "detection", tmp_path)
