@@ -79,6 +79,7 @@ class ProgressPrinter:
         self._entered: dict[str, datetime] = {}
         self._errors: dict[str, str] = {}
         self._current: str | None = None
+        self._visits: dict[str, int] = {}
 
     def __call__(self, execution_name: str, event: dict[str, Any]) -> None:
         if self.run_id is not None and execution_name != self.run_id:
@@ -89,15 +90,18 @@ class ProgressPrinter:
             name = event["stateEnteredEventDetails"]["name"]
             self._entered[name] = event["timestamp"]
             self._current = name
-            if kind.startswith("Task") or kind.startswith("Wait"):
+            self._visits[name] = self._visits.get(name, 0) + 1
+            if self._visits[name] == 1 and (kind.startswith("Task") or kind.startswith("Wait")):
                 self.out(f"{clock}   -> {name}")
         elif kind.endswith("StateExited"):
             name = event["stateExitedEventDetails"]["name"]
             start = self._entered.pop(name, event["timestamp"])
             took = (event["timestamp"] - start).total_seconds()
             error = self._errors.pop(name, None)
-            mark = "caught " + error if error else "ok"
-            self.out(f"{clock} {'!!' if error else 'ok'} {name} ({took:.1f}s{'' if not error else ', ' + mark})")
+            if error:
+                self.out(f"{clock} !! {name} ({took:.1f}s, caught {error})")
+            elif self._visits.get(name, 0) == 1 and not kind.startswith("Choice"):
+                self.out(f"{clock} ok {name} ({took:.1f}s)")  # loops (the endpoint wait) print once
         elif kind.endswith("Failed") or kind.endswith("TimedOut"):
             details: dict[str, Any] = next((v for k, v in event.items() if k.endswith("EventDetails")), {}) or {}
             if kind.startswith("Execution"):
