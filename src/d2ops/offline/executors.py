@@ -60,7 +60,7 @@ def error_name(client: Any, service: str, code: str, sdk: bool) -> str:
     prefix = _ERROR_PREFIX.get(service, service.capitalize())
     if not sdk:
         return f"{prefix}.Amazon{prefix}Exception"
-    modeled = {shape for shape in client.meta.service_model.error_shapes}
+    modeled = {shape.name for shape in client.meta.service_model.error_shapes}
     if code in modeled or code.removesuffix("Exception") in modeled:
         return f"{prefix}.{code if code.endswith('Exception') else code + 'Exception'}"
     return f"{prefix}.{prefix}Exception"
