@@ -1,0 +1,80 @@
+"""The local SageMaker-style runner's layout, the train-local CLI's arguments, and the docs table."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from d2ops import local_jobs
+from d2ops.template import REPO_ROOT
+from model_code.training.config import Hyperparameters, load_environment, parse_hyperparameters
+
+
+def test_host_tree_is_what_the_entry_point_reads(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    spec = local_jobs.TrainingJobSpec(job_name="j", channels={"train": data, "val": data}, work_dir=tmp_path / "w",
+                                      output_dir=tmp_path / "o", hyperparameters={"max_iter": "7"},
+                                      instance_count=3, cpus_per_host=1)
+    root, env = local_jobs.prepare_training_host(spec, "algo-2", 41000)
+    assert root == tmp_path / "w" / "algo-2"
+    config = root / "input" / "config"
+    assert json.loads((config / "resourceconfig.json").read_text()) == {
+        "current_host": "algo-2", "hosts": ["algo-1", "algo-2", "algo-3"], "network_interface_name": "lo"}
+    assert json.loads((config / "hyperparameters.json").read_text()) == {"max_iter": "7"}
+    assert set(json.loads((config / "inputdataconfig.json").read_text())) == {"train", "val"}
+    assert (root / "input" / "data" / "train").resolve() == data.resolve()
+    assert env["SM_CURRENT_HOST"] == "algo-2" and json.loads(env["SM_HOSTS"]) == ["algo-1", "algo-2", "algo-3"]
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["OMP_NUM_THREADS"]) == ("127.0.0.1", "41000", "1")
+    # the entry point's own parser reads this tree back: both sides of the contract agree
+    parsed = load_environment(env)
+    assert parsed.current_host == "algo-2" and parsed.model_dir == root / "model"
+    assert parsed.channel("val") == root / "input" / "data" / "val"
+    assert parsed.checkpoint_dir == root / "checkpoints"
+    assert parse_hyperparameters(parsed.hyperparameters).max_iter == 7
+    # from the config files alone (no SM_* variables), as under a bare SageMaker launcher
+    bare = load_environment({"D2OPS_ML_ROOT": str(root)}, gpu_count=0)
+    assert bare.hosts == parsed.hosts and bare.channels == parsed.channels
+
+
+def test_missing_channel_directory_is_refused(tmp_path: Path) -> None:
+    spec = local_jobs.TrainingJobSpec(job_name="j", channels={"train": tmp_path / "nope"}, work_dir=tmp_path / "w",
+                                      output_dir=tmp_path / "o")
+    with pytest.raises(local_jobs.LocalJobError, match="channel 'train'"):
+        local_jobs.prepare_training_host(spec, "algo-1", 1)
+
+
+def test_processing_layout_mounts_files_and_directories(tmp_path: Path) -> None:
+    tar = tmp_path / "model.tar.gz"
+    tar.write_bytes(b"x")
+    val = tmp_path / "val"
+    val.mkdir()
+    spec = local_jobs.ProcessingJobSpec(job_name="e", inputs={"challenger": tar, "val": val},
+                                        work_dir=tmp_path / "root", output_dir=tmp_path / "out")
+    root, env = local_jobs.prepare_processing(spec)
+    assert (root / "processing" / "input" / "challenger" / "model.tar.gz").read_bytes() == b"x"
+    assert (root / "processing" / "input" / "val").resolve() == val.resolve()
+    assert env["D2OPS_ML_ROOT"] == str(root)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--hyperparameters", "{bad"], "--hyperparameters is not valid JSON"),
+    (["--hyperparameters", "[1]"], "must be a JSON object"),
+    (["--hosts", "0"], "--hosts must be at least 1"),
+])
+def test_train_local_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
+    (tmp_path / "manifest.json").write_text("{}")
+    proc = subprocess.run([sys.executable, "-m", "d2ops", "train-local", str(tmp_path), str(tmp_path / "o"), *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr
+
+
+def test_every_hyperparameter_is_documented() -> None:
+    doc = (REPO_ROOT / "docs" / "training.md").read_text()
+    documented = set(re.findall(r"^\| `([a-z_0-9]+)` \|", doc, flags=re.M))
+    assert documented == set(Hyperparameters.model_fields)
