@@ -11,6 +11,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -34,7 +35,7 @@ def _arn(rt: OfflineRuntime) -> str:
     return next(arn for arn in rt.sfn.machines if arn.endswith(":wait"))
 
 
-def _wait_done(sfn, arn: str, timeout: float = 20) -> dict:  # type: ignore[no-untyped-def]
+def _wait_done(sfn: Any, arn: str, timeout: float = 20) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         described = sfn.describe_execution(executionArn=arn)
