@@ -155,9 +155,9 @@ def evaluate_detector(detector: LoadedDetector, gt: dict[str, Any], images_dir: 
     per_class: dict[str, dict[str, float]] = {}
     curves: dict[str, dict[str, dict[str, list[float]]]] = {}
     for iou_type in iou_types:
-        wanted = results if iou_type == "bbox" else [r for r in results if "segmentation" in r]
-        if iou_type == "bbox":
-            wanted = [{k: v for k, v in r.items() if k != "segmentation"} for r in results]
+        # bbox scoring must not see the masks (loadRes would derive boxes from them)
+        wanted = results if iou_type == "segm" else [{k: v for k, v in r.items() if k != "segmentation"}
+                                                      for r in results]
         scores = score_iou_type(gt, wanted, iou_type, names)
         metrics.update(scores.metrics)
         for name, ap in scores.per_class.items():
@@ -168,7 +168,10 @@ def evaluate_detector(detector: LoadedDetector, gt: dict[str, Any], images_dir: 
 
 
 def print_progress(prefix: str) -> Callable[[int, int], None]:
+    last = [0]
+
     def report(done: int, total: int) -> None:
-        if done == total or done % 20 < 4:
+        if done == total or done - last[0] >= 50:
+            last[0] = done
             print(f"{prefix}: {done}/{total} images", file=sys.stderr, flush=True)
     return report

@@ -18,6 +18,7 @@ import argparse
 import os
 import sys
 import traceback
+import warnings
 from pathlib import Path
 
 from model_code.artifact import ArtifactError, LoadedDetector, load_artifact, write_json
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", default=os.environ.get("D2OPS_ML_ROOT", "/opt/ml"), help="the /opt/ml root")
     parser.add_argument("--sample-images", type=int, default=6)
     args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=FutureWarning)
     root = Path(args.root)
     message = root / "output" / "message"
     message.unlink(missing_ok=True)

@@ -6,7 +6,6 @@ both have them (docs/training.md).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import signal
@@ -23,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from d2ops import metrics as metric_lines
+from model_code.artifact import write_json
 from model_code.dataset_version import Categories, DatasetVersion, categories_of, read_coco
 from model_code.training.checkpoints import (
     CheckpointError,
@@ -238,6 +238,11 @@ def train_worker(local_rank: int, ctx: RunContext) -> None:
             dist.barrier()
     if rank == 0:
         log(f"training done: {schedule.max_iter - start_iter} iterations in {time.monotonic() - started:.1f} s")
+        if iteration > start_iter and iteration % schedule.checkpoint_period:
+            # an interruption during export or evaluation must not cost the training again
+            save_checkpoint(ctx.env.checkpoint_dir, iteration, {
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "rng": rng_state()})
         finish(ctx, model, schedule.max_iter)
     if world > 1:
         dist.barrier()
@@ -264,9 +269,9 @@ def finish(ctx: RunContext, model: nn.Module, iteration: int) -> None:
     torch.save(model.state_dict(), native.with_name(native.name + ".tmp"))
     native.with_name(native.name + ".tmp").replace(native)
     config = ctx.env.checkpoint_dir / TRAINING_CONFIG
-    config.write_text(json.dumps({"model": ctx.model_name, "hyperparameters": ctx.hp.model_dump(mode="json"),
-                                  "class_names": ctx.categories.names, "category_ids": ctx.categories.ids,
-                                  "task": ctx.dataset.task}, indent=2))
+    write_json(config, {"model": ctx.model_name, "hyperparameters": ctx.hp.model_dump(mode="json"),
+                        "class_names": ctx.categories.names, "category_ids": ctx.categories.ids,
+                        "task": ctx.dataset.task})
     evaluation = write_artifact(ctx, model.cpu(), ctx.env.model_dir, iteration=iteration, report=True,
                                 native_files=[native, config])
     for name, value in sorted(evaluation.metrics.items()):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+import warnings
 from pathlib import Path
 
 from model_code.training.config import (
@@ -45,6 +46,8 @@ def run(env: TrainingEnvironment, hp: Hyperparameters) -> None:
 
 
 def main() -> int:
+    # torch marks TorchScript deprecated; the artifact contract is TorchScript on purpose (docs/model-artifact.md).
+    warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=FutureWarning)
     failure = failure_file()
     failure.unlink(missing_ok=True)  # a restarted job must not inherit the previous attempt's reason
     from model_code.dataset_version import DatasetError
