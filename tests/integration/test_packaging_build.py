@@ -154,6 +154,15 @@ def _top_level(root: Path) -> Iterator[str]:
         yield p.name.removesuffix(".py")
 
 
+def _distributions(root: Path) -> dict[str, str]:
+    """Installed distributions in a build directory: normalised name -> version."""
+    found = {}
+    for info in root.glob("*.dist-info"):
+        name, _, version = info.name.removesuffix(".dist-info").rpartition("-")
+        found[name.lower().replace("-", "_")] = version
+    return found
+
+
 def test_core_layer_holds_the_library_and_its_dependencies(sam_build: Build) -> None:
     layer = sam_build.layer_dir
     assert (layer / "d2ops" / "__init__.py").is_file()
@@ -171,6 +180,12 @@ def test_built_function_imports_its_handler_from_the_build_alone(sam_build: Buil
     assert (code / fn.handler_module.replace(".", "/")).with_suffix(".py").is_file()
     # The shared library has one home, the layer; a copy in a function would shadow it.
     assert not (code / "d2ops").exists(), f"{logical_id} bundles its own d2ops"
+
+    # /var/task precedes /opt/python on Lambda's sys.path: a package in both would make the
+    # layer's d2ops run against the function's copy, so the two must be the same version.
+    ours, layer = _distributions(code), _distributions(sam_build.layer_dir)
+    differing = {n: (ours[n], layer[n]) for n in ours.keys() & layer.keys() if ours[n] != layer[n]}
+    assert differing == {}, f"{logical_id} and CoreLayer install different versions: {differing}"
 
     proc = _probe(fn, [code, sam_build.layer_dir, sam_build.runtime_dir], cwd=sam_build.root)
     assert proc.returncode == 0, f"{logical_id}: importing {fn.handler} from the build failed:\n{proc.stderr}"
