@@ -42,7 +42,8 @@ def say(line: str = "") -> None:
     print(line, flush=True)
 
 
-def make_dataset(root: Path, version: str, images: int, size: int, seed: int, max_iter: int) -> Path:
+def make_dataset(root: Path, version: str, images: int, size: int, seed: int, max_iter: int,
+                 gate: dict[str, float] | None = None) -> Path:
     from d2ops import synth
 
     target = root / f"shapes-{version}"
@@ -51,6 +52,8 @@ def make_dataset(root: Path, version: str, images: int, size: int, seed: int, ma
     manifest = json.loads((target / "manifest.json").read_text())
     manifest["training"] = {"model": DEMO_MODEL, "max_iter": max_iter, "ims_per_batch": 4, "base_lr": 0.02,
                             "seed": seed}
+    if gate:
+        manifest["gate"] = gate
     (target / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return target
 
@@ -140,10 +143,14 @@ def run(args: argparse.Namespace) -> int:
                 say(f"note: {message}")
             say(f"local AWS: moto {rt.moto_url}, Step Functions/SageMaker {rt.gateway.url}, "
                 f"status API {rt.status_api.url}")
-            versions = [("v1", 1)] + ([("v2", 2)] if args.twice else [])
-            for version, seed in versions:
+            # v2's manifest tolerates a small drop against the champion: two short CPU trainings differ by noise.
+            versions: list[tuple[str, int, dict[str, float] | None]] = [("v1", 1, None)]
+            if args.twice:
+                versions.append(("v2", 2, {"max_regression": 0.05}))
+            for version, seed, gate in versions:
                 t = time.monotonic()
-                dataset = make_dataset(work_dir / "datasets", version, args.images, args.size, seed, args.max_iter)
+                dataset = make_dataset(work_dir / "datasets", version, args.images, args.size, seed, args.max_iter,
+                                       gate)
                 stages[f"synth {version}"] = round(time.monotonic() - t, 1)
                 say(f"\n== dataset shapes/{version}: {args.images} synthetic images at {args.size} px ==")
                 t = time.monotonic()
