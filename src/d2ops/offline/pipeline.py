@@ -124,8 +124,11 @@ def upload_and_trigger(rt: OfflineRuntime, dataset_dir: Path, deliveries: int, o
         result = rt.deliver_event(event)
         if result is None:
             raise RuntimeError(f"the trigger rule's pattern does not match the upload of {key}")
+        seen = any(r.get("run_id") == result.get("run_id") for r in results)
         results.append(result)
-        out(f"S3 event delivery {attempt}/{deliveries}: trigger answered {result['action']} ({result.get('run_id')})")
+        note = " again: Step Functions returned the same execution, no second run" if seen else ""
+        out(f"S3 event delivery {attempt}/{deliveries}: trigger answered {result['action']} "
+            f"({result.get('run_id')}){note}")
     run_ids = {r.get("run_id") for r in results}
     if len(run_ids) != 1 or results[0]["action"] not in ("started", "already-started"):
         raise RuntimeError(f"the trigger did not start exactly one run: {results}")
