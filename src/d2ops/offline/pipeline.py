@@ -119,7 +119,7 @@ def upload_and_trigger(rt: OfflineRuntime, dataset_dir: Path, deliveries: int, o
     out(f"uploaded {dataset_dir} to s3://{rt.stack.data_bucket}/{key.rpartition('/')[0]}/ (manifest.json last, "
         f"version {version[:12]}...)")
     event = rt.upload_event(rt.stack.data_bucket, key)
-    results = []
+    results: list[dict[str, Any]] = []
     for attempt in range(1, deliveries + 1):
         result = rt.deliver_event(event)
         if result is None:
