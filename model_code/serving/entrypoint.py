@@ -10,7 +10,8 @@ Environment (all optional):
   D2OPS_MODEL_PATH          model directory or model.tar.gz (default /opt/ml/model)
   SAGEMAKER_BIND_TO_PORT    inference port (default 8080; SageMaker sets it in multi-container endpoints)
   D2OPS_BIND_HOST           inference host (default 0.0.0.0)
-  D2OPS_MANAGEMENT_PORT, D2OPS_METRICS_PORT   loopback ports (default: config.properties)
+  D2OPS_MANAGEMENT_PORT, D2OPS_METRICS_PORT, D2OPS_GRPC_INFERENCE_PORT, D2OPS_GRPC_MANAGEMENT_PORT
+                            loopback ports (default: config.properties)
   D2OPS_SERVING_WORKDIR     model store, logs, temp files (default /tmp/d2ops-serving)
   D2OPS_STARTUP_TIMEOUT     seconds to wait for /ping before giving up (default 600)
   D2OPS_BATCH_SIZE, D2OPS_MAX_BATCH_DELAY_MS, D2OPS_WORKERS   batching (model_code.serving.launch.BatchSettings)
@@ -51,6 +52,8 @@ def serve(env: Mapping[str, str]) -> int:
     port = _port(env, "SAGEMAKER_BIND_TO_PORT", urlsplit(base["inference_address"]).port or 8080)
     management = _port(env, "D2OPS_MANAGEMENT_PORT", urlsplit(base["management_address"]).port or 8081)
     metrics = _port(env, "D2OPS_METRICS_PORT", urlsplit(base["metrics_address"]).port or 8082)
+    grpc = (_port(env, "D2OPS_GRPC_INFERENCE_PORT", int(base.get("grpc_inference_port", 7070))),
+            _port(env, "D2OPS_GRPC_MANAGEMENT_PORT", int(base.get("grpc_management_port", 7071))))
     timeout = float(env.get("D2OPS_STARTUP_TIMEOUT") or 600)
     try:
         settings = launch.BatchSettings.from_env(env)
@@ -60,7 +63,7 @@ def serve(env: Mapping[str, str]) -> int:
     print(f"d2ops serving: preparing {model} in {workdir}", flush=True)
     config = launch.prepare(model, workdir, inference_address=f"http://{host}:{port}",
                             management_address=f"http://127.0.0.1:{management}",
-                            metrics_address=f"http://127.0.0.1:{metrics}", settings=settings)
+                            metrics_address=f"http://127.0.0.1:{metrics}", settings=settings, grpc_ports=grpc)
     ping_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
     server = launch.TorchServeProcess(config, workdir, f"http://{ping_host}:{port}/ping")
 

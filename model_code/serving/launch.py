@@ -174,18 +174,22 @@ def read_properties(path: Path) -> dict[str, str]:
 
 
 def render_config(base: Mapping[str, str], *, model_store: Path, plugins: Path, inference_address: str,
-                  management_address: str, metrics_address: str, settings: BatchSettings) -> dict[str, str]:
+                  management_address: str, metrics_address: str, settings: BatchSettings,
+                  grpc_ports: tuple[int, int] | None = None) -> dict[str, str]:
     """The base configuration plus this server's addresses and its one model, loaded at start.
 
     Exactly one model is loaded so ``/invocations`` (which goes to the single startup model)
-    is unambiguous.
+    is unambiguous. TorchServe 0.12 always opens its gRPC ports too (there is no switch), so a
+    second server on the same machine needs its own ``grpc_ports`` (inference, management).
     """
+    grpc = {} if grpc_ports is None else {"grpc_inference_port": str(grpc_ports[0]),
+                                          "grpc_management_port": str(grpc_ports[1])}
     model = {MODEL_VERSION: {"defaultVersion": True, "marName": MODEL_NAME, "minWorkers": settings.workers,
                              "maxWorkers": settings.workers, "batchSize": settings.batch_size,
                              "maxBatchDelay": settings.max_batch_delay_ms}}
     return {**base, "inference_address": inference_address, "management_address": management_address,
             "metrics_address": metrics_address, "model_store": str(model_store), "plugins_path": str(plugins),
-            "load_models": MODEL_NAME,
+            **grpc, "load_models": MODEL_NAME,
             "models": json.dumps({MODEL_NAME: model}, separators=(",", ":"))}
 
 
@@ -223,7 +227,8 @@ def torchserve_command(config_file: Path, model_store: Path) -> list[str]:
 
 
 def prepare(model_path: Path | str, workdir: Path | str, *, inference_address: str, management_address: str,
-            metrics_address: str, settings: BatchSettings, base_config: Path | None = None) -> Path:
+            metrics_address: str, settings: BatchSettings, base_config: Path | None = None,
+            grpc_ports: tuple[int, int] | None = None) -> Path:
     """Steps 1-3: check the artifact, build the archive, write ``config.properties``; returns its path."""
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -232,7 +237,8 @@ def prepare(model_path: Path | str, workdir: Path | str, *, inference_address: s
     build_model_archive(model_dir, store)
     base = read_properties(base_config or config_path())
     props = render_config(base, model_store=store, plugins=plugins_dir(), inference_address=inference_address,
-                          management_address=management_address, metrics_address=metrics_address, settings=settings)
+                          management_address=management_address, metrics_address=metrics_address, settings=settings,
+                          grpc_ports=grpc_ports)
     return write_properties(work / "config.properties", props)
 
 

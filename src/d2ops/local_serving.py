@@ -37,10 +37,20 @@ class LocalServingError(Exception):
     """The local endpoint could not start, did not become healthy in time, or the model is unusable."""
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports free right now (all held open together, so none repeats)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return free_ports(1, host)[0]
 
 
 class LocalEndpoint:
@@ -87,12 +97,14 @@ class LocalEndpoint:
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
+        management, metrics, grpc_inference, grpc_management = free_ports(4)
         paths = [str(REPO_ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
         env.update({
             "PYTHONPATH": os.pathsep.join(paths), "D2OPS_MODEL_PATH": str(self.model_path),
             "D2OPS_SERVING_WORKDIR": str(self.workdir), "D2OPS_BIND_HOST": self.host,
-            "SAGEMAKER_BIND_TO_PORT": str(self.port), "D2OPS_MANAGEMENT_PORT": str(free_port()),
-            "D2OPS_METRICS_PORT": str(free_port()), "D2OPS_STARTUP_TIMEOUT": str(self.startup_timeout),
+            "SAGEMAKER_BIND_TO_PORT": str(self.port), "D2OPS_MANAGEMENT_PORT": str(management),
+            "D2OPS_METRICS_PORT": str(metrics), "D2OPS_GRPC_INFERENCE_PORT": str(grpc_inference),
+            "D2OPS_GRPC_MANAGEMENT_PORT": str(grpc_management), "D2OPS_STARTUP_TIMEOUT": str(self.startup_timeout),
             "PYTHONUNBUFFERED": "1",
         })
         env.update({k: str(v) for k, v in self.settings.items() if v is not None})

@@ -5,15 +5,12 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import subprocess
-import sys
 import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from model_code.artifact import pack_artifact
 from model_code.serving import entrypoint, launch
 from tests.fixtures.serving.support import cached_artifact
 
@@ -26,7 +23,7 @@ def test_the_image_config_disables_token_auth_and_keeps_management_on_loopback()
     assert props["management_address"].startswith("http://127.0.0.1:")
     assert props["metrics_address"].startswith("http://127.0.0.1:")
     assert props["disable_token_authorization"] == "true" and props["enable_model_api"] == "false"
-    assert int(props["max_request_size"]) == 6 * 1024 * 1024
+    assert int(props["max_request_size"]) > 2 * 6 * 1024 * 1024  # base64 JSON of a 6 MiB image fits
     assert "load_models" not in props and "models" not in props  # added at start, for exactly one model
 
 
@@ -35,8 +32,11 @@ def test_render_config_loads_exactly_one_model_with_its_batching(tmp_path):
     props = launch.render_config(base, model_store=tmp_path / "store", plugins=tmp_path / "plugins",
                                  inference_address="http://127.0.0.1:9999", management_address="http://127.0.0.1:1",
                                  metrics_address="http://127.0.0.1:2",
-                                 settings=launch.BatchSettings(batch_size=4, max_batch_delay_ms=7, workers=2))
+                                 settings=launch.BatchSettings(batch_size=4, max_batch_delay_ms=7, workers=2),
+                                 grpc_ports=(7100, 7101))
     assert props["load_models"] == "model" and props["inference_address"] == "http://127.0.0.1:9999"
+    assert (props["grpc_inference_port"], props["grpc_management_port"]) == ("7100", "7101")
+    assert base["grpc_inference_address"] == base["grpc_management_address"] == "127.0.0.1"
     models = json.loads(props["models"])
     assert models == {"model": {"1.0": {"defaultVersion": True, "marName": "model", "minWorkers": 2, "maxWorkers": 2,
                                         "batchSize": 4, "maxBatchDelay": 7}}}
@@ -55,8 +55,7 @@ def test_batch_settings_from_env_are_validated():
 def test_prepare_model_dir_accepts_a_directory_or_model_tar_gz(tmp_path):
     model_dir = cached_artifact()
     assert launch.prepare_model_dir(model_dir, tmp_path) == model_dir
-    tar = pack_artifact(model_dir, tmp_path / "model.tar.gz")
-    extracted = launch.prepare_model_dir(tar, tmp_path / "work")
+    extracted = launch.prepare_model_dir(cached_artifact(pack=True), tmp_path / "work")
     assert (extracted / "model.pt").is_file() and (extracted / "metadata.json").is_file()
 
 
@@ -64,7 +63,7 @@ def test_prepare_model_dir_refuses_what_is_not_an_artifact(tmp_path):
     with pytest.raises(launch.ServingError, match="no such model directory"):
         launch.prepare_model_dir(tmp_path / "absent", tmp_path)
     (tmp_path / "junk.tar.gz").write_bytes(b"not a tar")
-    with pytest.raises(launch.ServingError, match="not a readable model.tar.gz"):
+    with pytest.raises(launch.ServingError, match=r"not a readable model\.tar\.gz"):
         launch.prepare_model_dir(tmp_path / "junk.tar.gz", tmp_path / "w1")
     with pytest.raises(launch.ServingError, match=r"metadata\.json: missing"):
         launch.prepare_model_dir(tmp_path / "w1", tmp_path)
@@ -78,7 +77,7 @@ def test_prepare_model_dir_refuses_what_is_not_an_artifact(tmp_path):
         info = tarfile.TarInfo("../escaped.json")
         info.size = 2
         tar.addfile(info, io.BytesIO(b"{}"))
-    with pytest.raises(launch.ServingError, match="not a readable model.tar.gz"):
+    with pytest.raises(launch.ServingError, match=r"not a readable model\.tar\.gz"):
         launch.prepare_model_dir(evil, tmp_path / "w2")
     assert not (tmp_path / "escaped.json").exists()
 
@@ -103,13 +102,17 @@ def test_readiness_ping_plugin_compiles_into_a_service_jar(tmp_path):
     assert launch.plugins_dir({launch.PLUGINS_ENV: str(tmp_path)}) == tmp_path
 
 
-def test_entrypoint_accepts_only_serve_and_fails_fast_on_a_bad_model(tmp_path):
-    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "D2OPS_MODEL_PATH": str(tmp_path / "absent"),
-           "D2OPS_SERVING_WORKDIR": str(tmp_path / "work")}
+def test_entrypoint_accepts_only_serve_and_fails_fast_on_a_bad_model(tmp_path, monkeypatch, capsys):
     assert entrypoint.main(["train"]) == 2
-    proc = subprocess.run([sys.executable, "-m", "model_code.serving.entrypoint", "serve"], env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 1 and "no such model directory or model.tar.gz" in proc.stderr
+    assert "SageMaker runs the image with 'serve'" in capsys.readouterr().err
+    monkeypatch.setenv("D2OPS_MODEL_PATH", str(tmp_path / "absent"))
+    monkeypatch.setenv("D2OPS_SERVING_WORKDIR", str(tmp_path / "work"))
+    assert entrypoint.main(["serve"]) == 1
+    assert "no such model directory or model.tar.gz" in capsys.readouterr().err
+    monkeypatch.setenv("D2OPS_BATCH_SIZE", "0")
+    monkeypatch.setenv("D2OPS_MODEL_PATH", str(cached_artifact()))
+    assert entrypoint.main(["serve"]) == 1
+    assert "batching settings" in capsys.readouterr().err
 
 
 def test_entrypoint_port_validation():

@@ -12,7 +12,14 @@ from pycocotools import mask as mask_utils
 from model_code.artifact import load_artifact
 from model_code.inference import image_to_tensor, predict
 from model_code.serving.service import BATCH_SIZE_HEADER, DetectionService, RawRequest
-from tests.fixtures.serving.support import CATEGORY_IDS, CLASS_NAMES, cached_artifact, jpeg_bytes, png_bytes, shapes_image
+from tests.fixtures.serving.support import (
+    CATEGORY_IDS,
+    CLASS_NAMES,
+    cached_artifact,
+    jpeg_bytes,
+    png_bytes,
+    shapes_image,
+)
 
 LOOSE = {"score_threshold": b"0"}
 

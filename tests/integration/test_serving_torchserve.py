@@ -1,0 +1,185 @@
+"""A real TorchServe (Java 17 + Python workers) serving an exported detector, through LocalEndpoint.
+
+One server for the module: /ping before and after loading, /invocations and /predictions with
+real JPEG and PNG images and the JSON form, every bad input as a 4xx with its message, and
+concurrent requests that TorchServe batches.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+import pytest
+import requests
+
+from d2ops.local_serving import LocalEndpoint
+from tests.fixtures.serving.support import CATEGORY_IDS, CLASS_NAMES, cached_artifact, jpeg_bytes, png_bytes
+
+pytestmark = pytest.mark.integration
+
+BATCH_DELAY_MS = 150  # long enough that 8 concurrent requests reliably land in one batch
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """Start TorchServe while watching /ping from outside; yields (endpoint, observed ping answers)."""
+    workdir = tmp_path_factory.mktemp("serving")
+    endpoint = LocalEndpoint(cached_artifact(pack=True), batch_size=8, max_batch_delay_ms=BATCH_DELAY_MS,
+                             workdir=workdir, startup_timeout=240)
+    pings: list[tuple[int | None, str]] = []
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            try:
+                r = requests.get(endpoint.ping_url, timeout=2)
+                pings.append((r.status_code, r.text))
+                if r.status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pings.append((None, ""))
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        endpoint.start()
+    finally:
+        done.set()
+        watcher.join()
+    yield endpoint, pings
+    endpoint.stop()
+    leftovers = [p.info for p in psutil.process_iter(["pid", "cmdline"])
+                 if str(workdir) in " ".join(p.info["cmdline"] or [])]
+    assert leftovers == [], f"processes left after stop: {leftovers}"
+
+
+def post(url, data, content_type, **kwargs):
+    return requests.post(url, data=data, headers={"Content-Type": content_type, **kwargs.pop("headers", {})},
+                         timeout=60, **kwargs)
+
+
+def test_ping_is_unhealthy_until_the_model_is_loaded_and_warm(served):
+    endpoint, pings = served
+    statuses = [code for code, _ in pings]
+    assert statuses[-1] == 200
+    loading = [text for code, text in pings if code == 503]
+    assert loading, f"/ping never answered 503 while loading: {statuses}"
+    assert "still loading" in loading[0]
+    assert all(code in (None, 503) for code in statuses[:-1])
+    log = (endpoint.logs_dir / "model_log.log").read_text()
+    assert "warm-up done" in log
+
+
+def test_invocations_with_jpeg_and_png(served):
+    endpoint, _ = served
+    for data, ctype in ((jpeg_bytes(), "image/jpeg"), (png_bytes(200, 100), "image/png"),
+                        (png_bytes(), "application/x-image")):
+        r = post(endpoint.invocations_url, data, ctype, params={"score_threshold": "0", "max_detections": "4"})
+        assert r.status_code == 200, r.text
+        assert r.headers["Content-Type"] == "application/json"
+        body = r.json()
+        assert len(body["detections"]) == 4
+        for det in body["detections"]:
+            assert CLASS_NAMES[CATEGORY_IDS.index(det["class_id"])] == det["class_name"]
+            assert len(det["box"]) == 4 and 0 <= det["score"] <= 1
+        assert body["image"]["width"] in (160, 200)
+
+
+def test_predictions_route_and_json_form_agree(served):
+    endpoint, _ = served
+    raw = post(endpoint.predictions_url, png_bytes(seed=5), "image/png",
+               headers={"X-Amzn-SageMaker-Custom-Attributes": "score_threshold=0;max_detections=3"})
+    as_json = post(endpoint.invocations_url, json.dumps({"image": base64.b64encode(png_bytes(seed=5)).decode(),
+                                                         "score_threshold": 0.0, "max_detections": 3}),
+                   "application/json")
+    assert raw.status_code == as_json.status_code == 200
+    assert raw.json()["detections"] == as_json.json()["detections"] and len(raw.json()["detections"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("data", "content_type", "status", "message"),
+    [
+        (b"", "image/jpeg", 400, "request body is empty"),
+        (b"definitely not an image", "image/png", 400, "is not a JPEG or PNG image"),
+        (jpeg_bytes(400, 300)[:4000], "image/jpeg", 400, "truncated or corrupt JPEG image (400x300)"),
+        (b"{oops", "application/json", 400, "request body is not valid JSON"),
+        (b'{"image": "%%%"}', "application/json", 400, "is not valid base64"),
+        (json.dumps({"image": base64.b64encode(jpeg_bytes()).decode(), "masks": True}), "application/json", 400,
+         "detects boxes only"),
+        (jpeg_bytes(), "text/csv", 415, "Content-Type 'text/csv' is not supported"),
+    ],
+    ids=["empty", "not-an-image", "truncated", "bad-json", "bad-base64", "masks-on-detector", "wrong-type"],
+)
+def test_bad_input_gets_a_4xx_with_the_reason(served, data, content_type, status, message):
+    endpoint, _ = served
+    r = post(endpoint.invocations_url, data, content_type)
+    assert r.status_code == status
+    assert message in r.json()["error"]["message"]
+
+
+def test_too_many_pixels_and_too_many_bytes_are_413(served):
+    endpoint, _ = served
+    from tests.unit.test_serving_decode import png_with_size
+
+    r = post(endpoint.invocations_url, png_with_size(8000, 8000), "image/png")
+    assert r.status_code == 413 and "8000x8000 image" in r.json()["error"]["message"]
+    r = post(endpoint.invocations_url, b"\0" * (7 * 1024 * 1024), "image/jpeg")
+    assert r.status_code == 413 and "the limit is 6291456 bytes" in r.json()["error"]["message"]
+    # Beyond TorchServe's max_request_size its frontend refuses the body itself (SageMaker never sends one).
+    r = post(endpoint.invocations_url, b"\0" * (17 * 1024 * 1024), "image/jpeg")
+    assert r.status_code == 413
+
+
+def test_unknown_option_in_query_string(served):
+    endpoint, _ = served
+    r = post(endpoint.invocations_url, jpeg_bytes(), "image/jpeg", params={"treshold": "0.2"})
+    assert r.status_code == 400 and "unknown option 'treshold' in the query string" in r.json()["error"]["message"]
+
+
+def test_concurrent_requests_are_batched_and_bad_ones_fail_alone(served):
+    endpoint, _ = served
+    image = jpeg_bytes(seed=9)
+    single = post(endpoint.invocations_url, image, "image/jpeg", params={"score_threshold": "0"})
+    assert single.headers["X-D2ops-Batch-Size"] == "1"
+    payloads = [(image, "image/jpeg")] * 6 + [(b"junk", "image/jpeg"), (b"", "image/png")]
+    barrier = threading.Barrier(len(payloads))
+
+    def send(payload):
+        barrier.wait()
+        return post(endpoint.invocations_url, payload[0], payload[1], params={"score_threshold": "0"})
+
+    with ThreadPoolExecutor(len(payloads)) as pool:
+        responses = list(pool.map(send, payloads))
+    sizes = [int(r.headers["X-D2ops-Batch-Size"]) for r in responses]
+    assert max(sizes) > 1, f"no request shared a batch: {sizes}"
+    assert [r.status_code for r in responses] == [200] * 6 + [400, 400]
+    for r in responses[:6]:  # batched answers equal the unbatched one (same image, same size)
+        assert [d["class_id"] for d in r.json()["detections"]] == [d["class_id"] for d in single.json()["detections"]]
+        assert [d["score"] for d in r.json()["detections"]] == pytest.approx(
+            [d["score"] for d in single.json()["detections"]], abs=1e-3)
+    # TorchServe's own access log shows the requests went through the inference API
+    access = (endpoint.logs_dir / "access_log.log").read_text()
+    assert access.count('"POST /invocations') >= len(payloads)
+
+
+def test_a_second_endpoint_runs_beside_the_first_and_stops_alone(served, tmp_path):
+    """Blue/green locally: green starts on another port while blue serves; stopping green leaves blue up."""
+    blue, _ = served
+    green = LocalEndpoint(cached_artifact(), workdir=tmp_path / "green", startup_timeout=240)
+    with green:
+        assert green.port != blue.port
+        for endpoint in (blue, green):
+            r = post(endpoint.invocations_url, jpeg_bytes(), "image/jpeg", params={"score_threshold": "0"})
+            assert r.status_code == 200 and r.json()["detections"]
+        green_processes = [p for p in psutil.process_iter(["cmdline"])
+                           if str(tmp_path / "green") in " ".join(p.info["cmdline"] or [])]
+        assert green_processes
+    assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in green_processes)
+    assert green.ping() is None
+    assert blue.ping() == 200
