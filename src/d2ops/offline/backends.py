@@ -101,38 +101,9 @@ class LocalJobBackend:
         return JobOutcome(failure_reason=None, processing_outputs=outputs, log_lines=tee.lines)
 
 
-# The serving image's TorchServe configuration (model_code/serving/launch.py reads the same
-# variable and default); not imported from there, since that module imports torch.
-TS_CONFIG_ENV = "D2OPS_TS_CONFIG"
-REPO_TS_CONFIG = Path(__file__).resolve().parents[3] / "containers" / "serving" / "config.properties"
-
-
-class _LoopbackEndpoint(local_serving.LocalEndpoint):
-    """A LocalEndpoint whose TorchServe also moves its gRPC listeners to free ports.
-
-    TorchServe binds gRPC on 7070/7071 unless told otherwise; in a container that is harmless,
-    on one machine it is not: a blue/green update runs two TorchServes at once, and any other
-    TorchServe on the machine holds those ports too.
-    """
-
-    def __init__(self, model_path: Path, config: Path, **options: Any) -> None:
-        super().__init__(model_path, **options)
-        self.config = config
-
-    def environment(self) -> dict[str, str]:
-        env = super().environment()
-        base = Path(env.get(TS_CONFIG_ENV) or REPO_TS_CONFIG)
-        text = base.read_text(encoding="utf-8")
-        ports = f"grpc_inference_port={local_serving.free_port()}\ngrpc_management_port={local_serving.free_port()}\n"
-        self.config.parent.mkdir(parents=True, exist_ok=True)
-        note = "# offline runtime: gRPC off the fixed ports"
-        self.config.write_text(f"{text.rstrip()}\n{note}\n{ports}", encoding="utf-8")
-        env[TS_CONFIG_ENV] = str(self.config)
-        return env
-
-
 class TorchServeBackend:
     def start(self, model_tar: Path, work_dir: Path, name: str) -> ServedModel:
-        endpoint = _LoopbackEndpoint(model_tar, work_dir / "config.properties", workdir=work_dir / "serve",
-                                     startup_timeout=ENDPOINT_STARTUP_SECONDS)
+        # LocalEndpoint gives each server its own ports (HTTP and gRPC): a blue/green update runs two.
+        endpoint = local_serving.LocalEndpoint(model_tar, workdir=work_dir / "serve",
+                                               startup_timeout=ENDPOINT_STARTUP_SECONDS)
         return endpoint.start()
