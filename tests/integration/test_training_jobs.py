@@ -18,15 +18,16 @@ from d2ops import synth
 from d2ops.local_jobs import JobResult, ProcessingJobSpec, TrainingJobSpec, run_processing_job, run_training_job
 from model_code.artifact import load_artifact
 
-pytestmark = pytest.mark.integration
+# On an idle 2-core machine each accuracy run takes about 3 minutes; shared with other heavy work
+# (load average 8-13 while this was written) the same run took over 20, hence the generous limit.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
-# Calibrated on `d2ops synth --images 160 --size 96` (120 train / 40 val): docs/training.md.
+# Calibrated on `d2ops synth --images 160 --size 128 --seed 1` (120 train / 40 val): docs/training.md.
 CALIBRATED = {"model": "fasterrcnn_resnet18_fpn", "max_iter": "150", "ims_per_batch": "4", "base_lr": "0.02",
-              "warmup_iters": "50", "min_size": "96", "max_size": "96", "rpn_pre_nms_train": "600",
+              "warmup_iters": "50", "min_size": "128", "max_size": "128", "rpn_pre_nms_train": "600",
               "rpn_post_nms_train": "300", "rpn_pre_nms_test": "300", "rpn_post_nms_test": "100",
-              "roi_batch_size_per_image": "128", "num_workers": "0", "checkpoint_period": "50", "log_period": "25",
-              "report_images": "3"}
-MIN_AP50 = 0.8
+              "num_workers": "0", "checkpoint_period": "50", "log_period": "25", "report_images": "3"}
+MIN_AP50 = 0.7
 TINY = CALIBRATED | {"max_iter": "12", "warmup_iters": "2", "checkpoint_period": "3", "log_period": "3",
                      "min_size": "64", "max_size": "64"}
 
@@ -34,7 +35,7 @@ TINY = CALIBRATED | {"max_iter": "12", "warmup_iters": "2", "checkpoint_period":
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("shapes")
-    synth.generate(root, images=160, size=96, seed=1)
+    synth.generate(root, images=160, size=128, seed=1)
     return root
 
 
@@ -77,7 +78,7 @@ def one_host(tmp_path_factory: pytest.TempPathFactory, shapes: Path) -> tuple[Pa
     """`d2ops train-local` as a user runs it: one host; its last line is the JSON summary."""
     out = tmp_path_factory.mktemp("one-host")
     proc = subprocess.run([sys.executable, "-m", "d2ops", "train-local", str(shapes), str(out),
-                           "--hyperparameters", json.dumps(CALIBRATED)], capture_output=True, text=True, timeout=900)
+                           "--hyperparameters", json.dumps(CALIBRATED)], capture_output=True, text=True, timeout=2300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "[algo-1] iter 150/150" in proc.stderr
