@@ -27,7 +27,7 @@ CALIBRATED = {"model": "fasterrcnn_resnet18_fpn", "max_iter": "150", "ims_per_ba
               "warmup_iters": "50", "min_size": "128", "max_size": "128", "rpn_pre_nms_train": "600",
               "rpn_post_nms_train": "300", "rpn_pre_nms_test": "300", "rpn_post_nms_test": "100",
               "num_workers": "0", "checkpoint_period": "50", "log_period": "25", "report_images": "3"}
-MIN_AP50 = 0.7
+MIN_AP50 = 0.6  # measured 0.740 with one host (docs/training.md); margin for run-to-run variation
 TINY = CALIBRATED | {"max_iter": "12", "warmup_iters": "2", "checkpoint_period": "3", "log_period": "3",
                      "min_size": "64", "max_size": "64"}
 
