@@ -28,6 +28,8 @@ $(STAMP): pyproject.toml src/requirements.txt
 	# torch first and alone: pip takes these two from the machine's local wheel cache.
 	$(BIN)/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	# Compile the TorchServe /ping plugin once here, not inside the first endpoint start.
+	$(BIN)/python -c "from model_code.serving.launch import plugins_dir; print(plugins_dir())"
 	touch $@
 
 test: setup  ## run the whole test suite (everything but the `slow` marker)

@@ -49,9 +49,14 @@ def served(tmp_path_factory):
     watcher.start()
     try:
         endpoint.start()
-    finally:
+    except BaseException:
         done.set()
-        watcher.join()
+        raise
+    finally:
+        # Once start() has seen 200 the watcher's next poll sees it too; stopping it at that
+        # moment instead could leave a 503 from just before readiness as its last answer.
+        watcher.join(timeout=30)
+        done.set()
     yield endpoint, pings
     endpoint.stop()
     leftovers = [p.info for p in psutil.process_iter(["pid", "cmdline"])
