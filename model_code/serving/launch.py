@@ -200,9 +200,16 @@ def write_properties(path: Path, props: Mapping[str, str]) -> Path:
     return path
 
 
+MAX_UNIX_SOCKET_PATH = 100
+
+
 def serving_env(workdir: Path, base: Mapping[str, str] = os.environ) -> dict[str, str]:
     """Environment for TorchServe: its logs, temp files and pid file under ``workdir``."""
     tmp = workdir / "tmp"
+    if len(str(tmp / ".ts.sock.9999")) > MAX_UNIX_SOCKET_PATH:
+        # Workers listen on a Unix socket in the temp dir; a deep workdir would exceed the
+        # 107-byte socket path limit ("AF_UNIX path too long"), so use a short one instead.
+        tmp = Path(tempfile.mkdtemp(prefix="d2ops-ts-"))
     tmp.mkdir(parents=True, exist_ok=True)
     env = dict(base)
     env.update({

@@ -119,3 +119,12 @@ def test_entrypoint_port_validation():
     with pytest.raises(launch.ServingError, match="is not a TCP port"):
         entrypoint._port({"SAGEMAKER_BIND_TO_PORT": "80a"}, "SAGEMAKER_BIND_TO_PORT", 8080)
     assert entrypoint._port({}, "SAGEMAKER_BIND_TO_PORT", 8080) == 8080
+
+
+def test_deep_workdirs_get_a_temp_dir_short_enough_for_worker_sockets(tmp_path):
+    from model_code.serving.launch import MAX_UNIX_SOCKET_PATH, serving_env
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    temp = serving_env(deep, base={})["TEMP"]
+    assert len(temp + "/.ts.sock.9000") <= MAX_UNIX_SOCKET_PATH
+    assert serving_env(tmp_path / "w", base={})["TEMP"] == str(tmp_path / "w" / "tmp")
