@@ -5,15 +5,24 @@ A training job gets one ``/opt/ml``-shaped tree per host under ``work_dir/<host>
 host with the ``SM_*`` variables the SageMaker training toolkit would set, ranks meeting
 over loopback, logs streamed with a ``[host]`` prefix, metric lines parsed with
 ``d2ops.metrics``, and the results packed as ``model.tar.gz``/``output.tar.gz``.
-The job code is the real entry point, unchanged: only ``D2OPS_ML_ROOT`` (where the tree
-is) and torch's own ``MASTER_ADDR``/``MASTER_PORT`` differ from SageMaker.
+
+Each host runs the command its image declares (``d2ops.container_entry``: the Dockerfile's
+ENTRYPOINT with ``train`` appended, as SageMaker runs it), and sees its tree at ``/opt/ml``
+itself: every host process gets its own private mount namespace (``unshare -m``) with its tree
+bind-mounted there, so several hosts on one machine each have their own ``/opt/ml``. That needs
+root on Linux; elsewhere the runner falls back to pointing ``D2OPS_ML_ROOT`` at the tree (which
+the job code honours) and says so once in the job log. Otherwise only torch's own
+``MASTER_ADDR``/``MASTER_PORT`` differ from SageMaker.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,12 +35,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from d2ops import metrics
+from d2ops import container_entry, metrics
 
 Status = Literal["Completed", "Failed", "Stopped"]
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TRAINING_COMMAND = (sys.executable, "-m", "model_code.training.train")
-EVALUATION_COMMAND = (sys.executable, "-m", "model_code.evaluation.job")
+# The evaluation job's ContainerEntrypoint (prepare_training sets the same), for specs that name none.
+EVALUATION_COMMAND = container_entry.local_command(("python", "-m", "model_code.evaluation.job"))
+ML_ROOT = Path("/opt/ml")
+ML_MOUNT_VARIABLE = "D2OPS_ML_MOUNT"  # auto (default) | namespace | remap
+# Runs inside the host's new mount namespace: the bind mount is private to it, then the job replaces
+# the shell (same pid, so the runner's signals reach the job itself).
+_MOUNT_SCRIPT = ('mount --bind "$1" /opt/ml || { echo "d2ops local runner: cannot bind-mount $1 at /opt/ml" >&2; '
+                 'exit 125; }; shift; exec "$@"')
 PEER_FAILURE_GRACE_SECONDS = 10.0
 STOP_GRACE_SECONDS = 120.0  # SageMaker gives a stopped container about two minutes
 
@@ -72,7 +87,7 @@ class TrainingJobSpec:
     output_dir: Path  # receives model.tar.gz and output.tar.gz, as S3OutputPath would
     hyperparameters: Mapping[str, str] = field(default_factory=dict)
     instance_count: int = 1
-    command: tuple[str, ...] = TRAINING_COMMAND
+    command: tuple[str, ...] | None = None  # default: the training image's declared entry + "train"
     environment: Mapping[str, str] = field(default_factory=dict)
     code_dir: Path = REPO_ROOT  # on PYTHONPATH, like /opt/ml/code
     cpus_per_host: int | None = None  # default: this machine's cores split over the hosts
@@ -92,6 +107,77 @@ class ProcessingJobSpec:
     environment: Mapping[str, str] = field(default_factory=dict)
     code_dir: Path = REPO_ROOT
     max_runtime_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class MlMount:
+    """How job processes find their tree: at /opt/ml itself (namespace) or through D2OPS_ML_ROOT."""
+
+    namespace: bool
+    reason: str  # why not, when not
+
+    def describe(self, root: Path) -> str:
+        if self.namespace:
+            return f"local runner: the job sees {root} at {ML_ROOT} (a private mount namespace per process)"
+        return (f"local runner: cannot mount the job's tree at {ML_ROOT} ({self.reason}); the job reads it from "
+                f"{root} through D2OPS_ML_ROOT instead")
+
+    def wrap(self, root: Path, command: tuple[str, ...]) -> tuple[str, ...]:
+        if not self.namespace:
+            return command
+        return ("unshare", "--mount", "--propagation", "private", "sh", "-c", _MOUNT_SCRIPT, "d2ops-mount",
+                str(root), *command)
+
+    def view(self, root: Path) -> Path:
+        """Where the job itself sees ``root``."""
+        return ML_ROOT if self.namespace else root
+
+
+@functools.lru_cache(maxsize=4)
+def _probe_namespace(requested: str) -> MlMount:
+    if requested == "remap":
+        return MlMount(False, f"{ML_MOUNT_VARIABLE}=remap")
+    if not sys.platform.startswith("linux"):
+        return MlMount(False, f"mount namespaces are Linux-only, this is {sys.platform}")
+    if os.geteuid() != 0:
+        return MlMount(False, "binding a directory at /opt/ml needs root")
+    missing = [tool for tool in ("unshare", "mount") if shutil.which(tool) is None]
+    if missing:
+        return MlMount(False, f"{' and '.join(missing)} not found")
+    try:
+        ML_ROOT.mkdir(parents=True, exist_ok=True)  # the mount point; stays empty outside the namespaces
+        probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                                f"mount -t tmpfs d2ops-probe {ML_ROOT}"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return MlMount(False, f"cannot prepare {ML_ROOT}: {exc}")
+    if probe.returncode != 0:
+        return MlMount(False, f"unshare --mount failed: {(probe.stderr or probe.stdout).strip()[:200]}")
+    return MlMount(True, "")
+
+
+def ml_mount(environ: Mapping[str, str] = os.environ) -> MlMount:
+    """Namespace when this machine allows it (or ``D2OPS_ML_MOUNT=namespace`` insists), else remap."""
+    requested = environ.get(ML_MOUNT_VARIABLE, "auto") or "auto"
+    if requested not in ("auto", "namespace", "remap"):
+        raise LocalJobError(f"{ML_MOUNT_VARIABLE}={requested!r}: expected auto, namespace or remap")
+    mount = _probe_namespace(requested)
+    if requested == "namespace" and not mount.namespace:
+        raise LocalJobError(f"{ML_MOUNT_VARIABLE}=namespace, but {mount.reason}")
+    return mount
+
+
+def training_command(spec: TrainingJobSpec) -> tuple[str, ...]:
+    try:
+        return spec.command or container_entry.image_command("training")
+    except container_entry.EntryError as exc:
+        raise LocalJobError(f"training image entry: {exc}") from exc
+
+
+def _absolute(spec: TrainingJobSpec) -> TrainingJobSpec:
+    """Relative paths are the caller's; the job runs elsewhere (cwd = its tree), so resolve them here."""
+    return dataclasses.replace(spec, work_dir=spec.work_dir.absolute(), output_dir=spec.output_dir.absolute(),
+                               channels={name: Path(path).absolute() for name, path in spec.channels.items()},
+                               code_dir=spec.code_dir.absolute())
 
 
 def free_port() -> int:
@@ -117,6 +203,8 @@ def _link(target: Path, link: Path) -> None:
 def _base_environment(code_dir: Path, cpus: int, extra: Mapping[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("D2OPS_CHECKPOINT_DIR", None)
+    env.pop("D2OPS_ML_ROOT", None)  # set below only where the tree cannot be at /opt/ml
+    container_entry.python_on_path(env)  # the image's scripts run `python`: here, this interpreter
     env["PYTHONPATH"] = os.pathsep.join([str(code_dir), *filter(None, [env.get("PYTHONPATH")])])
     env["PYTHONUNBUFFERED"] = "1"
     # One BLAS/OpenMP pool per process sized to its share of the cores, not all of them each.
@@ -125,8 +213,15 @@ def _base_environment(code_dir: Path, cpus: int, extra: Mapping[str, str]) -> di
     return env
 
 
-def prepare_training_host(spec: TrainingJobSpec, host: str, master_port: int) -> tuple[Path, dict[str, str]]:
-    """Lay out ``work_dir/<host>`` as /opt/ml and return (root, environment) for its process."""
+def prepare_training_host(spec: TrainingJobSpec, host: str, master_port: int,
+                          mount: MlMount | None = None) -> tuple[Path, dict[str, str]]:
+    """Lay out ``work_dir/<host>`` as /opt/ml and return (root, environment) for its process.
+
+    The environment's paths are the ones the job sees: under /opt/ml in a mount namespace,
+    else under the tree itself (with ``D2OPS_ML_ROOT`` set).
+    """
+    spec = _absolute(spec)
+    mount = mount or MlMount(False, "no mount requested")
     for name, path in spec.channels.items():
         if not Path(path).is_dir():
             raise LocalJobError(f"channel {name!r}: {path} is not a directory")
@@ -142,6 +237,7 @@ def prepare_training_host(spec: TrainingJobSpec, host: str, master_port: int) ->
         for name in spec.channels})
     data = root / "input" / "data"
     data.mkdir(parents=True, exist_ok=True)
+    seen = mount.view(root)
     for stale in data.iterdir():
         if stale.name not in spec.channels and stale.is_symlink():
             stale.unlink()  # a restarted job with fewer channels must not see the old ones
@@ -153,17 +249,18 @@ def prepare_training_host(spec: TrainingJobSpec, host: str, master_port: int) ->
 
     cpus = spec.cpus_per_host or max(1, (os.cpu_count() or 1) // len(hosts))
     env = _base_environment(spec.code_dir, cpus, spec.environment)
+    if not mount.namespace:
+        env["D2OPS_ML_ROOT"] = str(root)
     env.update({
-        "D2OPS_ML_ROOT": str(root),
         "TRAINING_JOB_NAME": spec.job_name,
         "SM_HOSTS": json.dumps(hosts), "SM_CURRENT_HOST": host, "SM_NUM_GPUS": "0", "SM_NUM_CPUS": str(cpus),
         "SM_NETWORK_INTERFACE_NAME": "lo",
         "SM_CHANNELS": json.dumps(sorted(spec.channels)),
-        **{f"SM_CHANNEL_{name.upper()}": str(data / name) for name in spec.channels},
+        **{f"SM_CHANNEL_{name.upper()}": str(seen / "input" / "data" / name) for name in spec.channels},
         "SM_HPS": json.dumps(hyperparameters),
-        "SM_INPUT_CONFIG_DIR": str(config), "SM_INPUT_DATA_DIR": str(data),
-        "SM_MODEL_DIR": str(root / "model"), "SM_OUTPUT_DIR": str(root / "output"),
-        "SM_OUTPUT_DATA_DIR": str(root / "output" / "data"),
+        "SM_INPUT_CONFIG_DIR": str(seen / "input" / "config"), "SM_INPUT_DATA_DIR": str(seen / "input" / "data"),
+        "SM_MODEL_DIR": str(seen / "model"), "SM_OUTPUT_DIR": str(seen / "output"),
+        "SM_OUTPUT_DATA_DIR": str(seen / "output" / "data"),
         # Host names algo-N do not resolve here; torch's own variables point the rendezvous at loopback.
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
     })
@@ -256,6 +353,9 @@ def run_training_job(spec: TrainingJobSpec, *, stop: threading.Event | None = No
                      log: Callable[[str], None] = print) -> JobResult:
     if spec.instance_count < 1:
         raise LocalJobError(f"instance_count must be at least 1, got {spec.instance_count}")
+    spec = _absolute(spec)
+    command = training_command(spec)
+    mount = ml_mount({**os.environ, **spec.environment})
     port = free_port()
     started = time.monotonic()
     streams = _Streams(log)
@@ -263,8 +363,10 @@ def run_training_job(spec: TrainingJobSpec, *, stop: threading.Event | None = No
     roots: dict[str, Path] = {}
     try:
         for host in spec.hosts():
-            roots[host], env = prepare_training_host(spec, host, port)
-            procs[host] = _start(spec.command, env, roots[host])
+            roots[host], env = prepare_training_host(spec, host, port, mount)
+            if not procs:
+                log(mount.describe(spec.work_dir / "algo-N"))
+            procs[host] = _start(mount.wrap(roots[host], command), env, roots[host])
             streams.follow(host, procs[host].stdout)
         stopped, stop_reason = _supervise(procs, stop, spec.max_runtime_seconds, log)
     except BaseException:
@@ -302,9 +404,10 @@ def run_training_job(spec: TrainingJobSpec, *, stop: threading.Event | None = No
     return result
 
 
-def prepare_processing(spec: ProcessingJobSpec) -> tuple[Path, dict[str, str]]:
+def prepare_processing(spec: ProcessingJobSpec, mount: MlMount | None = None) -> tuple[Path, dict[str, str]]:
     """Lay out ``work_dir`` as /opt/ml with processing/input/<name> and processing/output."""
-    root = spec.work_dir
+    mount = mount or MlMount(False, "no mount requested")
+    root = spec.work_dir.absolute()
     processing = root / "processing"
     for name, path in spec.inputs.items():
         source = Path(path)
@@ -320,16 +423,23 @@ def prepare_processing(spec: ProcessingJobSpec) -> tuple[Path, dict[str, str]]:
     (processing / "output").mkdir(parents=True, exist_ok=True)
     (root / "output" / "message").unlink(missing_ok=True)
     env = _base_environment(spec.code_dir, max(1, os.cpu_count() or 1), spec.environment)
-    env.update({"D2OPS_ML_ROOT": str(root), "PROCESSING_JOB_NAME": spec.job_name})
+    if not mount.namespace:
+        env["D2OPS_ML_ROOT"] = str(root)
+    env["PROCESSING_JOB_NAME"] = spec.job_name
     return root, env
 
 
 def run_processing_job(spec: ProcessingJobSpec, *, stop: threading.Event | None = None,
                        log: Callable[[str], None] = print) -> JobResult:
     started = time.monotonic()
-    root, env = prepare_processing(spec)
+    spec = dataclasses.replace(spec, work_dir=spec.work_dir.absolute(), output_dir=spec.output_dir.absolute(),
+                               inputs={name: Path(path).absolute() for name, path in spec.inputs.items()},
+                               code_dir=spec.code_dir.absolute())
+    mount = ml_mount({**os.environ, **spec.environment})
+    root, env = prepare_processing(spec, mount)
+    log(mount.describe(root))
     streams = _Streams(log)
-    proc = _start(spec.command, env, root)
+    proc = _start(mount.wrap(root, spec.command), env, root)
     streams.follow("processing", proc.stdout)
     try:
         stopped, stop_reason = _supervise({"processing": proc}, stop, spec.max_runtime_seconds, log)

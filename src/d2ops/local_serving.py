@@ -1,8 +1,9 @@
 """A local TorchServe endpoint on loopback, configured exactly like the serving image.
 
-It runs the image's own entry point (``python -m model_code.serving.entrypoint serve``) as a
-subprocess with the environment pointed at a local model, 127.0.0.1 and its own ports, so the
-configuration, the model archive and the readiness ``/ping`` are those of the endpoint in AWS.
+It runs the image's own entry point, read from containers/serving/Dockerfile (ENTRYPOINT with
+``serve`` appended, as SageMaker runs it; see ``d2ops.container_entry``) as a subprocess with
+the environment pointed at a local model, 127.0.0.1 and its own ports, so the configuration,
+the model archive and the readiness ``/ping`` are those of the endpoint in AWS.
 Each endpoint has its own work directory (model store, logs, temp files, TorchServe's pid file),
 so two can run side by side: start the new one on another port, wait for it to be healthy, move
 traffic, stop the old one (blue/green).
@@ -19,7 +20,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -28,8 +28,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from d2ops import container_entry
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
-ENTRYPOINT = (sys.executable, "-m", "model_code.serving.entrypoint", "serve")
 MODEL_NAME = "model"  # model_code.serving.launch.MODEL_NAME (not imported: d2ops does not import torch)
 
 
@@ -127,9 +128,13 @@ class LocalEndpoint:
             raise LocalServingError(f"{self.model_path}: no such model directory or model.tar.gz")
         if self.ping() is not None:
             raise LocalServingError(f"port {self.port} on {self.host} is already in use")
+        try:
+            command = container_entry.image_command("serving")
+        except container_entry.EntryError as exc:
+            raise LocalServingError(f"serving image entry: {exc}") from exc
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(ENTRYPOINT, cwd=self.workdir, env=self.environment(), stdout=self._log,
+        self.proc = subprocess.Popen(command, cwd=self.workdir, env=self.environment(), stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         try:
             self.wait_healthy(self.startup_timeout)

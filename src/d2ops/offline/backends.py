@@ -7,12 +7,11 @@ translate the SageMaker requests into their arguments and their results back.
 
 from __future__ import annotations
 
-import sys
 import threading
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from d2ops import local_jobs, local_serving
+from d2ops import container_entry, local_jobs, local_serving
 from d2ops.offline.sagemaker import JobOutcome, ServedModel
 
 PROCESSING_OUTPUT_ROOT = PurePosixPath("/opt/ml/processing/output")
@@ -38,14 +37,12 @@ class _LogTee:
         self._file.close()
 
 
-def _command(entrypoint: list[str] | None, default: tuple[str, ...]) -> tuple[str, ...]:
-    """A container entry point run with this interpreter (the images' ``python`` is ours offline)."""
+def _command(app: dict[str, Any], default: tuple[str, ...]) -> tuple[str, ...]:
+    """ContainerEntrypoint + ContainerArguments as this machine runs them (``d2ops.container_entry``)."""
+    entrypoint = list(app.get("ContainerEntrypoint") or [])
     if not entrypoint:
         return default
-    first = PurePosixPath(entrypoint[0]).name
-    if first.startswith("python"):
-        return (sys.executable, *entrypoint[1:])
-    return tuple(entrypoint)
+    return container_entry.local_command([*entrypoint, *(app.get("ContainerArguments") or [])])
 
 
 class LocalJobBackend:
@@ -76,9 +73,13 @@ class LocalJobBackend:
         app = request.get("AppSpecification") or {}
         stopping = request.get("StoppingCondition") or {}
         output_dir = work_dir / "output"
+        try:
+            command = _command(app, local_jobs.EVALUATION_COMMAND)
+        except container_entry.EntryError as exc:
+            return JobOutcome(failure_reason=f"ClientError: ContainerEntrypoint: {exc}")
         spec = local_jobs.ProcessingJobSpec(
             job_name=request["ProcessingJobName"], inputs=inputs, work_dir=work_dir / "root", output_dir=output_dir,
-            command=_command(app.get("ContainerEntrypoint"), local_jobs.EVALUATION_COMMAND),
+            command=command,
             environment=dict(request.get("Environment") or {}), max_runtime_seconds=stopping.get("MaxRuntimeInSeconds"))
         tee = _LogTee(work_dir / "job.log")
         try:
