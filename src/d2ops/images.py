@@ -42,6 +42,10 @@ OPENERS = ("JPEG", "PNG")
 EXTENSIONS: dict[str, str] = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG"}
 # The decoded-size limit, applied from the header before decoding (serving's limit since issue 4).
 MAX_PIXELS = 36_000_000
+# The detectors scale the shorter side up and cap the longer one: past this ratio the shorter
+# side rounds to 0 pixels and the model fails (a 500 at the endpoint, a crash in training).
+# Panoramas (about 4:1) stay well inside it.
+MAX_ASPECT_RATIO = 20
 # Bytes per pixel Pillow allocates for a decoded image in the widest mode (RGB is stored as 4 bytes).
 DECODED_BYTES_PER_PIXEL = 4
 EXIF_ORIENTATION = 0x0112
@@ -58,7 +62,7 @@ _UPRIGHT: dict[int, Image.Transpose] = {
 _SWAPS_SIDES = frozenset({5, 6, 7, 8})
 _MAGIC = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"))
 
-Reason = Literal["empty", "not_an_image", "unsupported_format", "too_large", "corrupt"]
+Reason = Literal["empty", "not_an_image", "unsupported_format", "too_large", "bad_shape", "corrupt"]
 Source = bytes | bytearray | memoryview | str | os.PathLike[str] | IO[bytes]
 
 
@@ -141,6 +145,9 @@ def check_header(image: Image.Image, where: str = "image") -> None:
     if width * height > MAX_PIXELS:
         raise ImageRejected("too_large", f"{where} is {width}x{height} ({width * height:,} pixels); the limit is "
                                          f"{MAX_PIXELS:,} pixels")
+    if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+        raise ImageRejected("bad_shape", f"{where} is {width}x{height}; its longer side may be at most "
+                                         f"{MAX_ASPECT_RATIO} times its shorter side")
 
 
 def orientation(image: Image.Image) -> int:
