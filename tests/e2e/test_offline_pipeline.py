@@ -1,7 +1,9 @@
 """The offline pipeline end to end: real training, evaluation, registry, TorchServe endpoint.
 
 Tiny datasets and a few iterations keep this bounded (the demo's quality belongs to `make
-demo`); the gate is set per dataset version in its manifest, so one run passes and one fails.
+demo`). The operator's stack sets MinMap 0 for these few-iteration trainings; a manifest may
+only tighten it, so one run passes, one asks for a higher bar and fails, and one that asks for
+a laxer gate is rejected before anything trains.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ ENDPOINT_STATES = {"Create model", "Create endpoint config", "Find current endpo
 
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineRuntime]:
-    with OfflineRuntime(tmp_path_factory.mktemp("e2e") / "work", training_defaults=cpu_training_profile(64)) as rt:
+    with OfflineRuntime(tmp_path_factory.mktemp("e2e") / "work", parameters={"MinMap": "0"},
+                        training_defaults=cpu_training_profile(64)) as rt:
         yield rt
 
 
@@ -93,3 +96,19 @@ def test_a_gate_set_too_high_fails_without_touching_the_endpoint(runtime: Offlin
                                              SortBy="CreationTime", SortOrder="Descending")
     assert packages["ModelPackageSummaryList"][0]["ModelApprovalStatus"] == "Rejected"
     assert summary.output["evaluation"]["has_champion"] is True  # evaluated against the first run's model
+
+
+def test_a_manifest_asking_for_a_laxer_gate_is_rejected_before_training(runtime: OfflineRuntime,
+                                                                       datasets: Path) -> None:
+    sagemaker = runtime.client("sagemaker")
+    jobs_before = sagemaker.list_training_jobs()["TrainingJobSummaries"]
+    dataset = tiny_dataset(datasets, "tiny", "v3", images=16, size=64, training=TRAINING,
+                           gate={"max_regression": 0.5})  # the stack allows 0.01
+    lines: list[str] = []
+    summary = run_pipeline(runtime, dataset, out=lines.append, timeout=600)
+    assert (summary.status, summary.error) == ("FAILED", "DatasetRejected"), (summary.cause, lines[-10:])
+    assert "Train model" not in summary.states_visited
+    assert sagemaker.list_training_jobs()["TrainingJobSummaries"] == jobs_before
+    first_errors = summary.output["failure"]["first_errors"]  # what the notification and GET /runs/{id} show
+    assert [(e["code"], e["location"]) for e in first_errors] == [("GATE_MAX_REGRESSION_ABOVE_STACK",
+                                                                   "manifest.json:gate.max_regression")]

@@ -56,9 +56,13 @@ def stack() -> Iterator[dict[str, Any]]:
     server.stop()
 
 
-def upload(stack: dict[str, Any], tmp: Path, version: str, *, drop_image: bool = False) -> runs.DatasetRef:
+def upload(stack: dict[str, Any], tmp: Path, version: str, *, drop_image: bool = False,
+           manifest: dict[str, Any] | None = None) -> runs.DatasetRef:
     local = tmp / version
     synth.generate(local, images=8, size=64, version=version, seed=len(version))
+    if manifest:
+        doc = json.loads((local / "manifest.json").read_text())
+        (local / "manifest.json").write_text(json.dumps({**doc, **manifest}))
     if drop_image:
         next(p for p in sorted((local / "images").rglob("*")) if p.is_file()).unlink()
     prefix = runs.dataset_prefix("shapes", version)
@@ -162,3 +166,22 @@ def test_an_invalid_dataset_is_rejected_by_the_real_validator(stack: dict[str, A
     bucket, key = runs.parse_s3_uri(message["report_uri"])
     report = json.loads(stack["s3"].get_object(Bucket=bucket, Key=key)["Body"].read())
     assert report  # the full report sits next to the run's artifacts
+
+
+def test_a_manifest_that_loosens_the_stack_gate_is_rejected_before_training(stack: dict[str, Any],
+                                                                             tmp_path: Path) -> None:
+    # The attack of issue 10: the stack's gate is MinMap 0.30 / MaxRegression 0.01 (support.PREPARE_ENV).
+    loose = {"gate": {"min_map": 0, "max_regression": 1}, "training": {"max_iter": 1}}
+    execution, aws = run(stack, upload(stack, tmp_path, "loose", manifest=loose))
+    assert execution.status == "FAILED" and execution.error == "DatasetRejected", execution.cause
+    assert [name for name, _ in aws.calls] == ["sns:publish"]  # no training job, no endpoint
+    (message,) = notifications(stack)
+    assert [e["code"] for e in message["first_errors"]] == ["GATE_MIN_MAP_BELOW_STACK",
+                                                            "GATE_MAX_REGRESSION_ABOVE_STACK"]
+    assert message["first_errors"][0]["location"] == "manifest.json:gate.min_map"
+    bucket, key = runs.parse_s3_uri(message["report_uri"])
+    report = json.loads(stack["s3"].get_object(Bucket=bucket, Key=key)["Body"].read())
+    assert {i["code"] for i in report["errors"]} == {"GATE_MAX_REGRESSION_ABOVE_STACK", "GATE_MIN_MAP_BELOW_STACK"}
+    assert "MinMap 0.3" in report["errors"][0]["message"]
+    listed = stack["s3"].list_objects_v2(Bucket=support.ARTIFACTS_BUCKET, Prefix=f"runs/{execution.name}/")
+    assert [o["Key"] for o in listed["Contents"]] == [key]  # only the validation report: nothing was trained

@@ -72,9 +72,30 @@ def test_manifest_overrides_become_string_hyperparameters_and_gate_thresholds(aw
     assert plan["training_job"]["HyperParameters"] == {
         "framework": "detectron2", "max_iter": "3000", "ims_per_batch": "8", "base_lr": "0.01", "seed": "7"}
     # The manifest's task is instance_segmentation: the gate judges mask AP.
-    assert plan["gate"] == {"primary_metric": "segm_AP", "min_map": 0.5, "max_regression": 0.02}
+    assert plan["gate"] == {"primary_metric": "segm_AP", "min_map": 0.5, "max_regression": 0.005}
     assert prepare()["gate"] == {"primary_metric": "bbox_AP", "min_map": 0.3,  # detection; stack parameters
                                  "max_regression": 0.01}
+
+
+@pytest.mark.parametrize(("manifest", "named"), [
+    ({"gate": {"min_map": 0.0}}, "GATE_MIN_MAP_BELOW_STACK"),
+    ({"gate": {"max_regression": 1.0}}, "GATE_MAX_REGRESSION_ABOVE_STACK"),
+    ({"gate": {"min_map": 0.29, "max_regression": 0.0}}, "GATE_MIN_MAP_BELOW_STACK"),
+    ({"training": {"max_iter": 101}}, "TRAINING_MAX_ITER_ABOVE_STACK"),
+    ({"training": {"ims_per_batch": 17}}, "TRAINING_IMS_PER_BATCH_ABOVE_STACK"),
+])
+def test_a_manifest_never_loosens_the_stack_limits(aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+                                                   manifest: dict[str, Any], named: str) -> None:
+    # Validation rejects these first; prepare refuses them too, for input that skipped validation.
+    from prepare_training.service import ManifestExceedsStackLimits
+
+    monkeypatch.setenv("MAX_TRAINING_ITERATIONS", "100")
+    monkeypatch.setenv("MAX_IMAGES_PER_BATCH", "16")
+    with pytest.raises(ManifestExceedsStackLimits, match=named):
+        prepare(manifest=manifest)
+    at_the_limits = prepare(manifest={"gate": {"min_map": 0.3, "max_regression": 0.01},
+                                      "training": {"max_iter": 100, "ims_per_batch": 16}})
+    assert at_the_limits["gate"]["min_map"] == 0.3 and at_the_limits["gate"]["max_regression"] == 0.01
 
 
 def test_out_of_bounds_overrides_are_refused(aws: dict[str, Any]) -> None:

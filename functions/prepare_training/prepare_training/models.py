@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from d2ops.runs import DatasetRef
-from d2ops.validation.manifest import Gate, TrainingOverrides
+from d2ops.validation.manifest import Gate, StackLimits, TrainingOverrides
 
 
 class ManifestSettings(BaseModel):
@@ -48,6 +48,14 @@ class PrepareSettings(BaseModel):
     endpoint_max_wait_attempts: int = Field(120, ge=1, le=1000)
     min_map: float = Field(ge=0, le=1)
     max_regression: float = Field(ge=0, le=1)
+    max_training_iterations: int | None = Field(None, ge=1, description="cap on the manifest's training.max_iter")
+    max_images_per_batch: int | None = Field(None, ge=1, description="cap on the manifest's training.ims_per_batch")
+
+    @property
+    def limits(self) -> StackLimits:
+        """The operator's limits a manifest may only tighten."""
+        return StackLimits(min_map=self.min_map, max_regression=self.max_regression,
+                           max_iter=self.max_training_iterations, max_ims_per_batch=self.max_images_per_batch)
 
     @field_validator("use_spot", mode="before")
     @classmethod

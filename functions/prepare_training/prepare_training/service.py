@@ -6,6 +6,7 @@ from typing import Any
 
 from d2ops import metrics, runs
 from d2ops.champion import read_champion
+from d2ops.validation.manifest import effective_gate, stack_limit_problems
 from prepare_training.models import (
     ChampionRef,
     EndpointPlan,
@@ -21,6 +22,14 @@ PROCESSING_ROOT = "/opt/ml/processing"
 EVALUATION_REPORT = "evaluation.json"
 EVALUATION_MAX_SECONDS = 2 * 3600
 VOLUME_GB = 50
+
+
+class ManifestExceedsStackLimits(Exception):
+    """The manifest asks for a laxer gate or a bigger training job than the stack allows.
+
+    Validation rejects such a manifest first (DatasetRejected); this is the second lock, for
+    an execution started with input that never went through validation.
+    """
 
 
 def job_names(run_id: str) -> JobNames:
@@ -111,11 +120,12 @@ def evaluation_job_request(settings: PrepareSettings, event: PrepareEvent, names
 
 
 def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: ChampionRef | None) -> Plan:
+    problems = stack_limit_problems(event.manifest.gate, event.manifest.training, settings.limits)
+    if problems:
+        raise ManifestExceedsStackLimits("; ".join(f"{code}: {message}" for code, message, _ in problems))
     names = job_names(event.run_id)
     training = training_job_request(settings, event, names)
-    gate = event.manifest.gate
-    min_map = gate.min_map if gate and gate.min_map is not None else settings.min_map
-    max_regression = gate.max_regression if gate and gate.max_regression is not None else settings.max_regression
+    min_map, max_regression = effective_gate(settings.limits, event.manifest.gate)
     return Plan(
         training_job=training,
         evaluation_job=evaluation_job_request(settings, event, names, model_artifact_uri(training), champion),

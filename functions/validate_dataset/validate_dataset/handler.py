@@ -11,6 +11,7 @@ from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from d2ops.validation import DEFAULT_IMAGE_SAMPLE
+from d2ops.validation.manifest import StackLimits
 from validate_dataset.models import ValidateDatasetEvent
 from validate_dataset.service import validate_dataset
 
@@ -27,8 +28,10 @@ def _image_sample() -> int:
 @event_parser(model=ValidateDatasetEvent)
 def handler(event: ValidateDatasetEvent, context: LambdaContext) -> dict[str, Any]:
     logger.append_keys(run_id=event.run_id, dataset=f"s3://{event.bucket}/{event.prefix}")
+    # The stack's gate and training limits (template.yaml): a manifest laxer than these is rejected here.
     summary = validate_dataset(event, boto3.client("s3"), os.environ["ARTIFACTS_BUCKET"],
-                               image_sample=_image_sample(), progress=logger.info)
+                               image_sample=_image_sample(), progress=logger.info,
+                               stack_limits=StackLimits.from_env(os.environ))
     logger.info("dataset validated", extra={"valid": summary.valid, "error_count": summary.error_count,
                                             "warning_count": summary.warning_count, "report_uri": summary.report_uri})
     return summary.model_dump(mode="json")

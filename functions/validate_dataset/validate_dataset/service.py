@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from d2ops.validation import Code, DatasetNotFound, DatasetUnreadable, ValidationReport, validate_s3
+from d2ops.validation.manifest import StackLimits
 from validate_dataset.models import DatasetName, IssueSummary, ValidateDatasetEvent, ValidationSummary
 
 __all__ = ["DatasetNotFound", "DatasetUnreadable", "report_key", "validate_dataset"]
@@ -31,9 +32,11 @@ def summarize(report: ValidationReport, report_uri: str) -> ValidationSummary:
 
 
 def validate_dataset(event: ValidateDatasetEvent, s3_client: Any, artifacts_bucket: str, *, image_sample: int,
-                     progress: Callable[[str], None] | None = None) -> ValidationSummary:
+                     progress: Callable[[str], None] | None = None,
+                     stack_limits: StackLimits | None = None) -> ValidationSummary:
     """Validate s3://bucket/prefix; raises DatasetNotFound (no manifest) or DatasetUnreadable (cannot list)."""
-    report = validate_s3(s3_client, event.bucket, event.prefix, image_sample=image_sample, progress=progress)
+    report = validate_s3(s3_client, event.bucket, event.prefix, image_sample=image_sample, progress=progress,
+                         stack_limits=stack_limits)
     if report.has(Code.MANIFEST_MISSING):
         raise DatasetNotFound(f"no manifest.json under s3://{event.bucket}/{event.prefix}")
     key = report_key(event.run_id)

@@ -23,6 +23,11 @@ class Code(StrEnum):
     MANIFEST_VALUE_INVALID = "MANIFEST_VALUE_INVALID"
     MANIFEST_PATH_MISSING = "MANIFEST_PATH_MISSING"
     MANIFEST_PREFIX_MISMATCH = "MANIFEST_PREFIX_MISMATCH"
+    # Manifest settings laxer than the stack allows (each names the limit it breaks)
+    GATE_MIN_MAP_BELOW_STACK = "GATE_MIN_MAP_BELOW_STACK"
+    GATE_MAX_REGRESSION_ABOVE_STACK = "GATE_MAX_REGRESSION_ABOVE_STACK"
+    TRAINING_MAX_ITER_ABOVE_STACK = "TRAINING_MAX_ITER_ABOVE_STACK"
+    TRAINING_IMS_PER_BATCH_ABOVE_STACK = "TRAINING_IMS_PER_BATCH_ABOVE_STACK"
     # Files
     FILE_UNREADABLE = "FILE_UNREADABLE"
     JSON_MALFORMED = "JSON_MALFORMED"
@@ -78,6 +83,11 @@ MEANINGS: dict[Code, str] = {
     Code.MANIFEST_VALUE_INVALID: "a manifest value has the wrong type, is out of bounds or is not a safe relative path",
     Code.MANIFEST_PATH_MISSING: "a file or directory the manifest names (train, val, images) was not uploaded",
     Code.MANIFEST_PREFIX_MISMATCH: "the manifest's name/version differ from the datasets/<name>/<version>/ prefix",
+    Code.GATE_MIN_MAP_BELOW_STACK: "gate.min_map is below the stack's MinMap (a manifest may only raise it)",
+    Code.GATE_MAX_REGRESSION_ABOVE_STACK: ("gate.max_regression is above the stack's MaxRegression (a manifest may "
+                                           "only lower it)"),
+    Code.TRAINING_MAX_ITER_ABOVE_STACK: "training.max_iter is above the stack's MaxTrainingIterations",
+    Code.TRAINING_IMS_PER_BATCH_ABOVE_STACK: "training.ims_per_batch is above the stack's MaxImagesPerBatch",
     Code.FILE_UNREADABLE: "a file cannot be read (permissions, a dangling link, too large for the scratch disk)",
     Code.JSON_MALFORMED: "a file is not valid JSON (the message gives line and column)",
     Code.KEY_MISSING: "a required COCO key is absent (top level, image, annotation or category)",

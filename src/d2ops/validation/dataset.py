@@ -13,7 +13,14 @@ from d2ops.validation.coco import SplitResult, Thresholds, check_split
 from d2ops.validation.codes import Code
 from d2ops.validation.errors import SourceFileError
 from d2ops.validation.images import check_image_files
-from d2ops.validation.manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from d2ops.validation.manifest import (
+    MANIFEST_FILE,
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    StackLimits,
+    parse_manifest,
+    stack_limit_problems,
+)
 from d2ops.validation.report import DatasetRef, ImageCheck, IssueLog, SplitStats, ValidationReport
 from d2ops.validation.sources import LocalSource, S3Source, Source
 
@@ -85,8 +92,12 @@ def _cross_split(train: SplitResult | None, val: SplitResult | None, log: IssueL
 
 def validate_source(source: Source, *, check_images: bool = True, image_sample: int | None = None,
                     expected: tuple[str, str] | None = None, limits: Thresholds | None = None,
-                    progress: Progress | None = None) -> ValidationReport:
-    """Validate the dataset version ``source`` holds. Raises DatasetUnreadable when it cannot be listed."""
+                    progress: Progress | None = None, stack_limits: StackLimits | None = None) -> ValidationReport:
+    """Validate the dataset version ``source`` holds. Raises DatasetUnreadable when it cannot be listed.
+
+    ``stack_limits``: the operator's gate and training limits; manifest settings laxer than these
+    are errors (the pipeline passes them; a local check without a stack has none to enforce).
+    """
     say = progress or _quiet
     limits = limits or Thresholds()
     started = time.perf_counter()
@@ -119,6 +130,9 @@ def validate_source(source: Source, *, check_images: bool = True, image_sample: 
     if expected and expected != (manifest.name, manifest.version):
         log.add(Code.MANIFEST_PREFIX_MISMATCH, f"manifest says {manifest.name}/{manifest.version} but the files are "
                 f"under datasets/{expected[0]}/{expected[1]}/", MANIFEST_FILE)
+    if stack_limits is not None:  # the operator's limits: a manifest may only tighten them
+        for code, message, path in stack_limit_problems(manifest.gate, manifest.training, stack_limits):
+            log.add(code, message, MANIFEST_FILE, path)
     if manifest.train == manifest.val:
         log.add(Code.MANIFEST_VALUE_INVALID, f"train and val are the same file {manifest.train!r}", MANIFEST_FILE,
                 "val")
@@ -164,8 +178,8 @@ def validate_local(path: str | os.PathLike[str], *, check_images: bool = True, l
 
 def validate_s3(s3_client: Any, bucket: str, prefix: str, *, image_sample: int = DEFAULT_IMAGE_SAMPLE,
                 check_images: bool = True, limits: Thresholds | None = None,
-                progress: Progress | None = None) -> ValidationReport:
+                progress: Progress | None = None, stack_limits: StackLimits | None = None) -> ValidationReport:
     """Validate the dataset version under s3://bucket/prefix; ``image_sample`` images have their size checked."""
     return validate_source(S3Source(s3_client, bucket, prefix), check_images=check_images,
                            image_sample=max(0, image_sample), expected=dataset_from_prefix(prefix), limits=limits,
-                           progress=progress)
+                           progress=progress, stack_limits=stack_limits)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import posixpath
 import re
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -92,6 +93,68 @@ class Manifest(_Strict):
     def optional_settings(self) -> dict[str, Any]:
         """The optional keys (defaults applied) later pipeline steps read: task, training, gate."""
         return self.model_dump(mode="json", include={"task", "training", "gate"}, exclude_none=True)
+
+
+class StackLimits(BaseModel):
+    """What the operator's stack allows (template.yaml parameters): a manifest may only tighten these.
+
+    ``min_map``/``max_regression`` are the MinMap/MaxRegression gate parameters; the training
+    caps (MaxTrainingIterations, MaxImagesPerBatch) bound what one dataset may make a training
+    job cost. A dataset author is not the operator, so a manifest asking for a laxer gate or a
+    larger job is an error, never silently clamped: the report names the limit it broke.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    min_map: float = Field(ge=0, le=1)
+    max_regression: float = Field(ge=0, le=1)
+    max_iter: int | None = Field(default=None, ge=1, description="cap on training.max_iter (None: schema bound)")
+    max_ims_per_batch: int | None = Field(default=None, ge=1, description="cap on training.ims_per_batch")
+
+    # Environment variable -> field: template.yaml sets these on the functions that enforce them.
+    ENV: ClassVar[dict[str, str]] = {"MIN_MAP": "min_map", "MAX_REGRESSION": "max_regression",
+                                     "MAX_TRAINING_ITERATIONS": "max_iter", "MAX_IMAGES_PER_BATCH": "max_ims_per_batch"}
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> StackLimits:
+        """Read MIN_MAP, MAX_REGRESSION (required) and the optional training caps."""
+        return cls.model_validate({field: env[name] for name, field in cls.ENV.items() if env.get(name)})
+
+
+def stack_limit_problems(gate: Gate | None, training: TrainingOverrides,
+                         limits: StackLimits) -> list[tuple[Code, str, str]]:
+    """Every manifest setting (its gate, its training overrides) laxer than the stack allows: (code, message, path)."""
+    problems: list[tuple[Code, str, str]] = []
+    if gate is not None and gate.min_map is not None and gate.min_map < limits.min_map:
+        problems.append((Code.GATE_MIN_MAP_BELOW_STACK, f"gate.min_map {gate.min_map:g} is below the stack's MinMap "
+                         f"{limits.min_map:g}: a manifest may raise the quality bar, not lower it", "gate.min_map"))
+    if gate is not None and gate.max_regression is not None and gate.max_regression > limits.max_regression:
+        problems.append((Code.GATE_MAX_REGRESSION_ABOVE_STACK, f"gate.max_regression {gate.max_regression:g} is above "
+                         f"the stack's MaxRegression {limits.max_regression:g}: a manifest may allow a smaller drop "
+                         "below the champion, not a larger one", "gate.max_regression"))
+    if limits.max_iter is not None and training.max_iter is not None and training.max_iter > limits.max_iter:
+        problems.append((Code.TRAINING_MAX_ITER_ABOVE_STACK, f"training.max_iter {training.max_iter} is above the "
+                         f"stack's MaxTrainingIterations {limits.max_iter}", "training.max_iter"))
+    if (limits.max_ims_per_batch is not None and training.ims_per_batch is not None
+            and training.ims_per_batch > limits.max_ims_per_batch):
+        problems.append((Code.TRAINING_IMS_PER_BATCH_ABOVE_STACK, f"training.ims_per_batch {training.ims_per_batch} "
+                         f"is above the stack's MaxImagesPerBatch {limits.max_ims_per_batch}",
+                         "training.ims_per_batch"))
+    return problems
+
+
+def effective_gate(limits: StackLimits, gate: Gate | None) -> tuple[float, float]:
+    """(min_map, max_regression) a run is judged by: the stack's, tightened by the manifest's, never loosened.
+
+    Validation already rejects a laxer manifest; taking the stricter value here as well means
+    no path (an old run's input, a hand-started execution) can lower the bar.
+    """
+    min_map, max_regression = limits.min_map, limits.max_regression
+    if gate is not None and gate.min_map is not None:
+        min_map = max(min_map, gate.min_map)
+    if gate is not None and gate.max_regression is not None:
+        max_regression = min(max_regression, gate.max_regression)
+    return min_map, max_regression
 
 
 def manifest_json_schema() -> dict[str, Any]:
