@@ -6,6 +6,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NODE_STAMP := tools/node_modules/.installed
+# detectron2 (not on PyPI): from a wheel directory when there is one, else from the pinned upstream
+# commit (the same ARG DETECTRON2_COMMIT as containers/training/Dockerfile), else not at all.
+D2_STAMP := $(VENV)/.detectron2
+D2OPS_WHEELS ?= ../shared/wheels
+DETECTRON2_COMMIT := $(shell sed -n 's|^ARG DETECTRON2_COMMIT=||p' containers/training/Dockerfile)
 export PYTHONDONTWRITEBYTECODE := 1
 # SAM CLI and checkov phone home by default; this machine (and CI) has no internet.
 export SAM_CLI_TELEMETRY := 0
@@ -15,7 +20,7 @@ export SAM_CLI_TELEMETRY := 0
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
-setup: $(STAMP) $(NODE_STAMP)  ## create .venv and install everything (torch, dev and test tools, d2ops editable)
+setup: $(STAMP) $(D2_STAMP) $(NODE_STAMP)  ## create .venv and install everything (torch, detectron2, dev and test tools, d2ops editable)
 
 # Node tools the tests run (asl-validator checks the substituted state machine definition).
 $(NODE_STAMP): tools/package.json tools/package-lock.json
@@ -30,6 +35,24 @@ $(STAMP): pyproject.toml src/requirements.txt
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	# Compile the TorchServe /ping plugin once here, not inside the first endpoint start.
 	$(BIN)/python -c "from model_code.serving.launch import plugins_dir; print(plugins_dir())"
+	touch $@
+
+# Its own stamp, so `make setup` on an existing .venv installs it too; a new wheel (or a new pin)
+# re-runs it. Where it cannot be installed the torchvision trainer remains and setup still succeeds
+# (`rm $(D2_STAMP)` to try again). setuptools<81: detectron2.model_zoo imports pkg_resources.
+$(D2_STAMP): $(STAMP) containers/training/Dockerfile $(wildcard $(D2OPS_WHEELS)/detectron2-*.whl)
+	@if ls $(D2OPS_WHEELS)/detectron2-*.whl >/dev/null 2>&1; then \
+	  echo "detectron2: installing from $(D2OPS_WHEELS)"; \
+	  $(BIN)/python -m pip install --quiet --find-links $(D2OPS_WHEELS) detectron2==0.6 'setuptools<81' || exit 1; \
+	elif timeout 20 git ls-remote https://github.com/facebookresearch/detectron2.git HEAD >/dev/null 2>&1; then \
+	  echo "detectron2: building commit $(DETECTRON2_COMMIT) from GitHub (a few minutes)"; \
+	  $(BIN)/python -m pip install --quiet 'setuptools<81' && \
+	  MAX_JOBS=$${MAX_JOBS:-2} $(BIN)/python -m pip install --quiet --no-build-isolation \
+	    "detectron2 @ git+https://github.com/facebookresearch/detectron2.git@$(DETECTRON2_COMMIT)" || exit 1; \
+	else \
+	  echo "detectron2: not installed (no wheel in $(D2OPS_WHEELS) or D2OPS_WHEELS, no access to GitHub); the torchvision trainer remains"; \
+	fi
+	$(BIN)/python -m pip check
 	touch $@
 
 test: setup  ## run the whole test suite (everything but the `slow` marker)
