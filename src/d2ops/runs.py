@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import uuid
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -179,6 +180,11 @@ def execution_input(dataset: DatasetRef, trigger: Trigger) -> dict[str, Any]:
     return {"dataset": dataset.model_dump(), "trigger": trigger.model_dump()}
 
 
+def delivery_token() -> str:
+    """A token unique to one StartExecution call (see :func:`start_run`)."""
+    return uuid.uuid4().hex
+
+
 class _StepFunctionsClient(Protocol):
     exceptions: Any
 
@@ -189,16 +195,20 @@ def start_run(sfn: _StepFunctionsClient, state_machine_arn: str, dataset: Datase
               trigger: Trigger) -> StartedRun:
     """Start the run for this dataset upload, or report the one already started.
 
-    Step Functions answers a used name either with the original execution (still running,
-    identical input) or ``ExecutionAlreadyExists``: both mean this upload already has its run.
+    The run id (execution name) makes the start idempotent: Step Functions never runs two
+    executions of one name. It answers a used name with ``ExecutionAlreadyExists``, except
+    while the first execution is still running *with identical input*: then it returns that
+    execution as if it had just started it, so 100 concurrent duplicate deliveries all said
+    "started". Each call therefore carries its own ``delivery`` token: the input of a second
+    call never matches the first's, every call but the one that started the run gets
+    ``ExecutionAlreadyExists``, and exactly one caller reports ``started``.
     """
     run_id = run_id_for(dataset.name, dataset.version, dataset.manifest_version)
     arn = execution_arn(state_machine_arn, run_id)
+    document = {**execution_input(dataset, trigger), "delivery": delivery_token()}
     try:
         response = sfn.start_execution(stateMachineArn=state_machine_arn, name=run_id,
-                                       input=json.dumps(execution_input(dataset, trigger), sort_keys=True))
+                                       input=json.dumps(document, sort_keys=True))
     except sfn.exceptions.ExecutionAlreadyExists:
         return StartedRun(run_id=run_id, execution_arn=arn, already_started=True)
-    # A running execution with identical input is returned as if just started; either way
-    # exactly one execution exists for this upload, which is what callers rely on.
     return StartedRun(run_id=run_id, execution_arn=response["executionArn"], already_started=False)

@@ -40,7 +40,8 @@ def executions(sfn: Any) -> list[dict[str, Any]]:
 def test_the_same_upload_delivered_many_times_starts_one_run(sfn: Any) -> None:
     event = support.load_event("start_pipeline", "manifest_uploaded")
     results = [deliver(copy.deepcopy(event)) for _ in range(12)]
-    assert results[0]["action"] == "started"
+    # The run is still RUNNING: duplicates are reported as duplicates, not as "started" again.
+    assert [r["action"] for r in results] == ["started"] + ["already-started"] * 11
     assert len({r["run_id"] for r in results}) == 1
     assert len({r["execution_arn"] for r in results}) == 1
     (execution,) = executions(sfn)
@@ -114,3 +115,44 @@ def test_a_malformed_event_is_an_error_not_a_run(sfn: Any) -> None:
     with pytest.raises(Exception, match="object"):
         deliver(event)
     assert executions(sfn) == []
+
+
+class SameNameSemantics:
+    """StartExecution as Step Functions documents it, atomically (moto's backend has no lock).
+
+    A used name returns the original execution while it runs with identical input, and fails
+    with ExecutionAlreadyExists otherwise.
+    """
+
+    class exceptions:
+        class ExecutionAlreadyExists(Exception):
+            pass
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.inputs: dict[str, str] = {}
+
+    def start_execution(self, *, stateMachineArn: str, name: str, input: str) -> dict[str, Any]:
+        with self.lock:
+            if name in self.inputs and self.inputs[name] != input:
+                raise self.exceptions.ExecutionAlreadyExists(name)
+            self.inputs.setdefault(name, input)
+        return {"executionArn": runs.execution_arn(stateMachineArn, name), "startDate": 0}
+
+
+def test_a_hundred_concurrent_duplicate_deliveries_report_one_start() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from start_pipeline.models import ObjectCreatedEvent
+    from start_pipeline.service import handle_object_created
+
+    event = ObjectCreatedEvent.model_validate(support.load_event("start_pipeline", "manifest_uploaded"))
+    client = SameNameSemantics()
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        results = list(pool.map(lambda _: handle_object_created(event, client, support.STATE_MACHINE_ARN),
+                                range(100)))
+    actions = [r.action for r in results]
+    assert actions.count("started") == 1 and actions.count("already-started") == 99
+    assert len(client.inputs) == 1 and len({r.run_id for r in results}) == 1

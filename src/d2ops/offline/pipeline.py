@@ -126,7 +126,7 @@ def upload_and_trigger(rt: OfflineRuntime, dataset_dir: Path, deliveries: int, o
             raise RuntimeError(f"the trigger rule's pattern does not match the upload of {key}")
         seen = any(r.get("run_id") == result.get("run_id") for r in results)
         results.append(result)
-        note = " again: Step Functions returned the same execution, no second run" if seen else ""
+        note = " (a duplicate: the run exists, no second one started)" if seen else ""
         out(f"S3 event delivery {attempt}/{deliveries}: trigger answered {result['action']} "
             f"({result.get('run_id')}){note}")
     run_ids = {r.get("run_id") for r in results}
