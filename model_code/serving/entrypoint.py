@@ -15,6 +15,9 @@ Environment (all optional):
   D2OPS_SERVING_WORKDIR     model store, logs, temp files (default /tmp/d2ops-serving)
   D2OPS_STARTUP_TIMEOUT     seconds to wait for /ping before giving up (default 600)
   D2OPS_BATCH_SIZE, D2OPS_MAX_BATCH_DELAY_MS, D2OPS_WORKERS   batching (model_code.serving.launch.BatchSettings)
+  D2OPS_REQUIRE_GPU         auto (default: a GPU is required where the host exposes NVIDIA devices), true, false
+                            (model_code.serving.device); where one is required and CUDA is unusable,
+                            /ping stays unhealthy instead of serving on CPU
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from model_code.serving import launch
+from model_code.serving import device, launch
 
 PID_FILE = "torchserve.pid"  # the TorchServe process group, for a supervisor that must clean up after us
 
@@ -60,6 +63,13 @@ def serve(env: Mapping[str, str]) -> int:
     except ValidationError as exc:
         raise launch.ServingError(f"batching settings: {exc}") from exc
 
+    try:
+        # The workers decide again for themselves (the handler); this line says it once, up front.
+        print(device.select_device(None, env).log_line(), flush=True)
+    except device.GpuUnavailableError as exc:
+        print(f"d2ops serving: error: {exc}", flush=True)
+    except ValueError as exc:
+        raise launch.ServingError(str(exc)) from exc
     print(f"d2ops serving: preparing {model} in {workdir}", flush=True)
     config = launch.prepare(model, workdir, inference_address=f"http://{host}:{port}",
                             management_address=f"http://127.0.0.1:{management}",

@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import torch
 from ts.torch_handler.base_handler import BaseHandler
 
 from model_code.artifact import load_artifact
+from model_code.serving.device import GpuUnavailableError, select_device
 from model_code.serving.service import DetectionService, RawRequest
 
 logger = logging.getLogger(__name__)
@@ -34,8 +34,14 @@ class DetectionHandler(BaseHandler):
 
     def initialize(self, context: Any) -> None:
         properties = context.system_properties
-        gpu_id = properties.get("gpu_id")
-        device = f"cuda:{gpu_id}" if torch.cuda.is_available() and gpu_id is not None else "cpu"
+        try:
+            # Never a silent CPU fallback where a GPU is needed: failing here keeps /ping unhealthy.
+            decision = select_device(properties.get("gpu_id"))
+        except GpuUnavailableError as exc:
+            logger.error("d2ops serving: %s", exc)
+            raise
+        device = decision.device
+        logger.info(decision.log_line())
         self.context = context
         self.service = DetectionService(load_artifact(properties["model_dir"], device=device), device=device)
         meta = self.service.metadata
