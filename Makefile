@@ -84,6 +84,10 @@ bench-serve: setup  ## TorchServe /invocations (concurrency 1 and 8, batching on
 bench-train: setup  ## CPU training throughput (images/s), one process vs two (gloo), and the ratio
 	$(BIN)/python -m d2ops.bench.train --workdir build/bench-train
 
+.PHONY: bench-calibrate
+bench-calibrate: setup  ## CPU profile: the largest learning rate that still converges (margin) and several seeds
+	$(BIN)/python -m d2ops.bench.calibrate --workdir build/bench-calibrate
+
 test-training-slow: setup  ## the longer, better-converged training run (marker `slow`)
 	$(BIN)/pytest -m slow tests/integration/test_training_slow.py
 

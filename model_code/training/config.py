@@ -21,6 +21,9 @@ DEFAULT_ML_ROOT = "/opt/ml"
 ML_ROOT_VARIABLE = "D2OPS_ML_ROOT"
 CHECKPOINT_DIR_VARIABLE = "D2OPS_CHECKPOINT_DIR"
 REQUIRED_CHANNELS = ("train", "val")
+# A safety net against a single bad batch, not a regulator of ordinary steps: measured gradient norms
+# of a converging run stay well below it after the first iterations (docs/training.md, calibration).
+CLIP_GRAD_NORM = 10.0
 
 
 class ConfigError(Exception):
@@ -54,6 +57,8 @@ class Hyperparameters(BaseModel):
     lr_steps: tuple[float, ...] = Field(default=(0.8,), description="fractions of max_iter where LR drops x0.1")
     momentum: float = Field(default=0.9, ge=0, lt=1)
     weight_decay: float = Field(default=1e-4, ge=0, lt=1)
+    clip_grad_norm: float = Field(default=CLIP_GRAD_NORM, ge=0, le=1e6,
+                                  description="clip the gradient's global L2 norm to this (0: no clipping)")
     eval_period: int = Field(default=0, ge=0, description="0: evaluate only at the end")
     checkpoint_period: int = Field(default=500, ge=1)
     log_period: int = Field(default=20, ge=1)

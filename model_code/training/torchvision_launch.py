@@ -11,6 +11,7 @@ from types import FrameType
 
 from model_code.dataset_version import open_dataset_version
 from model_code.training.config import Hyperparameters, TrainingEnvironment
+from model_code.training.cpu_profile import TORCHVISION_CPU_PROFILE, unset_profile_values
 from model_code.training.distributed import communication_environment, plan_world, scaled_schedule
 from model_code.training.torchvision_trainer import (
     Interrupted,
@@ -25,9 +26,28 @@ from model_code.training.torchvision_trainer import (
 _QUALIFIER = re.compile(r"^[\w.]+\.(?=\w+:)")  # "model_code.x.TrainingError: ..." -> "TrainingError: ..."
 
 
+def with_cpu_profile(hp: Hyperparameters, *, use_gpu: bool) -> tuple[Hyperparameters, str | None]:
+    """Without a GPU and without a chosen ``model``, the CPU profile fills what the job left unset.
+
+    The cloud defaults (R-50 FPN, 800 px, 16 images per batch) would take hours and over 10 GB on a
+    CPU; the user's own hyperparameters still win. Returns the notice to print first, if any.
+    """
+    if use_gpu or "model" in hp.model_fields_set:
+        return hp, None
+    filled = unset_profile_values(TORCHVISION_CPU_PROFILE, hp.model_fields_set)
+    explicit = hp.model_dump(include=hp.model_fields_set)
+    profiled = Hyperparameters.model_validate(explicit | filled)
+    return profiled, (f"no GPU and no `model` hyperparameter: training the CPU profile ({profiled.model}, "
+                      f"{profiled.min_size} px, batch {profiled.ims_per_batch}, {profiled.max_iter} iterations); "
+                      "set `model` to train the cloud configuration")
+
+
 def build_context(env: TrainingEnvironment, hp: Hyperparameters, environ: Mapping[str, str]) -> RunContext:
     train = open_dataset_version(env.channel("train"))
     val = open_dataset_version(env.channel("val"))
+    hp, notice = with_cpu_profile(hp, use_gpu=env.num_gpus > 0)
+    if notice:
+        print(notice, flush=True)
     plan = plan_world(env, hp, environ)
     threads = max(1, env.num_cpus // plan.processes_per_host)
     return RunContext(env=env, hp=hp, plan=plan, schedule=scaled_schedule(hp, plan.world_size), dataset=train,

@@ -72,12 +72,24 @@ def build_model(model_name: str, num_classes: int, hp: Hyperparameters) -> nn.Mo
     match = MODEL_PATTERN.match(model_name)
     assert match is not None
     # Trained from scratch: no pretrained weights (the training job has no model-download step).
-    backbone = resnet_fpn_backbone(backbone_name=match[2], weights=None, trainable_layers=5)
+    # torchvision's default FrozenBatchNorm2d freezes statistics a pretrained backbone brings; from
+    # scratch it is the identity, which leaves the ResNet unnormalised (12x the gradient norm at
+    # init) and made lr 0.02 diverge after warm-up on some CPUs (docs/training.md, calibration).
+    # GroupNorm normalises each image on its own: it works at 1-2 images per worker and computes
+    # the same thing whatever the world size, unlike BatchNorm without synchronisation.
+    backbone = resnet_fpn_backbone(backbone_name=match[2], weights=None, trainable_layers=5, norm_layer=group_norm)
     cls = MaskRCNN if match[1] == "maskrcnn" else FasterRCNN
     return cls(backbone, num_classes=num_classes + 1, min_size=hp.min_size, max_size=hp.max_size,
                rpn_pre_nms_top_n_train=hp.rpn_pre_nms_train, rpn_post_nms_top_n_train=hp.rpn_post_nms_train,
                rpn_pre_nms_top_n_test=hp.rpn_pre_nms_test, rpn_post_nms_top_n_test=hp.rpn_post_nms_test,
                box_batch_size_per_image=hp.roi_batch_size_per_image)
+
+
+GROUP_NORM_GROUPS = 32  # every ResNet stage width (64..2048) divides by it
+
+
+def group_norm(channels: int) -> nn.Module:
+    return nn.GroupNorm(GROUP_NORM_GROUPS, channels)
 
 
 @dataclass(frozen=True)
@@ -207,6 +219,11 @@ def train_worker(local_rank: int, ctx: RunContext) -> None:
                                 f"lower base_lr (now {schedule.base_lr:g}) or raise warmup_iters")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        # DDP has averaged the gradients, so every rank computes the same norm and clips alike.
+        grad_norm = float(nn.utils.clip_grad_norm_(params, hp.clip_grad_norm or math.inf))
+        if not math.isfinite(grad_norm):
+            raise TrainingError(f"gradient norm is {grad_norm} at iteration {iteration + 1}; "
+                                f"lower base_lr (now {schedule.base_lr:g}) or raise warmup_iters")
         optimizer.step()
         scheduler.step()
         iteration += 1
@@ -216,8 +233,9 @@ def train_worker(local_rank: int, ctx: RunContext) -> None:
             eta = seconds * (schedule.max_iter - iteration)
             lr = optimizer.param_groups[0]["lr"]
             log(f"iter {iteration}/{schedule.max_iter} loss {loss.item():.4f} lr {lr:.5f} "
-                f"{seconds:.2f} s/iter, eta {eta:.0f} s")
-            for name, value in (("train:loss", loss.item()), ("train:lr", lr), ("train:iter_seconds", seconds)):
+                f"grad_norm {grad_norm:.2f} {seconds:.2f} s/iter, eta {eta:.0f} s")
+            for name, value in (("train:loss", loss.item()), ("train:lr", lr), ("train:grad_norm", grad_norm),
+                                ("train:iter_seconds", seconds)):
                 log(metric_lines.format_metric_line(name, value, iteration))
             window_start, window_iters = time.monotonic(), 0
         stop = _all_agree(StopFlag.requested, world)

@@ -19,7 +19,7 @@ import re
 
 LINE_PREFIX = "d2ops-metric"
 
-TRAIN_METRICS: tuple[str, ...] = ("train:loss", "train:lr", "train:iter_seconds")
+TRAIN_METRICS: tuple[str, ...] = ("train:loss", "train:lr", "train:grad_norm", "train:iter_seconds")
 AP_SUFFIXES: tuple[str, ...] = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 VAL_METRICS: tuple[str, ...] = tuple(f"val:{kind}_{s}" for kind in ("bbox", "segm") for s in AP_SUFFIXES)
 METRIC_NAMES: tuple[str, ...] = TRAIN_METRICS + VAL_METRICS
