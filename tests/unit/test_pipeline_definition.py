@@ -107,11 +107,38 @@ def test_every_failure_notifies_before_its_fail_state() -> None:
         assert predecessors(name) == {"Route failure"}, name
     assert predecessors("Notification failed") == {"Notify success"}
     assert predecessors("Route failure") == {"Notify failure"}
-    # Everything that reaches the failure notification recorded $.failure first.
-    for name in predecessors("Notify failure"):
+    # Everything that reaches the failure notification recorded $.failure first (directly, or
+    # through "Describe failure", which only rewrites failure.cause as one line).
+    assert predecessors("Notify failure") - {"Describe failure"} == {"Record dataset rejection",
+                                                                      "Record quality gate failure"}
+    for name in predecessors("Notify failure") - {"Describe failure"} | predecessors("Describe failure"):
         state = STATES[name]
         assert state["Type"] == "Pass" and state["ResultPath"] == "$.failure", name
         assert state["Parameters"]["error"] in FAILURE_ERRORS
+        # Raw Causes (Lambda stack traces, whole job descriptions) never go into the people-facing cause.
+        assert "$.error.Cause" not in json.dumps(state["Parameters"]), name
+    # Every recorded caught error is described: a Record state that reads $.error goes through it.
+    for name, state in STATES.items():
+        if name.startswith("Record") and "$.error." in json.dumps(state.get("Parameters", {})):
+            assert state["Next"] == "Describe failure", name
+    describe = STATES["Describe failure"]
+    assert describe["Next"] == "Notify failure" and [c["Next"] for c in describe["Catch"]] == ["Notify failure"]
+
+
+def test_the_whole_run_has_a_time_limit_that_covers_its_parts() -> None:
+    """TimeoutSeconds (documented in docs/pipeline.md) covers the longest run the stack allows."""
+    from prepare_training.models import PrepareSettings
+    from prepare_training.service import EVALUATION_MAX_SECONDS
+
+    tpl = sam.load_template()
+    longest_training = 2 * int(tpl.document["Parameters"]["MaxTrainingSeconds"]["MaxValue"])  # spot: wait + run
+    endpoint = PrepareSettings.model_fields
+    endpoint_wait = int(endpoint["endpoint_poll_seconds"].default) * int(endpoint["endpoint_max_wait_attempts"].default)
+    task_limits = sum(s.get("TimeoutSeconds", 0) for s in STATES.values())
+    worst = longest_training + EVALUATION_MAX_SECONDS + endpoint_wait + task_limits
+    assert worst < DEFINITION["TimeoutSeconds"] <= 1.05 * worst + 3600, (worst, DEFINITION["TimeoutSeconds"])
+    alarm = tpl.resource("PipelineTimedOutAlarm")["Properties"]  # a timed-out run skips the notify states
+    assert alarm["MetricName"] == "ExecutionsTimedOut" and alarm["AlarmActions"] == [{"Ref": "NotificationTopic"}]
     routes = {c["StringEquals"]: c["Next"] for c in STATES["Route failure"]["Choices"]}
     for error, target in routes.items():
         assert STATES[target]["Error"] == error

@@ -108,6 +108,8 @@ def test_missing_manifest_is_rejected_with_the_lambda_error() -> None:
     ex = run_case("ManifestMissing")
     assert_failed(ex, "DatasetRejected", "Dataset rejected")
     assert "manifest.json does not exist" in ex.cause
+    # The function's message, not its error document (errorType, requestId, stackTrace).
+    assert "stackTrace" not in ex.cause and "requestId" not in ex.cause and "\n" not in ex.cause
 
 
 def test_a_failing_notification_keeps_the_original_error() -> None:
@@ -120,17 +122,20 @@ def test_training_failure_ends_in_training_failed_with_the_reason() -> None:
     ex = run_case("TrainingFailed")
     assert_failed(ex, "TrainingFailed", "Training failed")
     assert "CUDA out of memory" in ex.cause and support.RUN_ID.replace("_", "-") in ex.cause
+    # One line from the job's FailureReason, not the whole DescribeTrainingJob answer.
+    assert ex.cause == (f"training job {support.RUN_ID.replace('_', '-')}-train failed (States.TaskFailed): "
+                        "AlgorithmError: CUDA out of memory (see /opt/ml/output/failure)")
     assert len(task_parameters(ex, "Train model")) == 1, "a failed job is not retried"
-    assert entered_states(ex) == [*TO_THE_GATE[:4], "Record training failure", "Notify failure", "Route failure",
-                                  "Training failed"]
+    assert entered_states(ex) == [*TO_THE_GATE[:4], "Record training failure", "Describe failure", "Notify failure",
+                                  "Route failure", "Training failed"]
 
 
 def test_evaluation_failure() -> None:
     ex = run_case("EvaluationFailed")
     assert_failed(ex, "EvaluationFailed", "Evaluation failed")
     assert "has no model.pt" in ex.cause
-    assert entered_states(ex) == [*TO_THE_GATE[:5], "Record evaluation failure", "Notify failure", "Route failure",
-                                  "Evaluation failed"]
+    assert entered_states(ex) == [*TO_THE_GATE[:5], "Record evaluation failure", "Describe failure", "Notify failure",
+                                  "Route failure", "Evaluation failed"]
 
 
 def test_gate_below_threshold_registers_rejected_then_fails() -> None:
@@ -164,9 +169,9 @@ def test_smoke_test_failure_rolls_back_to_the_previous_config() -> None:
     previous = state_output(ex, "Find current endpoint")["previous_endpoint"]["endpoint_config"]
     (update,) = task_parameters(ex, "Update endpoint (blue/green)")
     assert rollback["EndpointConfigName"] == previous != update["EndpointConfigName"]
-    assert entered_states(ex)[-8:] == ["Endpoint in service?", "Smoke test endpoint", "Undo deployment",
-                                       "Roll back endpoint", "Record rolled-back deployment", "Notify failure",
-                                       "Route failure", "Deployment failed"]
+    assert entered_states(ex)[-9:] == ["Endpoint in service?", "Smoke test endpoint", "Undo deployment",
+                                       "Roll back endpoint", "Record rolled-back deployment", "Describe failure",
+                                       "Notify failure", "Route failure", "Deployment failed"]
     assert message["rollback"]["action"] == "rolled back to the previous endpoint config"
     assert "SmokeTestFailed" in ex.cause
     assert "Promote to champion" not in entered_states(ex)

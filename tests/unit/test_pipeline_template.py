@@ -15,7 +15,8 @@ from tests.fixtures.pipeline import support
 TEMPLATE = sam.load_template()
 OUR_FUNCTIONS = {"StartPipelineFunction": "start_pipeline", "PrepareTrainingFunction": "prepare_training",
                  "SummarizeEvaluationFunction": "summarize_evaluation",
-                 "SmokeTestEndpointFunction": "smoke_test_endpoint", "StatusApiFunction": "status_api"}
+                 "SmokeTestEndpointFunction": "smoke_test_endpoint", "StatusApiFunction": "status_api",
+                 "DescribeFailureFunction": "describe_failure"}
 REFS = {"AWS::StackName": "stack"}
 
 
