@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,14 +19,18 @@ if TYPE_CHECKING:
 
 def write_artifact(ctx: RunContext, model: nn.Module, directory: Path, *, iteration: int, report: bool,
                    native_files: list[Path] | None = None) -> Evaluation:
-    """Export, save, reload from disk, evaluate on val; what is evaluated is the file that ships."""
+    """Export, save, reload from disk, evaluate on val; what is evaluated is the file that ships.
+
+    The artifact holds only what serving loads (model.pt, metadata.json, evaluation.json); the
+    native checkpoint and the report go to the output data directory (the job's output.tar.gz).
+    """
+    out = ctx.env.output_data_dir
+    checkpoint = artifact.copy_native_checkpoint(out, native_files) if native_files else None
     metadata = artifact.ArtifactMetadata(
         framework="torchvision", task=ctx.dataset.task, model=ctx.model_name, class_names=ctx.categories.names,
         category_ids=ctx.categories.ids, training_job=ctx.env.job_name,
-        dataset=artifact.DatasetRef(name=ctx.dataset.name, version=ctx.dataset.version))
+        dataset=artifact.DatasetRef(name=ctx.dataset.name, version=ctx.dataset.version), checkpoint=checkpoint)
     artifact.save_artifact(directory, export_torchvision(model, ctx.has_masks), metadata)
-    if native_files:
-        artifact.copy_native_checkpoint(directory, native_files)
     detector = artifact.load_artifact(directory)
     gt = read_coco(ctx.val_dataset.val_json)
     evaluation = evaluate_detector(detector, gt, ctx.val_dataset.images_dir,
@@ -39,11 +42,8 @@ def write_artifact(ctx: RunContext, model: nn.Module, directory: Path, *, iterat
     if report:
         from model_code.evaluation.report import write_report
 
-        report_dir = directory / artifact.REPORT_DIR
-        write_report(report_dir, {"challenger": evaluation}, gt, ctx.val_dataset.images_dir,
-                     sample_images=ctx.hp.report_images)
-        out = ctx.env.output_data_dir
         out.mkdir(parents=True, exist_ok=True)
+        write_report(out / artifact.REPORT_DIR, {"challenger": evaluation}, gt, ctx.val_dataset.images_dir,
+                     sample_images=ctx.hp.report_images)
         artifact.write_json(out / artifact.EVALUATION_FILE, document)
-        shutil.copytree(report_dir, out / artifact.REPORT_DIR, dirs_exist_ok=True)
     return evaluation
