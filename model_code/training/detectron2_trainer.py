@@ -1,9 +1,8 @@
-"""Detectron2 trainer (production): config composition, dataset registration, launch, export.
+"""Detectron2 trainer (production): config composition, dataset registration, launch.
 
 Everything that decides *what* detectron2 is asked to do is a pure function here and is
-unit-tested without detectron2 (it cannot be installed on the development machine);
-detectron2 itself is imported lazily, only inside the functions that drive it in the
-training image.
+unit-tested without detectron2; detectron2 itself is imported only by :func:`run` (to build
+the config and launch) and by :mod:`detectron2_hooks`, which runs in every worker process.
 """
 
 from __future__ import annotations
@@ -11,26 +10,55 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from model_code.dataset_version import Categories, DatasetVersion, open_dataset_version
 from model_code.training.config import ConfigError, Hyperparameters, TrainingEnvironment
-from model_code.training.distributed import WorldPlan, communication_environment, plan_world, scaled_schedule
+from model_code.training.detectron2_schedule import (
+    Solver,
+    SolverPlan,
+    images_per_gpu_limit,
+    plan_solver,
+    solver_options,
+)
+from model_code.training.distributed import WorldPlan, communication_environment, plan_world
 
 DEFAULT_CONFIGS = {"detection": "COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml",
                    "instance_segmentation": "COCO-InstanceSegmentation/mask_rcnn_R_50_FPN_3x.yaml"}
-# Config files shipped in the training image (containers/training/configs is copied here).
-SHIPPED_CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+# Without a GPU and without a `model` hyperparameter: this small config, not the cloud one (an R-50 at
+# 800 px on a CPU grows to 14 GB and runs for hours). One file for boxes and masks (MODEL.MASK_ON).
+CPU_PROFILE = "rcnn_R_18_FPN_cpu.yaml"
+# Config files shipped in the training image (containers/training/configs is copied next to this
+# module); in a checkout they are still in containers/training/configs.
+_HERE = Path(__file__).resolve().parent
+SHIPPED_CONFIG_DIRS = (_HERE / "configs", _HERE.parents[1] / "containers" / "training" / "configs")
+SHIPPED_CONFIG_DIR = next((d for d in SHIPPED_CONFIG_DIRS if d.is_dir()), SHIPPED_CONFIG_DIRS[0])
 TRAIN_DATASET = "d2ops_train"
 VAL_DATASET = "d2ops_val"
+PRETRAINED_CHANNEL = "pretrained"
+PRETRAINED_SUFFIXES = (".pkl", ".pth")
+CHECKPOINTS_KEPT = 2  # the newest two periodic checkpoints (~330 MB each for an R-50)
 _KEY = re.compile(r"^[A-Z][A-Z0-9_]*(\.[A-Z][A-Z0-9_]*)*$")
 _ZOO_NAME = re.compile(r"^[A-Za-z0-9_-]+/[A-Za-z0-9_.-]+\.(yaml|py)$")
-# Keys the trainer owns: an override would silently break resume, the data or the world-size rule.
-RESERVED_KEYS = ("OUTPUT_DIR", "DATASETS.TRAIN", "DATASETS.TEST", "MODEL.ROI_HEADS.NUM_CLASSES",
-                 "SOLVER.REFERENCE_WORLD_SIZE")
+# Keys the trainer owns: an override would silently break resume, the data or the batch rules.
+RESERVED_KEYS = {
+    "OUTPUT_DIR": "it is the checkpoint directory",
+    "DATASETS.TRAIN": "it is the train channel", "DATASETS.TEST": "it is the val channel",
+    "MODEL.ROI_HEADS.NUM_CLASSES": "it comes from the dataset's categories",
+    "SOLVER.REFERENCE_WORLD_SIZE": "use the reference_world_size hyperparameter",
+    "MODEL.WEIGHTS": "upload the weights file as the `pretrained` input channel (nothing is downloaded at train time)",
+}
+# Hyperparameter -> SOLVER key. For a model-zoo config these always apply (its own schedule is for
+# COCO on 8 GPUs); a config shipped here carries its own defaults, overridden only by hyperparameters
+# that were given.
+_SOLVER_KEYS = {"ims_per_batch": "SOLVER.IMS_PER_BATCH", "base_lr": "SOLVER.BASE_LR", "max_iter": "SOLVER.MAX_ITER",
+                "warmup_iters": "SOLVER.WARMUP_ITERS", "checkpoint_period": "SOLVER.CHECKPOINT_PERIOD",
+                "momentum": "SOLVER.MOMENTUM", "weight_decay": "SOLVER.WEIGHT_DECAY",
+                "eval_period": "TEST.EVAL_PERIOD"}
 
 
 @dataclass(frozen=True)
@@ -50,8 +78,10 @@ class DatasetRegistration:
     thing_dataset_id_to_contiguous_id: dict[int, int]
 
 
-def config_source(model: str | None, task: str, shipped_dir: Path = SHIPPED_CONFIG_DIR) -> ConfigSource:
-    name = model or DEFAULT_CONFIGS[task]
+def config_source(model: str | None, task: str, shipped_dir: Path = SHIPPED_CONFIG_DIR, *,
+                  use_gpu: bool = True) -> ConfigSource:
+    """The config named by ``model``; by default the cloud config on a GPU, the CPU profile without one."""
+    name = model or (DEFAULT_CONFIGS[task] if use_gpu else CPU_PROFILE)
     if ".." in name.split("/") or name.startswith("/"):
         raise ConfigError(f"hyperparameter model={name!r}: must be a model-zoo name or a file in {shipped_dir}")
     shipped = shipped_dir / name
@@ -86,11 +116,31 @@ def parse_overrides(text: str) -> list[str]:
     out: list[str] = []
     for key, value in pairs:
         if key in RESERVED_KEYS:
-            raise ConfigError(f"hyperparameter overrides: {key} is set by the trainer and cannot be overridden")
+            raise ConfigError(f"hyperparameter overrides: {key} is set by the trainer and cannot be overridden "
+                              f"({RESERVED_KEYS[key]})")
         if not _KEY.match(key):
             raise ConfigError(f"hyperparameter overrides: {key!r} is not a config key like SOLVER.BASE_LR")
         out += [key, value]
     return out
+
+
+def pretrained_weights(channels: Mapping[str, Path]) -> str:
+    """MODEL.WEIGHTS: the one .pkl/.pth file in the optional ``pretrained`` channel, else "" (from scratch)."""
+    directory = channels.get(PRETRAINED_CHANNEL)
+    if directory is None:
+        return ""
+    if not directory.is_dir():
+        raise ConfigError(f"input channel {PRETRAINED_CHANNEL!r}: {directory} is not a directory")
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and not p.name.startswith("."))
+    weights = [p for p in files if p.suffix in PRETRAINED_SUFFIXES]
+    if len(weights) > 1:
+        raise ConfigError(f"input channel {PRETRAINED_CHANNEL!r}: {len(weights)} weight files "
+                          f"({', '.join(p.name for p in weights)}); upload exactly one .pkl or .pth file")
+    if not weights and files:
+        raise ConfigError(f"input channel {PRETRAINED_CHANNEL!r}: no .pkl or .pth file among "
+                          f"{', '.join(p.name for p in files[:5])}; upload a detectron2 checkpoint "
+                          "(e.g. model_final_280758.pkl from detectron2's MODEL_ZOO.md)")
+    return str(weights[0]) if weights else ""
 
 
 def dataset_registrations(train: DatasetVersion, val: DatasetVersion, categories: Categories
@@ -102,32 +152,38 @@ def dataset_registrations(train: DatasetVersion, val: DatasetVersion, categories
             DatasetRegistration(VAL_DATASET, str(val.val_json), str(val.images_dir), categories.names, mapping)]
 
 
-def config_options(hp: Hyperparameters, plan: WorldPlan, *, task: str, num_classes: int,
-                   checkpoint_dir: Path) -> list[str]:
-    """The ``KEY VALUE`` list merged over the base config; user overrides come last."""
-    scaled_schedule(hp, plan.world_size)  # the same divisibility checks, with our error messages
-    opts = {
+def config_options(hp: Hyperparameters, plan: WorldPlan, *, task: str, num_classes: int, checkpoint_dir: Path,
+                   source: ConfigSource | None = None, weights: str = "") -> list[str]:
+    """The ``KEY VALUE`` list merged over the base config; user overrides come last.
+
+    The SOLVER values here are the *requested* ones (at ``reference_world_size``); :func:`run`
+    turns them into the schedule that runs (:mod:`detectron2_schedule`) once the config is built.
+    """
+    zoo = source is None or source.kind == "zoo"
+    given = hp.model_fields_set
+    opts: dict[str, str] = {
         "DATASETS.TRAIN": f"('{TRAIN_DATASET}',)",
         "DATASETS.TEST": f"('{VAL_DATASET}',)",
         "MODEL.ROI_HEADS.NUM_CLASSES": str(num_classes),
         "MODEL.MASK_ON": str(task == "instance_segmentation"),
         "MODEL.DEVICE": "cuda" if plan.use_gpu else "cpu",
-        # detectron2 rescales these itself (DefaultTrainer.auto_scale_workers) from REFERENCE_WORLD_SIZE.
-        "SOLVER.IMS_PER_BATCH": str(hp.ims_per_batch),
-        "SOLVER.BASE_LR": repr(hp.base_lr),
-        "SOLVER.MAX_ITER": str(hp.max_iter),
-        "SOLVER.STEPS": repr(tuple(int(hp.max_iter * f) for f in hp.lr_steps)),
-        "SOLVER.WARMUP_ITERS": str(min(hp.warmup_iters, hp.max_iter)),
-        "SOLVER.CHECKPOINT_PERIOD": str(hp.checkpoint_period),
-        "SOLVER.REFERENCE_WORLD_SIZE": str(hp.reference_world_size),
-        "SOLVER.MOMENTUM": repr(hp.momentum),
-        "SOLVER.WEIGHT_DECAY": repr(hp.weight_decay),
-        "TEST.EVAL_PERIOD": str(hp.eval_period),
+        "MODEL.WEIGHTS": weights,
         "SEED": str(hp.seed),
         "DATALOADER.NUM_WORKERS": str(hp.num_workers),
         # Checkpoints (and last_checkpoint) land in the synced directory, so resume_or_load finds them.
         "OUTPUT_DIR": str(checkpoint_dir),
     }
+    for name, key in _SOLVER_KEYS.items():
+        if zoo or name in given:
+            value = getattr(hp, name)
+            opts[key] = repr(value) if isinstance(value, float) else str(value)
+    if zoo or given & {"max_iter", "lr_steps"}:
+        opts["SOLVER.STEPS"] = repr(tuple(int(hp.max_iter * f) for f in hp.lr_steps))
+    clip = hp.model_dump().get("clip_grad_norm")
+    if clip is not None and (zoo or "clip_grad_norm" in given):
+        opts["SOLVER.CLIP_GRADIENTS.ENABLED"] = str(clip > 0)
+        if clip > 0:
+            opts.update({"SOLVER.CLIP_GRADIENTS.CLIP_TYPE": "norm", "SOLVER.CLIP_GRADIENTS.CLIP_VALUE": repr(clip)})
     flat = [item for pair in opts.items() for item in pair]
     return flat + parse_overrides(hp.overrides)
 
@@ -149,6 +205,8 @@ class Detectron2Job:
     job_name: str | None
     dataset_name: str
     dataset_version: str
+    log_period: int = 20
+    checkpoints_kept: int = CHECKPOINTS_KEPT
 
 
 def plan_job(env: TrainingEnvironment, hp: Hyperparameters, environ: Mapping[str, str]
@@ -159,93 +217,88 @@ def plan_job(env: TrainingEnvironment, hp: Hyperparameters, environ: Mapping[str
     val = open_dataset_version(env.channel("val"))
     categories = categories_for(train, val)
     plan = plan_world(env, hp, environ)
-    job = Detectron2Job(source=config_source(hp.model, train.task),
+    source = config_source(hp.model, train.task, use_gpu=plan.use_gpu)
+    job = Detectron2Job(source=source,
                         options=config_options(hp, plan, task=train.task, num_classes=len(categories.ids),
-                                               checkpoint_dir=env.checkpoint_dir),
+                                               checkpoint_dir=env.checkpoint_dir, source=source,
+                                               weights=pretrained_weights(env.channels)),
                         registrations=dataset_registrations(train, val, categories), task=train.task,
                         model_dir=str(env.model_dir), output_data_dir=str(env.output_data_dir),
-                        job_name=env.job_name, dataset_name=train.name, dataset_version=train.version)
+                        job_name=env.job_name, dataset_name=train.name, dataset_version=train.version,
+                        log_period=hp.log_period)
     return job, plan
+
+
+def requested_solver(cfg: Any) -> Solver:
+    """The SOLVER/TEST values of a built detectron2 config."""
+    return Solver(ims_per_batch=int(cfg.SOLVER.IMS_PER_BATCH), base_lr=float(cfg.SOLVER.BASE_LR),
+                  max_iter=int(cfg.SOLVER.MAX_ITER), steps=tuple(int(s) for s in cfg.SOLVER.STEPS),
+                  warmup_iters=int(cfg.SOLVER.WARMUP_ITERS), checkpoint_period=int(cfg.SOLVER.CHECKPOINT_PERIOD),
+                  eval_period=int(cfg.TEST.EVAL_PERIOD))
+
+
+def train_pixels(cfg: Any) -> int:
+    """The largest training image after detectron2's ResizeShortestEdge (an upper bound)."""
+    sizes = cfg.INPUT.MIN_SIZE_TRAIN
+    short = max(sizes) if isinstance(sizes, list | tuple) else int(sizes)
+    return int(short * max(short, int(cfg.INPUT.MAX_SIZE_TRAIN)))
+
+
+def gpu_memory_gib() -> float | None:  # pragma: no cover - needs a GPU
+    """The smallest visible GPU's memory (SageMaker instances are homogeneous; be safe anyway)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())) / 2**30
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
 
 
 def run(env: TrainingEnvironment, hp: Hyperparameters, environ: Mapping[str, str]) -> None:  # pragma: no cover
     import os
 
+    if hp.model is None and env.num_gpus == 0:
+        # First thing the job says: which config it trains, and how to ask for another.
+        log(f"no GPU and no `model` hyperparameter: training the CPU profile {CPU_PROFILE} (R-18 FPN, 128 px); "
+            "set model= to a model-zoo name or a shipped config for another")
+    job, plan = plan_job(env, hp, environ)
     from detectron2.engine import launch
 
-    job, plan = plan_job(env, hp, environ)
+    from model_code.training import detectron2_hooks
+
+    cfg = detectron2_hooks.build_config(asdict(job))
+    memory = gpu_memory_gib() if plan.use_gpu else None
+    limit = (images_per_gpu_limit(memory, masks=bool(cfg.MODEL.MASK_ON), train_pixels=train_pixels(cfg),
+                                  depth=int(cfg.MODEL.RESNETS.DEPTH)) if memory else None)
+    solver = plan_solver(requested_solver(cfg), reference_world_size=int(cfg.SOLVER.REFERENCE_WORLD_SIZE),
+                         world_size=plan.world_size, images_per_worker_limit=limit)
+    if plan.is_master_host:
+        describe(job, plan, solver, memory, limit)
+    # The final schedule comes last: it already includes the user's overrides, which were merged above.
+    job = replace(job, options=job.options + solver_options(solver))
     os.environ.update(communication_environment(plan, environ))
     env.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    launch(_main, args=(asdict(job),), **launch_arguments(plan))
+    detectron2_hooks.install_sigterm_forwarding()  # a worker in this process (world 1) installs its own
+    try:
+        launch(detectron2_hooks.main, args=(asdict(job),), **launch_arguments(plan))
+    except Exception as exc:
+        raise detectron2_hooks.worker_failure(exc) from None
 
 
-def _register(registrations: list[dict[str, Any]]) -> None:  # pragma: no cover - needs detectron2
-    from detectron2.data import DatasetCatalog, MetadataCatalog
-    from detectron2.data.datasets import register_coco_instances
-
-    for reg in registrations:
-        if reg["name"] in DatasetCatalog.list():
-            continue
-        register_coco_instances(reg["name"], {}, reg["json_file"], reg["image_root"])
-        MetadataCatalog.get(reg["name"]).set(
-            thing_classes=reg["thing_classes"],
-            thing_dataset_id_to_contiguous_id={int(k): v for k, v in reg["thing_dataset_id_to_contiguous_id"].items()})
-
-
-def _build_config(job: dict[str, Any]) -> Any:  # pragma: no cover - needs detectron2
-    from detectron2 import model_zoo
-    from detectron2.config import get_cfg
-
-    cfg = get_cfg()
-    source = job["source"]
-    path = source["location"] if source["kind"] == "file" else model_zoo.get_config_file(source["location"])
-    cfg.merge_from_file(path)
-    cfg.merge_from_list(job["options"])
-    cfg.freeze()
-    return cfg
-
-
-def _main(job: dict[str, Any]) -> None:  # pragma: no cover - needs detectron2
-    import detectron2.utils.comm as comm
-    from detectron2.engine import DefaultTrainer, default_setup, hooks
-    from detectron2.evaluation import COCOEvaluator
-
-    from d2ops import metrics as metric_lines
-
-    _register(job["registrations"])
-    cfg = _build_config(job)
-    default_setup(cfg, None)
-
-    class Trainer(DefaultTrainer):
-        @classmethod
-        def build_evaluator(cls, cfg: Any, dataset_name: str, output_folder: str | None = None) -> Any:
-            return COCOEvaluator(dataset_name, output_dir=output_folder or f"{cfg.OUTPUT_DIR}/inference")
-
-    trainer = Trainer(cfg)
-    trainer.register_hooks([hooks.PeriodicWriter([_MetricLineWriter(metric_lines)], period=20)])
-    trainer.resume_or_load(resume=True)  # continues from OUTPUT_DIR/last_checkpoint after a spot restart
-    trainer.train()
-    if comm.is_main_process():
-        from model_code.training.detectron2_export import export_and_evaluate
-
-        export_and_evaluate(cfg, trainer.model, job)
-    comm.synchronize()
-
-
-class _MetricLineWriter:  # pragma: no cover - needs detectron2's EventStorage
-    """Prints detectron2's scalars as d2ops metric lines (the regexes in d2ops.metrics)."""
-
-    def __init__(self, metric_lines: Any) -> None:
-        self.lines = metric_lines
-
-    def write(self) -> None:
-        from detectron2.utils.events import get_event_storage
-
-        storage = get_event_storage()
-        latest = storage.latest()
-        for ours, theirs in (("train:loss", "total_loss"), ("train:lr", "lr"), ("train:iter_seconds", "time")):
-            if theirs in latest:
-                print(self.lines.format_metric_line(ours, float(latest[theirs][0]), storage.iter + 1), flush=True)
-
-    def close(self) -> None:
-        return None
+def describe(job: Detectron2Job, plan: WorldPlan, solver: SolverPlan, memory: float | None, limit: int | None
+             ) -> None:  # pragma: no cover - a log line
+    s = solver.solver
+    where = f"{memory:.1f} GiB GPUs (at most {limit} images each)" if memory else "CPU"
+    log(f"detectron2 {Path(job.source.location).name} ({job.task}): world {plan.world_size} "
+        f"({len(plan.hosts)} hosts x {plan.processes_per_host}) on {where}, global batch {s.ims_per_batch} "
+        f"({solver.per_worker}/worker), lr {s.base_lr:g}, max_iter {s.max_iter}, steps {list(s.steps)}, "
+        f"warmup {s.warmup_iters}")
+    for note in solver.notes:
+        log(f"batch rule: {note}")
+    weights = dict(zip(job.options[0::2], job.options[1::2], strict=False)).get("MODEL.WEIGHTS") or ""
+    log(f"initial weights: {weights}" if weights else "initial weights: none (from scratch; a `pretrained` "
+        "channel with one .pkl/.pth file fine-tunes instead)")
+    sys.stdout.flush()

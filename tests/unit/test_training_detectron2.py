@@ -1,21 +1,25 @@
-"""The detectron2 trainer's glue, without detectron2 (it cannot be installed here)."""
+"""The detectron2 trainer's pure parts: config choice, options, pretrained weights, the batch rules.
+
+None of this needs detectron2 (the planning runs before detectron2 is imported); the one test
+that compares our scaling with detectron2's own ``auto_scale_workers`` skips without it.
+"""
 
 from __future__ import annotations
 
 import ast
 import json
+import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch
-from torch import Tensor, nn
 
 from d2ops import synth
 from model_code.dataset_version import Categories, open_dataset_version
 from model_code.training import detectron2_trainer as d2
 from model_code.training.config import ConfigError, load_environment, parse_hyperparameters
-from model_code.training.detectron2_export import Detectron2Signature
+from model_code.training.detectron2_schedule import Solver, images_per_gpu_limit, plan_solver, solver_options
 from model_code.training.distributed import plan_world
 
 
@@ -26,6 +30,11 @@ def options_dict(opts: list[str]) -> dict[str, str]:
 
 def test_config_source_zoo_name_shipped_file_and_rejections(tmp_path: Path) -> None:
     assert d2.config_source(None, "detection") == d2.ConfigSource("zoo", "COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml")
+    # without a GPU the default is the shipped CPU profile, for boxes and masks alike
+    for task in ("detection", "instance_segmentation"):
+        cpu = d2.config_source(None, task, use_gpu=False)
+        assert cpu.kind == "file" and Path(cpu.location).name == d2.CPU_PROFILE and Path(cpu.location).is_file()
+    assert d2.config_source("COCO-Detection/retinanet_R_50_FPN_1x.yaml", "detection", use_gpu=False).kind == "zoo"
     assert d2.config_source(None, "instance_segmentation").location.startswith("COCO-InstanceSegmentation/mask_rcnn")
     (tmp_path / "shapes.yaml").write_text("_BASE_: x\n")
     shipped = d2.config_source("shapes.yaml", "detection", tmp_path)
@@ -54,6 +63,7 @@ def test_overrides_as_key_value_pairs_or_json() -> None:
     ("OUTPUT_DIR /tmp/x", "set by the trainer"),
     ('{"DATASETS.TRAIN": "x"}', "set by the trainer"),
     ("{not json", "invalid JSON"),
+    ("MODEL.WEIGHTS detectron2://ImageNetPretrained/MSRA/R-50.pkl", "`pretrained` input channel"),
 ])
 def test_bad_overrides_are_rejected(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -89,10 +99,12 @@ def test_job_plan_composes_config_registration_and_launch(tmp_path: Path, channe
     assert values["OUTPUT_DIR"] == "/opt/ml/checkpoints"  # resume_or_load finds last_checkpoint there
     assert values["DATASETS.TRAIN"] == "('d2ops_train',)" and values["DATASETS.TEST"] == "('d2ops_val',)"
     assert values["MODEL.ROI_HEADS.NUM_CLASSES"] == "3" and values["MODEL.MASK_ON"] == "False"
-    assert values["SOLVER.REFERENCE_WORLD_SIZE"] == "8"  # detectron2 itself rescales to the 16 workers
+    # the requested schedule (at reference_world_size); run() rescales it once the config is built
+    assert "SOLVER.REFERENCE_WORLD_SIZE" not in values
     assert values["SOLVER.IMS_PER_BATCH"] == "16" and values["SOLVER.MAX_ITER"] == "1000"
     assert ast.literal_eval(values["SOLVER.STEPS"]) == (800,)
     assert values["MODEL.DEVICE"] == "cuda"
+    assert values["MODEL.WEIGHTS"] == ""  # no pretrained channel: from scratch, nothing downloaded
     # user overrides come last, so they win over the trainer's values in merge_from_list
     assert opts[-4:] == ["SOLVER.BASE_LR", "0.01", "TEST.DETECTIONS_PER_IMAGE", "50"]
     assert opts.index("SOLVER.BASE_LR") < len(opts) - 4
@@ -105,7 +117,59 @@ def test_job_plan_composes_config_registration_and_launch(tmp_path: Path, channe
     assert val_reg.image_root == str(channel / "images")
     assert train_reg.thing_classes == ["square", "disc", "triangle"]
     assert job.source == d2.ConfigSource("zoo", "COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml")
-    assert "detectron2" not in sys.modules  # all of the above ran without it
+
+
+def test_planning_does_not_import_detectron2(tmp_path: Path, channel: Path) -> None:
+    # the launcher plans before it imports detectron2; checked in a fresh interpreter (other tests import it)
+    environ = sm_tree(tmp_path, channel, ["algo-1"], "algo-1", {"framework": "detectron2"})
+    code = ("import json, sys; from model_code.training import detectron2_trainer as d2; "
+            "from model_code.training.config import load_environment, parse_hyperparameters; "
+            f"environ = json.loads({json.dumps(json.dumps(environ))}); env = load_environment(environ, gpu_count=0); "
+            "job, plan = d2.plan_job(env, parse_hyperparameters(env.hyperparameters), environ); "
+            "assert job.source.location.endswith(d2.CPU_PROFILE), job.source; "
+            "assert 'detectron2' not in sys.modules, 'planning imported detectron2'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_shipped_config_keeps_its_solver_unless_a_hyperparameter_is_given(tmp_path: Path, channel: Path) -> None:
+    environ = sm_tree(tmp_path, channel, ["algo-1"], "algo-1", {"framework": "detectron2", "base_lr": "0.005"})
+    env = load_environment(environ, gpu_count=0)
+    job, _ = d2.plan_job(env, parse_hyperparameters(env.hyperparameters), environ)
+    values = options_dict(job.options)
+    assert values["SOLVER.BASE_LR"] == "0.005" and values["MODEL.DEVICE"] == "cpu"
+    # the CPU profile's own batch and schedule stand: the hyperparameter defaults are for the cloud config
+    assert not {"SOLVER.IMS_PER_BATCH", "SOLVER.MAX_ITER", "SOLVER.STEPS", "SOLVER.WARMUP_ITERS"} & set(values)
+
+    hp = parse_hyperparameters({"framework": "detectron2", "max_iter": "300", "lr_steps": "0.5,0.75",
+                                "clip_grad_norm": "2.5"})
+    plan = plan_world(env, hp, environ)
+    values = options_dict(d2.config_options(hp, plan, task="detection", num_classes=3, checkpoint_dir=tmp_path,
+                                            source=d2.config_source(None, "detection", use_gpu=False)))
+    assert values["SOLVER.MAX_ITER"] == "300" and ast.literal_eval(values["SOLVER.STEPS"]) == (150, 225)
+    if "clip_grad_norm" in type(hp).model_fields:
+        assert values["SOLVER.CLIP_GRADIENTS.CLIP_TYPE"] == "norm"
+        assert values["SOLVER.CLIP_GRADIENTS.CLIP_VALUE"] == "2.5"
+
+
+def test_pretrained_channel_gives_the_initial_weights(tmp_path: Path) -> None:
+    assert d2.pretrained_weights({}) == ""
+    folder = tmp_path / "pretrained"
+    folder.mkdir()
+    assert d2.pretrained_weights({"pretrained": folder}) == ""  # an empty channel: from scratch
+    (folder / "model_final_280758.pkl").write_bytes(b"x")
+    assert d2.pretrained_weights({"pretrained": folder}) == str(folder / "model_final_280758.pkl")
+    (folder / "other.pth").write_bytes(b"x")
+    with pytest.raises(ConfigError, match=r"2 weight files \(model_final_280758.pkl, other.pth\)"):
+        d2.pretrained_weights({"pretrained": folder})
+    readme = tmp_path / "readme-only"
+    readme.mkdir()
+    (readme / "README.txt").write_text("weights go here")
+    with pytest.raises(ConfigError, match=r"no \.pkl or \.pth file among README\.txt"):
+        d2.pretrained_weights({"pretrained": readme})
+    with pytest.raises(ConfigError, match="is not a directory"):
+        d2.pretrained_weights({"pretrained": tmp_path / "missing"})
 
 
 def test_registration_maps_non_contiguous_category_ids(channel: Path) -> None:
@@ -114,59 +178,80 @@ def test_registration_maps_non_contiguous_category_ids(channel: Path) -> None:
     assert regs[0].thing_dataset_id_to_contiguous_id == {3: 0, 7: 1, 42: 2}
 
 
-def test_world_size_that_cannot_split_the_batch_is_a_config_error(tmp_path: Path, channel: Path) -> None:
-    environ = sm_tree(tmp_path, channel, ["algo-1"], "algo-1", {"framework": "detectron2", "ims_per_batch": "6"})
-    env = load_environment(environ, gpu_count=4)
-    hp = parse_hyperparameters(env.hyperparameters)
+def solver(**kw: object) -> Solver:
+    base = Solver(ims_per_batch=16, base_lr=0.02, max_iter=1000, steps=(800,), warmup_iters=100,
+                  checkpoint_period=500, eval_period=0)
+    return replace(base, **kw)
+
+
+def test_world_size_that_cannot_split_the_batch_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="does not split evenly over 4 workers"):
-        d2.config_options(hp, plan_world(env, hp, environ), task="detection", num_classes=3,
-                          checkpoint_dir=tmp_path)
+        plan_solver(solver(ims_per_batch=6), reference_world_size=0, world_size=4)
+    with pytest.raises(ConfigError, match="divisible by reference_world_size 8"):
+        plan_solver(solver(ims_per_batch=12), reference_world_size=8, world_size=16)
+    with pytest.raises(ConfigError, match=r"STEPS \(1200,\) must lie below SOLVER.MAX_ITER 1000"):
+        plan_solver(solver(steps=(1200,)), reference_world_size=0, world_size=1)
 
 
-class FakeInner(nn.Module):
-    """Stands in for the traced detectron2 model: fixed detections in the resized frame."""
+@pytest.mark.parametrize(("reference", "world"), [(8, 16), (8, 4), (8, 8), (0, 4), (4, 1), (2, 6)])
+def test_reference_world_size_rule_is_detectron2s_own(reference: int, world: int) -> None:
+    defaults = pytest.importorskip("detectron2.engine.defaults")
+    from detectron2.config import get_cfg
 
-    def __init__(self, with_masks: bool) -> None:
-        super().__init__()
-        self.with_masks = with_masks
-
-    def forward(self, x: Tensor) -> list[Tensor]:
-        h, w = x.shape[1], x.shape[2]
-        boxes = torch.tensor([[0.0, 0.0, w / 2, h / 2], [w / 4, h / 4, w * 1.0, h * 1.0]])
-        out = [boxes, torch.tensor([0.3, 0.9]), torch.tensor([2, 0])]
-        if self.with_masks:
-            out.append(torch.ones(2, 1, 28, 28))
-        return out
-
-
-@pytest.mark.parametrize("with_masks", [False, True])
-def test_exported_signature_resizes_and_maps_back_to_original_pixels(with_masks: bool) -> None:
-    module = torch.jit.script(Detectron2Signature(FakeInner(with_masks), bgr=True, has_masks=with_masks,
-                                                  min_size=200, max_size=300))
-    image = torch.zeros(3, 100, 400, dtype=torch.uint8)
-    image[0] = 255  # red in RGB: the model must see it in the last (BGR) channel
-    (out,) = module([image])
-    # short side 100 -> 200 would make the long side 800 > 300, so scale = 300/400: resized 75 x 300
-    assert module.resized_shape(100, 400) == (75, 300)
-    assert torch.allclose(out["scores"], torch.tensor([0.9, 0.3]))  # sorted descending
-    assert out["labels"].tolist() == [0, 2] and out["labels"].dtype == torch.int64
-    assert torch.allclose(out["boxes"], torch.tensor([[100.0, 25.0, 400.0, 100.0], [0.0, 0.0, 200.0, 50.0]]))
-    if with_masks:
-        assert out["masks"].shape == (2, 100, 400)
-        assert out["masks"][1, 5:45, 10:190].min() > 0.5 and out["masks"][1, 60:, 250:].max() == 0
-    else:
-        assert "masks" not in out
+    requested = solver(steps=(700, 900), eval_period=250)
+    cfg = get_cfg()
+    cfg.merge_from_list(["SOLVER.IMS_PER_BATCH", "16", "SOLVER.BASE_LR", "0.02", "SOLVER.MAX_ITER", "1000",
+                         "SOLVER.STEPS", "(700, 900)", "SOLVER.WARMUP_ITERS", "100", "SOLVER.CHECKPOINT_PERIOD",
+                         "500", "TEST.EVAL_PERIOD", "250", "SOLVER.REFERENCE_WORLD_SIZE", str(reference)])
+    theirs = defaults.DefaultTrainer.auto_scale_workers(cfg, world)
+    ours = plan_solver(requested, reference_world_size=reference, world_size=world).solver
+    assert d2.requested_solver(theirs) == replace(ours, base_lr=pytest.approx(ours.base_lr))
 
 
-def test_channel_order_follows_the_config() -> None:
-    class Probe(nn.Module):
-        def forward(self, x: Tensor) -> list[Tensor]:
-            means = x.mean(dim=(1, 2))
-            return [torch.zeros(1, 4), means[:1], torch.zeros(1, dtype=torch.int64)]
+def test_batch_per_gpu_never_exceeds_what_the_gpu_holds_and_lr_follows() -> None:
+    # one 16 GB T4, R-50 FPN Mask R-CNN at COCO resolution: the default 16 images do not fit
+    limit = images_per_gpu_limit(15.0, masks=True, train_pixels=800 * 1333)
+    assert 2 <= limit < 16  # published: 3.4 GB at 2 images per GPU
+    plan = plan_solver(solver(), reference_world_size=0, world_size=1, images_per_worker_limit=limit)
+    s = plan.solver
+    assert plan.per_worker == limit and s.ims_per_batch == limit
+    k = limit / 16
+    assert s.base_lr == pytest.approx(0.02 * k)  # linear scaling rule
+    assert s.max_iter == round(1000 / k) and s.steps == (round(800 / k),) and s.warmup_iters == round(100 / k)
+    assert any("do not fit" in note for note in plan.notes)
 
-    image = torch.zeros(3, 32, 32, dtype=torch.uint8)
-    image[0] = 200
-    bgr = torch.jit.script(Detectron2Signature(Probe(), bgr=True, has_masks=False, min_size=32, max_size=32))
-    rgb = torch.jit.script(Detectron2Signature(Probe(), bgr=False, has_masks=False, min_size=32, max_size=32))
-    assert float(bgr([image])[0]["scores"][0]) == 0.0  # first channel seen is blue
-    assert float(rgb([image])[0]["scores"][0]) == pytest.approx(200.0)
+    # 8 GPUs of 80 GB hold 2 images each easily: nothing changes
+    big = plan_solver(solver(), reference_world_size=0, world_size=8,
+                      images_per_worker_limit=images_per_gpu_limit(80.0, masks=True, train_pixels=800 * 1333))
+    assert big.solver == solver() and big.per_worker == 2 and big.notes == ()
+
+    for memory in (8.0, 11.0, 15.0, 24.0, 40.0):
+        for masks in (False, True):
+            for world in (1, 2, 4, 8):
+                limit = images_per_gpu_limit(memory, masks=masks, train_pixels=800 * 1333)
+                plan = plan_solver(solver(ims_per_batch=64), reference_world_size=0, world_size=world,
+                                   images_per_worker_limit=limit)
+                assert 1 <= plan.per_worker <= limit
+                assert plan.solver.base_lr / plan.solver.ims_per_batch == pytest.approx(0.02 / 64)
+
+
+def test_memory_rule_scales_with_image_size_and_depth() -> None:
+    full = images_per_gpu_limit(15.0, masks=False, train_pixels=800 * 1333)
+    assert images_per_gpu_limit(15.0, masks=False, train_pixels=400 * 667) > full
+    assert images_per_gpu_limit(15.0, masks=False, train_pixels=800 * 1333, depth=101) < full
+    assert images_per_gpu_limit(15.0, masks=True, train_pixels=800 * 1333) <= full
+    assert images_per_gpu_limit(0.5, masks=True, train_pixels=800 * 1333) == 1  # never zero
+    with pytest.raises(ValueError, match="positive"):
+        images_per_gpu_limit(0, masks=False, train_pixels=1)
+
+
+def test_solver_options_hand_detectron2_the_final_schedule() -> None:
+    plan = plan_solver(solver(), reference_world_size=8, world_size=16)
+    values = options_dict(solver_options(plan))
+    assert values["SOLVER.REFERENCE_WORLD_SIZE"] == "0"  # already scaled: detectron2 must not scale again
+    assert values["SOLVER.IMS_PER_BATCH"] == "32" and ast.literal_eval(values["SOLVER.BASE_LR"]) == 0.04
+    assert values["SOLVER.MAX_ITER"] == "500" and ast.literal_eval(values["SOLVER.STEPS"]) == (400,)
+    assert values["SOLVER.WARMUP_ITERS"] == "50" and values["SOLVER.CHECKPOINT_PERIOD"] == "250"
+
+# The exported signature (resize, channel order, boxes and masks back to the image) is d2-export's:
+# tests/unit/test_detectron2_export.py and tests/integration/test_detectron2_serving.py.

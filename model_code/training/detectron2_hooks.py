@@ -1,0 +1,301 @@
+"""What runs inside each detectron2 worker process: the trainer, its hooks and metric writer.
+
+Imports detectron2 at module level (the metric writer must subclass its ``EventWriter``:
+``hooks.PeriodicWriter`` asserts it), so only :func:`detectron2_trainer.run` imports this
+module, in the training image or where ``make setup`` installed detectron2.
+
+Choices, and why:
+
+- Checkpoints: detectron2's ``PeriodicCheckpointer`` with ``max_to_keep`` (the newest
+  ``checkpoints_kept``), counting files left by an earlier attempt too, so a spot-restarted
+  job does not pile them up (~330 MB each for an R-50).
+- SIGTERM (spot interruption, StopTrainingJob): every rank polls a flag after each
+  iteration and all ranks agree with an all-reduce; rank 0 writes a checkpoint, all ranks
+  meet at a barrier (so none exits while rank 0 still writes) and stop with
+  :class:`Interrupted`, which the entry point turns into exit code 143.
+- Evaluation: interim evaluations (``eval_period``) use detectron2's distributed
+  ``inference_on_dataset``: every rank evaluates its share of val. The final evaluation
+  is of the exported artifact, by rank 0 alone, *after* the process group is destroyed,
+  so no rank waits for it at a collective and no NCCL timeout can fire during it.
+- Resume: rank 0's newest checkpoint is what every rank resumes from; ranks on other
+  hosts that lack the file get it from rank 0 before loading.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import multiprocessing
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from detectron2.engine import DefaultTrainer, HookBase, hooks
+from detectron2.utils import comm
+from detectron2.utils.events import CommonMetricPrinter, EventWriter, get_event_storage
+
+from d2ops import metrics as metric_lines
+from model_code.training.torchvision_trainer import Interrupted, StopFlag, TrainingError
+
+EXIT_STOPPED = 143
+_CHECKPOINT = re.compile(r"^model_(\d{7})\.pth$")
+_TRAIN_METRICS = (("train:loss", "total_loss"), ("train:lr", "lr"), ("train:iter_seconds", "time"))
+_EVAL_METRICS = tuple((f"val:{kind}_{suffix}", f"{kind}/{suffix}")
+                      for kind in ("bbox", "segm") for suffix in metric_lines.AP_SUFFIXES)
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+class MetricLineWriter(EventWriter):
+    """detectron2's latest scalars as d2ops metric lines (names and format: d2ops.metrics)."""
+
+    def __init__(self) -> None:
+        self._written: dict[str, int] = {}
+
+    def write(self) -> None:
+        storage = get_event_storage()
+        latest = storage.latest()
+        for ours, theirs in _TRAIN_METRICS + _EVAL_METRICS:
+            if theirs not in latest:
+                continue
+            value, iteration = latest[theirs]
+            if self._written.get(ours) == iteration:
+                continue
+            self._written[ours] = iteration
+            # detectron2 reports AP in percent; ours are fractions, as in the evaluation report
+            value = float(value) / 100 if ours.startswith("val:") else float(value)
+            if value == value and abs(value) != float("inf"):  # COCO leaves undefined APs as NaN
+                log(metric_lines.format_metric_line(ours, value, iteration + 1))
+
+
+class NewestCheckpoints(hooks.PeriodicCheckpointer):
+    """``PeriodicCheckpointer(max_to_keep=N)`` that also counts an earlier attempt's files and can save now."""
+
+    def before_train(self) -> None:
+        super().before_train()
+        save_dir = self.checkpointer.save_dir
+        existing = sorted(n for n in os.listdir(save_dir) if _CHECKPOINT.match(n)) if os.path.isdir(save_dir) else []
+        self.recent_checkpoints = [os.path.join(save_dir, n) for n in existing]
+        self._prune()
+
+    def save_now(self, iteration: int) -> str:
+        self.checkpointer.save(f"{self.file_prefix}_{iteration:07d}", iteration=iteration)
+        path = self.checkpointer.get_checkpoint_file()
+        if path not in self.recent_checkpoints:
+            self.recent_checkpoints.append(path)
+        self._prune()
+        return str(path)
+
+    def _prune(self) -> None:
+        assert self.max_to_keep is not None
+        while len(self.recent_checkpoints) > self.max_to_keep:
+            old = self.recent_checkpoints.pop(0)
+            if self.path_manager.exists(old):
+                self.path_manager.rm(old)
+
+
+def _all_agree(flag: bool) -> bool:
+    if comm.get_world_size() == 1:
+        return flag
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    value = torch.tensor([1 if flag else 0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+class StopOnSigterm(HookBase):
+    """After each iteration: did any rank get SIGTERM? Then checkpoint on rank 0 and stop every rank."""
+
+    def __init__(self, checkpoints: NewestCheckpoints | None) -> None:
+        self.checkpoints = checkpoints
+
+    def after_step(self) -> None:
+        if not _all_agree(StopFlag.requested):
+            return
+        iteration = self.trainer.iter  # 0-based index of the iteration that just finished
+        if self.checkpoints is not None:
+            path = self.checkpoints.save_now(iteration)
+            log(f"checkpoint saved: {path} (iteration {iteration + 1})")
+        comm.synchronize()  # nobody exits while rank 0 is still writing
+        raise Interrupted(f"stopped by SIGTERM at iteration {iteration + 1}; the next start resumes from there")
+
+
+class _QuietInterrupt(logging.Filter):
+    """A spot stop is not an error: keep detectron2's "Exception during training" traceback out of the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], Interrupted))
+
+
+class Trainer(DefaultTrainer):
+    log_period = 20
+    checkpoints_kept = 2
+
+    @classmethod
+    def build_evaluator(cls, cfg: Any, dataset_name: str, output_folder: str | None = None) -> Any:
+        from detectron2.evaluation import COCOEvaluator
+
+        # distributed: each rank evaluates its shard, rank 0 gathers; nothing written to the checkpoint dir
+        return COCOEvaluator(dataset_name, output_dir=None)
+
+    def build_writers(self) -> list[EventWriter]:
+        # No TensorBoard/JSON files: OUTPUT_DIR is the checkpoint directory, synced to S3.
+        return [CommonMetricPrinter(self.max_iter), MetricLineWriter()]
+
+    def build_hooks(self) -> list[HookBase]:
+        built: list[HookBase] = []
+        checkpoints: NewestCheckpoints | None = None
+        for hook in super().build_hooks():
+            if isinstance(hook, hooks.PeriodicCheckpointer):
+                hook = checkpoints = NewestCheckpoints(self.checkpointer, self.cfg.SOLVER.CHECKPOINT_PERIOD,
+                                                       max_to_keep=self.checkpoints_kept)
+            elif isinstance(hook, hooks.EvalHook):
+                if not self.cfg.TEST.EVAL_PERIOD:
+                    continue  # the exported artifact is evaluated after training instead
+                hook = hooks.EvalHook(self.cfg.TEST.EVAL_PERIOD, lambda: self.test(self.cfg, self.model),
+                                      eval_after_train=False)
+            elif isinstance(hook, hooks.PeriodicWriter):
+                hook = hooks.PeriodicWriter(self.build_writers(), period=self.log_period)
+            built.append(hook)
+        built.append(StopOnSigterm(checkpoints))
+        return built
+
+
+def build_config(job: dict[str, Any]) -> Any:
+    from detectron2 import model_zoo
+    from detectron2.config import get_cfg
+
+    cfg = get_cfg()
+    source = job["source"]
+    path = source["location"] if source["kind"] == "file" else model_zoo.get_config_file(source["location"])
+    cfg.merge_from_file(path)
+    try:
+        cfg.merge_from_list(job["options"])
+    except (KeyError, ValueError, AssertionError) as exc:
+        from model_code.training.config import ConfigError
+
+        raise ConfigError(f"detectron2 config {source['location']}: {exc} (check the overrides hyperparameter)"
+                          ) from None
+    cfg.freeze()
+    return cfg
+
+
+def register(registrations: list[dict[str, Any]]) -> None:
+    from detectron2.data import DatasetCatalog, MetadataCatalog
+    from detectron2.data.datasets import register_coco_instances
+
+    for reg in registrations:
+        if reg["name"] in DatasetCatalog.list():
+            continue
+        register_coco_instances(reg["name"], {}, reg["json_file"], reg["image_root"])
+        MetadataCatalog.get(reg["name"]).set(
+            thing_classes=reg["thing_classes"],
+            thing_dataset_id_to_contiguous_id={int(k): v for k, v in reg["thing_dataset_id_to_contiguous_id"].items()})
+
+
+def share_last_checkpoint(checkpointer: Any) -> None:
+    """Make every rank resume from rank 0's newest checkpoint (other hosts may lack the files)."""
+    if comm.get_world_size() == 1:
+        return
+    save_dir = Path(checkpointer.save_dir)
+    mine = Path(checkpointer.get_checkpoint_file()).name if checkpointer.has_checkpoint() else None
+    name = comm.all_gather(mine)[0]
+    pointer = save_dir / "last_checkpoint"
+    if name is None:
+        pointer.unlink(missing_ok=True)  # rank 0 starts from scratch, so does everyone
+        return
+    have = mine == name and (save_dir / name).is_file()
+    if all(comm.all_gather(have)):
+        return
+    payload = [(save_dir / name).read_bytes() if comm.is_main_process() else None]
+    dist.broadcast_object_list(payload, src=0, group=comm._get_global_gloo_group())
+    if not have:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        tmp = save_dir / f".{name}.tmp"
+        tmp.write_bytes(bytes(payload[0] or b""))
+        tmp.replace(save_dir / name)
+        pointer.write_text(name)
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """A hash of the parameters (not BN running statistics, which DDP leaves per rank)."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module
+    digest = hashlib.sha256()
+    for name, param in sorted(model.named_parameters()):
+        digest.update(name.encode())
+        digest.update(param.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def install_sigterm_forwarding() -> None:
+    """In the launching process: remember SIGTERM and pass it on to the spawned workers."""
+    def forward(signum: int, frame: FrameType | None) -> None:
+        StopFlag.requested = True
+        for child in multiprocessing.active_children():
+            if child.pid is not None:
+                os.kill(child.pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+
+
+def worker_failure(exc: BaseException) -> BaseException:
+    """The exception the entry point should see for what ``launch`` raised."""
+    from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
+
+    if isinstance(exc, Interrupted):
+        return exc
+    if isinstance(exc, ProcessExitedException) and (exc.exit_code == EXIT_STOPPED or StopFlag.requested):
+        return Interrupted("stopped by SIGTERM: rank 0 wrote a checkpoint; the next start resumes from there")
+    if isinstance(exc, ProcessRaisedException):
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        return TrainingError(f"a training worker failed: {lines[-1] if lines else exc}")
+    return exc
+
+
+def main(job: dict[str, Any]) -> None:
+    """One worker (one GPU, or one CPU process): train, then rank 0 exports and evaluates."""
+    from detectron2.utils.env import seed_all_rng
+    from detectron2.utils.logger import setup_logger
+
+    StopFlag.install()
+    rank, world = comm.get_rank(), comm.get_world_size()
+    setup_logger(distributed_rank=rank, name="fvcore")
+    setup_logger(distributed_rank=rank)
+    logging.getLogger("detectron2.engine.train_loop").addFilter(_QuietInterrupt())
+    register(job["registrations"])
+    cfg = build_config(job)
+    seed_all_rng(None if cfg.SEED < 0 else cfg.SEED + rank)
+
+    Trainer.log_period = int(job.get("log_period", 20))
+    Trainer.checkpoints_kept = int(job.get("checkpoints_kept", 2))
+    trainer = Trainer(cfg)
+    share_last_checkpoint(trainer.checkpointer)
+    trainer.resume_or_load(resume=True)  # OUTPUT_DIR/last_checkpoint after a spot restart, else MODEL.WEIGHTS
+    if trainer.start_iter > 0 and rank == 0:
+        log(f"resuming from {trainer.checkpointer.get_checkpoint_file()} at iteration {trainer.start_iter}")
+    try:
+        trainer.train()
+    except Interrupted as exc:
+        if world == 1:
+            raise
+        log(str(exc))
+        sys.exit(EXIT_STOPPED)  # spawned worker: the launcher maps this exit code back to Interrupted
+    except FloatingPointError as exc:
+        raise TrainingError(f"{exc}; lower base_lr (now {cfg.SOLVER.BASE_LR:g}) or raise warmup_iters") from None
+    log(f"final weights digest {weights_digest(trainer.model)} (rank {rank})")
+    if world > 1:
+        comm.synchronize()
+        dist.destroy_process_group()  # nothing collective is pending while rank 0 exports and evaluates
+    if rank == 0:
+        from model_code.training.detectron2_export import export_and_evaluate
+
+        export_and_evaluate(cfg, trainer.model, job)
