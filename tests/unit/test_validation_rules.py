@@ -171,6 +171,48 @@ def _resize_first_image(root: Path) -> None:
     Image.new("RGB", (80, 64)).save(path)
 
 
+def _first_image(root: Path) -> Path:
+    return root / "images" / json.loads((root / "annotations/train.json").read_text())["images"][0]["file_name"]
+
+
+def _save_first_image_as(fmt: str) -> Callable[[Path], object]:
+    return lambda root: Image.open(_first_image(root)).convert("RGB").save(_first_image(root), format=fmt)
+
+
+def _damage_first_image_png(root: Path) -> None:
+    path = _first_image(root)
+    Image.open(path).convert("RGB").save(path, format="PNG")
+    data = bytearray(path.read_bytes())
+    start = data.find(b"IDAT")
+    length = int.from_bytes(data[start - 4:start], "big")
+    data[start + 4 + length - 6] ^= 0xFF  # the zlib trailer: Pillow alone decodes this without complaint
+    path.write_bytes(bytes(data))
+
+
+def _link_first_image_outside(root: Path) -> None:
+    path = _first_image(root)
+    outside = root.parent / "elsewhere.jpg"
+    outside.write_bytes(path.read_bytes())
+    path.unlink()
+    path.symlink_to(outside)
+
+
+def _raw(rel: str, change: Callable[[Doc], None], token: str) -> Callable[[Path], object]:
+    """Write a document with ``change`` applied, then put ``token`` where the number 123456.789 is."""
+    def write(root: Path) -> None:
+        doc = json.loads((root / rel).read_text())
+        change(doc)
+        (root / rel).write_text(json.dumps(doc).replace("123456.789", token))
+    return write
+
+
+def _deep_unknown_key(doc: Doc) -> None:
+    doc["info"] = 123456.789
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
 # (id, breaker, code, file, path) -- path None means "no JSON path", ... means "not asserted"
 CASES: list[tuple[str, Callable[[Path], object], Code, str | None, Any]] = [
     ("manifest missing", lambda r: (r / "manifest.json").unlink(), Code.MANIFEST_MISSING, "manifest.json", None),
@@ -281,7 +323,29 @@ CASES: list[tuple[str, Callable[[Path], object], Code, str | None, Any]] = [
     ("image file empty", lambda r: (r / "images/train/000000.jpg").write_bytes(b""), Code.IMAGE_UNREADABLE,
      "annotations/train.json", "images[0].file_name"),
     ("image file truncated", _corrupt_first_image, Code.IMAGE_UNREADABLE, "annotations/train.json", "images[0]"),
-    ("image file not an image", _garbage_first_image, Code.IMAGE_UNREADABLE, "annotations/train.json", "images[0]"),
+    ("image file not an image", _garbage_first_image, Code.IMAGE_FORMAT_UNSUPPORTED, "annotations/train.json",
+     "images[0]"),
+    ("a WebP named .jpg", _save_first_image_as("WEBP"), Code.IMAGE_FORMAT_UNSUPPORTED, "annotations/train.json",
+     "images[0]"),
+    ("a GIF named .jpg", _save_first_image_as("GIF"), Code.IMAGE_FORMAT_UNSUPPORTED, "annotations/train.json",
+     "images[0]"),
+    ("a PNG damaged near its end", _damage_first_image_png, Code.IMAGE_UNREADABLE, "annotations/train.json",
+     "images[0]"),
+    ("declared too large", train(_set("images", 0, "width", 600_000)), Code.IMAGE_TOO_LARGE,
+     "annotations/train.json", "images[0]"),
+    ("declared too narrow", train(_set("images", 0, "width", 64 * 21)), Code.IMAGE_SHAPE_UNSUPPORTED,
+     "annotations/train.json", "images[0]"),
+    ("image linked from outside the dataset", _link_first_image_outside, Code.LINK_OUTSIDE_DATASET,
+     "images/train/000000.jpg", None),
+    ("400-digit integer in a bbox", _raw("annotations/train.json", _bbox([1, 2, 123456.789, 4]), "1" * 400),
+     Code.NUMBER_OUT_OF_RANGE, "annotations/train.json", "annotations[2].bbox[2]"),
+    ("5000-digit integer as a width", _raw("annotations/train.json", _set("images", 3, "width", 123456.789),
+                                           "9" * 5000), Code.NUMBER_OUT_OF_RANGE, "annotations/train.json",
+     "images[3].width"),
+    ("annotation id beyond 64 bits", train(_set("annotations", 3, "id", 2**64)), Code.NUMBER_OUT_OF_RANGE,
+     "annotations/train.json", "annotations[3].id"),
+    ("deep nesting under an unknown key", _raw("annotations/train.json", _deep_unknown_key, DEEP),
+     Code.JSON_TOO_DEEP, "annotations/train.json", None),
     ("image of another size", _resize_first_image, Code.IMAGE_SIZE_MISMATCH, "annotations/train.json", "images[0]"),
     # warnings
     ("image without annotations", train(_drop_image_annotations), Code.IMAGE_WITHOUT_ANNOTATIONS,
@@ -295,6 +359,8 @@ CASES: list[tuple[str, Callable[[Path], object], Code, str | None, Any]] = [
     ("duplicate file_name", train(lambda d: d["images"][1].update(file_name=d["images"][0]["file_name"])),
      Code.DUPLICATE_FILE_NAME, "annotations/train.json", "images[1].file_name"),
     ("image in both splits", _val_uses_train_file, Code.SPLIT_OVERLAP, "annotations/val.json",
+     "images[0].file_name"),
+    ("a PNG named .jpg", _save_first_image_as("PNG"), Code.IMAGE_EXTENSION_MISMATCH, "annotations/train.json",
      "images[0].file_name"),
 ]
 
@@ -319,7 +385,9 @@ def test_each_rule_reports_its_code_and_location(ds: Path, breaker: Callable[[Pa
 
 def test_every_code_is_exercised() -> None:
     """A new code needs a broken dataset that triggers it: in CASES or in a test of its own below."""
-    own_tests = {Code.CLASS_IMBALANCE, Code.SEGMENTATION_MISSING, Code.MANIFEST_PREFIX_MISMATCH}
+    own_tests = {Code.CLASS_IMBALANCE, Code.SEGMENTATION_MISSING, Code.MANIFEST_PREFIX_MISMATCH, Code.CHECK_FAILED}
+    # the stack-limit codes need stack limits: tests/unit/test_pipeline_gate_limits.py exercises them
+    own_tests |= {c for c in Code if c.endswith("_STACK")}
     assert {case[2] for case in CASES} | own_tests == set(Code)
 
 
@@ -429,11 +497,22 @@ def test_every_split_and_rule_is_checked_in_one_run(ds: Path) -> None:
     assert {Code.ISCROWD_INVALID, Code.FILE_NAME_UNSAFE, Code.BBOX_NON_POSITIVE_SIZE} <= {i.code for i in report.errors}
 
 
-def test_a_linked_images_directory_is_followed(ds: Path, tmp_path: Path) -> None:
-    shutil.move(ds / "images", tmp_path / "pictures")
-    (ds / "images").symlink_to(tmp_path / "pictures", target_is_directory=True)
+def test_links_inside_the_dataset_are_followed(ds: Path) -> None:
+    shutil.move(ds / "images", ds / "pictures")
+    (ds / "images").symlink_to(ds / "pictures", target_is_directory=True)
     report = validate_local(ds)
     assert report.valid and report.images.decoded == 48, report.describe()
+
+
+def test_links_out_of_the_dataset_are_refused_not_followed(ds: Path, tmp_path: Path) -> None:
+    shutil.move(ds / "images", tmp_path / "pictures")
+    (ds / "images").symlink_to(tmp_path / "pictures", target_is_directory=True)
+    (ds / "annotations/secrets.json").symlink_to("/etc/passwd")
+    report = validate_local(ds)
+    found = {(i.file, i.message.split(" links to ")[1]) for i in issues(report, Code.LINK_OUTSIDE_DATASET)}
+    assert found == {("images", f"{tmp_path / 'pictures'}, outside the dataset directory: not followed"),
+                     ("annotations/secrets.json", "/etc/passwd, outside the dataset directory: not followed")}
+    assert report.images.probed == 0 and not report.valid
 
 
 def test_a_link_loop_is_listed_once(ds: Path) -> None:
@@ -463,13 +542,35 @@ def test_a_missing_image_names_a_file_that_differs_only_in_case_or_normalization
                         "Unicode normalization)"]
 
 
-def test_huge_images_have_their_size_checked_without_being_decoded(ds: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from d2ops.validation import sources
+def test_images_over_the_limit_are_refused_without_being_decoded(ds: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from d2ops import images as rule
 
     path = ds / "images/train/000000.jpg"
-    Image.new("RGB", (64, 64)).save(path, format="PNG")  # PNG: draft mode cannot shrink it
-    monkeypatch.setattr(sources, "FULL_DECODE_PIXELS", 64 * 64 - 1)
+    Image.new("RGB", (64, 64)).save(path, format="JPEG")
+    decoded: list[str] = []
+    real_load = Image.Image.load
+
+    def counting_load(self: Image.Image) -> Any:
+        decoded.append(getattr(self, "filename", "") or "?")
+        return real_load(self)
+
+    monkeypatch.setattr(Image.Image, "load", counting_load)
+    monkeypatch.setattr(rule, "MAX_PIXELS", 64 * 64 - 1)
+    report = validate_local(ds, check_images=True)
+    [issue] = issues(report, Code.IMAGE_TOO_LARGE)[:1]
+    assert issue.path == "images[0]" and "64x64" in issue.message, issue
+    assert report.images.decoded == 0 and decoded == [], "an image over the limit was decoded"
+
+
+def test_a_check_that_crashes_rejects_its_file_and_the_report_is_still_made(ds: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from d2ops.validation import dataset
+
+    def broken(*_: Any, **__: Any) -> None:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(dataset, "check_split", broken)
     report = validate_local(ds)
-    assert report.valid and report.images.decoded == report.images.probed - 1 == 47, report.describe()
-    Image.new("RGB", (80, 64)).save(path, format="PNG")
-    assert [i.path for i in issues(validate_local(ds), Code.IMAGE_SIZE_MISMATCH)] == ["images[0]"]
+    assert {(i.code, i.file) for i in report.errors} == {(Code.CHECK_FAILED, "annotations/train.json"),
+                                                        (Code.CHECK_FAILED, "annotations/val.json")}
+    assert "ZeroDivisionError: a bug" in report.errors[0].message and not report.valid

@@ -6,12 +6,17 @@ decoded straight from a memory map into typed msgspec Structs whose fields are `
 ``segmentation`` is kept as ``msgspec.Raw`` -- a zero-copy slice of the map. Polygons are
 decoded one annotation at a time, checked and dropped, so the millions of coordinates are
 never alive together (materialising them is what makes json/pycocotools need 2.5-3.7 GB).
+
+Hostile documents stay on that path too: NaN/Infinity (which Python's json writes but msgspec
+rejects) and numbers too large for a float are rewritten, outside strings only, into marker
+strings in one copy of the file and decoded again with msgspec (see ``_patch_non_standard``);
+integers beyond 64 bits get NUMBER_OUT_OF_RANGE instead of overflowing a float conversion;
+nesting deeper than the decoder's limit is JSON_TOO_DEEP. Nothing in a document raises.
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import math
 import re
 from collections import Counter
@@ -23,6 +28,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from d2ops.images import MAX_ASPECT_RATIO, MAX_PIXELS
 from d2ops.validation.codes import Code
 from d2ops.validation.encoding import encoding_problem, line_col, utf8_problem
 from d2ops.validation.manifest import unsafe_relative_path
@@ -72,17 +78,6 @@ class _Document(msgspec.Struct, gc=False):
     categories: list[_Category] | UnsetType = UNSET
 
 
-# The same shapes for the slow path (files with NaN/Infinity, which only Python's json reads).
-class _AnnotationDecoded(_Annotation, gc=False):
-    segmentation: Any = UNSET
-
-
-class _DocumentDecoded(msgspec.Struct, gc=False):
-    images: list[_Image] | UnsetType = UNSET
-    annotations: list[_AnnotationDecoded] | UnsetType = UNSET
-    categories: list[_Category] | UnsetType = UNSET
-
-
 class _Rle(msgspec.Struct, gc=False):
     size: Any = UNSET
     counts: str | list[int] | UnsetType = UNSET  # typed: checked in C, not element by element
@@ -93,6 +88,22 @@ _POLYGONS = msgspec.json.Decoder(list[list[float]])
 _NUMBER = frozenset({int, float})
 _AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _NON_STANDARD = (b"NaN", b"Infinity", b"-Infinity")
+# Integers must fit what numpy/torch hold (int64) wherever the trainer or evaluator reads them.
+_INT64 = 2**63
+# Numbers msgspec cannot decode into a value (a float beyond 1.8e308, an integer of thousands of
+# digits) and candidates for them: exponents of 3+ digits, digit runs of 300+. Python's re needs
+# about 1.5 s per 10 MB for this scan, so it only runs when msgspec has reported such a number;
+# NaN and Infinity (what Python's json writes) are found with bytes.find at memory speed.
+_NUMBER_CANDIDATE = re.compile(rb"[eE]\+?[0-9]{3,}|[0-9]{300,}")
+_NUMBER_CHARS = frozenset(b"0123456789+-.eE")
+_MAX_INT_DIGITS = 1000  # longer integer tokens become a marker: they are errors wherever they are
+# Markers the patched document holds instead (JSON strings; a NUL cannot be typed by accident).
+_MARKS = {"\x00NaN": math.nan, "\x00Infinity": math.inf, "\x00-Infinity": -math.inf}
+_GIANT_MARK = "\x00BIG"
+
+
+# What an integer token of more than _MAX_INT_DIGITS digits decodes to: out of range wherever it is.
+_GIANT = 10**_MAX_INT_DIGITS
 
 
 @dataclass
@@ -124,6 +135,24 @@ def _is_number(v: Any) -> bool:
     return type(v) is int or type(v) is float
 
 
+def _in_int64(v: int) -> bool:
+    return -_INT64 <= v < _INT64
+
+
+def _show(v: Any, width: int = 40) -> str:
+    """A short repr of a document value for messages: safe for huge integers and long arrays."""
+    if type(v) is int and v.bit_length() > 128:
+        return (f"an integer of more than {_MAX_INT_DIGITS} digits" if abs(v) >= _GIANT
+                else f"an integer of {len(str(v))} digits")
+    if isinstance(v, list | dict) and len(v) > 16:
+        return f"an {'array' if isinstance(v, list) else 'object'} of {len(v)} items"
+    try:
+        text = repr(v)
+    except ValueError:  # a nested integer beyond Python's digit limit
+        return f"a {_type_name(v)}"
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 @contextmanager
 def _gc_paused() -> Iterator[None]:
     # Decoding allocates millions of containers; the cyclic GC would rescan them repeatedly.
@@ -136,7 +165,12 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _decode(buffer: Any, file: str, log: IssueLog) -> _Document | _DocumentDecoded | None:
+# The decode met a token msgspec cannot read: patch the file and decode again.
+_RETRY_TOKENS = "NaN/Infinity"  # found with bytes.find, cheap
+_RETRY_NUMBERS = "numbers"  # out-of-range numbers: the regex scan as well
+
+
+def _decode(buffer: Any, file: str, log: IssueLog) -> _Document | None:
     if len(buffer) == 0:
         log.add(Code.JSON_MALFORMED, "file is empty", file)
         return None
@@ -144,44 +178,157 @@ def _decode(buffer: Any, file: str, log: IssueLog) -> _Document | _DocumentDecod
     if problem:
         log.add(Code.JSON_MALFORMED, f"file {problem}", file)
         return None
+    # NaN/Infinity or an overflowing number: rewrite those tokens (outside strings) into marker strings
+    # in one copy and stay on msgspec; Python's json would need 2x the memory and 3x the time.
+    result = _decode_once(buffer, buffer, [], file, log, retry={_RETRY_TOKENS, _RETRY_NUMBERS})
+    numbers = False
+    while result in (_RETRY_TOKENS, _RETRY_NUMBERS):
+        numbers = numbers or result == _RETRY_NUMBERS
+        patched, shifts = _patch_non_standard(buffer, numbers=numbers)
+        result = _decode_once(patched, buffer, shifts, file, log, retry=set() if numbers else {_RETRY_NUMBERS})
+    return result if isinstance(result, _Document) else None
+
+
+def _decode_once(data: Any, original: Any, shifts: list[tuple[int, int]], file: str, log: IssueLog, *,
+                 retry: set[str]) -> object:
+    """msgspec-decode ``data``: the document, None (the problem is logged) or a _RETRY_* in ``retry``."""
     try:
         with _gc_paused():
-            return msgspec.json.decode(buffer, type=_Document)
+            return msgspec.json.decode(data, type=_Document)
     except UnicodeDecodeError:  # msgspec's offset is inside one string; find the byte in the file
-        log.add(Code.JSON_MALFORMED, f"file {utf8_problem(buffer) or 'is not valid UTF-8'}", file)
-        return None
+        log.add(Code.JSON_MALFORMED, f"file {utf8_problem(original) or 'is not valid UTF-8'}", file)
+    except RecursionError:
+        log.add(Code.JSON_TOO_DEEP, "arrays/objects nest deeper than the JSON decoder's limit (about 1000 levels; a "
+                "COCO document needs 6); the file was not checked further", file)
     except msgspec.ValidationError as exc:
-        if "out of range" in str(exc):  # e.g. 1e999: Python's json reads it as inf, which gets its own code
-            return _decode_non_standard(buffer, file, log)
-        _report_structure(exc, file, log)
-        return None
+        if "out of range" not in str(exc):
+            _report_structure(exc, file, log)
+        elif _RETRY_NUMBERS in retry:  # e.g. 1e999, which Python's json reads as inf, or 5000 digits
+            return _RETRY_NUMBERS
+        else:
+            match = _AT_PATH.search(str(exc))
+            path = match.group("path").lstrip(".") if match else None
+            log.add(Code.NUMBER_OUT_OF_RANGE, "a number is too large to decode; the rest of this file was not "
+                    "checked", file, path or None)
     except msgspec.DecodeError as exc:
         match = re.search(r"\(byte (\d+)\)", str(exc))
-        offset = int(match.group(1)) if match else -1
-        if offset >= 0 and bytes(buffer[offset:offset + 9]).startswith(_NON_STANDARD):
-            return _decode_non_standard(buffer, file, log)
+        offset = _original_offset(int(match.group(1)), shifts) if match else -1
+        if _RETRY_TOKENS in retry and offset >= 0 and bytes(original[offset:offset + 9]).startswith(_NON_STANDARD):
+            return _RETRY_TOKENS
         if "truncated" in str(exc):
             log.add(Code.JSON_MALFORMED, f"not valid JSON: the file ends in the middle of the document after "
-                    f"{len(buffer)} bytes (an incomplete upload or copy?)", file)
-            return None
-        where = "at line {}, column {} ".format(*line_col(buffer, offset)) if offset >= 0 else ""
-        log.add(Code.JSON_MALFORMED, f"not valid JSON {where}({exc})", file)
-        return None
-
-
-def _decode_non_standard(buffer: Any, file: str, log: IssueLog) -> _DocumentDecoded | None:
-    """Python's json writes NaN/Infinity; read such files with it so the values get their own codes."""
-    try:
-        obj = json.loads(bytes(buffer))
-        with _gc_paused():
-            return msgspec.convert(obj, type=_DocumentDecoded)
-    except json.JSONDecodeError as exc:
-        log.add(Code.JSON_MALFORMED, f"not valid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg})", file)
-    except UnicodeDecodeError:
-        log.add(Code.JSON_MALFORMED, f"file {utf8_problem(buffer) or 'is not valid UTF-8'}", file)
-    except msgspec.ValidationError as exc:
-        _report_structure(exc, file, log)
+                    f"{len(original)} bytes (an incomplete upload or copy?)", file)
+        else:
+            where = "at line {}, column {} ".format(*line_col(original, offset)) if offset >= 0 else ""
+            log.add(Code.JSON_MALFORMED, f"not valid JSON {where}({exc})", file)
     return None
+
+
+def _original_offset(offset: int, shifts: list[tuple[int, int]]) -> int:
+    """Map an offset in the patched document back to the file (``shifts``: (patched end, total delta) pairs)."""
+    delta = 0
+    for end, total in shifts:
+        if end > offset:
+            break
+        delta = total
+    return max(0, offset - delta)
+
+
+def _quotes(buffer: Any, start: int, end: int) -> int:
+    """Unescaped double quotes in ``buffer[start:end]`` (a quote after an odd run of backslashes is escaped)."""
+    segment = bytes(buffer[start:end])
+    count = segment.count(b'"')
+    at = segment.find(b'\\"')
+    while at >= 0:  # backslashes are rare in COCO files: look only where one precedes a quote
+        run = 1
+        while at - run >= 0 and segment[at - run] == 0x5C:
+            run += 1
+        count -= run % 2  # an odd run escapes the quote
+        at = segment.find(b'\\"', at + 2)
+    return count
+
+
+def _candidates(buffer: Any, numbers: bool) -> list[tuple[int, int, bytes]]:
+    """(start, end, text) of every NaN/Infinity/-Infinity in ``buffer`` (and number candidates), in order."""
+    found: list[tuple[int, int, bytes]] = []
+    for token in (b"NaN", b"Infinity"):
+        at = buffer.find(token)
+        while at >= 0:
+            start = at - 1 if token == b"Infinity" and at > 0 and buffer[at - 1] == ord("-") else at
+            found.append((start, at + len(token), bytes(buffer[start:at + len(token)])))
+            at = buffer.find(token, at + len(token))
+    if numbers:
+        found.extend((m.start(), m.end(), m.group()) for m in _NUMBER_CANDIDATE.finditer(buffer))
+    found.sort()
+    return found
+
+
+def _patch_non_standard(buffer: Any, *, numbers: bool) -> tuple[bytearray, list[tuple[int, int]]]:
+    """A copy of ``buffer`` with NaN, Infinity (and, with ``numbers``, undecodable numbers) replaced by markers.
+
+    Only tokens outside strings are replaced (quote parity up to each candidate tells), so a file
+    with one NaN costs one search at memory speed and one extra copy, not a slow path.
+    """
+    out = bytearray()
+    view = memoryview(buffer)
+    shifts: list[tuple[int, int]] = []
+    done = scanned = delta = 0
+    in_string = False
+    try:
+        for start, end, text in _candidates(buffer, numbers):
+            if start < done:
+                continue
+            in_string ^= _quotes(buffer, scanned, start) % 2 == 1
+            scanned = start
+            if in_string:
+                continue
+            token_start, token_end, mark = _classify(buffer, start, end, text)
+            if mark is None or token_start < done:
+                continue
+            out += view[done:token_start]
+            out += mark
+            delta += len(mark) - (token_end - token_start)
+            done = scanned = token_end
+            shifts.append((len(out), delta))
+        out += view[done:]
+    finally:
+        view.release()
+    return out, shifts
+
+
+def _classify(buffer: Any, start: int, end: int, text: bytes) -> tuple[int, int, bytes | None]:
+    """The whole token around a candidate match and its marker (None: msgspec reads it fine)."""
+    if text in _NON_STANDARD:
+        return start, end, b'"\\u0000' + text + b'"'
+    size = len(buffer)
+    while start > 0 and buffer[start - 1] in _NUMBER_CHARS:
+        start -= 1
+    while end < size and buffer[end] in _NUMBER_CHARS:
+        end += 1
+    token = bytes(buffer[start:end])
+    if any(c in token for c in b".eE"):
+        try:
+            value = float(token)
+        except ValueError:
+            return start, end, None
+        if math.isinf(value):
+            return start, end, b'"\\u0000-Infinity"' if value < 0 else b'"\\u0000Infinity"'
+        return start, end, None
+    digits = len(token.lstrip(b"+-"))
+    return start, end, (b'"\\u0000BIG"' if digits > _MAX_INT_DIGITS else None)
+
+
+def _unmarked(value: Any) -> Any:
+    """The value Python's json would have read where the patched document holds a marker.
+
+    Applied lazily, only on the detailed paths: a marker is a string, so it never passes the hot
+    loop's number checks, and the fast path pays nothing for it.
+    """
+    if type(value) is str and value.startswith("\x00"):
+        if value == _GIANT_MARK:
+            return _GIANT
+        return _MARKS.get(value, value)
+    return value
 
 
 def _report_structure(exc: msgspec.ValidationError, file: str, log: IssueLog) -> None:
@@ -214,11 +361,16 @@ class _SplitChecker:
         if value is UNSET:
             self.add(Code.KEY_MISSING, f"required key {key!r} is missing", path)
             return False
+        value = _unmarked(value)
         ok = _is_int(value) if want == "integer" else isinstance(value, str)
         if not ok:
             article = "an" if want[0] in "aeiou" else "a"
-            self.add(Code.WRONG_TYPE, f"{key} must be {article} {want}, got {_type_name(value)} {value!r:.40}",
+            self.add(Code.WRONG_TYPE, f"{key} must be {article} {want}, got {_type_name(value)} {_show(value)}",
                      f"{path}.{key}")
+        elif want == "integer" and not _in_int64(value):
+            self.add(Code.NUMBER_OUT_OF_RANGE, f"{key} is {_show(value)}: it must fit in 64 bits (what the trainer "
+                     "and the evaluator hold)", f"{path}.{key}")
+            return False
         return ok
 
     def images(self, images: list[_Image]) -> dict[int, tuple[int, int] | None]:
@@ -237,13 +389,22 @@ class _SplitChecker:
             if has_w and has_h and not dims_ok:
                 self.add(Code.IMAGE_DIMENSIONS_INVALID,
                          f"width and height must be positive, got {im.width}x{im.height}", path)
+            elif dims_ok and im.width * im.height > MAX_PIXELS:
+                self.add(Code.IMAGE_TOO_LARGE, f"the annotations say {im.width}x{im.height} "
+                         f"({im.width * im.height:,} pixels); the limit is {MAX_PIXELS:,} pixels", path)
+                dims_ok = False
+            elif dims_ok and max(im.width, im.height) > MAX_ASPECT_RATIO * min(im.width, im.height):
+                self.add(Code.IMAGE_SHAPE_UNSUPPORTED, f"the annotations say {im.width}x{im.height}: the longer side "
+                         f"may be at most {MAX_ASPECT_RATIO} times the shorter", path)
+                dims_ok = False
             if has_id:
                 sizes[im.id] = (im.width, im.height) if dims_ok else None
                 self.image_index[im.id] = i
             if has_name:
                 problem = unsafe_relative_path(im.file_name)
                 if problem:
-                    self.add(Code.FILE_NAME_UNSAFE, f"file_name {im.file_name!r:.80} {problem}", f"{path}.file_name")
+                    self.add(Code.FILE_NAME_UNSAFE, f"file_name {_show(im.file_name, 80)} {problem}",
+                             f"{path}.file_name")
                     continue
                 if im.file_name in seen_names:
                     self.log.add(Code.DUPLICATE_FILE_NAME, f"file_name {im.file_name!r} is also images"
@@ -282,11 +443,12 @@ class _SplitChecker:
         isfinite = math.isfinite
         for i, a in enumerate(annotations):
             aid = a.id
-            if type(aid) is int and aid not in seen_ids:
-                seen_add(aid)
-            elif type(aid) is int:
-                add(Code.DUPLICATE_ANNOTATION_ID, f"annotation id {aid} is used more than once",
-                    f"annotations[{i}].id")
+            if type(aid) is int and -_INT64 <= aid < _INT64:
+                if aid not in seen_ids:
+                    seen_add(aid)
+                else:
+                    add(Code.DUPLICATE_ANNOTATION_ID, f"annotation id {aid} is used more than once",
+                        f"annotations[{i}].id")
             else:
                 self.field(aid, f"annotations[{i}]", "id", "integer")
             image_id = a.image_id
@@ -295,7 +457,7 @@ class _SplitChecker:
                 size = sizes[image_id]
                 annotated.add(image_id)
             elif type(image_id) is int:
-                add(Code.ANNOTATION_IMAGE_UNKNOWN, f"image_id {image_id} is not an image of this split",
+                add(Code.ANNOTATION_IMAGE_UNKNOWN, f"image_id {_show(image_id)} is not an image of this split",
                     f"annotations[{i}].image_id")
                 image_id = None
             else:
@@ -304,7 +466,7 @@ class _SplitChecker:
             cat = a.category_id
             if type(cat) is not int or cat not in cats:
                 if type(cat) is int:
-                    add(Code.ANNOTATION_CATEGORY_UNKNOWN, f"category_id {cat} is not a category of this split",
+                    add(Code.ANNOTATION_CATEGORY_UNKNOWN, f"category_id {_show(cat)} is not a category of this split",
                         f"annotations[{i}].category_id")
                 else:
                     self.field(cat, f"annotations[{i}]", "category_id", "integer")
@@ -313,21 +475,30 @@ class _SplitChecker:
             if crowd is UNSET:
                 crowd = 0
             elif type(crowd) is not int or (crowd != 0 and crowd != 1):
-                add(Code.ISCROWD_INVALID, f"iscrowd must be 0 or 1, got {crowd!r:.40}", f"annotations[{i}].iscrowd")
+                add(Code.ISCROWD_INVALID, f"iscrowd must be 0 or 1, got {_show(_unmarked(crowd))}",
+                    f"annotations[{i}].iscrowd")
                 crowd = 0
             box = a.bbox
             box_area = None
             if type(box) is list and len(box) == 4:
                 x, y, w, h = box
-                if (type(x) in _NUMBER and type(y) in _NUMBER and type(w) in _NUMBER and type(h) in _NUMBER
-                        and w > 0 and h > 0 and isfinite(x + y + w + h)):
-                    box_area = float(w * h)
-                    if size is not None and (x < -tol or y < -tol or x + w > size[0] + tol or y + h > size[1] + tol):
-                        self._bbox(box, f"annotations[{i}]", size, tol)
+                try:  # integers beyond a float's range overflow here: the detailed check names them
+                    if (type(x) in _NUMBER and type(y) in _NUMBER and type(w) in _NUMBER and type(h) in _NUMBER
+                            and w > 0 and h > 0 and isfinite(x + y + w + h)):
+                        box_area = float(w * h)
+                        if size is not None and (x < -tol or y < -tol or x + w > size[0] + tol
+                                                 or y + h > size[1] + tol):
+                            box_area = None  # outside the image: the detailed check reports it
+                except OverflowError:
+                    box_area = None
             if box_area is None:
                 box_area = self._bbox(box, f"annotations[{i}]", size, tol)
             area = a.area
-            if type(area) in _NUMBER and area >= 0 and isfinite(area):
+            try:
+                area_ok = type(area) in _NUMBER and area >= 0 and isfinite(area)
+            except OverflowError:
+                area_ok = False
+            if area_ok:
                 if box_area is not None and area > box_area * area_slack + 1:
                     add(Code.AREA_INCONSISTENT, f"area {area} exceeds the bbox area {box_area:g}",
                         f"annotations[{i}].area")
@@ -335,7 +506,7 @@ class _SplitChecker:
                 self._area(area, f"annotations[{i}]")
                 area = box_area
             seg = a.segmentation
-            if not (isinstance(seg, msgspec.Raw) and len(seg) > 0 and self._polygons_fast(seg)):
+            if not (len(seg) > 0 and self._polygons_fast(seg)):
                 self._segmentation(seg, f"annotations[{i}]", size, need_masks)
             if cat is None:
                 continue
@@ -369,10 +540,13 @@ class _SplitChecker:
         )
 
     def _area(self, area: Any, path: str) -> None:
+        area = _unmarked(area)
         if area is UNSET:
             self.add(Code.KEY_MISSING, "required key 'area' is missing", path)
         elif type(area) not in _NUMBER:
             self.add(Code.WRONG_TYPE, f"area must be a number, got {_type_name(area)}", f"{path}.area")
+        elif type(area) is int and not _in_int64(area):
+            self.add(Code.NUMBER_OUT_OF_RANGE, f"area is {_show(area)}", f"{path}.area")
         elif area < 0:
             self.add(Code.AREA_NEGATIVE, f"area is negative ({area})", f"{path}.area")
         else:
@@ -392,11 +566,17 @@ class _SplitChecker:
         if box is UNSET:
             self.add(Code.KEY_MISSING, "required key 'bbox' is missing", path)
             return None
+        if type(box) is list and len(box) == 4:
+            box = [_unmarked(v) for v in box]
         if type(box) is not list or len(box) != 4 or not all(_is_number(v) for v in box):
-            self.add(Code.BBOX_MALFORMED, f"bbox must be [x, y, width, height] numbers, got {box!r:.60}",
+            self.add(Code.BBOX_MALFORMED, f"bbox must be [x, y, width, height] numbers, got {_show(box, 60)}",
                      f"{path}.bbox")
             return None
         x, y, w, h = box
+        for k in range(4):
+            if type(box[k]) is int and not _in_int64(box[k]):
+                self.add(Code.NUMBER_OUT_OF_RANGE, f"bbox value {_show(box[k])} is out of range", f"{path}.bbox[{k}]")
+                return None
         for k in range(4):
             if not math.isfinite(box[k]):
                 self.add(Code.BBOX_NOT_FINITE, f"bbox value {box[k]} is not finite", f"{path}.bbox[{k}]")
@@ -412,29 +592,16 @@ class _SplitChecker:
                          f"{width}x{height} image (tolerance {tol:g} px)", f"{path}.bbox")
         return float(w * h)
 
-    def _segmentation(self, raw: Any, path: str, size: tuple[int, int] | None, need_masks: bool) -> None:
-        if isinstance(raw, msgspec.Raw):
-            if len(raw) == 0 or raw == b"null" or raw == b"[]":
-                if need_masks:
-                    self.add(Code.SEGMENTATION_MISSING, "task is instance_segmentation but there is no segmentation",
-                             path)
-                return
-            try:
-                seg = _SEGMENTATION.decode(raw)
-            except msgspec.ValidationError as exc:
-                self._segmentation_error(exc, path)
-                return
-        else:  # the slow path's already-decoded values
-            if raw is UNSET or raw is None or raw == []:
-                if need_masks:
-                    self.add(Code.SEGMENTATION_MISSING, "task is instance_segmentation but there is no segmentation",
-                             path)
-                return
-            try:
-                seg = msgspec.convert(raw, type=list[list[float]] | _Rle)
-            except msgspec.ValidationError as exc:
-                self._segmentation_error(exc, path)
-                return
+    def _segmentation(self, raw: msgspec.Raw, path: str, size: tuple[int, int] | None, need_masks: bool) -> None:
+        if len(raw) == 0 or raw == b"null" or raw == b"[]":
+            if need_masks:
+                self.add(Code.SEGMENTATION_MISSING, "task is instance_segmentation but there is no segmentation", path)
+            return
+        try:
+            seg = _SEGMENTATION.decode(raw)
+        except msgspec.ValidationError as exc:
+            self._segmentation_error(exc, path, marked=b"\\u0000" in bytes(raw))
+            return
         if isinstance(seg, _Rle):
             self._rle(seg, path, size)
             return
@@ -446,11 +613,13 @@ class _SplitChecker:
         if not seg and need_masks:
             self.add(Code.SEGMENTATION_MISSING, "task is instance_segmentation but there is no segmentation", path)
 
-    def _segmentation_error(self, exc: msgspec.ValidationError, path: str) -> None:
+    def _segmentation_error(self, exc: msgspec.ValidationError, path: str, *, marked: bool = False) -> None:
         text = str(exc)
         match = _AT_PATH.search(text)
         sub = match.group("path") if match else ""
         message = text[: match.start()] if match else text
+        if marked and "got `str`" in message:  # a NaN/Infinity/overflowing number the patched document marked
+            message = "a coordinate is NaN, infinite or too large"
         self.add(Code.SEGMENTATION_MALFORMED, f"segmentation must be a list of polygons or an RLE object: {message}",
                  f"{path}.segmentation{sub}")
 
@@ -464,7 +633,7 @@ class _SplitChecker:
                      f"{path}.segmentation.counts")
             return
         if type(rle.size) is not list or len(rle.size) != 2 or not all(_is_int(v) for v in rle.size):
-            self.add(Code.SEGMENTATION_MALFORMED, f"RLE size must be [height, width], got {rle.size!r:.40}",
+            self.add(Code.SEGMENTATION_MALFORMED, f"RLE size must be [height, width], got {_show(rle.size)}",
                      f"{path}.segmentation.size")
             return
         if size is not None and list(rle.size) != [size[1], size[0]]:

@@ -31,9 +31,13 @@ class Code(StrEnum):
     # Files
     FILE_UNREADABLE = "FILE_UNREADABLE"
     JSON_MALFORMED = "JSON_MALFORMED"
+    JSON_TOO_DEEP = "JSON_TOO_DEEP"
+    LINK_OUTSIDE_DATASET = "LINK_OUTSIDE_DATASET"
+    CHECK_FAILED = "CHECK_FAILED"
     # COCO structure
     KEY_MISSING = "KEY_MISSING"
     WRONG_TYPE = "WRONG_TYPE"
+    NUMBER_OUT_OF_RANGE = "NUMBER_OUT_OF_RANGE"
     DUPLICATE_IMAGE_ID = "DUPLICATE_IMAGE_ID"
     DUPLICATE_ANNOTATION_ID = "DUPLICATE_ANNOTATION_ID"
     DUPLICATE_CATEGORY_ID = "DUPLICATE_CATEGORY_ID"
@@ -60,6 +64,9 @@ class Code(StrEnum):
     IMAGE_MISSING = "IMAGE_MISSING"
     IMAGE_UNREADABLE = "IMAGE_UNREADABLE"
     IMAGE_SIZE_MISMATCH = "IMAGE_SIZE_MISMATCH"
+    IMAGE_FORMAT_UNSUPPORTED = "IMAGE_FORMAT_UNSUPPORTED"
+    IMAGE_TOO_LARGE = "IMAGE_TOO_LARGE"
+    IMAGE_SHAPE_UNSUPPORTED = "IMAGE_SHAPE_UNSUPPORTED"
     # Warnings
     IMAGE_WITHOUT_ANNOTATIONS = "IMAGE_WITHOUT_ANNOTATIONS"
     CLASS_FEW_INSTANCES = "CLASS_FEW_INSTANCES"
@@ -68,11 +75,12 @@ class Code(StrEnum):
     BOX_TINY = "BOX_TINY"
     DUPLICATE_FILE_NAME = "DUPLICATE_FILE_NAME"
     SPLIT_OVERLAP = "SPLIT_OVERLAP"
+    IMAGE_EXTENSION_MISMATCH = "IMAGE_EXTENSION_MISMATCH"
 
 
 WARNINGS: frozenset[Code] = frozenset({
     Code.IMAGE_WITHOUT_ANNOTATIONS, Code.CLASS_FEW_INSTANCES, Code.CLASS_IMBALANCE, Code.CLASS_MISSING_IN_VAL,
-    Code.BOX_TINY, Code.DUPLICATE_FILE_NAME, Code.SPLIT_OVERLAP,
+    Code.BOX_TINY, Code.DUPLICATE_FILE_NAME, Code.SPLIT_OVERLAP, Code.IMAGE_EXTENSION_MISMATCH,
 })
 
 # What each code means, for docs/dataset-format.md and `d2ops validate` output.
@@ -90,6 +98,14 @@ MEANINGS: dict[Code, str] = {
     Code.TRAINING_IMS_PER_BATCH_ABOVE_STACK: "training.ims_per_batch is above the stack's MaxImagesPerBatch",
     Code.FILE_UNREADABLE: "a file cannot be read (permissions, a dangling link, too large for the scratch disk)",
     Code.JSON_MALFORMED: "a file is not valid JSON (the message gives line and column)",
+    Code.JSON_TOO_DEEP: ("arrays/objects nest deeper than the JSON decoder's limit (about 1000 levels; COCO needs 6), "
+                         "even under a key the validator does not read"),
+    Code.LINK_OUTSIDE_DATASET: ("a file or directory of a local dataset is a symbolic link to somewhere outside the "
+                                "dataset directory; it is not followed (S3 has no links)"),
+    Code.CHECK_FAILED: ("a check of this file stopped on an unexpected problem (a validator bug, logged with its "
+                        "trace); the file is rejected rather than passed unchecked"),
+    Code.NUMBER_OUT_OF_RANGE: ("an integer (id, size, bbox, area) does not fit in 64 bits, or a number is too long "
+                               "to decode at all"),
     Code.KEY_MISSING: "a required COCO key is absent (top level, image, annotation or category)",
     Code.WRONG_TYPE: "a COCO value has the wrong JSON type (e.g. a string id)",
     Code.DUPLICATE_IMAGE_ID: "two images in one split share an id",
@@ -117,6 +133,11 @@ MEANINGS: dict[Code, str] = {
     Code.IMAGE_MISSING: "an image's file_name is not under images/",
     Code.IMAGE_UNREADABLE: "an image file is empty or cannot be decoded",
     Code.IMAGE_SIZE_MISMATCH: "an image's real size (after EXIF rotation) differs from its width/height",
+    Code.IMAGE_FORMAT_UNSUPPORTED: "an image file is not a JPEG (MPO included) or PNG, whatever its name says",
+    Code.IMAGE_TOO_LARGE: ("an image has more than 36 megapixels (d2ops.images.MAX_PIXELS), in its file or in the "
+                           "annotations' width x height"),
+    Code.IMAGE_SHAPE_UNSUPPORTED: ("an image's longer side is more than 20 times its shorter side "
+                                   "(d2ops.images.MAX_ASPECT_RATIO): the detectors would shrink it to nothing"),
     Code.IMAGE_WITHOUT_ANNOTATIONS: "an image has no annotations (fine for negatives, often a labelling gap)",
     Code.CLASS_FEW_INSTANCES: "a category has fewer train instances than the threshold (10)",
     Code.CLASS_IMBALANCE: "the most frequent train category outnumbers the rarest by more than the ratio (100)",
@@ -124,6 +145,8 @@ MEANINGS: dict[Code, str] = {
     Code.BOX_TINY: "a bbox is narrower or shorter than the threshold (4 px)",
     Code.DUPLICATE_FILE_NAME: "two images in one split share a file_name",
     Code.SPLIT_OVERLAP: "the same file_name is in train and in val (evaluation would be optimistic)",
+    Code.IMAGE_EXTENSION_MISMATCH: ("an image's extension does not match its content (a JPEG named .png) or is not "
+                                    ".jpg/.jpeg/.png; every reader goes by content, so it is read correctly"),
 }
 
 

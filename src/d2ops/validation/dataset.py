@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
@@ -11,7 +12,7 @@ from typing import Any
 
 from d2ops.validation.coco import SplitResult, Thresholds, check_split
 from d2ops.validation.codes import Code
-from d2ops.validation.errors import SourceFileError
+from d2ops.validation.errors import DatasetUnreadable, SourceFileError
 from d2ops.validation.images import check_image_files
 from d2ops.validation.manifest import (
     MANIFEST_FILE,
@@ -25,6 +26,7 @@ from d2ops.validation.report import DatasetRef, ImageCheck, IssueLog, SplitStats
 from d2ops.validation.sources import LocalSource, S3Source, Source
 
 DEFAULT_IMAGE_SAMPLE = 200
+logger = logging.getLogger(__name__)
 _DATASET_PREFIX = re.compile(r"(?:^|/)datasets/(?P<name>[^/]+)/(?P<version>[^/]+)/?$")
 
 Progress = Callable[[str], None]
@@ -48,7 +50,7 @@ def _dataset_ref(manifest: Manifest | None, raw: bytes, expected: tuple[str, str
         name, version = doc.get("name"), doc.get("version")
         if isinstance(name, str) and isinstance(version, str):
             return DatasetRef(name=name, version=version)
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         pass
     return DatasetRef(name=expected[0], version=expected[1]) if expected else DatasetRef()
 
@@ -90,6 +92,16 @@ def _cross_split(train: SplitResult | None, val: SplitResult | None, log: IssueL
             log.add(Code.SPLIT_OVERLAP, f"{ref.file_name} is in train too", val.file, f"images[{ref.index}].file_name")
 
 
+def _check_failed(log: IssueLog, file: str | None, what: str, exc: Exception) -> None:
+    """A check raised where it never should: reject with CHECK_FAILED (one line), keep the trace in the log.
+
+    Fail closed: a file that made a check crash must not pass unchecked, and the report is still written.
+    """
+    logger.exception("validation check %s of %s failed", what, file)
+    log.add(Code.CHECK_FAILED, f"the {what} check stopped on an unexpected {type(exc).__name__}: "
+            f"{str(exc)[:200]}; the file is rejected (please report this)", file)
+
+
 def validate_source(source: Source, *, check_images: bool = True, image_sample: int | None = None,
                     expected: tuple[str, str] | None = None, limits: Thresholds | None = None,
                     progress: Progress | None = None, stack_limits: StackLimits | None = None) -> ValidationReport:
@@ -114,6 +126,9 @@ def validate_source(source: Source, *, check_images: bool = True, image_sample: 
 
     say(f"listing {source.uri}")
     files = source.list_files()
+    for rel, target in sorted(source.links_outside().items()):
+        log.add(Code.LINK_OUTSIDE_DATASET, f"{rel} links to {target}, outside the dataset directory: not followed",
+                rel)
     if MANIFEST_FILE not in files:
         log.add(Code.MANIFEST_MISSING, f"no {MANIFEST_FILE} in {source.uri} ({len(files)} other files)", MANIFEST_FILE)
         return report()
@@ -122,7 +137,11 @@ def validate_source(source: Source, *, check_images: bool = True, image_sample: 
     except SourceFileError as exc:
         log.add(Code.FILE_UNREADABLE, str(exc), MANIFEST_FILE)
         return report()
-    manifest, problems = parse_manifest(raw)
+    try:
+        manifest, problems = parse_manifest(raw)
+    except Exception as exc:
+        _check_failed(log, MANIFEST_FILE, "manifest", exc)
+        return report()
     for code, message, path in problems:
         log.add(code, message, MANIFEST_FILE, path)
     if manifest is None:
@@ -151,11 +170,19 @@ def validate_source(source: Source, *, check_images: bool = True, image_sample: 
         except SourceFileError as exc:
             log.add(Code.FILE_UNREADABLE, str(exc), rel)
             continue
+        except DatasetUnreadable:
+            raise  # access denied or the bucket gone: Step Functions routes on it
+        except Exception as exc:
+            _check_failed(log, rel, f"{split} annotations", exc)
+            continue
         if result is not None and result.stats is not None:
             results[split] = result
             splits[split] = result.stats
             say(f"  {split}: {result.stats.images} images, {result.stats.instances} instances")
-    _cross_split(results.get("train"), results.get("val"), log, limits)
+    try:
+        _cross_split(results.get("train"), results.get("val"), log, limits)
+    except Exception as exc:
+        _check_failed(log, None, "cross-split", exc)
 
     if check_images:
         prefix = manifest.images_prefix
@@ -163,8 +190,11 @@ def validate_source(source: Source, *, check_images: bool = True, image_sample: 
             log.add(Code.MANIFEST_PATH_MISSING, f"no files under {prefix} (the manifest's images directory)",
                     MANIFEST_FILE, "images")
         else:
-            image_check = check_image_files(source, {r.file: r.images for r in results.values()}, files, prefix, log,
-                                            sample=image_sample, progress=say)
+            try:
+                image_check = check_image_files(source, {r.file: r.images for r in results.values()}, files, prefix,
+                                                log, sample=image_sample, progress=say)
+            except Exception as exc:
+                _check_failed(log, prefix, "image files", exc)
     say(f"done: {log.error_count} errors, {log.warning_count} warnings")
     return report()
 

@@ -1,4 +1,4 @@
-"""Checks of the image files a split references: present, non-empty, decodable, of the declared size."""
+"""Checks of the image files a split references: present, non-empty, accepted by d2ops.images, of the declared size."""
 
 from __future__ import annotations
 
@@ -7,12 +7,16 @@ import unicodedata
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from d2ops.images import extension_problem
 from d2ops.validation.coco import ImageRef
 from d2ops.validation.codes import Code
 from d2ops.validation.report import ImageCheck, IssueLog
 from d2ops.validation.sources import ImageProbe, Source
 
 SAMPLE_SEED = 0  # the S3 sample is deterministic: a retried run checks the same images
+# d2ops.images.ImageRejected reasons with a code of their own; every other refusal is IMAGE_UNREADABLE.
+_REASON_CODES = {"unsupported_format": Code.IMAGE_FORMAT_UNSUPPORTED, "too_large": Code.IMAGE_TOO_LARGE,
+                 "bad_shape": Code.IMAGE_SHAPE_UNSUPPORTED, "outside": Code.LINK_OUTSIDE_DATASET}
 
 
 def _loose(name: str) -> str:
@@ -62,10 +66,17 @@ def check_image_files(source: Source, refs: dict[str, list[ImageRef]], files: di
         for n, ((split_file, ref), result) in enumerate(zip(present, pool.map(probe, present), strict=True), 1):
             path = f"images[{ref.index}]"
             if result.error is not None:
-                log.add(Code.IMAGE_UNREADABLE, f"{images_prefix}{ref.file_name}: {result.error}", split_file, path)
+                code = _REASON_CODES.get(result.reason or "", Code.IMAGE_UNREADABLE)
+                # the probe's message names the file already
+                prefix = "cannot decode: " if result.reason == "corrupt" else ""
+                log.add(code, f"{prefix}{result.error}", split_file, path)
                 continue
             probed += 1
             decoded += result.decoded
+            problem = extension_problem(ref.file_name, result.format or "")
+            if problem:
+                log.add(Code.IMAGE_EXTENSION_MISMATCH, f"{images_prefix}{ref.file_name} {problem}", split_file,
+                        f"{path}.file_name")
             if result.size != (ref.width, ref.height):
                 rotated = "" if result.size == result.stored_size else " after its EXIF orientation is applied"
                 real = result.size or (0, 0)

@@ -2,9 +2,16 @@
 
 Both list every file once up front (S3: one paginated ListObjectsV2 walk, never one request per
 image), hand large JSON files to the checks as a memory map, and probe image files. A probed
-image is decoded (JPEGs in draft mode, so the whole entropy-coded stream is read at an eighth of
-the cost): locally every image, in S3 the sampled ones, each with one GET (images larger than
-FULL_DECODE_BYTES, or of more than FULL_DECODE_PIXELS after draft scaling, get only their size read).
+image is judged by d2ops.images (the one rule: JPEG/MPO or PNG by content, at most MAX_PIXELS,
+EXIF orientation applied) from its header first, so nothing over the limit is ever decoded; then
+it is decoded (JPEGs in draft mode, so the whole entropy-coded stream is read at an eighth of the
+cost; PNG chunk checksums verified too): locally every image, in S3 the sampled ones, each with
+one GET (files larger than FULL_DECODE_BYTES get only their header read). Decoding draws on a
+process-wide memory budget (DECODE_BUDGET), so eight probing threads never hold more than
+DECODE_BUDGET_BYTES of pixels whatever the images are.
+
+A local dataset is a directory: links inside it are followed, links that lead out of it are
+not (LINK_OUTSIDE_DATASET): a dataset must not make the validator read other files.
 """
 
 from __future__ import annotations
@@ -15,25 +22,49 @@ import mmap
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from PIL import Image, UnidentifiedImageError
-
+from d2ops import images as rule
 from d2ops.validation.errors import DatasetUnreadable, SourceFileError
 
 # S3 images up to this size are downloaded whole and decoded; of larger ones this much is read, which
 # holds the header. Bounds a Lambda's memory: 8 probing threads hold at most 8 of these at once.
 FULL_DECODE_BYTES = 16 * 1024 * 1024
-# Images that would still decode to more pixels than this (after JPEG draft scaling) get their size
-# checked but are not decoded: a 90-megapixel PNG needs 270 MB per probing thread.
-FULL_DECODE_PIXELS = 25_000_000
-_SWAPPING_ORIENTATIONS = {5, 6, 7, 8}  # EXIF orientations that rotate by 90 degrees
-# Errors Pillow raises on corrupt data (truncated streams, bad headers, decompression bombs).
-_IMAGE_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+# Pixels being decoded at once, over all probing threads: one image at the rule's limit (36 MP at
+# 4 bytes a pixel, 144 MB) fits twice. An image larger than the budget waits until it can run alone.
+DECODE_BUDGET_BYTES = 320 * 1024 * 1024
+
+
+class DecodeBudget:
+    """A counting limit on the bytes of decoded pixels alive at once (threads wait for room)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.peak = 0
+        self._cond = threading.Condition()
+
+    @contextmanager
+    def reserve(self, nbytes: int) -> Iterator[None]:
+        nbytes = min(max(0, nbytes), self.limit)
+        with self._cond:
+            self._cond.wait_for(lambda: self.used + nbytes <= self.limit)
+            self.used += nbytes
+            self.peak = max(self.peak, self.used)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.used -= nbytes
+                self._cond.notify_all()
+
+
+DECODE_BUDGET = DecodeBudget(DECODE_BUDGET_BYTES)
 
 
 @dataclass(frozen=True)
@@ -41,7 +72,10 @@ class ImageProbe:
     size: tuple[int, int] | None = None  # (width, height) as a loader that applies EXIF orientation sees it
     stored_size: tuple[int, int] | None = None  # (width, height) in the file
     error: str | None = None
+    reason: str | None = None  # d2ops.images.ImageRejected.reason when the rule refused the file
+    format: str | None = None  # Pillow's format name (JPEG, MPO, PNG)
     decoded: bool = False
+    orientation_known: bool = field(default=True, compare=False)  # False: a PNG whose EXIF was not reached
 
 
 class Source(Protocol):
@@ -59,26 +93,48 @@ class Source(Protocol):
 
     def probe_image(self, rel: str) -> ImageProbe: ...
 
+    def links_outside(self) -> dict[str, str]:
+        """Links the listing refused because they lead out of the dataset: relative path -> link target."""
+        ...
 
-def _probe(fp: Any, *, decode: bool) -> ImageProbe:
-    """Read an image's size (as seen after its EXIF orientation) and, with ``decode``, decode it all.
 
-    Raises one of _IMAGE_ERRORS when the file is not an image or is corrupt.
+def _probe(fp: Any, where: str, *, decode: bool, budget: DecodeBudget | None = None) -> ImageProbe:
+    """Judge an image by the rule: header first (format, size), then, with ``decode``, every byte of it.
+
+    Never raises for the file's content: a refusal is an ImageProbe with ``error`` and ``reason``.
     """
-    with Image.open(fp) as im:
-        stored = im.size
-        try:
-            orientation = im.getexif().get(0x0112)
-        except _IMAGE_ERRORS:
-            orientation = None
-        seen = (stored[1], stored[0]) if orientation in _SWAPPING_ORIENTATIONS else stored
+    budget = budget or DECODE_BUDGET
+    try:
+        image = rule.open_image(fp, where)  # header only: format, size limit, shape
+    except rule.ImageRejected as exc:
+        return ImageProbe(error=exc.message, reason=exc.reason)
+    try:
+        stored, fmt = image.size, image.format
+        if decode and fmt == "PNG":
+            rule.verify_png(fp, where)  # chunk checksums: Pillow decodes some damage without a word
         if decode:
             # Draft mode decodes JPEGs at 1/8 scale: every byte is still parsed, so truncation shows.
-            im.draft(im.mode, (max(1, stored[0] // 8), max(1, stored[1] // 8)))
-            decode = im.size[0] * im.size[1] <= FULL_DECODE_PIXELS
-            if decode:
-                im.load()
-    return ImageProbe(size=seen, stored_size=stored, decoded=decode)
+            image.draft(image.mode, (max(1, stored[0] // 8), max(1, stored[1] // 8)))
+        need = image.size[0] * image.size[1] * rule.DECODED_BYTES_PER_PIXEL if decode else 0
+        with budget.reserve(need):
+            try:
+                if decode:
+                    image.load()
+                # A PNG may keep its EXIF after the pixels; Pillow decodes the image to reach it, so
+                # an undecoded PNG has an orientation only when its EXIF comes first.
+                known = decode or fmt != "PNG" or "exif" in image.info
+                orientation = rule.orientation(image) if known else 1
+            finally:
+                image.close()  # frees the pixels before the budget is given back
+    except rule.ImageRejected as exc:
+        return ImageProbe(error=exc.message, reason=exc.reason, format=image.format)
+    except Exception as exc:  # Pillow raises many types for damaged data; any of them means "unreadable"
+        return ImageProbe(error=f"{where}: {exc or type(exc).__name__}", reason="corrupt",
+                          format=image.format)
+    finally:
+        image.close()
+    return ImageProbe(size=rule.oriented_size(stored, orientation), stored_size=stored, format=fmt, decoded=decode,
+                      orientation_known=known)
 
 
 @contextmanager
@@ -107,11 +163,34 @@ class LocalSource:
         if not self.root.is_dir():
             raise DatasetUnreadable(f"{self.root} is not a directory")
         self.uri = str(self.root)
+        self._real_root = os.path.realpath(self.root)
+        self._outside: dict[str, str] = {}
+
+    def _within(self, real: str) -> bool:
+        return real == self._real_root or real.startswith(self._real_root.rstrip(os.sep) + os.sep)
+
+    def _inside(self, rel: str) -> str | None:
+        """The real path of ``rel`` when it stays inside the dataset directory, else None."""
+        real = os.path.realpath(self.root / rel)
+        return real if self._within(real) else None
+
+    def _refuse_outside(self, dirpath: str, name: str, rel: str) -> bool:
+        """True (and the link recorded) when ``dirpath/name`` is a link that resolves outside the dataset."""
+        full = os.path.join(dirpath, name)
+        if not os.path.islink(full) or self._within(os.path.realpath(full)):
+            return False
+        try:
+            self._outside[rel] = os.readlink(full)
+        except OSError:
+            self._outside[rel] = "?"
+        return True
 
     def list_files(self) -> dict[str, int]:
         files: dict[str, int] = {}
-        # followlinks: offline datasets often link images/ to where the pictures really live. os.walk
-        # does not notice a link back to an ancestor, which would list the tree again and again
+        self._outside = {}
+        # followlinks: a dataset may link inside itself (images/val -> images/train). A link leading out of
+        # the directory is refused (LINK_OUTSIDE_DATASET): a dataset must not make us read other files.
+        # os.walk does not notice a link back to an ancestor, which would list the tree again and again
         # (exponentially with two such links), so each directory carries the identities above it.
         ancestors: dict[str, frozenset[tuple[int, int]]] = {}
         for dirpath, dirnames, names in os.walk(self.root, followlinks=True):
@@ -127,29 +206,49 @@ class LocalSource:
                 continue
             ancestors[dirpath] = above | {identity}
             rel_dir = Path(dirpath).relative_to(self.root).as_posix()
+
+            def rel_of(name: str, rel_dir: str = rel_dir) -> str:
+                return name if rel_dir == "." else f"{rel_dir}/{name}"
+
+            dirnames[:] = [d for d in dirnames if not self._refuse_outside(dirpath, d, rel_of(d))]
             for name in names:
-                rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+                rel = rel_of(name)
+                if self._refuse_outside(dirpath, name, rel):
+                    continue
                 try:
                     files[rel] = os.stat(os.path.join(dirpath, name)).st_size
                 except OSError:
                     files[rel] = -1  # a dangling link: listed, unreadable
         return files
 
+    def links_outside(self) -> dict[str, str]:
+        return dict(self._outside)
+
+    def _path(self, rel: str) -> str:
+        path = self._inside(rel)
+        if path is None:
+            raise SourceFileError(f"cannot read {rel}: it leads outside the dataset directory")
+        return path
+
     def read_small(self, rel: str, limit: int) -> bytes:
         try:
-            with open(self.root / rel, "rb") as fh:
+            with open(self._path(rel), "rb") as fh:
                 return fh.read(limit + 1)
         except OSError as exc:
             raise SourceFileError(f"cannot read {rel}: {exc.strerror or exc}") from exc
 
     def open_large(self, rel: str) -> Any:
-        return _mapped(self.root / rel, rel)
+        return _mapped(self._path(rel), rel)
 
     def probe_image(self, rel: str) -> ImageProbe:
+        path = self._inside(rel)
+        if path is None:
+            return ImageProbe(error=f"{rel} leads outside the dataset directory", reason="outside")
         try:
-            return _probe(self.root / rel, decode=True)
-        except _IMAGE_ERRORS as exc:
-            return ImageProbe(error=f"cannot decode: {exc}")
+            with open(path, "rb") as fh:
+                return _probe(fh, rel, decode=True)
+        except OSError as exc:
+            return ImageProbe(error=f"cannot read {rel}: {exc.strerror or exc}", reason="unreadable")
 
 
 def _client_error_code(exc: Exception) -> str:
@@ -176,6 +275,9 @@ class S3Source:
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.uri = f"s3://{bucket}/{self.prefix}"
         self.sizes: dict[str, int] = {}  # from the listing, so big files need no extra HEAD
+
+    def links_outside(self) -> dict[str, str]:
+        return {}  # S3 has no links
 
     def list_files(self) -> dict[str, int]:
         files: dict[str, int] = {}
@@ -220,11 +322,8 @@ class S3Source:
                                           Range=f"bytes=0-{FULL_DECODE_BYTES - 1}")
             data = response["Body"].read()
         except Exception as exc:
-            return ImageProbe(error=f"cannot read: {_client_error_code(exc) or exc}")
-        try:
-            return _probe(io.BytesIO(data), decode=_total_size(response, len(data)) <= len(data))
-        except _IMAGE_ERRORS as exc:
-            return ImageProbe(error=f"cannot decode: {exc}")
+            return ImageProbe(error=f"cannot read {rel}: {_client_error_code(exc) or exc}", reason="unreadable")
+        return _probe(io.BytesIO(data), rel, decode=_total_size(response, len(data)) <= len(data))
 
 
 def _total_size(response: dict[str, Any], fallback: int) -> int:
