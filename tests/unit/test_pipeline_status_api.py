@@ -8,10 +8,14 @@ import json
 import os
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import boto3
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from moto import mock_aws
+from pydantic import BaseModel
 
 from d2ops import runs
 from d2ops.asl.interpreter import Execution
@@ -23,6 +27,7 @@ support.function_path("start_pipeline")
 from start_pipeline import handler as start_handler  # noqa: E402
 from status_api import handler as api  # noqa: E402
 from status_api import service  # noqa: E402
+from status_api.models import ModelsResponse, RunDetail, RunList, StartRunResponse  # noqa: E402
 
 OPENAPI_DOC = support.REPO / "docs" / "status-api.openapi.json"
 
@@ -89,9 +94,9 @@ def test_post_runs_is_idempotent_and_a_new_upload_is_a_new_run(aws: dict[str, An
     ({"dataset_uri": "s3://another-bucket/datasets/shapes/v1/"}, 400, "datasets live in"),
     ({"dataset_uri": f"s3://{support.DATA_BUCKET}/datasets/missing/v9/"}, 404, "does not exist"),
     ({"dataset_uri": f"s3://{support.DATA_BUCKET}/datasets/../v1/"}, 400, "relative path"),
-    ({"dataset_uri": "https://example.com/x"}, 422, "dataset_uri"),
-    ({"uri": "s3://x/datasets/a/b/"}, 422, "dataset_uri"),
-    ("{not json", 422, ""),
+    ({"dataset_uri": "https://example.com/x"}, 400, "dataset_uri"),  # 400 as documented, never 422
+    ({"uri": "s3://x/datasets/a/b/"}, 400, "dataset_uri"),
+    ("{not json", 400, "request body"),
 ])
 def test_post_runs_rejects_bad_requests(aws: dict[str, Any], body: Any, status: int, message: str) -> None:
     got, answer = call("POST", "/runs", body=body)
@@ -147,7 +152,7 @@ def test_get_runs_filters_by_dataset_and_paginates(aws: dict[str, Any]) -> None:
                                              ({"status": "DONE"}, "status")])
 def test_get_runs_validates_the_query(aws: dict[str, Any], query: dict[str, str], name: str) -> None:
     status, body = call("GET", "/runs", query)
-    assert status == 422 and name in json.dumps(body)
+    assert status == 400 and name in body["message"] and set(body) == {"statusCode", "message"}
 
 
 @pytest.mark.parametrize("path", ["/runs", "/models"])
@@ -156,11 +161,56 @@ def test_a_foreign_page_token_is_a_400(aws: dict[str, Any], path: str) -> None:
     assert status == 400 and "nextToken is not a page token" in body["message"]
 
 
-def test_get_run_answers_404_and_422(aws: dict[str, Any]) -> None:
+def test_an_unknown_or_impossible_run_id_is_a_404(aws: dict[str, Any]) -> None:
     status, body = call("GET", "/runs/shapes_v1_0000000000000000")
     assert status == 404 and "no run" in body["message"]
-    status, _ = call("GET", "/runs/bad%20id")
-    assert status == 422
+    status, body = call("GET", "/runs/bad%20id")  # cannot be a run id: no such run either
+    assert status == 404 and "no run" in body["message"]
+
+
+@pytest.mark.parametrize("path", ["/runs", "/models"])
+def test_an_over_long_or_garbage_page_token_is_a_400(aws: dict[str, Any], path: str) -> None:
+    for token in ["x" * 1025, "x" * 100_000, "%00", "eyJub3QiOiAiYSB0b2tlbiJ9"]:
+        status, body = call("GET", path, {"nextToken": token})
+        assert status == 400 and "nextToken" in body["message"], (token[:20], body)
+        assert len(body["message"]) <= 500
+
+
+class Throttled:
+    """A boto3 client whose every call is throttled, as S3 (SlowDown, 503) or an API (400 ThrottlingException)."""
+
+    exceptions = boto3.client("stepfunctions", region_name=support.REGION).exceptions  # the modelled classes
+
+    def __init__(self, code: str, http_status: int) -> None:
+        from botocore.exceptions import ClientError
+
+        self.error = ClientError({"Error": {"Code": code, "Message": "Rate exceeded"},
+                                  "ResponseMetadata": {"HTTPStatusCode": http_status}}, "Call")
+
+    def __getattr__(self, name: str) -> Any:
+        def call(**kwargs: Any) -> Any:
+            raise self.error
+        return call
+
+
+@pytest.mark.parametrize(("code", "http_status"), [("SlowDown", 503), ("ThrottlingException", 400),
+                                                   ("TooManyRequestsException", 429)])
+def test_a_throttled_aws_service_is_a_503_with_retry_after(aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+                                                           code: str, http_status: int) -> None:
+    monkeypatch.setattr(api.boto3, "client", lambda *args, **kwargs: Throttled(code, http_status))
+    for path in ["/runs", "/runs/shapes_v1_0000000000000000", "/models"]:
+        event = copy.deepcopy(support.load_event("status_api", "list_runs"))
+        event["rawPath"] = event["requestContext"]["http"]["path"] = path
+        response = api.handler(event, support.FakeLambdaContext())
+        assert response["statusCode"] == 503, (path, response)
+        assert int(response["headers"]["Retry-After"]) > 0
+        assert json.loads(response["body"])["statusCode"] == 503
+
+
+def test_other_aws_errors_stay_server_errors(aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(api.boto3, "client", lambda *args, **kwargs: Throttled("AccessDeniedException", 400))
+    with pytest.raises(Exception, match="AccessDenied"):  # Lambda reports it; API Gateway answers 500
+        call("GET", "/runs")
 
 
 def test_get_run_reads_a_started_run_from_moto(aws: dict[str, Any]) -> None:
@@ -222,6 +272,7 @@ def test_run_detail_of_a_failed_run_shows_where_and_why(aws: dict[str, Any]) -> 
     detail = run_detail("TrainingFailed", aws["sagemaker"])
     assert detail.status == "FAILED" and detail.error == "TrainingFailed"
     assert "CUDA out of memory" in detail.cause and detail.failure["error"] == "TrainingFailed"
+    assert detail.failure["cause"] == detail.cause and "\n" not in detail.cause and "{" not in detail.cause
     train = next(s for s in detail.timeline if s.name == "Train model")
     assert train.status == "failed" and train.error == "States.TaskFailed"
     assert detail.timeline[-1].name == "Training failed"
@@ -281,3 +332,56 @@ def test_the_committed_openapi_document_is_current() -> None:
     assert committed == generated, ("docs/status-api.openapi.json is stale: regenerate it with "
                                     "`PYTHONPATH=functions/status_api .venv/bin/python -m status_api.handler "
                                     "> docs/status-api.openapi.json`")
+
+
+# ---------------------------------------------------------------- property-based: never a 5xx
+
+TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=120)
+QUERY_VALUE = st.one_of(TEXT, st.integers(-10**6, 10**6).map(str), st.sampled_from(["", "0", "101", "RUNNING", "x"]),
+                        st.text(max_size=3000))
+PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def assert_documented(status: int, body: Any, ok_model: type[BaseModel]) -> None:
+    assert status < 500, body
+    if status == 200:
+        ok_model.model_validate(body)
+    else:
+        assert status in (400, 404), body
+        assert set(body) == {"statusCode", "message"} and body["statusCode"] == status, body
+        assert "\n" not in body["message"] and len(body["message"]) <= 500
+
+
+@PROPERTY
+@given(query=st.dictionaries(st.sampled_from(["dataset", "status", "nextToken", "limit", "other"]), QUERY_VALUE,
+                             max_size=4))
+def test_get_runs_never_answers_a_5xx(aws: dict[str, Any], query: dict[str, str]) -> None:
+    status, body = call("GET", "/runs", query)  # API Gateway hands the handler decoded values
+    assert_documented(status, body, RunList)
+
+
+@PROPERTY
+@given(query=st.dictionaries(st.sampled_from(["nextToken", "limit"]), QUERY_VALUE, max_size=2))
+def test_get_models_never_answers_a_5xx(aws: dict[str, Any], query: dict[str, str]) -> None:
+    status, body = call("GET", "/models", query)
+    assert_documented(status, body, ModelsResponse)
+
+
+@PROPERTY
+@given(run_id=st.one_of(TEXT.filter(lambda t: "/" not in t), st.from_regex(r"[A-Za-z0-9_-]{1,80}", fullmatch=True),
+                        st.text(alphabet="ab_-", min_size=79, max_size=200)))
+def test_get_run_never_answers_a_5xx(aws: dict[str, Any], run_id: str) -> None:
+    status, body = call("GET", f"/runs/{quote(run_id, safe='')}")
+    assert status in (404, 400) or status == 200, body  # nothing was started: unknown ids are 404s
+    assert_documented(status, body, RunDetail)
+
+
+@PROPERTY
+@given(body=st.one_of(TEXT, st.dictionaries(st.sampled_from(["dataset_uri", "uri"]), TEXT, max_size=2),
+                      st.builds(lambda rest: {"dataset_uri": f"s3://{support.DATA_BUCKET}/datasets/{rest}"}, TEXT)))
+def test_post_runs_never_answers_a_5xx(aws: dict[str, Any], body: Any) -> None:
+    status, answer = call("POST", "/runs", body=body)
+    if status in (200, 202):
+        StartRunResponse.model_validate(answer)
+    else:
+        assert_documented(status, answer, StartRunResponse)

@@ -6,18 +6,23 @@
 
 # No `from __future__ import annotations`: Powertools reads the route signatures at runtime
 # to validate requests and to generate the OpenAPI document.
+import json
 import os
 from typing import Annotated, Any
 
 import boto3
 from aws_lambda_powertools import Logger, Tracer
-from aws_lambda_powertools.event_handler import APIGatewayHttpResolver
+from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
 from aws_lambda_powertools.event_handler.exceptions import BadRequestError, NotFoundError
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Path, Query
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
+from botocore.exceptions import ClientError, ReadTimeoutError
+from botocore.exceptions import ConnectionError as AwsConnectionError
 
+from d2ops.failures import one_line
 from status_api import service
 from status_api.models import (
     RUN_ID_PATTERN,
@@ -42,14 +47,52 @@ def error(description: str) -> OpenAPIResponse:
     return {"description": description, "content": {"application/json": {"model": ErrorResponse}}}
 
 
+BUSY = error("an AWS service behind the API is throttling or unreachable; retry after Retry-After seconds")
+# Page tokens of Step Functions and SageMaker are at most 1024 characters; a longer one is no token.
+MAX_PAGE_TOKEN = 1024
+
+
+def _problem(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return Response(status_code=status, content_type=content_types.APPLICATION_JSON,
+                    body=json.dumps({"statusCode": status, "message": message}), headers=headers)
+
+
+@app.exception_handler(RequestValidationError)
+def bad_request(exc: RequestValidationError) -> Response:
+    """Malformed requests are 400s with one message naming the parameter (Powertools' default is a 422).
+
+    A path that cannot be a run id names no run: 404, like a well-formed id that does not exist.
+    """
+    problems = exc.errors()
+    if problems and all(e["loc"][:1] == ("path",) for e in problems):
+        return _problem(404, "no run with this id (run ids are 1-80 letters, digits, '-' or '_')")
+    first = problems[0] if problems else {"loc": (), "msg": "invalid request"}
+    where = {"query": "query parameter", "path": "path parameter", "body": "request body"}.get(
+        str(first["loc"][0]) if first["loc"] else "", "request")
+    name = ".".join(str(p) for p in first["loc"][1:])
+    return _problem(400, one_line(f"{where} {name!r}: {first['msg']}" if name else f"{where}: {first['msg']}"))
+
+
+@app.exception_handler([ClientError, AwsConnectionError, ReadTimeoutError])
+def busy(exc: Exception) -> Response:
+    """Throttled or unreachable AWS APIs are a 503 with Retry-After, not a 500; other AWS errors stay 5xx."""
+    if isinstance(exc, ClientError) and not service.is_throttling(exc):
+        raise exc
+    logger.warning("AWS service busy", extra={"error": str(exc)})
+    return _problem(503, "the pipeline's AWS services are busy or unreachable; retry later",
+                    headers={"Retry-After": str(service.RETRY_AFTER_SECONDS)})
+
+
 @app.get("/runs", summary="List pipeline runs, newest first",
          responses={200: {"description": "one page of runs", "content": {"application/json": {"model": RunList}}},
-                    400: error("nextToken is not a token of this listing")})
+                    400: error("a query parameter is invalid, or nextToken is not a token of this listing"),
+                    503: BUSY})
 @tracer.capture_method
 def list_runs(
     dataset: Annotated[str | None, Query(description="only runs of this dataset name")] = None,
     status: Annotated[RunStatus | None, Query(description="only runs in this status")] = None,
-    next_token: Annotated[str | None, Query(alias="nextToken", description="from the previous page")] = None,
+    next_token: Annotated[str | None, Query(alias="nextToken", description="from the previous page",
+                                            min_length=1, max_length=MAX_PAGE_TOKEN)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 25,
 ) -> RunList:
     try:
@@ -61,7 +104,7 @@ def list_runs(
 
 @app.get("/runs/<runId>", summary="One run: status, timeline, validation, training, evaluation, gate, endpoint",
          responses={200: {"description": "the run", "content": {"application/json": {"model": RunDetail}}},
-                    404: error("no run with this id")})
+                    404: error("no run with this id"), 503: BUSY})
 @tracer.capture_method
 def get_run(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> RunDetail:  # the route spells it runId
     try:
@@ -76,8 +119,8 @@ def get_run(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> RunDetail:  
                            "content": {"application/json": {"model": StartRunResponse}}},
                      200: {"description": "this upload's run had been started already",
                            "content": {"application/json": {"model": StartRunResponse}}},
-                     400: error("not a dataset version of the data bucket"),
-                     404: error("the dataset version has no manifest.json")})
+                     400: error("the body is not {\"dataset_uri\": ...}, or not a dataset version of the data bucket"),
+                     404: error("the dataset version has no manifest.json"), 503: BUSY})
 @tracer.capture_method
 def start_run(request: StartRunRequest) -> tuple[StartRunResponse, int]:
     try:
@@ -95,10 +138,11 @@ def start_run(request: StartRunRequest) -> tuple[StartRunResponse, int]:
 @app.get("/models", summary="Model Registry versions and the current champion",
          responses={200: {"description": "one page of model versions and the champion",
                           "content": {"application/json": {"model": ModelsResponse}}},
-                    400: error("nextToken is not a token of this listing")})
+                    400: error("a query parameter is invalid, or nextToken is not a token of this listing"),
+                    503: BUSY})
 @tracer.capture_method
 def list_models(
-    next_token: Annotated[str | None, Query(alias="nextToken")] = None,
+    next_token: Annotated[str | None, Query(alias="nextToken", min_length=1, max_length=MAX_PAGE_TOKEN)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 25,
 ) -> ModelsResponse:
     try:
@@ -110,9 +154,19 @@ def list_models(
 
 
 def openapi_document() -> str:
-    return app.get_openapi_json_schema(title=OPENAPI_TITLE, version=OPENAPI_VERSION,
-                                       description="Follow d2ops pipeline runs and models. Requests are "
-                                                   "signed with AWS SigV4 (IAM authorization).")
+    document = json.loads(app.get_openapi_json_schema(
+        title=OPENAPI_TITLE, version=OPENAPI_VERSION,
+        description="Follow d2ops pipeline runs and models. Requests are signed with AWS SigV4 (IAM authorization). "
+                    "Client errors are 400 (or 404), never 422; a throttled AWS service is a 503 with Retry-After."))
+    # Powertools documents its own 422 for validation errors; bad_request answers those as 400/404.
+    for operation in (op for item in document["paths"].values() for op in item.values()):
+        operation["responses"].pop("422", None)
+        if "503" in operation["responses"]:
+            operation["responses"]["503"]["headers"] = {
+                "Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}
+    for unused in ("HTTPValidationError", "ValidationError"):
+        document.get("components", {}).get("schemas", {}).pop(unused, None)
+    return json.dumps(document, indent=2)
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)

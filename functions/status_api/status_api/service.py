@@ -6,8 +6,11 @@ import json
 from datetime import datetime
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from d2ops import runs
 from d2ops.champion import read_champion
+from d2ops.failures import reason
 from status_api.models import (
     EndpointInfo,
     ModelsResponse,
@@ -22,6 +25,18 @@ from status_api.models import (
 
 MAX_HISTORY_PAGES = 10  # 10 000 events: far more than one run writes
 MAX_LIST_PAGES = 10  # pages scanned per GET /runs when filtering by dataset
+RETRY_AFTER_SECONDS = 5
+# Error codes AWS services use for "slow down" (S3 answers SlowDown with HTTP 503).
+THROTTLING_CODES = frozenset({"Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled",
+                              "RequestThrottledException", "TooManyRequestsException", "SlowDown",
+                              "RequestLimitExceeded", "ProvisionedThroughputExceededException",
+                              "ServiceUnavailable", "ServiceUnavailableException"})
+
+
+def is_throttling(exc: ClientError) -> bool:
+    error = exc.response.get("Error", {})
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return error.get("Code") in THROTTLING_CODES or status in (429, 503)
 
 
 class RunNotFound(Exception):
@@ -67,6 +82,11 @@ def list_runs(sfn: Any, state_machine_arn: str, *, dataset: str | None, status: 
             page = sfn.list_executions(**kwargs)
         except sfn.exceptions.InvalidToken as exc:
             raise BadPageToken(f"nextToken is not a page token of this run listing: {exc}") from exc
+        except ClientError as exc:
+            # A token Step Functions cannot even parse is refused as a validation error.
+            if token and exc.response.get("Error", {}).get("Code") == "ValidationException":
+                raise BadPageToken(f"nextToken is not a page token of this run listing: {exc}") from exc
+            raise
         token = page.get("nextToken")
         found.extend(s for s in map(summarize_execution, page["executions"])
                      if wanted is None or s.dataset_name == wanted)
@@ -187,7 +207,18 @@ def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str) -> Ru
         validation=(doc.get("validation") or {}).get("summary"),
         training=training_info(sagemaker, doc), evaluation=doc.get("evaluation"), gate=doc.get("gate"),
         model_package_arn=(doc.get("registration") or {}).get("model_package_arn"), endpoint=endpoint,
-        failure=doc.get("failure"), error=execution.get("error"), cause=execution.get("cause"))
+        failure=_failure(doc.get("failure")), error=execution.get("error"), cause=_cause(execution.get("cause")))
+
+
+def _cause(cause: Any) -> str | None:
+    """One line, whatever the execution recorded (runs from before Describe failure, timeouts, aborts)."""
+    return reason(cause) if cause else None
+
+
+def _failure(failure: Any) -> dict[str, Any] | None:
+    if not isinstance(failure, dict):
+        return None
+    return {**failure, "cause": _cause(failure.get("cause"))} if "cause" in failure else failure
 
 
 def start_run_for_uri(s3: Any, sfn: Any, state_machine_arn: str, data_bucket: str, uri: str) -> StartRunResponse:
