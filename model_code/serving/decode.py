@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
-import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from PIL import Image, UnidentifiedImageError
 
+from d2ops import images as rule
 from model_code.inference import image_to_tensor
-from model_code.serving.errors import bad_request, too_large, unsupported_media_type
+from model_code.serving.errors import RequestError, bad_request, too_large, unsupported_media_type
+from model_code.serving.json_body import describe, parse_json_body
 from model_code.serving.options import (
     CUSTOM_ATTRIBUTES_HEADER,
     PredictOptions,
@@ -29,12 +28,21 @@ from model_code.serving.options import (
 # SageMaker real-time endpoints take at most 6 MB per request; TorchServe's max_request_size
 # (containers/serving/config.properties) refuses longer bodies before they reach Python.
 MAX_IMAGE_BYTES = 6 * 1024 * 1024
-# A small compressed file can expand to a huge bitmap (a decompression bomb): refuse more than
-# 36 megapixels (6000 x 6000) before decoding the pixels.
-MAX_PIXELS = 36_000_000
-IMAGE_FORMATS = ("JPEG", "PNG")
+# A small compressed file can expand to a huge bitmap (a decompression bomb): d2ops.images
+# refuses more than this many pixels from the header, before decoding.
+MAX_PIXELS = rule.MAX_PIXELS
 RAW_IMAGE_TYPES = frozenset({"image/jpeg", "image/jpg", "image/png", "application/x-image", "application/octet-stream"})
 JSON_TYPES = frozenset({"application/json"})
+# d2ops.images' reasons -> the answer: other formats are 415, too many pixels 413, the rest 400.
+_STATUS: dict[str, Callable[[str, str], RequestError]] = {
+    "empty": lambda code, message: bad_request("empty_body", f"{message}: send a JPEG or PNG image"),
+    "not_an_image": bad_request,
+    "unsupported_format": lambda code, message: RequestError(415, "unsupported_content_type",
+                                                              f"{message}; send a JPEG or PNG"),
+    "too_large": lambda code, message: too_large("image_too_large", message),
+    "bad_shape": lambda code, message: bad_request("extreme_aspect_ratio", message),
+    "corrupt": lambda code, message: bad_request("corrupt_image", message),
+}
 SUPPORTED_TYPES = "image/jpeg, image/png, application/x-image or application/json"
 
 
@@ -66,45 +74,30 @@ def as_bytes(body: Any) -> bytes:
     if isinstance(body, bytes | bytearray | memoryview):
         return bytes(body)
     if isinstance(body, str):
-        return body.encode("utf-8")
-    return json.dumps(body).encode("utf-8")
+        return body.encode("utf-8", "surrogatepass")
+    raise bad_request("invalid_body", f"request body arrived as {type(body).__name__}, not bytes")
 
 
 def decode_image(data: bytes, where: str = "request body") -> torch.Tensor:
-    """JPEG or PNG bytes -> uint8 [3, H, W] RGB, refusing empty, huge, truncated or non-image data."""
-    if not data:
-        raise bad_request("empty_body", f"{where} is empty: send a JPEG or PNG image")
+    """JPEG (MPO included) or PNG bytes -> uint8 [3, H, W] upright RGB, through the one image rule.
+
+    ``d2ops.images`` decides the formats (Pillow tries only its JPEG and PNG openers), the size
+    limits (checked from the header, before decoding) and applies the EXIF orientation exactly
+    as training and evaluation do; its refusals become 4xx here.
+    """
     if len(data) > MAX_IMAGE_BYTES:
         raise too_large("body_too_large", f"{where} is {len(data)} bytes; the limit is {MAX_IMAGE_BYTES} bytes")
     try:
-        image = Image.open(io.BytesIO(data))
-    except Image.DecompressionBombError as exc:
-        raise too_large("image_too_large", f"{where}: {exc}") from exc
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise bad_request("not_an_image", f"{where} ({len(data)} bytes) is not a JPEG or PNG image: "
-                                          "cannot identify an image format") from exc
-    with image:
-        if image.format not in IMAGE_FORMATS:
-            raise unsupported_media_type(f"{where} is a {image.format} image; send a JPEG or PNG")
-        width, height = image.size
-        if width <= 0 or height <= 0:
-            raise bad_request("zero_size_image", f"{where} is a {width}x{height} image; it has no pixels")
-        if width * height > MAX_PIXELS:
-            raise too_large("image_too_large", f"{where} is a {width}x{height} image ({width * height} pixels); "
-                                               f"the limit is {MAX_PIXELS} pixels")
-        try:
-            image.load()
-            return image_to_tensor(image)
-        except (OSError, SyntaxError, ValueError) as exc:
-            # Pillow says "image file is truncated" or names the broken chunk: pass that on.
-            raise bad_request("corrupt_image", f"{where} is a truncated or corrupt {image.format} image "
-                                               f"({width}x{height}): {exc}") from exc
+        return image_to_tensor(rule.load_rgb(data, where))
+    except rule.ImageRejected as exc:
+        raise _STATUS.get(exc.reason, _STATUS["corrupt"])(exc.reason, exc.message) from exc
 
 
 def decode_base64_image(value: Any) -> bytes:
     where = "JSON field 'image'"
     if not isinstance(value, str):
-        raise bad_request("invalid_json", f"{where} must be a base64 string, got {type(value).__name__}")
+        raise bad_request("invalid_json", f"{where} must be a base64 string, got {type(value).__name__} "
+                                          f"{describe(value)}")
     if value.startswith("data:"):
         # data URLs (data:image/png;base64,....) are what browsers produce
         header, _, value = value.partition(",")
@@ -132,21 +125,9 @@ def decode_request(body: Any, content_type: str | None, query: Mapping[str, Any]
         sources.append(("query string", {k: as_bytes(v).decode("utf-8", "replace") for k, v in query.items()}))
 
     if kind in JSON_TYPES:
-        raw = as_bytes(body)
-        if not raw:
-            raise bad_request("empty_body", 'request body is empty: send {"image": "<base64 JPEG or PNG>"}')
-        if len(raw) > 2 * MAX_IMAGE_BYTES:
-            raise too_large("body_too_large", f"JSON body is {len(raw)} bytes; the limit is {2 * MAX_IMAGE_BYTES}")
-        try:
-            document = body if isinstance(body, dict) else json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise bad_request("invalid_json", f"request body is not valid JSON: {exc}") from exc
-        if not isinstance(document, dict):
-            raise bad_request("invalid_json", f'JSON body must be an object like {{"image": "<base64>"}}, '
-                                              f"got {type(document).__name__}")
-        if "image" not in document:
+        fields = parse_json_body(body)
+        if "image" not in fields:
             raise bad_request("invalid_json", "JSON body has no 'image' field (a base64 JPEG or PNG)")
-        fields = dict(document)
         data = decode_base64_image(fields.pop("image"))
         sources.append(("JSON body", fields))
         options = resolve_options(*sources)

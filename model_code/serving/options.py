@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from model_code.serving.errors import bad_request
+from model_code.serving.json_body import describe
 
 CUSTOM_ATTRIBUTES_HEADER = "x-amzn-sagemaker-custom-attributes"
 # TorchServe adds the query string to the request's parameters; /invocations also reads this one
@@ -60,7 +61,7 @@ def resolve_options(*sources: tuple[str, Mapping[str, Any]]) -> PredictOptions:
             if key in ROUTING_PARAMETERS:
                 continue
             if key not in OPTION_NAMES:
-                raise bad_request("invalid_option", f"unknown option {key!r} in the {where}; "
+                raise bad_request("invalid_option", f"unknown option {describe(key)} in the {where}; "
                                                     f"known options: {', '.join(sorted(OPTION_NAMES))}")
             merged[key] = value
             origin[key] = where
@@ -69,5 +70,5 @@ def resolve_options(*sources: tuple[str, Mapping[str, Any]]) -> PredictOptions:
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         key = str(first["loc"][0]) if first["loc"] else "?"
-        raise bad_request("invalid_option", f"option {key}={merged.get(key)!r} in the "
+        raise bad_request("invalid_option", f"option {key}={describe(merged.get(key))} in the "
                                             f"{origin.get(key, 'request')}: {first['msg']}") from exc

@@ -112,6 +112,10 @@ class DetectionService:
                 decoded[i] = self._decode(request)
             except RequestError as exc:
                 responses[i] = error_response(exc, headers)
+            except Exception:  # a decoding bug must not become a 5xx (the rollback alarm) or fail the batch
+                logger.exception("request %d of %d could not be decoded", i + 1, len(requests))
+                responses[i] = error_response(bad_request("undecodable_request", "the request could not be decoded "
+                                                          "as a JPEG/PNG image or JSON document"), headers)
         if decoded:
             started = time.perf_counter()
             for i, result in self._run(decoded).items():

@@ -82,12 +82,12 @@ def test_options_from_query_and_custom_attributes_with_json_body_winning():
     ("body", "content_type", "status", "code", "message"),
     [
         (b"", "image/jpeg", 400, "empty_body", "request body is empty"),
-        (b"hello, world", "image/png", 400, "not_an_image", "is not a JPEG or PNG image"),
-        (png_with_size(0, 10), "image/png", 400, "not_an_image", "is not a JPEG or PNG image"),
+        (b"hello, world", "image/png", 415, "unsupported_content_type", "is not a JPEG or PNG image"),
+        (png_with_size(0, 10), "image/png", 400, "corrupt_image", "its header cannot be read"),
         (jpeg_bytes(400, 300)[: len(jpeg_bytes(400, 300)) * 2 // 3], "image/jpeg", 400, "corrupt_image",
-         "truncated or corrupt JPEG image (400x300)"),
-        (png_bytes(200, 100)[:-300], "image/png", 400, "corrupt_image", "truncated or corrupt PNG image (200x100)"),
-        (png_with_size(7000, 6000), "image/png", 413, "image_too_large", "7000x6000 image (42000000 pixels)"),
+         "truncated or damaged JPEG image (400x300)"),
+        (png_bytes(200, 100)[:-300], "image/png", 400, "corrupt_image", "truncated or damaged PNG image (200x100)"),
+        (png_with_size(7000, 6000), "image/png", 413, "image_too_large", "7000x6000 (42,000,000 pixels)"),
         (b"\xff" * (decode.MAX_IMAGE_BYTES + 1), "application/x-image", 413, "body_too_large", "the limit is"),
         (jpeg_bytes(), "text/plain", 415, "unsupported_content_type", "Content-Type 'text/plain' is not supported"),
         (jpeg_bytes(), "multipart/form-data; boundary=x", 415, "unsupported_content_type", "multipart/form-data"),
@@ -102,12 +102,15 @@ def test_options_from_query_and_custom_attributes_with_json_body_winning():
          "invalid_option", "unknown option 'treshold' in the JSON body"),
         (json.dumps({"image": b64(jpeg_bytes()), "score_threshold": 1.5}).encode(), "application/json", 400,
          "invalid_option", "option score_threshold=1.5 in the JSON body"),
-        (json.dumps({"image": b64(b"GIF89a....")}).encode(), "application/json", 400, "not_an_image",
-         "JSON field 'image' (10 bytes) is not a JPEG or PNG image"),
+        (json.dumps({"image": b64(b"GIF89a....")}).encode(), "application/json", 415, "unsupported_content_type",
+         "JSON field 'image' is not a JPEG or PNG image (it looks like GIF); send a JPEG or PNG"),
+        (json.dumps({"image": b64(b"\x00\x01junk")}).encode(), "application/json", 415, "unsupported_content_type",
+         "JSON field 'image' is not a JPEG or PNG image (it starts with"),
     ],
     ids=["empty", "not-an-image", "zero-width-png", "truncated-jpeg", "truncated-png", "too-many-pixels",
          "too-many-bytes", "text-plain", "multipart", "invalid-json", "json-array", "json-no-image", "json-empty",
-         "image-not-string", "bad-base64", "empty-base64", "unknown-option", "option-out-of-range", "base64-junk"],
+         "image-not-string", "bad-base64", "empty-base64", "unknown-option", "option-out-of-range", "base64-gif",
+         "base64-junk"],
 )
 def test_bad_inputs_are_4xx_with_a_message(body, content_type, status, code, message):
     err = refused(body, content_type)
@@ -120,7 +123,8 @@ def test_gif_is_refused_as_unsupported_format():
     buf = io.BytesIO()
     shapes_image(20, 20).save(buf, format="GIF")
     err = refused(buf.getvalue(), "image/gif")
-    assert (err.status, err.message) == (415, "request body is a GIF image; send a JPEG or PNG")
+    assert (err.status, err.message) == (415, "request body is not a JPEG or PNG image (it looks like GIF); "
+                                              "send a JPEG or PNG")
 
 
 def test_bad_options_in_query_and_header_name_their_source():

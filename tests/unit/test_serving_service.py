@@ -65,14 +65,14 @@ def test_one_batch_mixes_options_and_errors_without_affecting_each_other(service
                                     "score_threshold": 0.999}).encode(), "application/json"),
              RawRequest(jpeg_bytes(), "image/jpeg", {"masks": b"true"})]
     responses = service.handle_batch(batch)
-    assert [r.status for r in responses] == [200, 400, 200, 200, 400]
+    assert [r.status for r in responses] == [200, 415, 200, 200, 400]
     assert all(r.headers[BATCH_SIZE_HEADER] == "5" for r in responses)
     for got, key in zip([responses[0], responses[2], responses[3]], ["loose", "top2", "strict"], strict=True):
         assert [d["class_id"] for d in got.json()["detections"]] == [d["class_id"] for d in alone[key]["detections"]]
         assert [d["score"] for d in got.json()["detections"]] == pytest.approx(
             [d["score"] for d in alone[key]["detections"]], abs=1e-3)
     assert len(alone["top2"]["detections"]) == 2 and alone["strict"]["detections"] == []
-    assert responses[1].json()["error"]["code"] == "not_an_image"
+    assert responses[1].json()["error"]["code"] == "unsupported_content_type"
     assert "detects boxes only" in responses[4].json()["error"]["message"]
 
 
