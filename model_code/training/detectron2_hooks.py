@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from detectron2.engine import DefaultTrainer, HookBase, hooks
+from detectron2.engine import DefaultTrainer, HookBase, defaults, hooks
 from detectron2.utils import comm
 from detectron2.utils.events import CommonMetricPrinter, EventWriter, get_event_storage
 
@@ -125,6 +125,7 @@ class StopOnSigterm(HookBase):
             path = self.checkpoints.save_now(iteration)
             log(f"checkpoint saved: {path} (iteration {iteration + 1})")
         comm.synchronize()  # nobody exits while rank 0 is still writing
+        self.trainer.stopping = True
         raise Interrupted(f"stopped by SIGTERM at iteration {iteration + 1}; the next start resumes from there")
 
 
@@ -135,9 +136,33 @@ class _QuietInterrupt(logging.Filter):
         return not (record.exc_info and isinstance(record.exc_info[1], Interrupted))
 
 
+_create_ddp_model = defaults.create_ddp_model
+
+
+def create_ddp_model(model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
+    """detectron2's, but also for CPU workers (gloo): upstream always passes ``device_ids=[local_rank]``,
+    which DistributedDataParallel rejects for a CPU module."""
+    if not any(p.is_cuda for p in model.parameters()):
+        kwargs.setdefault("device_ids", None)
+    return _create_ddp_model(model, **kwargs)
+
+
+defaults.create_ddp_model = create_ddp_model  # DefaultTrainer.__init__ looks the name up in that module
+
+
 class Trainer(DefaultTrainer):
     log_period = 20
     checkpoints_kept = 2
+    stopping = False
+
+    def after_train(self) -> None:
+        try:
+            super().after_train()
+        except Exception as exc:
+            if not self.stopping:
+                raise
+            # e.g. a timing summary over no timed iterations: it must not turn a clean stop into a failure
+            log(f"after SIGTERM, ignored in the end-of-training hooks: {type(exc).__name__}: {exc}")
 
     @classmethod
     def build_evaluator(cls, cfg: Any, dataset_name: str, output_folder: str | None = None) -> Any:

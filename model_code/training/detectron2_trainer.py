@@ -295,7 +295,7 @@ def describe(job: Detectron2Job, plan: WorldPlan, solver: SolverPlan, memory: fl
     log(f"detectron2 {Path(job.source.location).name} ({job.task}): world {plan.world_size} "
         f"({len(plan.hosts)} hosts x {plan.processes_per_host}) on {where}, global batch {s.ims_per_batch} "
         f"({solver.per_worker}/worker), lr {s.base_lr:g}, max_iter {s.max_iter}, steps {list(s.steps)}, "
-        f"warmup {s.warmup_iters}")
+        f"warmup {min(s.warmup_iters, s.max_iter)}")
     for note in solver.notes:
         log(f"batch rule: {note}")
     weights = dict(zip(job.options[0::2], job.options[1::2], strict=False)).get("MODEL.WEIGHTS") or ""
