@@ -6,6 +6,7 @@ both have them (docs/training.md).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import signal
@@ -254,6 +255,8 @@ def train_worker(local_rank: int, ctx: RunContext) -> None:
             ddp.train()
         if world > 1 and schedule.eval_period and iteration % schedule.eval_period == 0:
             dist.barrier()
+    # Every rank prints what it ended with: DDP keeps replicas identical, and the tests hold it to that.
+    log(f"rank {rank} final weights sha256 {weights_digest(model)}")
     if rank == 0:
         log(f"training done: {schedule.max_iter - start_iter} iterations in {time.monotonic() - started:.1f} s")
         if iteration > start_iter and iteration % schedule.checkpoint_period:
@@ -265,6 +268,14 @@ def train_worker(local_rank: int, ctx: RunContext) -> None:
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
+
+
+def weights_digest(model: nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _interim_evaluation(ctx: RunContext, model: nn.Module, iteration: int) -> None:
