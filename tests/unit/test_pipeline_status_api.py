@@ -339,7 +339,7 @@ def test_the_committed_openapi_document_is_current() -> None:
 TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=120)
 QUERY_VALUE = st.one_of(TEXT, st.integers(-10**6, 10**6).map(str), st.sampled_from(["", "0", "101", "RUNNING", "x"]),
                         st.text(max_size=3000))
-PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def assert_documented(status: int, body: Any, ok_model: type[BaseModel]) -> None:
