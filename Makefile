@@ -50,7 +50,7 @@ $(D2_STAMP): $(STAMP) containers/training/Dockerfile $(wildcard $(D2OPS_WHEELS)/
 	  MAX_JOBS=$${MAX_JOBS:-2} $(BIN)/python -m pip install --quiet --no-build-isolation \
 	    "detectron2 @ git+https://github.com/facebookresearch/detectron2.git@$(DETECTRON2_COMMIT)" || exit 1; \
 	else \
-	  echo "detectron2: not installed (no wheel in $(D2OPS_WHEELS) or D2OPS_WHEELS, no access to GitHub); the torchvision trainer remains"; \
+	  echo "detectron2: not installed (no detectron2 wheel in $(D2OPS_WHEELS), which D2OPS_WHEELS can point elsewhere, and GitHub is unreachable); the torchvision trainer remains"; \
 	fi
 	$(BIN)/python -m pip check
 	touch $@
