@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from d2ops import synth
+from d2ops.cpu_profile import CALIBRATION_DATA, TORCHVISION_CPU_PROFILE
 from d2ops.local_jobs import JobResult, ProcessingJobSpec, TrainingJobSpec, run_processing_job, run_training_job
 from model_code.artifact import load_artifact
 from model_code.inference import image_to_tensor, predict
-from model_code.training.cpu_profile import CALIBRATION_DATA, TORCHVISION_CPU_PROFILE
 
 # On an idle 2-core machine the calibrated run takes a few minutes; shared with other heavy work
 # (load average 8-13) the same run took over 20, hence the generous limit.

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from d2ops import template as sam
+from d2ops.cpu_profile import torchvision_cpu_profile
 
 REGION = "us-east-1"
 ACCOUNT_ID = "123456789012"
@@ -37,14 +38,12 @@ OFFLINE_FUNCTION_ENV: dict[str, dict[str, str]] = {
                                 "ENDPOINT_MAX_WAIT_ATTEMPTS": "150"},
 }
 
-# Training hyperparameters for CPU runs on small images (the synthetic demo data, the tests):
-# detector input at the data's resolution and fewer proposals, as calibrated in FIELD-NOTES
-# (Faster R-CNN resnet18-FPN, 128 px, 150 iterations: AP50 about 0.97 in about 3 minutes).
-# The pipeline's own hyperparameters (the manifest's `training` keys) always win over these.
+# Training hyperparameters for CPU runs on small images (the synthetic demo data, the tests): the
+# torchvision CPU profile (d2ops/cpu_profile.py, calibrated in docs/training.md) at the
+# data's resolution, less the choices that belong to the run (model, iterations). The pipeline's own
+# hyperparameters (the manifest's `training` keys) always win over these.
 def cpu_training_profile(image_size: int) -> dict[str, str]:
-    return {"min_size": str(image_size), "max_size": str(image_size), "rpn_pre_nms_train": "600",
-            "rpn_post_nms_train": "300", "rpn_pre_nms_test": "300", "rpn_post_nms_test": "100",
-            "roi_batch_size_per_image": "128", "warmup_iters": "50", "num_workers": "0", "log_period": "10"}
+    return {k: v for k, v in torchvision_cpu_profile(image_size).items() if k not in ("model", "max_iter")}
 
 
 # What Lambda itself puts in every function's environment (the parts handlers may read).

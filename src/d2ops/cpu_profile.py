@@ -5,7 +5,8 @@ a laptop, the benchmarks): Faster R-CNN resnet18-FPN at the data's small resolut
 batch, reduced proposal and RoI counts. The learning rate sits at a fraction of the largest one
 that still converges on the calibration data; the measurements are in docs/training.md
 ("Calibration"), and ``make bench-calibrate`` repeats them. Values are strings, as SageMaker
-passes hyperparameters. Standard library only: the offline tooling imports it too.
+passes hyperparameters. Standard library only: the d2ops core, which the training image and the
+offline tooling share.
 """
 
 from __future__ import annotations
