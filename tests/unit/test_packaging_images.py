@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
+import sys
+from pathlib import Path
 
+import pytest
+
+from d2ops.container_entry import dockerfile_for, parse_entry
 from d2ops.template import REPO_ROOT, load_template
 
 
@@ -48,3 +54,22 @@ def test_default_tag_is_the_commit() -> None:
     tags = set(re.findall(r"d2ops-training:(\S+?)\"", out))
     assert len(tags) == 1
     assert re.fullmatch(re.escape(head) + r"(-dirty\d{14})?", tags.pop())
+
+
+def test_dockerfiles_are_hadolint_clean() -> None:
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
+    if not Path(hadolint).is_file():
+        pytest.skip("hadolint is not installed (make setup installs it into .venv)")
+    dockerfiles = [str(REPO_ROOT / "containers" / name / "Dockerfile") for name in ("training", "serving")]
+    proc = subprocess.run([hadolint, *dockerfiles], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_each_image_installs_the_init_its_entrypoint_names() -> None:
+    for image in ("training", "serving"):
+        dockerfile = dockerfile_for(image)
+        init = parse_entry(dockerfile).entrypoint[0]
+        package = init.rsplit("/", 1)[-1]  # /usr/bin/tini is Debian's and Ubuntu's `tini` package
+        installs = re.findall(r"apt-get install[^\n]*(?:\\\n[^\n]*)*", dockerfile.read_text())
+        assert any(re.search(rf"\b{re.escape(package)}\b", line) for line in installs), \
+            f"{dockerfile}: ENTRYPOINT starts {init} but no apt-get install brings {package}"
