@@ -32,7 +32,7 @@ from d2ops.images import MAX_ASPECT_RATIO, MAX_PIXELS
 from d2ops.validation.codes import Code
 from d2ops.validation.encoding import encoding_problem, line_col, utf8_problem
 from d2ops.validation.manifest import unsafe_relative_path
-from d2ops.validation.report import BoxSizes, ClassStats, IssueLog, SplitStats
+from d2ops.validation.report import BoxSizes, ClassStats, IssueLog, SplitStats, printable
 
 SMALL_AREA, MEDIUM_AREA = 32.0**2, 96.0**2  # COCO's area ranges (APs / APm / APl)
 
@@ -424,7 +424,7 @@ class _SplitChecker:
             if has_id and c.id in cats:
                 self.add(Code.DUPLICATE_CATEGORY_ID, f"category id {c.id} is used more than once", f"{path}.id")
             elif has_id:
-                cats[c.id] = c.name if has_name else f"category {c.id}"
+                cats[c.id] = printable(c.name) if has_name else f"category {c.id}"
                 self.result.category_index[c.id] = i
 
     def annotations(self, annotations: list[Any], sizes: dict[int, tuple[int, int] | None]) -> SplitStats:

@@ -22,7 +22,7 @@ from d2ops.validation.manifest import (
     parse_manifest,
     stack_limit_problems,
 )
-from d2ops.validation.report import DatasetRef, ImageCheck, IssueLog, SplitStats, ValidationReport
+from d2ops.validation.report import DatasetRef, ImageCheck, IssueLog, SplitStats, ValidationReport, printable
 from d2ops.validation.sources import LocalSource, S3Source, Source
 
 DEFAULT_IMAGE_SAMPLE = 200
@@ -49,7 +49,7 @@ def _dataset_ref(manifest: Manifest | None, raw: bytes, expected: tuple[str, str
         doc: Any = json.loads(raw)
         name, version = doc.get("name"), doc.get("version")
         if isinstance(name, str) and isinstance(version, str):
-            return DatasetRef(name=name, version=version)
+            return DatasetRef(name=printable(name)[:200], version=printable(version)[:200])
     except (ValueError, AttributeError, RecursionError):
         pass
     return DatasetRef(name=expected[0], version=expected[1]) if expected else DatasetRef()

@@ -31,6 +31,11 @@ def unsafe_relative_path(value: str) -> str | None:
         return "contains a backslash (use /)"
     if "\x00" in value:
         return "contains a NUL character"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "is not valid Unicode (it has a lone surrogate escape such as \\ud800)"
     if value.startswith("/") or re.match(r"^[A-Za-z]:", value):
         return "is absolute"
     segments = value.split("/")

@@ -15,6 +15,20 @@ REPORT_VERSION = 1
 MAX_ISSUES_PER_CODE = 100
 
 
+def printable(text: str) -> str:
+    """``text`` encodable as UTF-8: a lone surrogate (JSON allows the escape "\\ud800") becomes its escape.
+
+    A document can put one in any string; without this the report could not be written.
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 class Issue(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -42,7 +56,8 @@ class IssueLog:
     def add(self, code: Code, message: str, file: str | None = None, path: str | None = None) -> None:
         self.counts[code] += 1
         if self.counts[code] <= self.cap:
-            self.kept.append(Issue(code=code, severity=severity(code), message=message, file=file, path=path))
+            self.kept.append(Issue(code=code, severity=severity(code), message=printable(message),
+                                   file=printable(file) if file else file, path=printable(path) if path else path))
 
     @property
     def error_count(self) -> int:
