@@ -18,6 +18,7 @@ from faster_coco_eval import COCO, COCOeval_faster
 from faster_coco_eval.core import mask as mask_utils
 from PIL import Image
 
+from d2ops import images as rule
 from model_code.artifact import LoadedDetector
 from model_code.dataset_version import DatasetError
 from model_code.inference import Detections, image_to_tensor, predict
@@ -75,11 +76,11 @@ def iterate_images(coco: dict[str, Any], images_dir: Path) -> Iterator[tuple[dic
     for info in coco["images"]:
         path = images_dir / info["file_name"]
         try:
-            with Image.open(path) as image:
-                image.load()
-                yield info, image.convert("RGB")
-        except (OSError, ValueError) as exc:
+            # The one image rule: same formats, limits and EXIF orientation as training and serving.
+            image = rule.load_rgb(path, str(path))
+        except (rule.ImageRejected, OSError) as exc:
             raise DatasetError(f"{path}: unreadable image (image id {info['id']}): {exc}") from exc
+        yield info, image
 
 
 def predict_split(detector: LoadedDetector, coco: dict[str, Any], images_dir: Path, *, batch_size: int = 4,

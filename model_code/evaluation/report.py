@@ -12,6 +12,7 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
+from d2ops import images as rule
 from model_code.evaluation.coco import Evaluation
 
 SAMPLE_SCORE_THRESHOLD = 0.5
@@ -93,7 +94,7 @@ def write_report(directory: Path, evaluations: dict[str, Evaluation], gt: dict[s
     for info in gt["images"][:sample_images]:
         image_id = int(info["id"])
         cells = []
-        with Image.open(images_dir / info["file_name"]) as image:
+        with rule.load_rgb(images_dir / info["file_name"], str(info["file_name"])) as image:  # upright, as evaluated
             for who, ev in evaluations.items():
                 preds = [r for r in ev.results if r["image_id"] == image_id]
                 name = f"{who}_{image_id}.png"

@@ -12,6 +12,7 @@ import torch
 from PIL import Image, ImageDraw
 from torch.utils.data import Dataset, Sampler
 
+from d2ops import images as rule
 from model_code.dataset_version import Categories, DatasetError
 
 
@@ -75,9 +76,10 @@ class CocoDetectionSet(Dataset[tuple[torch.Tensor, dict[str, torch.Tensor]]]):  
         info = self.images[index]
         path = self.images_dir / info["file_name"]
         try:
-            with Image.open(path) as img:
-                image = img.convert("RGB")
-        except (OSError, ValueError) as exc:
+            # The one image rule (d2ops.images): upright by EXIF orientation, as the validator measured it
+            # against the annotations and as evaluation and the endpoint read it.
+            image = rule.load_rgb(path, str(path))
+        except (rule.ImageRejected, OSError) as exc:
             raise DatasetError(f"{path}: unreadable image (image id {info['id']}): {exc}") from exc
         width, height = image.size
         anns = self.annotations[index]
