@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,40 @@ def test_train_local_with_relative_paths_runs_the_declared_entry_and_reports_the
     assert "input/data/train/annotations/train.json: missing" in summary["failure_reason"]
     failure = tmp_path / "srv" / "out" / "hosts" / "algo-1" / "output" / "failure"
     assert failure.read_text().strip() == summary["failure_reason"].removeprefix("algo-1: ")
+
+
+def test_sigterm_reaches_the_job_through_the_namespace_wrapper(tmp_path: Path) -> None:
+    """StopTrainingJob / spot: the runner's SIGTERM must reach the job itself, not a wrapper shell."""
+    data = tmp_path / "data"
+    data.mkdir()
+    script = ("import signal, sys, time\n"
+              "def stop(*_):\n    print('got SIGTERM', flush=True)\n    sys.exit(143)\n"
+              "signal.signal(signal.SIGTERM, stop)\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    spec = local_jobs.TrainingJobSpec(job_name="stop", channels={"train": data}, work_dir=tmp_path / "w",
+                                      output_dir=tmp_path / "o", cpus_per_host=1,
+                                      command=(sys.executable, "-c", script))
+    stop = threading.Event()
+    lines: list[str] = []
+
+    def log(line: str) -> None:
+        lines.append(line)
+        if line.endswith("] ready"):
+            stop.set()
+
+    result = local_jobs.run_training_job(spec, stop=stop, log=log)
+    assert result.status == "Stopped" and result.exit_codes == {"algo-1": 143}, lines
+    assert "[algo-1] got SIGTERM" in lines
+
+
+def test_namespace_host_environment_points_at_opt_ml(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    spec = local_jobs.TrainingJobSpec(job_name="j", channels={"train": data}, work_dir=tmp_path / "w",
+                                      output_dir=tmp_path / "o")
+    root, env = local_jobs.prepare_training_host(spec, "algo-1", 1, local_jobs.MlMount(True, ""))
+    assert "D2OPS_ML_ROOT" not in env  # the job uses the default, /opt/ml, like in SageMaker
+    assert env["SM_MODEL_DIR"] == "/opt/ml/model" and env["SM_CHANNEL_TRAIN"] == "/opt/ml/input/data/train"
+    assert env["SM_OUTPUT_DATA_DIR"] == "/opt/ml/output/data"
+    assert (root / "input" / "data" / "train").resolve() == data.resolve()
+    wrapped = local_jobs.MlMount(True, "").wrap(root, ("/bin/true",))
+    assert wrapped[:2] == ("unshare", "--mount") and wrapped[-2:] == (str(root), "/bin/true")
