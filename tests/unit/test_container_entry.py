@@ -101,10 +101,12 @@ def test_local_command_maps_image_paths_and_refuses_unknown_ones() -> None:
         local_command(["/usr/bin/tini", "--"])
 
 
-def test_train_script_refuses_other_words() -> None:
+def test_train_script_refuses_other_words_with_a_failure_reason(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "D2OPS_ML_ROOT": str(tmp_path)}
     proc = subprocess.run(["sh", str(REPO_ROOT / "containers" / "training" / "train"), "serve"],
-                          capture_output=True, text=True, timeout=30)
+                          capture_output=True, text=True, timeout=30, env=env)
     assert proc.returncode == 2 and "docker run IMAGE train" in proc.stderr
+    assert "got: serve" in (tmp_path / "output" / "failure").read_text()
 
 
 def _probe_job(tmp_path: Path, hosts: int, environment: dict[str, str]) -> tuple[local_jobs.JobResult, list[str]]:
