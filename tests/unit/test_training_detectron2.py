@@ -255,3 +255,62 @@ def test_solver_options_hand_detectron2_the_final_schedule() -> None:
 
 # The exported signature (resize, channel order, boxes and masks back to the image) is d2-export's:
 # tests/unit/test_detectron2_export.py and tests/integration/test_detectron2_serving.py.
+
+
+@pytest.fixture(scope="module")
+def d2_hooks():  # type: ignore[no-untyped-def]
+    pytest.importorskip("detectron2", reason="detectron2 is not installed: `make setup` with ../shared/wheels")
+    from model_code.training import detectron2_hooks
+
+    return detectron2_hooks
+
+
+def test_metric_writer_is_an_event_writer_and_prints_metric_lines(d2_hooks, capsys: pytest.CaptureFixture) -> None:
+    from detectron2.engine import hooks
+    from detectron2.utils.events import EventStorage
+
+    from d2ops import metrics
+
+    writer = d2_hooks.MetricLineWriter()
+    hooks.PeriodicWriter([writer], period=1)  # asserts every writer is an EventWriter
+    with EventStorage(start_iter=9) as storage:
+        storage.put_scalars(total_loss=0.75, lr=0.02, time=1.5)
+        storage.put_scalar("bbox/AP50", 81.5, smoothing_hint=False)
+        storage.put_scalar("bbox/APl", float("nan"), smoothing_hint=False)  # COCO's undefined AP: left out
+        writer.write()
+        writer.write()  # the same iteration is not printed twice
+    parsed = [metrics.parse_metric_line(line) for line in capsys.readouterr().out.splitlines()]
+    assert parsed == [("train:loss", 0.75, 10), ("train:lr", 0.02, 10), ("train:iter_seconds", 1.5, 10),
+                      ("val:bbox_AP50", 0.815, 10)]
+
+
+def test_checkpointer_keeps_the_newest_across_restarts(d2_hooks, tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from detectron2.checkpoint import DetectionCheckpointer
+    from torch import nn
+
+    for old in (9, 19, 29):  # left by an earlier attempt of the job
+        (tmp_path / f"model_{old:07d}.pth").write_bytes(b"old")
+    hook = d2_hooks.NewestCheckpoints(DetectionCheckpointer(nn.Linear(2, 2), str(tmp_path)), 10, max_to_keep=2)
+    hook.trainer = SimpleNamespace(max_iter=100)
+    hook.before_train()
+    assert sorted(p.name for p in tmp_path.glob("model_*")) == ["model_0000019.pth", "model_0000029.pth"]
+    hook.step(39)  # the periodic save
+    hook.save_now(44)  # SIGTERM
+    assert sorted(p.name for p in tmp_path.glob("model_*")) == ["model_0000039.pth", "model_0000044.pth"]
+    assert (tmp_path / "last_checkpoint").read_text() == "model_0000044.pth"
+
+
+def test_worker_failures_map_to_the_entry_points_exceptions(d2_hooks) -> None:
+    from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
+
+    from model_code.training.torchvision_trainer import Interrupted, TrainingError
+
+    stopped = d2_hooks.worker_failure(ProcessExitedException("exited", 0, 123, 143))
+    assert isinstance(stopped, Interrupted)
+    failed = d2_hooks.worker_failure(ProcessRaisedException(
+        "Traceback (most recent call last):\n  File x\nFloatingPointError: Loss became infinite or NaN\n", 1, 124))
+    assert isinstance(failed, TrainingError) and str(failed).endswith("FloatingPointError: Loss became infinite or NaN")
+    other = ValueError("x")
+    assert d2_hooks.worker_failure(other) is other
