@@ -141,5 +141,34 @@ def test_a_dataset_without_images_cannot_be_smoke_tested(monkeypatch: pytest.Mon
         client = boto3.client("s3")
         client.create_bucket(Bucket=EVENT["bucket"])
         client.put_object(Bucket=EVENT["bucket"], Key=EVENT["prefix"] + "manifest.json", Body=b"{}")
-        with pytest.raises(NoSmokeTestImage, match=r"no decodable \.jpg/\.jpeg/\.png"):
+        with pytest.raises(NoSmokeTestImage, match=r"no decodable JPEG or PNG image"):
             smoke_handler.handler(EVENT, support.FakeLambdaContext())
+
+
+def test_images_are_picked_by_content_not_by_name(s3: Any) -> None:
+    """A GIF named .jpg, an image too thin for the detector and a PNG named .dat: only content decides,
+    by the endpoint's own rule (d2ops.images), and the Content-Type follows the content."""
+    gif, thin = io.BytesIO(), io.BytesIO()
+    Image.new("RGB", (16, 16)).save(gif, format="GIF")
+    Image.new("RGB", (400, 10)).save(thin, format="PNG")
+    manifest = {"name": "shapes", "version": "v1", "format": "coco", "train": "annotations/train.json"}
+    val = {"images": [{"id": 1, "file_name": "0-fake.jpg"}, {"id": 2, "file_name": "1-thin.png"},
+                      {"id": 3, "file_name": "2-photo.dat"}]}
+    for key, body in (("manifest.json", json.dumps(manifest).encode()),
+                      ("annotations/val.json", json.dumps(val).encode()), ("images/0-fake.jpg", gif.getvalue()),
+                      ("images/1-thin.png", thin.getvalue()),
+                      ("images/2-photo.dat", png())):
+        s3.put_object(Bucket=EVENT["bucket"], Key=EVENT["prefix"] + key, Body=body)
+    endpoint_answers(GOOD)
+    assert smoke_handler.handler(EVENT, support.FakeLambdaContext())["image_key"].endswith("images/2-photo.dat")
+    assert FakeRuntime.requests[-1][1:] == ("image/png", png())
+
+
+def test_a_camera_jpeg_mpo_is_sent_as_image_jpeg(s3: Any) -> None:
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 24), (9, 9, 9)).save(buffer, format="MPO", save_all=True,
+                                               append_images=[Image.new("RGB", (8, 6))])
+    s3.put_object(Bucket=EVENT["bucket"], Key=EVENT["prefix"] + "images/0-camera.png", Body=buffer.getvalue())
+    endpoint_answers(GOOD)
+    assert smoke_handler.handler(EVENT, support.FakeLambdaContext())["image_key"].endswith("images/0-camera.png")
+    assert FakeRuntime.requests[-1][1] == "image/jpeg"

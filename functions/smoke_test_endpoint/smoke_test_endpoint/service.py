@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
-import io
 import itertools
 import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from PIL import Image
 from pydantic import ValidationError
 
+from d2ops import images as rule
 from d2ops.validation.manifest import MANIFEST_FILE, parse_manifest
 from smoke_test_endpoint.models import InvocationResponse, SmokeTestEvent, SmokeTestResult
 
-CONTENT_TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png"}
+# The request Content-Type for each accepted format; which format a file is, its content says.
+CONTENT_TYPES = {"JPEG": "image/jpeg", "MPO": "image/jpeg", "PNG": "image/png"}
 # Real-time endpoints accept at most 6 MB per request.
 MAX_IMAGE_BYTES = 5 * 1024 * 1024
 MAX_LISTED_KEYS = 10_000
 MAX_CANDIDATES = 20
 # COCO val2017's instances file is 25 MB; a larger split is not parsed just to pick one image.
 MAX_VAL_ANNOTATION_BYTES = 64 * 1024 * 1024
+# Keys of a dataset version that are never images (its manifest and COCO documents).
+NOT_IMAGES = (".json",)
 
 
 class SmokeTestFailed(Exception):
@@ -32,17 +34,15 @@ class NoSmokeTestImage(Exception):
     """The dataset version has no JPEG/PNG image small enough to send."""
 
 
-def content_type(key: str) -> str | None:
-    dot = key.rfind(".")
-    return CONTENT_TYPES.get(key[dot:].lower()) if dot >= 0 else None
-
-
 def _listed_images(s3: Any, bucket: str, prefix: str) -> Iterator[str]:
-    """Image keys of the dataset version in key order (the first MAX_LISTED_KEYS objects)."""
+    """Keys of the dataset version that may be images, in key order (the first MAX_LISTED_KEYS objects).
+
+    Names do not decide: a PNG named .jpg is an image, a GIF named .png is not; the content does.
+    """
     seen = 0
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
-            if content_type(obj["Key"]):
+            if not obj["Key"].lower().endswith(NOT_IMAGES) and obj["Size"] > 0:
                 yield str(obj["Key"])
             seen += 1
             if seen >= MAX_LISTED_KEYS:
@@ -60,15 +60,19 @@ def _val_images(s3: Any, bucket: str, prefix: str) -> list[str]:
             obj["Body"].close()
             return []
         images = json.loads(obj["Body"].read()).get("images", [])
-    except (s3.exceptions.NoSuchKey, ValueError, AttributeError):
+    except (s3.exceptions.NoSuchKey, ValueError, AttributeError, RecursionError):
         return []
     keys = (prefix + manifest.images_prefix + str(image.get("file_name", "")) for image in images
-            if isinstance(image, dict))
-    return [k for k in keys if content_type(k)][:MAX_CANDIDATES]
+            if isinstance(image, dict) and image.get("file_name"))
+    return list(itertools.islice(keys, MAX_CANDIDATES))
 
 
-def _readable(s3: Any, bucket: str, key: str) -> bytes | None:
-    """The image's bytes if it exists, fits one request and decodes; None otherwise."""
+def _acceptable(s3: Any, bucket: str, key: str) -> tuple[bytes, str] | None:
+    """The image's bytes and Content-Type if the endpoint would accept it, else None.
+
+    The same rule as the endpoint (d2ops.images): JPEG/MPO or PNG by content, within the size
+    limits, and it decodes completely.
+    """
     try:
         obj = s3.get_object(Bucket=bucket, Key=key)
     except s3.exceptions.NoSuchKey:
@@ -78,28 +82,30 @@ def _readable(s3: Any, bucket: str, key: str) -> bytes | None:
         return None
     data: bytes = obj["Body"].read()
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            image.verify()
-    except Exception:  # Pillow raises many types for corrupt data; any of them disqualifies the image
+        with rule.open_image(data, key) as image:
+            image.load()
+            image_format = str(image.format)
+    except (rule.ImageRejected, OSError, ValueError, SyntaxError):  # Pillow's decoders raise these for bad data
         return None
-    return data
+    return data, CONTENT_TYPES[image_format]
 
 
-def pick_image(s3: Any, bucket: str, prefix: str) -> tuple[str, bytes]:
-    """The first good JPEG/PNG of the val split, else of the dataset version in key order.
+def pick_image(s3: Any, bucket: str, prefix: str) -> tuple[str, bytes, str]:
+    """The first acceptable image of the val split, else of the dataset version in key order.
 
-    Deterministic, so reruns send the same image; missing, oversized or corrupt images are
-    skipped so a bad file in the dataset cannot fail (and roll back) a good model.
+    Deterministic, so reruns send the same image; missing, oversized, corrupt or other-format
+    files are skipped so a bad file in the dataset cannot fail (and roll back) a good model.
+    Returns (key, bytes, Content-Type).
     """
     tried = 0
     for key in itertools.chain(_val_images(s3, bucket, prefix), _listed_images(s3, bucket, prefix)):
         tried += 1
-        data = _readable(s3, bucket, key)
-        if data is not None:
-            return key, data
+        found = _acceptable(s3, bucket, key)
+        if found is not None:
+            return key, found[0], found[1]
         if tried >= 2 * MAX_CANDIDATES:
             break
-    raise NoSmokeTestImage(f"no decodable .jpg/.jpeg/.png of at most {MAX_IMAGE_BYTES} bytes among {tried} "
+    raise NoSmokeTestImage(f"no decodable JPEG or PNG image of at most {MAX_IMAGE_BYTES} bytes among {tried} "
                            f"candidates under s3://{bucket}/{prefix}")
 
 
@@ -121,10 +127,10 @@ def check_response(status: int, response_type: str, body: bytes) -> InvocationRe
 
 
 def smoke_test(event: SmokeTestEvent, s3: Any, runtime: Any) -> SmokeTestResult:
-    key, image = pick_image(s3, event.bucket, event.prefix)
+    key, image, image_type = pick_image(s3, event.bucket, event.prefix)
     started = time.monotonic()
     try:
-        response = runtime.invoke_endpoint(EndpointName=event.endpoint_name, ContentType=content_type(key),
+        response = runtime.invoke_endpoint(EndpointName=event.endpoint_name, ContentType=image_type,
                                            Accept="application/json", Body=image)
     except runtime.exceptions.ModelError as exc:
         # The container answered with an error status; its message says why.
