@@ -1,10 +1,21 @@
 """Export a trained detectron2 model to the artifact's framework-independent TorchScript signature.
 
 The detectron2 model is traced with ``detectron2.export.TracingAdapter`` (the trace needs
-only torch and torchvision ops at inference time) on one preprocessed image; everything
-around it, which detectron2 does outside the model (shortest-edge resize, RGB->BGR,
-boxes back to the original size, masks pasted into the image), is the scripted
-:class:`Detectron2Signature` below, which runs and is tested without detectron2.
+only torch and torchvision ops at inference time) over ``model.inference(...,
+do_postprocess=False)``. Everything detectron2's ``DefaultPredictor`` does outside that call
+is the scripted :class:`Detectron2Signature` below, written to give the same answer:
+
+- RGB -> the model's channel order (BGR for the model-zoo configs);
+- ``ResizeShortestEdge(MIN_SIZE_TEST, MAX_SIZE_TEST)`` with detectron2's own output-shape
+  arithmetic, resizing as PIL's bilinear filter does on uint8 images (antialiased when
+  shrinking, rounded back to integers);
+- ``detector_postprocess``: boxes scaled to the original size, clipped, empty boxes dropped,
+  and each 28x28 mask pasted into the image with detectron2's ``grid_sample`` paste (not
+  torchvision's, which places edges differently), thresholded at 0.5 by the shared
+  inference code.
+
+It runs and is tested without detectron2; tests/unit/test_detectron2_export.py and
+tests/integration/test_detectron2_serving.py compare it with ``DefaultPredictor``.
 """
 
 # No `from __future__ import annotations`: TorchScript reads the annotations at runtime.
@@ -15,7 +26,47 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchvision.models.detection.roi_heads import paste_masks_in_image
+
+
+def resized_shape(height: int, width: int, min_size: int, max_size: int) -> tuple[int, int]:
+    """detectron2's ``ResizeShortestEdge.get_output_shape``, operation for operation (its rounding included)."""
+    size = float(min_size)
+    scale = size / min(height, width)
+    if height < width:
+        new_h, new_w = size, scale * width
+    else:
+        new_h, new_w = scale * height, size
+    if max(new_h, new_w) > max_size:
+        scale = max_size * 1.0 / max(new_h, new_w)
+        new_h = new_h * scale
+        new_w = new_w * scale
+    return int(new_h + 0.5), int(new_w + 0.5)
+
+
+def paste_mask(mask: Tensor, box: Tensor, height: int, width: int) -> Tensor:
+    """One [M, M] mask probability map pasted into a [height, width] image at ``box`` (xyxy).
+
+    detectron2's ``_do_paste_mask``: every image pixel centre is mapped into the box's
+    coordinates and sampled bilinearly from the mask (``grid_sample``, zeros outside). Only
+    the box's own region (plus one pixel) is sampled, as detectron2 does on CPU.
+    """
+    out = torch.zeros(height, width, dtype=torch.float32, device=mask.device)
+    x0_int = max(int(torch.floor(box[0]).item()) - 1, 0)
+    y0_int = max(int(torch.floor(box[1]).item()) - 1, 0)
+    x1_int = min(int(torch.ceil(box[2]).item()) + 1, width)
+    y1_int = min(int(torch.ceil(box[3]).item()) + 1, height)
+    if x1_int <= x0_int or y1_int <= y0_int:
+        return out
+    img_y = torch.arange(y0_int, y1_int, device=mask.device, dtype=torch.float32) + 0.5
+    img_x = torch.arange(x0_int, x1_int, device=mask.device, dtype=torch.float32) + 0.5
+    img_y = (img_y - box[1]) / (box[3] - box[1]) * 2 - 1
+    img_x = (img_x - box[0]) / (box[2] - box[0]) * 2 - 1
+    gx = img_x[None, :].expand(img_y.shape[0], img_x.shape[0])
+    gy = img_y[:, None].expand(img_y.shape[0], img_x.shape[0])
+    grid = torch.stack([gx, gy], dim=2)[None]
+    sampled = F.grid_sample(mask[None, None].float(), grid, align_corners=False)
+    out[y0_int:y1_int, x0_int:x1_int] = sampled[0, 0]
+    return out
 
 
 class Detectron2Signature(nn.Module):
@@ -39,51 +90,55 @@ class Detectron2Signature(nn.Module):
         self.min_size = min_size
         self.max_size = max_size
 
-    def resized_shape(self, height: int, width: int) -> tuple[int, int]:
-        # detectron2's ResizeShortestEdge: the short side to min_size unless the long side passes max_size.
-        scale = self.min_size / min(height, width)
-        if max(height, width) * scale > self.max_size:
-            scale = self.max_size / max(height, width)
-        return int(height * scale + 0.5), int(width * scale + 0.5)
+    def resize(self, image: Tensor, new_h: int, new_w: int) -> Tensor:
+        x = image.float()
+        if self.bgr:
+            x = x.flip(0)
+        if new_h == image.shape[1] and new_w == image.shape[2]:
+            return x
+        # detectron2 resizes the uint8 image with PIL's bilinear filter: antialiased when shrinking, and
+        # the model sees the rounded integers. torch's antialiased bilinear follows PIL's kernel.
+        x = F.interpolate(x[None], size=(new_h, new_w), mode="bilinear", align_corners=False, antialias=True)[0]
+        return x.round().clamp(0, 255)
 
     def forward(self, images: list[Tensor]) -> list[dict[str, Tensor]]:
         results: list[dict[str, Tensor]] = []
         for image in images:
             height, width = image.shape[1], image.shape[2]
-            new_h, new_w = self.resized_shape(height, width)
-            x = image.float()
-            if self.bgr:
-                x = x.flip(0)
-            x = F.interpolate(x[None], size=(new_h, new_w), mode="bilinear", align_corners=False)[0]
-            outputs = self.inner(x)
+            new_h, new_w = resized_shape(height, width, self.min_size, self.max_size)
+            outputs = self.inner(self.resize(image, new_h, new_w))
             boxes = outputs[0].clone()
             boxes[:, 0::2] = (boxes[:, 0::2] * (width / new_w)).clamp(0, width)
             boxes[:, 1::2] = (boxes[:, 1::2] * (height / new_h)).clamp(0, height)
-            scores = outputs[1]
-            order = torch.argsort(scores, descending=True)
-            out = {"boxes": boxes[order], "scores": scores[order], "labels": outputs[2].long()[order]}
+            # detector_postprocess drops boxes that clipping left empty.
+            keep = torch.nonzero((boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])).flatten()
+            scores = outputs[1][keep]
+            # detectron2 already returns them by descending score; a stable sort keeps its order on ties.
+            order = keep[torch.argsort(scores, descending=True, stable=True)]
+            out = {"boxes": boxes[order], "scores": outputs[1][order], "labels": outputs[2].long()[order]}
             if self.has_masks:
-                masks = paste_masks_in_image(outputs[3][order], boxes[order], (height, width))
-                out["masks"] = masks[:, 0]
+                probabilities = outputs[3][order][:, 0]
+                masks = torch.zeros(order.shape[0], height, width, dtype=torch.float32, device=image.device)
+                for i in range(order.shape[0]):
+                    masks[i] = paste_mask(probabilities[i], out["boxes"][i], height, width)
+                out["masks"] = masks
             results.append(out)
         return results
 
 
-def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None:  # pragma: no cover
-    """Trace the trained detectron2 model, write the artifact and evaluate it through the artifact."""
-    from detectron2.export import TracingAdapter
+def export_detectron2(cfg: Any, model: nn.Module, *, has_masks: bool) -> torch.jit.ScriptModule:
+    """Trace ``model`` (a detectron2 GeneralizedRCNN in eval mode) into the artifact signature.
 
-    from model_code import artifact
-    from model_code.dataset_version import read_coco
-    from model_code.evaluation.coco import evaluate_detector, print_progress
-    from model_code.evaluation.documents import model_evaluation_document, primary_metric_for
-    from model_code.evaluation.report import write_report
+    The trace is taken on CPU on a blank image at the test size: its control flow does not
+    depend on the image's content or size (detectron2's tracing-aware code keeps shapes
+    symbolic), which the export tests check on other sizes and real detections.
+    """
+    from detectron2.export import TracingAdapter
 
     if isinstance(model, nn.parallel.DistributedDataParallel):
         model = model.module
     model.eval().cpu()
-    has_masks = job["task"] == "instance_segmentation"
-    sample = torch.zeros(3, cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MIN_SIZE_TEST)
+    sample = torch.zeros(3, int(cfg.INPUT.MIN_SIZE_TEST), int(cfg.INPUT.MIN_SIZE_TEST))
 
     def inference(m: Any, inputs: list[dict[str, Tensor]]) -> Any:
         instances = m.inference(inputs, do_postprocess=False)[0]
@@ -91,32 +146,51 @@ def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None
         return fields + ([instances.pred_masks] if has_masks else [])
 
     adapter = TracingAdapter(model, [{"image": sample}], inference_func=inference)
-    traced = torch.jit.trace(adapter, (sample,))
-    module = torch.jit.script(Detectron2Signature(
+    with torch.no_grad():
+        traced = torch.jit.trace(adapter, (sample,), check_trace=False)
+    return torch.jit.script(Detectron2Signature(
         traced, bgr=cfg.INPUT.FORMAT == "BGR", has_masks=has_masks,
         min_size=int(cfg.INPUT.MIN_SIZE_TEST), max_size=int(cfg.INPUT.MAX_SIZE_TEST)))
+
+
+def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None:
+    """Trace the trained detectron2 model, write the artifact and evaluate it through the artifact."""
+    from model_code import artifact
+    from model_code.dataset_version import read_coco
+    from model_code.evaluation.coco import evaluate_detector, print_progress
+    from model_code.evaluation.documents import model_evaluation_document, primary_metric_for
+    from model_code.evaluation.report import write_report
+
+    has_masks = job["task"] == "instance_segmentation"
+    module = export_detectron2(cfg, model, has_masks=has_masks)
     train_reg, val_reg = job["registrations"]
-    ids = sorted(int(k) for k in train_reg["thing_dataset_id_to_contiguous_id"])
+    # category_ids[label] must be the dataset id detectron2 mapped to that contiguous label.
+    mapping = {int(k): int(v) for k, v in train_reg["thing_dataset_id_to_contiguous_id"].items()}
+    ids = sorted(mapping, key=mapping.__getitem__)
+    # The artifact holds only what serving loads; the native checkpoint (for fine-tuning) and the
+    # report go to the output data directory, which SageMaker packs as the job's output.tar.gz.
+    out = Path(job["output_data_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    final = Path(cfg.OUTPUT_DIR) / "model_final.pth"
+    config_file = Path(cfg.OUTPUT_DIR) / "config.yaml"
+    config_file.parent.mkdir(parents=True, exist_ok=True)
+    config_file.write_text(cfg.dump())
+    checkpoint = artifact.copy_native_checkpoint(out, [p for p in (final, config_file) if p.is_file()])
     metadata = artifact.ArtifactMetadata(
         framework="detectron2", task=job["task"], model=job["source"]["location"],
         class_names=train_reg["thing_classes"], category_ids=ids, training_job=job["job_name"],
-        dataset=artifact.DatasetRef(name=job["dataset_name"], version=job["dataset_version"]))
+        dataset=artifact.DatasetRef(name=job["dataset_name"], version=job["dataset_version"]), checkpoint=checkpoint)
     model_dir = Path(job["model_dir"])
     artifact.save_artifact(model_dir, module, metadata)
-    final = Path(cfg.OUTPUT_DIR) / "model_final.pth"
-    config_file = Path(cfg.OUTPUT_DIR) / "config.yaml"
-    config_file.write_text(cfg.dump())
-    artifact.copy_native_checkpoint(model_dir, [p for p in (final, config_file) if p.is_file()])
-    detector = artifact.load_artifact(model_dir)
+    detector = artifact.load_artifact(model_dir)  # evaluate the file that ships, not the module in memory
     gt = read_coco(Path(val_reg["json_file"]))
     evaluation = evaluate_detector(detector, gt, Path(val_reg["image_root"]), progress=print_progress("evaluating"))
     document = model_evaluation_document(evaluation, primary_metric_for(job["task"]))
     artifact.write_json(model_dir / artifact.EVALUATION_FILE, document)
     artifact.write_json(model_dir / artifact.METADATA_FILE,
                         metadata.model_copy(update={"metrics": evaluation.metrics}).model_dump(mode="json"))
-    write_report(model_dir / artifact.REPORT_DIR, {"challenger": evaluation}, gt, Path(val_reg["image_root"]))
-    out = Path(job["output_data_dir"])
-    out.mkdir(parents=True, exist_ok=True)
+    write_report(out / artifact.REPORT_DIR, {"challenger": evaluation}, gt, Path(val_reg["image_root"]),
+                 sample_images=int(job.get("report_images", 6)))
     artifact.write_json(out / artifact.EVALUATION_FILE, document)
     from d2ops import metrics as metric_lines
 
