@@ -11,9 +11,11 @@ word SageMaker passes) is refused with the reason, so tests catch it before an i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -197,9 +199,27 @@ def image_command(image: Image, dockerfile: Path | None = None) -> tuple[str, ..
     return local_command(entry.docker_run(SAGEMAKER_ARGUMENT[image]))
 
 
+def _python_dir(python: str) -> Path:
+    """A directory whose ``python`` is ``python``: its own (a virtualenv's bin) or a symlink made once."""
+    own = Path(python).parent
+    candidate = own / "python"
+    if candidate.exists() and candidate.resolve() == Path(python).resolve():
+        return own
+    digest = hashlib.sha256(python.encode()).hexdigest()[:12]
+    shim = Path(tempfile.gettempdir()) / f"d2ops-python-{digest}"
+    shim.mkdir(exist_ok=True)
+    link = shim / "python"
+    if not (link.is_symlink() and os.readlink(link) == python):
+        tmp = shim / f".python.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(python)
+        os.replace(tmp, link)
+    return shim
+
+
 def python_on_path(env: dict[str, str], python: str = sys.executable) -> None:
     """Scripts in the image call ``python`` through PATH; here that must be this interpreter."""
-    bindir = str(Path(python).parent)
+    bindir = str(_python_dir(python))
     parts = [p for p in env.get("PATH", os.defpath).split(os.pathsep) if p and p != bindir]
     env["PATH"] = os.pathsep.join([bindir, *parts])
 

@@ -205,3 +205,21 @@ def test_namespace_host_environment_points_at_opt_ml(tmp_path: Path) -> None:
     assert (root / "input" / "data" / "train").resolve() == data.resolve()
     wrapped = local_jobs.MlMount(True, "").wrap(root, ("/bin/true",))
     assert wrapped[:2] == ("unshare", "--mount") and wrapped[-2:] == (str(root), "/bin/true")
+
+
+def test_the_images_python_on_path_is_this_interpreter(tmp_path: Path) -> None:
+    import shutil
+
+    env = {"PATH": "/usr/bin:/bin"}
+    container_entry.python_on_path(env)
+    found = shutil.which("python", path=env["PATH"])
+    assert found and Path(found).resolve() == Path(sys.executable).resolve()
+    # an interpreter whose directory has no `python` of its own gets a symlink that is
+    odd = tmp_path / "bin" / "python3.11-custom"
+    odd.parent.mkdir()
+    odd.symlink_to(sys.executable)
+    env = {"PATH": "/usr/bin:/bin"}
+    container_entry.python_on_path(env, python=str(odd))
+    found = shutil.which("python", path=env["PATH"])
+    assert found and Path(found).resolve() == Path(sys.executable).resolve()
+    assert Path(found).parent != odd.parent
