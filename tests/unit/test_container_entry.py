@@ -214,7 +214,7 @@ def test_the_images_python_on_path_is_this_interpreter(tmp_path: Path) -> None:
     container_entry.python_on_path(env)
     found = shutil.which("python", path=env["PATH"])
     assert found and Path(found).resolve() == Path(sys.executable).resolve()
-    # an interpreter whose directory has no `python` of its own gets a symlink that is
+    # an interpreter whose directory has no `python` of its own gets one: a symlink in a directory of its own
     odd = tmp_path / "bin" / "python3.11-custom"
     odd.parent.mkdir()
     odd.symlink_to(sys.executable)
