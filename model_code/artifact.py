@@ -38,6 +38,32 @@ class ArtifactError(Exception):
     """The artifact is missing a file, has unreadable metadata, or is not a model.tar.gz."""
 
 
+# Caps on what extracting a model.tar.gz may write: a real artifact is a TorchScript file, two
+# JSON files and a small report (a ResNet-50 Mask R-CNN is about 180 MB). A crafted or corrupted
+# archive must not fill the evaluation job's or the endpoint's disk, or exhaust its inodes.
+MAX_EXTRACTED_BYTES = 4 * 1024**3
+MAX_ARCHIVE_MEMBERS = 10_000
+
+
+def safe_extract(archive: Path | str, target: Path | str, *, max_bytes: int = MAX_EXTRACTED_BYTES,
+                 max_members: int = MAX_ARCHIVE_MEMBERS) -> None:
+    """Extract a tar archive with the "data" filter (no absolute paths, '..', links out, devices)
+    after checking its declared sizes and member count; raises ArtifactError naming the limit."""
+    try:
+        with tarfile.open(archive) as tar:
+            total = 0
+            for count, member in enumerate(tar, 1):  # lazily: a header bomb stops at the limit
+                if count > max_members:
+                    raise ArtifactError(f"{archive}: more than {max_members} files; not a model artifact")
+                total += max(member.size, 0)
+                if total > max_bytes:
+                    raise ArtifactError(f"{archive}: expands to more than {max_bytes} bytes (at {member.name!r}); "
+                                        "not a model artifact")
+            tar.extractall(target, filter="data")
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise ArtifactError(f"{archive}: unsafe or corrupt archive: {exc}") from exc
+
+
 class DatasetRef(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
@@ -158,11 +184,10 @@ def load_artifact(path: Path | str, *, device: str = "cpu") -> LoadedDetector:
             raise ArtifactError(f"{source}: not a directory or a tar archive")
         tempdir = tempfile.TemporaryDirectory(prefix="d2ops-model-")
         try:
-            with tarfile.open(source) as tar:
-                tar.extractall(tempdir.name, filter="data")  # refuses absolute paths, '..' and links out
-        except (tarfile.FilterError, tarfile.ReadError, EOFError) as exc:
+            safe_extract(source, tempdir.name)
+        except ArtifactError:
             tempdir.cleanup()
-            raise ArtifactError(f"{source}: unsafe or corrupt archive: {exc}") from exc
+            raise
         directory = Path(tempdir.name)
     elif source.is_dir():
         directory = source

@@ -25,7 +25,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import urllib.error
@@ -37,7 +36,7 @@ from typing import IO
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from model_code.artifact import MODEL_FILE, ArtifactError, read_metadata
+from model_code.artifact import MODEL_FILE, ArtifactError, read_metadata, safe_extract
 
 MODEL_NAME = "model"
 MODEL_VERSION = "1.0"
@@ -134,9 +133,8 @@ def prepare_model_dir(model_path: Path | str, workdir: Path | str) -> Path:
         directory = Path(workdir) / "artifact"
         directory.mkdir(parents=True, exist_ok=True)
         try:
-            with tarfile.open(source) as tar:
-                tar.extractall(directory, filter="data")  # refuses absolute paths, '..' and links out
-        except (tarfile.TarError, EOFError, OSError) as exc:
+            safe_extract(source, directory)  # the "data" filter plus size and member-count caps
+        except ArtifactError as exc:
             raise ServingError(f"{source}: not a readable model.tar.gz: {exc}") from exc
     else:
         raise ServingError(f"{source}: no such model directory or model.tar.gz")

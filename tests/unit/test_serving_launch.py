@@ -128,3 +128,28 @@ def test_deep_workdirs_get_a_temp_dir_short_enough_for_worker_sockets(tmp_path):
     temp = serving_env(deep, base={})["TEMP"]
     assert len(temp + "/.ts.sock.9000") <= MAX_UNIX_SOCKET_PATH
     assert serving_env(tmp_path / "w", base={})["TEMP"] == str(tmp_path / "w" / "tmp")
+
+
+def _tar_of(path: Path, files: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, payload in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    return path
+
+
+def test_extraction_is_capped_in_bytes_and_files_before_anything_is_written(tmp_path):
+    from model_code.artifact import ArtifactError, safe_extract
+
+    # 64 MB of zeros is a 64 KB gzip: the declared sizes are summed before extraction starts.
+    bomb = _tar_of(tmp_path / "bomb.tar.gz", {"metadata.json": b"{}", "model.pt": b"\0" * (64 * 1024**2)})
+    assert bomb.stat().st_size < 1024**2
+    with pytest.raises(ArtifactError, match=r"expands to more than 1048576 bytes \(at 'model\.pt'\)"):
+        safe_extract(bomb, tmp_path / "out", max_bytes=1024**2)
+    assert not (tmp_path / "out").exists()
+    many = _tar_of(tmp_path / "many.tar.gz", {f"f{i}": b"x" for i in range(50)})
+    with pytest.raises(ArtifactError, match="more than 20 files"):
+        safe_extract(many, tmp_path / "out", max_members=20)
+    safe_extract(many, tmp_path / "out")  # within the default caps
+    assert len(list((tmp_path / "out").iterdir())) == 50
