@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from d2ops.cli import UsageError
-
-DEMO_MODEL = "fasterrcnn_resnet18_fpn"
+from d2ops.trainer_choice import FRAMEWORKS, TrainerChoice
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--deliveries", type=int, default=3,
                    help="deliver the upload event this many times, as at-least-once delivery may (default 3)")
     p.add_argument("--keep-state", action="store_true", help="keep the work dir's earlier runs and champion")
+    p.add_argument("--framework", choices=FRAMEWORKS, default="auto",
+                   help="trainer: detectron2 (production), torchvision, or auto (default): detectron2 where it "
+                        "imports, torchvision otherwise")
     p.set_defaults(func=run)
 
 
@@ -44,15 +46,15 @@ def say(line: str = "") -> None:
     print(line, flush=True)
 
 
-def make_dataset(root: Path, version: str, images: int, size: int, seed: int, max_iter: int) -> Path:
+def make_dataset(root: Path, version: str, images: int, size: int, seed: int, max_iter: int,
+                 trainer: TrainerChoice) -> Path:
     from d2ops import synth
 
     target = root / f"shapes-{version}"
     shutil.rmtree(target, ignore_errors=True)
     synth.generate(target, images=images, seed=seed, size=size, name="shapes", version=version)
     manifest = json.loads((target / "manifest.json").read_text())
-    manifest["training"] = {"model": DEMO_MODEL, "max_iter": max_iter, "ims_per_batch": 4, "base_lr": 0.02,
-                            "seed": seed}
+    manifest["training"] = {**trainer.manifest_training, "max_iter": max_iter, "seed": seed}
     (target / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return target
 
@@ -146,12 +148,18 @@ def run(args: argparse.Namespace) -> int:
     from d2ops.offline.pipeline import run_pipeline
     from d2ops.offline.processes import RuntimeBusy, install_signal_handlers
     from d2ops.offline.runtime import OfflineRuntime
-    from d2ops.offline.stack import cpu_training_profile
+    from d2ops.trainer_choice import TrainerUnavailable, choose_trainer
 
     if args.images < 8 or args.max_iter < 1 or args.deliveries < 1:
         raise UsageError("--images must be >= 8, --max-iter and --deliveries >= 1")
+    try:
+        trainer = choose_trainer(args.framework, args.size)
+    except TrainerUnavailable as exc:
+        raise UsageError(str(exc)) from exc
     install_signal_handlers()
     work_dir: Path = args.work_dir
+    settings: dict[str, Any] = {"training_defaults": trainer.training_defaults,
+                                "function_env": {"PrepareTrainingFunction": {"FRAMEWORK": trainer.framework}}}
     stages: dict[str, float] = {}
     runs: list[dict[str, Any]] = []
     ok = True
@@ -159,13 +167,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not args.keep_state and work_dir.exists():
             previous = sorted(p.stem for p in (work_dir / "executions").glob("*.json"))
-            runtime = OfflineRuntime(work_dir, fresh=True, training_defaults=cpu_training_profile(args.size))
+            runtime = OfflineRuntime(work_dir, fresh=True, **settings)
             if previous:
                 say(f"starting clean: removing {len(previous)} earlier run(s) from {work_dir} "
                     "(--keep-state keeps them)")
         else:
-            runtime = OfflineRuntime(work_dir, training_defaults=cpu_training_profile(args.size))
+            runtime = OfflineRuntime(work_dir, **settings)
         say("d2ops demo: the whole pipeline on this machine (no AWS account, no Docker, no GPU)")
+        say(f"trainer: {trainer.framework} ({trainer.reason})")
         with runtime as rt:
             stages["start runtime"] = round(time.monotonic() - t0, 1)
             for message in rt.messages:
@@ -180,10 +189,11 @@ def run(args: argparse.Namespace) -> int:
             expected = {"v1": "SUCCEEDED", "v2": "FAILED", "v3": "SUCCEEDED"}
             for version, seed, max_iter in versions:
                 t = time.monotonic()
-                dataset = make_dataset(work_dir / "datasets", version, args.images, args.size, seed, max_iter)
+                dataset = make_dataset(work_dir / "datasets", version, args.images, args.size, seed, max_iter,
+                                       trainer)
                 stages[f"synth {version}"] = round(time.monotonic() - t, 1)
                 say(f"\n== dataset shapes/{version}: {args.images} synthetic images at {args.size} px, "
-                    f"{max_iter} training iterations ==")
+                    f"{max_iter} training iterations of {trainer.framework} ==")
                 t = time.monotonic()
                 summary = run_pipeline(rt, dataset, deliveries=args.deliveries, out=say)
                 stages[f"pipeline {version}"] = round(time.monotonic() - t, 1)
@@ -215,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"look again: d2ops status {runs[-1]['run_id']}  |  picture: d2ops graph {runs[-1]['run_id']}")
     last = runs[-1] if runs else {}
     print(json.dumps({"run_id": last.get("run_id"), "status": last.get("status") if ok else "FAILED",
+                      "framework": trainer.framework,
                       "state_durations": last.get("state_durations"), "gate": last.get("gate"),
                       "runs": [{k: v for k, v in r.items() if k != "prediction"} for r in runs], "stages": stages}),
           flush=True)

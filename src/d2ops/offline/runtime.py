@@ -52,9 +52,10 @@ _CLIENT_CONFIG = Config(retries={"max_attempts": 3, "mode": "standard"}, connect
 class OfflineRuntime:
     def __init__(self, work_dir: Path = DEFAULT_WORK_DIR, *, parameters: dict[str, str] | None = None,
                  jobs: JobBackend | None = None, serving: ServingBackend | None = None,
-                 fresh: bool = False, training_defaults: dict[str, str] | None = None) -> None:
+                 fresh: bool = False, training_defaults: dict[str, str] | None = None,
+                 function_env: dict[str, dict[str, str]] | None = None) -> None:
         self.work_dir = work_dir.resolve()
-        self.stack: OfflineStack = load_stack(parameters=parameters)
+        self.stack: OfflineStack = load_stack(parameters=parameters, function_env=function_env)
         self.fresh = fresh
         self._jobs = jobs
         self._serving = serving

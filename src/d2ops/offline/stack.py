@@ -163,8 +163,13 @@ def _getatt_value(logical_id: str, attribute: str, resource: dict[str, Any], sta
 
 
 def load_stack(template_path: str | Path | None = None, parameters: Mapping[str, str] | None = None,
-               stack_name: str = STACK_NAME) -> OfflineStack:
-    """Resolve the template's names for an offline stack; ``parameters`` override stack parameters."""
+               stack_name: str = STACK_NAME, function_env: Mapping[str, Mapping[str, str]] | None = None
+               ) -> OfflineStack:
+    """Resolve the template's names for an offline stack; ``parameters`` override stack parameters.
+
+    ``function_env`` overrides function environment variables over ``OFFLINE_FUNCTION_ENV``, by
+    logical id (``make demo`` picks the trainer with ``{"PrepareTrainingFunction": {"FRAMEWORK": ...}}``).
+    """
     try:
         tpl = sam.load_template(template_path)
     except sam.TemplateError as exc:
@@ -202,6 +207,7 @@ def load_stack(template_path: str | Path | None = None, parameters: Mapping[str,
     for logical_id, spec in tpl.functions().items():
         env = {k: str(resolve(v)) for k, v in spec.environment.items()}
         env.update(OFFLINE_FUNCTION_ENV.get(logical_id, {}))
+        env.update((function_env or {}).get(logical_id, {}))
         name = str(refs[logical_id])
         functions[logical_id] = LocalFunction(
             logical_id=logical_id, name=name, arn=getatt(logical_id, "Arn"), code_dir=spec.code_dir,
