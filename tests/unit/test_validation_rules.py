@@ -574,3 +574,70 @@ def test_a_check_that_crashes_rejects_its_file_and_the_report_is_still_made(ds: 
     assert {(i.code, i.file) for i in report.errors} == {(Code.CHECK_FAILED, "annotations/train.json"),
                                                         (Code.CHECK_FAILED, "annotations/val.json")}
     assert "ZeroDivisionError: a bug" in report.errors[0].message and not report.valid
+
+
+# --- hostile documents (issue 10): explicit cases beside the Hypothesis properties -----------------------------
+
+_DOC = ('{"images": [{"id": 1, "file_name": "NaN.jpg", "width": 64, "height": 48}],\n'
+        ' "categories": [{"id": 1, "name": "say \\"NaN\\", Infinity 1e999", "id": 1}],\n'
+        ' "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [1, 2, 30, 40], "area": 1200}]}')
+
+
+def _check(text: str) -> tuple[Any, dict[str, int], list[Any]]:
+    from d2ops.validation.coco import check_split
+    from d2ops.validation.report import IssueLog
+
+    log = IssueLog()
+    result = check_split(text.encode(), "train", "annotations/train.json", log)
+    return result, dict(log.counts), log.kept
+
+
+def test_nan_stays_on_the_fast_decoder_and_strings_are_untouched(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_slow_path(*_: Any, **__: Any) -> None:
+        raise AssertionError("Python's json decoded the document")
+
+    monkeypatch.setattr(json, "loads", no_slow_path)
+    monkeypatch.setattr(json.JSONDecoder, "decode", no_slow_path)
+    result, counts, kept = _check(_DOC.replace('"bbox": [1, 2, 30, 40], "area": 1200',
+                                               '"bbox": [1, NaN, 30, 40], "area": -Infinity'))
+    assert counts == {Code.BBOX_NOT_FINITE: 1, Code.AREA_NEGATIVE: 1}, kept
+    assert [(i.code, i.path) for i in kept] == [(Code.BBOX_NOT_FINITE, "annotations[0].bbox[1]"),
+                                                (Code.AREA_NEGATIVE, "annotations[0].area")]
+    # tokens inside strings (after an escaped quote too) are not rewritten
+    assert result.images[0].file_name == "NaN.jpg" and result.categories == {1: 'say "NaN", Infinity 1e999'}
+
+
+@pytest.mark.parametrize(("value", "code", "path"), [
+    ("Infinity", Code.WRONG_TYPE, "images[0].width"),
+    ("1e999", Code.WRONG_TYPE, "images[0].width"),
+    ("NaN", Code.WRONG_TYPE, "images[0].width"),
+    ("9" * 5000, Code.NUMBER_OUT_OF_RANGE, "images[0].width"),
+    ("-" + "9" * 400, Code.NUMBER_OUT_OF_RANGE, "images[0].width"),
+    ("9223372036854775808", Code.NUMBER_OUT_OF_RANGE, "images[0].width"),
+    ("1" * 400 + ".5", Code.WRONG_TYPE, "images[0].width"),
+])
+def test_non_finite_and_huge_numbers_get_a_code_and_the_rest_is_checked(value: str, code: Code, path: str) -> None:
+    text = _DOC.replace('"width": 64', f'"width": {value}').replace('"bbox": [1, 2, 30, 40]', '"bbox": [1, 2, 30, -4]')
+    _, counts, kept = _check(text)
+    assert counts.get(code) == 1 and counts.get(Code.BBOX_NON_POSITIVE_SIZE) == 1, kept
+    [issue] = [i for i in kept if i.code == code]
+    assert issue.path == path and len(issue.message) < 200, issue
+
+
+def test_duplicate_keys_take_the_last_value_like_every_json_reader() -> None:
+    _, counts, kept = _check(_DOC.replace('"id": 1, "image_id"', '"id": "one", "id": 1, "image_id"'))
+    assert counts == {}, kept
+
+
+def test_syntax_errors_after_a_patched_token_point_into_the_original_file() -> None:
+    text = _DOC.replace('"bbox": [1, 2, 30, 40]', '"bbox": [1, NaN, Infinity, 4]').replace('"area": 1200',
+                                                                                         '"area" 1200')
+    _, counts, kept = _check(text)
+    assert counts == {Code.JSON_MALFORMED: 1}
+    line = text.splitlines()[2]
+    assert f"line 3, column {line.index(' 1200') + 2}" in kept[0].message, kept[0].message
+
+
+def test_deep_nesting_is_too_deep_not_a_crash() -> None:
+    _, counts, kept = _check(_DOC[:-1] + ', "info": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert counts == {Code.JSON_TOO_DEEP: 1} and kept[0].file == "annotations/train.json"

@@ -1,0 +1,139 @@
+"""The validator's memory bound (1.5 GB whatever the images and documents), measured in a subprocess.
+
+The test runs the cheap worst case that used to cost 2.7 GB: eight 9400x9400 PNGs (a dataset
+of well under 2 MB whose images decode to 265 MB each). ``python -m tests.unit.test_validation_memory``
+measures every hostile case recorded in docs/security.md (peak RSS of a fresh process running
+``validate_local``), including the slower ones: PNGs right at the 36-megapixel limit, which are
+decoded, deep nesting, huge numbers and NaN in a large file.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from d2ops import synth
+
+BOUND_MB = 1536
+REPO = Path(__file__).resolve().parents[2]
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so a child forked from a big test
+# process would report the parent's size.
+_CHILD = """
+import json, re, sys, time
+from d2ops.validation import validate_local
+started = time.perf_counter()
+report = validate_local(sys.argv[1])
+peak_kb = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1))
+print(json.dumps({"peak_mb": peak_kb / 1024, "seconds": round(time.perf_counter() - started, 2),
+                  "issue_counts": report.issue_counts}))
+"""
+
+
+def measure(dataset: Path) -> dict[str, Any]:
+    """Validate ``dataset`` in a fresh interpreter; its peak RSS (MB), wall time and issue counts."""
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(dataset)], capture_output=True, text=True,
+                          timeout=900, cwd=REPO, env={"PYTHONPATH": f"{REPO / 'src'}", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _base(root: Path, images: int = 8) -> Path:
+    synth.generate(root, images=images, seed=1, size=32)
+    return root
+
+
+def _replace_images(root: Path, make: Callable[[], Image.Image]) -> None:
+    """Every image file of the dataset becomes a copy of one PNG (written once: big images are slow to encode)."""
+    files = sorted((root / "images").rglob("*.jpg"))
+    make().save(files[0], format="PNG")
+    for other in files[1:]:
+        shutil.copyfile(files[0], other)
+
+
+def huge_pngs(root: Path) -> Path:
+    """Eight 9400x9400 PNGs (88 megapixels each, 265 MB decoded as RGB), declared 32x32."""
+    _replace_images(_base(root), lambda: Image.new("RGB", (9400, 9400)))
+    return root
+
+
+def pngs_at_the_limit(root: Path) -> Path:
+    """Eight 6000x6000 RGBA PNGs: exactly 36 megapixels, so they are decoded (144 MB each)."""
+    _replace_images(_base(root), lambda: Image.new("RGBA", (6000, 6000)))
+    return root
+
+
+def deep_nesting(root: Path) -> Path:
+    """100,000 levels of arrays (200 KB) under a key the validator does not read."""
+    _base(root)
+    path = root / "annotations/train.json"
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps(doc)[:-1] + ', "info": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    return root
+
+
+def huge_numbers(root: Path) -> Path:
+    """Every bbox holds a 400-digit integer, and one width a 5000-digit integer (the slow patch path)."""
+    _base(root)
+    path = root / "annotations/train.json"
+    doc = json.loads(path.read_text())
+    for ann in doc["annotations"]:
+        ann["bbox"][2] = 123456.789
+    doc["images"][0]["width"] = 987654.321
+    text = json.dumps(doc).replace("123456.789", "1" * 400).replace("987654.321", "9" * 5000)
+    path.write_text(text)
+    return root
+
+
+def nan_in_a_large_file(root: Path, annotations: int = 400_000) -> Path:
+    """A train.json of about 160 MB (polygons) with one NaN: it must stay on the fast decoder."""
+    _base(root)
+    path = root / "annotations/train.json"
+    doc = json.loads(path.read_text())
+    template = doc["annotations"][0]
+    image_ids = [im["id"] for im in doc["images"]]
+    doc["annotations"] = [dict(template, id=i, image_id=image_ids[i % len(image_ids)],
+                               segmentation=[[1.5, 2.5, 9.5, 2.5, 9.5, 9.5, 1.5, 9.5] * 4])
+                          for i in range(annotations)]
+    doc["annotations"][annotations // 2]["bbox"] = [1.0, float("nan"), 3.0, 4.0]
+    path.write_text(json.dumps(doc))
+    return root
+
+
+CASES: dict[str, Callable[[Path], Path]] = {
+    "eight 9400x9400 PNGs": huge_pngs,
+    "eight 6000x6000 RGBA PNGs (at the limit, decoded)": pngs_at_the_limit,
+    "100k-deep nesting under an unknown key": deep_nesting,
+    "400- and 5000-digit integers": huge_numbers,
+    "one NaN in a 160 MB train.json": nan_in_a_large_file,
+}
+
+
+def test_huge_pngs_are_refused_from_their_header_within_the_bound(tmp_path: Path) -> None:
+    dataset = huge_pngs(tmp_path / "ds")
+    size = sum(p.stat().st_size for p in dataset.rglob("*") if p.is_file())
+    assert size < 3_000_000, f"the hostile dataset should be small ({size} bytes)"
+    result = measure(dataset)
+    assert result["issue_counts"].get("IMAGE_TOO_LARGE") == 8, result
+    # 2.7 GB before the size check came first; now no pixel is decoded (about 40 MB here).
+    assert result["peak_mb"] < BOUND_MB, result
+
+
+if __name__ == "__main__":
+    names = sys.argv[1:] or list(CASES)
+    for name in names:
+        with tempfile.TemporaryDirectory() as tmp:
+            dataset = CASES[name](Path(tmp) / "ds")
+            size = sum(p.stat().st_size for p in dataset.rglob("*") if p.is_file())
+            result = measure(dataset)
+            codes = ", ".join(f"{k} x{v}" for k, v in sorted(result["issue_counts"].items()))
+            print(f"{name}: dataset {size / 1e6:.1f} MB, peak RSS {result['peak_mb']:.0f} MB, "
+                  f"{result['seconds']} s; {codes}", flush=True)
