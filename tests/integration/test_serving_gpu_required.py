@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 import requests
+import torch
 
 from d2ops.container_entry import image_command
 from d2ops.local_serving import LocalEndpoint
-from tests.fixtures.serving.support import cached_artifact
+from model_code import artifact
+from tests.fixtures.serving.support import CATEGORY_IDS, CLASS_NAMES
 
 pytestmark = pytest.mark.integration
 
@@ -28,8 +30,19 @@ def _logs(endpoint: LocalEndpoint) -> str:
     return "\n".join(f.read_text(errors="replace") for f in files if f.is_file())
 
 
+class _Tiny(torch.nn.Module):
+    """Never run: the worker refuses before loading it. Small, so the test costs TorchServe's start only."""
+
+    def forward(self, images: list[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        return [{"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0, dtype=torch.long)}
+                for _ in images]
+
+
 def test_required_gpu_without_cuda_keeps_ping_unhealthy(tmp_path: Path) -> None:
-    endpoint = LocalEndpoint(cached_artifact(pack=True), workdir=tmp_path / "serve", startup_timeout=180)
+    meta = artifact.ArtifactMetadata(framework="torchvision", task="detection", model="tiny",
+                                     class_names=CLASS_NAMES, category_ids=CATEGORY_IDS)
+    model_dir = artifact.save_artifact(tmp_path / "model", torch.jit.script(_Tiny()), meta)
+    endpoint = LocalEndpoint(model_dir, workdir=tmp_path / "serve", startup_timeout=180)
     env = endpoint.environment()
     env["D2OPS_REQUIRE_GPU"] = "true"
     endpoint.workdir.mkdir(parents=True)
@@ -44,10 +57,10 @@ def test_required_gpu_without_cuda_keeps_ping_unhealthy(tmp_path: Path) -> None:
             while time.monotonic() < deadline:
                 assert endpoint.proc.poll() is None, _logs(endpoint)[-3000:]
                 try:
-                    r = requests.get(endpoint.ping_url, timeout=2)
+                    r = requests.get(endpoint.ping_url, timeout=5)
                     answers.append((r.status_code, r.text))
-                except requests.ConnectionError:
-                    pass
+                except (requests.ConnectionError, requests.Timeout):
+                    pass  # not listening yet, or a loaded machine answered late: neither is a 200
                 if refused_at is None and "GpuUnavailableError" in _logs(endpoint):
                     refused_at = time.monotonic()
                 # Keep watching a while after the worker refused: TorchServe retries it, /ping must stay 503.
