@@ -7,7 +7,7 @@ cfn-lint's YAML loader (it understands ``!Ref``/``!Sub``/``!GetAtt``), imported 
 importing this module stays cheap.
 
 ``resolve`` evaluates the few intrinsic functions the template uses in environment
-variables and substitutions (Ref, Fn::GetAtt, Fn::Sub, Fn::Join, Fn::If, Fn::Not,
+variables and substitutions (Ref, Fn::GetAtt, Fn::Sub, Fn::Join, Fn::Split, Fn::Select, Fn::If, Fn::Not,
 Fn::Equals) against values the caller supplies, and refuses anything else by name.
 """
 
@@ -303,6 +303,12 @@ def resolve(
         if key == "Fn::Join":
             sep, items = arg
             return str(sep).join(str(x) for x in walk(items))
+        if key == "Fn::Split":
+            sep, text = arg
+            return str(walk(text)).split(str(sep))
+        if key == "Fn::Select":
+            index, items = arg
+            return walk(items)[int(walk(index))]
         if key == "Fn::If":
             name, when_true, when_false = arg
             if conditions is None:

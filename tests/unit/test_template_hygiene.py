@@ -461,3 +461,153 @@ def test_alarms_notify() -> None:
     assert ("AWS/Lambda", "Errors") in metrics
     for a in alarms:
         assert props(a)["AlarmActions"] == [{"Ref": "NotificationTopic"}], f"{a} notifies nobody"
+
+
+# ---------------------------------------------------------------- SageMaker roles (issue 10)
+# Each job kind has its own role; the S3 keys, repositories and roles the pipeline really uses
+# (the prepare Lambda's plan, the ASL's CreateModel) are checked against what each role allows.
+
+JOB_ROLES = {"training": "TrainingJobRole", "evaluation": "EvaluationJobRole", "endpoint": "EndpointRole"}
+IMAGES = {"TrainingImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/d2ops-training:7",
+          "ServingImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/d2ops-serving@sha256:" + "a" * 64}
+
+
+def _resolved_statements(role: str) -> list[dict[str, Any]]:
+    from d2ops.template import resolve
+    from tests.fixtures.pipeline import support
+
+    def getatt(logical_id: str, attribute: str) -> str:
+        kind = RESOURCES[logical_id]["Type"]
+        if kind == "AWS::S3::Bucket":
+            return "arn:aws:s3:::" + {"DataBucket": support.DATA_BUCKET, "ArtifactsBucket": support.ARTIFACTS_BUCKET,
+                                      }.get(logical_id, logical_id)
+        return f"arn:aws:{kind.split('::')[1].lower()}:us-east-1:123456789012:{logical_id}"
+
+    refs = {**IMAGES, "DataBucket": support.DATA_BUCKET, "ArtifactsBucket": support.ARTIFACTS_BUCKET}
+    statements: list[dict[str, Any]] = []
+    for policy in props(role).get("Policies", []):
+        statements += resolve(policy["PolicyDocument"]["Statement"], refs, getatt)
+    for managed in props(role).get("ManagedPolicyArns", []):
+        assert is_ref(managed, "SageMakerJobBasics"), f"{role}: unexpected managed policy {managed}"
+        statements += resolve(props("SageMakerJobBasics")["PolicyDocument"]["Statement"], refs, getatt)
+    return statements
+
+
+def allows(role: str, action: str, arn: str, prefix: str | None = None) -> bool:
+    """Whether an Allow statement of ``role`` grants ``action`` on ``arn`` (``prefix``: s3:prefix of a list)."""
+    import fnmatch
+
+    for st in _resolved_statements(role):
+        if st["Effect"] != "Allow" or action not in as_list(st["Action"]):
+            continue
+        if not any(fnmatch.fnmatchcase(arn, pattern) for pattern in as_list(st["Resource"])):
+            continue
+        wanted = (st.get("Condition") or {}).get("StringLike", {}).get("s3:prefix")
+        if wanted is None or (prefix is not None and any(fnmatch.fnmatchcase(prefix, p) for p in as_list(wanted))):
+            return True
+    return False
+
+
+def _s3(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return f"arn:aws:s3:::{bucket}", key
+
+
+def _plan() -> dict[str, Any]:
+    from tests.fixtures.pipeline import support
+
+    support.function_path("prepare_training")
+    from prepare_training.models import ChampionRef, PrepareEvent, PrepareSettings
+    from prepare_training.service import build_plan
+
+    settings = PrepareSettings.from_env(support.PREPARE_ENV)
+    champion = ChampionRef(run_id="older", primary_metric="bbox_AP", primary_value=0.5,
+                           model_data=f"s3://{support.ARTIFACTS_BUCKET}/runs/older/training/older-train/output/"
+                                      "model.tar.gz", model_package_arn="arn:aws:sagemaker:::model-package/x/1")
+    event = PrepareEvent.model_validate(support.load_event("prepare_training", "defaults"))
+    return build_plan(settings, event, champion).model_dump()
+
+
+def test_each_job_role_reaches_the_keys_its_job_uses_and_the_endpoint_nothing_but_models() -> None:
+    from tests.fixtures.pipeline import support
+
+    plan = _plan()
+    train, evaluation = plan["training_job"], plan["evaluation_job"]
+    assert train["RoleArn"].endswith("/d2ops-TrainingJobRole")
+    assert evaluation["RoleArn"].endswith("/d2ops-EvaluationJobRole")
+    dataset_uri = train["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"]
+    data_bucket, dataset_prefix = _s3(dataset_uri)
+    artifacts = f"arn:aws:s3:::{support.ARTIFACTS_BUCKET}"
+    model_bucket, model_key = _s3(f"{train['OutputDataConfig']['S3OutputPath']}{train['TrainingJobName']}/output/"
+                                  "model.tar.gz")
+    _, checkpoint_prefix = _s3(train["CheckpointConfig"]["S3Uri"])
+    _, evaluation_prefix = _s3(evaluation["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"])
+    champion_model = _s3(plan["champion"]["model_data"])[1]
+
+    # training: lists and reads its dataset version, writes its output, syncs its checkpoints
+    assert allows("TrainingJobRole", "s3:ListBucket", data_bucket, prefix=dataset_prefix)
+    assert allows("TrainingJobRole", "s3:GetObject", f"{data_bucket}/{dataset_prefix}annotations/train.json")
+    assert allows("TrainingJobRole", "s3:GetObject", f"{data_bucket}/pretrained/R-50.pkl")
+    assert allows("TrainingJobRole", "s3:PutObject", f"{model_bucket}/{model_key}")
+    for action in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject"):
+        assert allows("TrainingJobRole", action, f"{artifacts}/{checkpoint_prefix}model_0000099.pth")
+    assert allows("TrainingJobRole", "s3:ListBucket", artifacts, prefix=checkpoint_prefix)
+    assert not allows("TrainingJobRole", "s3:PutObject", f"{artifacts}/champion.json")
+    assert not allows("TrainingJobRole", "s3:PutObject", f"{artifacts}/{evaluation_prefix}evaluation.json")
+    assert not allows("TrainingJobRole", "s3:PutObject", f"{data_bucket}/{dataset_prefix}images/a.jpg")
+
+    # evaluation: reads both models and the val split, writes its report, nothing else
+    for key in (model_key, champion_model):
+        assert allows("EvaluationJobRole", "s3:GetObject", f"{artifacts}/{key}")
+        assert allows("EvaluationJobRole", "s3:ListBucket", artifacts, prefix=key)
+    assert allows("EvaluationJobRole", "s3:GetObject", f"{data_bucket}/{dataset_prefix}annotations/val.json")
+    assert allows("EvaluationJobRole", "s3:PutObject", f"{artifacts}/{evaluation_prefix}evaluation.json")
+    assert not allows("EvaluationJobRole", "s3:PutObject", f"{artifacts}/{model_key}")
+    assert not allows("EvaluationJobRole", "s3:GetObject", f"{artifacts}/{checkpoint_prefix}model_final.pth")
+
+    # the endpoint (untrusted images): reads model artifacts, writes nothing, reads no dataset
+    assert allows("EndpointRole", "s3:GetObject", f"{artifacts}/{model_key}")
+    for action, arn in [("s3:PutObject", f"{artifacts}/{model_key}"), ("s3:DeleteObject", f"{artifacts}/{model_key}"),
+                        ("s3:PutObject", f"{artifacts}/{champion_model}"),
+                        ("s3:GetObject", f"{data_bucket}/{dataset_prefix}annotations/train.json"),
+                        ("s3:GetObject", f"{artifacts}/{evaluation_prefix}evaluation.json"),
+                        ("s3:GetObject", f"{artifacts}/{checkpoint_prefix}model_final.pth"),
+                        ("s3:GetObject", f"{artifacts}/champion.json"), ("s3:ListBucket", data_bucket)]:
+        assert not allows("EndpointRole", action, arn), f"EndpointRole may {action} {arn}"
+    s3_actions = {a for st in _resolved_statements("EndpointRole") for a in as_list(st["Action"])
+                  if a.startswith("s3:")}
+    assert s3_actions == {"s3:GetObject"}
+
+
+def test_each_role_pulls_only_its_own_image_repository() -> None:
+    repo = "arn:aws:ecr:us-east-1:123456789012:repository/"
+    for role, image in [("TrainingJobRole", "d2ops-training"), ("EvaluationJobRole", "d2ops-training"),
+                        ("EndpointRole", "d2ops-serving")]:
+        other = "d2ops-serving" if image == "d2ops-training" else "d2ops-training"
+        assert allows(role, "ecr:BatchGetImage", repo + image) and allows(role, "ecr:GetDownloadUrlForLayer",
+                                                                           repo + image)
+        assert not allows(role, "ecr:BatchGetImage", repo + other), f"{role} may pull {other}"
+        assert not allows(role, "ecr:BatchGetImage", repo + "someone-elses-image")
+
+
+def test_the_state_machine_passes_exactly_the_three_job_roles() -> None:
+    passes = [st for rid, st in identity_statements() if "iam:PassRole" in as_list(st.get("Action", []))]
+    assert len(passes) == 1
+    assert sorted(r["Fn::GetAtt"][0] if isinstance(r["Fn::GetAtt"], list) else r["Fn::GetAtt"].split(".")[0]
+                  for r in as_list(passes[0]["Resource"])) == sorted(JOB_ROLES.values())
+    assert resources_of("AWS::IAM::Role") == sorted(JOB_ROLES.values())  # no shared SageMaker role left
+
+
+def test_jobs_and_the_endpoint_run_without_network_and_multi_host_traffic_is_encrypted() -> None:
+    import json
+
+    plan = _plan()
+    train, evaluation = plan["training_job"], plan["evaluation_job"]
+    assert train["EnableNetworkIsolation"] is True and train["EnableInterContainerTrafficEncryption"] is True
+    assert evaluation["NetworkConfig"] == {"EnableNetworkIsolation": True,
+                                           "EnableInterContainerTrafficEncryption": True}
+    definition = json.loads((REPO_ROOT / "statemachine" / "training_pipeline.asl.json").read_text())
+    create_model = definition["States"]["Create model"]["Parameters"]
+    assert create_model["EnableNetworkIsolation"] is True and create_model["ExecutionRoleArn"] == "${EndpointRoleArn}"
+    substitution = props("PipelineStateMachine")["DefinitionSubstitutions"]["EndpointRoleArn"]
+    assert substitution == {"Fn::GetAtt": ["EndpointRole", "Arn"]} or substitution == {"Fn::GetAtt": "EndpointRole.Arn"}

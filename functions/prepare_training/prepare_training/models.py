@@ -33,7 +33,9 @@ class PrepareSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     artifacts_bucket: str = Field(min_length=3)
-    sagemaker_role_arn: str = Field(pattern=r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$")
+    # One role per job kind (template.yaml): each reaches only the S3 keys its job uses.
+    training_role_arn: str = Field(pattern=r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$")
+    evaluation_role_arn: str = Field(pattern=r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$")
     training_image_uri: str = Field(min_length=1)
     evaluation_image_uri: str = Field(min_length=1)
     framework: Literal["detectron2", "torchvision"] = "detectron2"
@@ -69,7 +71,7 @@ class PrepareSettings(BaseModel):
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> PrepareSettings:
-        """Read ``ARTIFACTS_BUCKET``, ``SAGEMAKER_ROLE_ARN``, ... (upper-case field names)."""
+        """Read ``ARTIFACTS_BUCKET``, ``TRAINING_ROLE_ARN``, ... (upper-case field names)."""
         values: dict[str, Any] = {}
         for name in cls.model_fields:
             raw = env.get(name.upper())

@@ -69,7 +69,7 @@ def training_job_request(settings: PrepareSettings, event: PrepareEvent, names: 
         stopping["MaxWaitTimeInSeconds"] = 2 * settings.max_training_seconds
     return {
         "TrainingJobName": names.training_job,
-        "RoleArn": settings.sagemaker_role_arn,
+        "RoleArn": settings.training_role_arn,
         "AlgorithmSpecification": {"TrainingImage": settings.training_image_uri, "TrainingInputMode": "File",
                                    "MetricDefinitions": [dict(d) for d in metrics.METRIC_DEFINITIONS],
                                    "EnableSageMakerMetricsTimeSeries": True},
@@ -80,6 +80,10 @@ def training_job_request(settings: PrepareSettings, event: PrepareEvent, names: 
                            "InstanceCount": settings.training_instance_count, "VolumeSizeInGB": VOLUME_GB},
         "StoppingCondition": stopping,
         "EnableManagedSpotTraining": settings.use_spot,
+        # The container needs no network: SageMaker moves channels, output and checkpoints, and
+        # pretrained weights arrive as a channel. Hosts still talk to each other, encrypted.
+        "EnableNetworkIsolation": True,
+        "EnableInterContainerTrafficEncryption": True,
         # Checkpoints sync to S3 so a spot restart (same job) resumes instead of starting over.
         "CheckpointConfig": {"S3Uri": f"s3://{settings.artifacts_bucket}/checkpoints/{event.run_id}/",
                              "LocalPath": CHECKPOINT_DIR},
@@ -104,7 +108,7 @@ def evaluation_job_request(settings: PrepareSettings, event: PrepareEvent, names
         inputs.append(model_input("champion", champion.model_data))
     return {
         "ProcessingJobName": names.evaluation_job,
-        "RoleArn": settings.sagemaker_role_arn,
+        "RoleArn": settings.evaluation_role_arn,
         "AppSpecification": {"ImageUri": settings.evaluation_image_uri,
                              "ContainerEntrypoint": ["python", "-m", "model_code.evaluation.job"]},
         "ProcessingInputs": inputs,
@@ -115,6 +119,8 @@ def evaluation_job_request(settings: PrepareSettings, event: PrepareEvent, names
         "ProcessingResources": {"ClusterConfig": {"InstanceCount": 1, "InstanceType": settings.evaluation_instance_type,
                                                   "VolumeSizeInGB": VOLUME_GB}},
         "StoppingCondition": {"MaxRuntimeInSeconds": EVALUATION_MAX_SECONDS},
+        # Evaluation reads its inputs and writes its report through SageMaker's own transfer: no network.
+        "NetworkConfig": {"EnableNetworkIsolation": True, "EnableInterContainerTrafficEncryption": True},
         "Tags": [{"Key": "d2ops:run-id", "Value": event.run_id}],
     }
 
