@@ -10,15 +10,14 @@ decoded, deep nesting, huge numbers and NaN in a large file.
 from __future__ import annotations
 
 import json
-import shutil
+import struct
 import subprocess
 import sys
 import tempfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from PIL import Image
 
 from d2ops import synth
 
@@ -51,23 +50,35 @@ def _base(root: Path, images: int = 8) -> Path:
     return root
 
 
-def _replace_images(root: Path, make: Callable[[], Image.Image]) -> None:
-    """Every image file of the dataset becomes a copy of one PNG (written once: big images are slow to encode)."""
-    files = sorted((root / "images").rglob("*.jpg"))
-    make().save(files[0], format="PNG")
-    for other in files[1:]:
-        shutil.copyfile(files[0], other)
+def _replace_images(root: Path, png: bytes) -> None:
+    """Every image file of the dataset becomes a copy of one PNG."""
+    for path in sorted((root / "images").rglob("*.jpg")):
+        path.write_bytes(png)
+
+
+def _black_png(width: int, height: int, mode: str = "RGB") -> bytes:
+    """A valid, fully decodable black PNG, compressed row by row (no bitmap of the whole image in memory)."""
+    channels, color_type = {"RGB": (3, 2), "RGBA": (4, 6)}[mode]
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    compressor = zlib.compressobj(9)
+    row = b"\x00" * (1 + width * channels)  # filter byte "none" + the pixels
+    data = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+    header = struct.pack(">IIBBBBB", width, height, 8, color_type, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", data) + chunk(b"IEND", b"")
 
 
 def huge_pngs(root: Path) -> Path:
     """Eight 9400x9400 PNGs (88 megapixels each, 265 MB decoded as RGB), declared 32x32."""
-    _replace_images(_base(root), lambda: Image.new("RGB", (9400, 9400)))
+    _replace_images(_base(root), _black_png(9400, 9400))
     return root
 
 
 def pngs_at_the_limit(root: Path) -> Path:
     """Eight 6000x6000 RGBA PNGs: exactly 36 megapixels, so they are decoded (144 MB each)."""
-    _replace_images(_base(root), lambda: Image.new("RGBA", (6000, 6000)))
+    _replace_images(_base(root), _black_png(6000, 6000, "RGBA"))
     return root
 
 
@@ -115,6 +126,15 @@ CASES: dict[str, Callable[[Path], Path]] = {
     "400- and 5000-digit integers": huge_numbers,
     "one NaN in a 160 MB train.json": nan_in_a_large_file,
 }
+
+
+def test_the_generated_png_is_a_real_image() -> None:
+    import io
+
+    from PIL import Image
+    with Image.open(io.BytesIO(_black_png(300, 200, "RGBA"))) as image:
+        image.load()
+        assert image.size == (300, 200) and image.mode == "RGBA" and image.getextrema()[0] == (0, 0)
 
 
 def test_huge_pngs_are_refused_from_their_header_within_the_bound(tmp_path: Path) -> None:
