@@ -118,8 +118,8 @@ def gate_line(run: dict[str, Any]) -> str:
     gate = run["gate"]
     champion = f"{gate['champion']:.4f}" if gate.get("champion") is not None else "none"
     return (f"{run['run_id']} ({run['max_iter']} iterations): {gate['primary_metric']} challenger "
-            f"{gate['challenger']:.4f} vs champion {champion}; stack gate MinMap {gate['min_map']}, "
-            f"MaxRegression {gate['max_regression']} -> {str(gate['decision']).upper()}")
+            f"{gate['challenger']:.4f} vs champion {champion}; gate min_map {gate['min_map']}, "
+            f"max_regression {gate['max_regression']} (the stack's) -> {str(gate['decision']).upper()}")
 
 
 def show_refusal(rt: Any, champion: dict[str, Any], refused: dict[str, Any], dataset: Path) -> bool:
