@@ -248,41 +248,78 @@ def _quotes(buffer: Any, start: int, end: int) -> int:
     return count
 
 
-def _candidates(buffer: Any, numbers: bool) -> list[tuple[int, int, bytes]]:
-    """(start, end, text) of every NaN/Infinity/-Infinity in ``buffer`` (and number candidates), in order."""
-    found: list[tuple[int, int, bytes]] = []
-    for token in (b"NaN", b"Infinity"):
-        at = buffer.find(token)
-        while at >= 0:
-            start = at - 1 if token == b"Infinity" and at > 0 and buffer[at - 1] == ord("-") else at
-            found.append((start, at + len(token), bytes(buffer[start:at + len(token)])))
-            at = buffer.find(token, at + len(token))
-    if numbers:
-        found.extend((m.start(), m.end(), m.group()) for m in _NUMBER_CANDIDATE.finditer(buffer))
-    found.sort()
-    return found
+class _Candidates:
+    """The next NaN/Infinity/-Infinity (and, with ``numbers``, number candidate) at or after a position.
+
+    Each kind's next occurrence is cached and searched again only once the cursor passes it, so
+    skipping a whole string costs one search per kind, however many candidates the string holds.
+    """
+
+    def __init__(self, buffer: Any, numbers: bool) -> None:
+        self.buffer = buffer
+        self.kinds: list[bytes | re.Pattern[bytes]] = [b"NaN", b"Infinity"]
+        if numbers:
+            self.kinds.append(_NUMBER_CANDIDATE)
+        self.cached: list[tuple[int, int] | None] = [(-1, -1)] * len(self.kinds)  # (start, end); None: no more
+
+    def _search(self, kind: bytes | re.Pattern[bytes], pos: int) -> tuple[int, int] | None:
+        if isinstance(kind, bytes):
+            at = self.buffer.find(kind, pos)
+            return None if at < 0 else (at, at + len(kind))
+        match = kind.search(self.buffer, pos)
+        return None if match is None else match.span()
+
+    def next(self, pos: int) -> tuple[int, int] | None:
+        best: tuple[int, int] | None = None
+        for k, kind in enumerate(self.kinds):
+            span = self.cached[k]
+            if span is not None and span[0] < pos:
+                span = self.cached[k] = self._search(kind, pos)
+            if span is not None and (best is None or span[0] < best[0]):
+                best = span
+        if best is not None and self.buffer[best[0]:best[0] + 8] == b"Infinity" and best[0] > 0 \
+                and self.buffer[best[0] - 1] == 0x2D:  # "-Infinity"
+            best = (best[0] - 1, best[1])
+        return best
+
+
+def _string_end(buffer: Any, at: int) -> int:
+    """The position of the unescaped quote that closes the string ``at`` is in; -1 when it never closes."""
+    quote = buffer.find(b'"', at)
+    while quote >= 0:
+        run = 0
+        while quote - run - 1 >= 0 and buffer[quote - run - 1] == 0x5C:
+            run += 1
+        if run % 2 == 0:
+            return int(quote)
+        quote = buffer.find(b'"', quote + 1)
+    return -1
 
 
 def _patch_non_standard(buffer: Any, *, numbers: bool) -> tuple[bytearray, list[tuple[int, int]]]:
     """A copy of ``buffer`` with NaN, Infinity (and, with ``numbers``, undecodable numbers) replaced by markers.
 
-    Only tokens outside strings are replaced (quote parity up to each candidate tells), so a file
-    with one NaN costs one search at memory speed and one extra copy, not a slow path.
+    Only tokens outside strings are replaced (quote parity up to each candidate tells; a candidate
+    inside a string skips to the string's end), so a file with one NaN costs one search at memory
+    speed and one extra copy, not a slow path, and a file of a million "NaN" strings a few seconds.
     """
     out = bytearray()
     view = memoryview(buffer)
     shifts: list[tuple[int, int]] = []
-    done = scanned = delta = 0
-    in_string = False
+    done = scanned = delta = pos = 0
+    candidates = _Candidates(buffer, numbers)
     try:
-        for start, end, text in _candidates(buffer, numbers):
-            if start < done:
+        while (span := candidates.next(pos)) is not None:
+            start, end = span
+            if _quotes(buffer, scanned, start) % 2:  # inside a string: resume after it
+                close = _string_end(buffer, end)
+                if close < 0:
+                    break
+                pos = scanned = close + 1
                 continue
-            in_string ^= _quotes(buffer, scanned, start) % 2 == 1
-            scanned = start
-            if in_string:
-                continue
-            token_start, token_end, mark = _classify(buffer, start, end, text)
+            scanned = pos = start
+            token_start, token_end, mark = _classify(buffer, start, end, bytes(buffer[start:end]))
+            pos = max(end, token_end)
             if mark is None or token_start < done:
                 continue
             out += view[done:token_start]
