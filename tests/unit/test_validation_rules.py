@@ -641,3 +641,19 @@ def test_syntax_errors_after_a_patched_token_point_into_the_original_file() -> N
 def test_deep_nesting_is_too_deep_not_a_crash() -> None:
     _, counts, kept = _check(_DOC[:-1] + ', "info": ' + "[" * 100_000 + "]" * 100_000 + "}")
     assert counts == {Code.JSON_TOO_DEEP: 1} and kept[0].file == "annotations/train.json"
+
+
+def test_only_tokens_outside_strings_are_rewritten() -> None:
+    from d2ops.validation.coco import _patch_non_standard
+
+    strings = ",".join(['"NaN \\\\\\" Infinity 1e999"'] * 5000)  # three backslashes before a quote: escaped
+    text = ('{"info": [' + strings + ', NaN, "x", 1e999, ' + "7" * 2000 + ', "-Infinity", -Infinity, '
+            '"\\\\\\\\", NaN]}')
+    patched, shifts = _patch_non_standard(text.encode(), numbers=True)
+    decoded = json.loads(bytes(patched))["info"]
+    assert decoded[:5000] == ['NaN \\" Infinity 1e999'] * 5000  # a backslash, then a quote
+    assert decoded[5000:] == ["\x00NaN", "x", "\x00Infinity", "\x00BIG", "-Infinity", "\x00-Infinity", "\\\\",
+                              "\x00NaN"]  # the string of two backslashes ends at its quote
+    assert len(shifts) == 5
+    # an unterminated string: nothing after its opening quote is rewritten
+    assert bytes(_patch_non_standard(b'[NaN, "NaN', numbers=False)[0]) == b'["\\u0000NaN", "NaN'
