@@ -28,9 +28,6 @@ from model_code.serving.options import (
 # SageMaker real-time endpoints take at most 6 MB per request; TorchServe's max_request_size
 # (containers/serving/config.properties) refuses longer bodies before they reach Python.
 MAX_IMAGE_BYTES = 6 * 1024 * 1024
-# A small compressed file can expand to a huge bitmap (a decompression bomb): d2ops.images
-# refuses more than this many pixels from the header, before decoding.
-MAX_PIXELS = rule.MAX_PIXELS
 RAW_IMAGE_TYPES = frozenset({"image/jpeg", "image/jpg", "image/png", "application/x-image", "application/octet-stream"})
 JSON_TYPES = frozenset({"application/json"})
 # d2ops.images' reasons -> the answer: other formats are 415, too many pixels 413, the rest 400.
@@ -68,7 +65,7 @@ def media_type(content_type: str | None) -> str:
 
 
 def as_bytes(body: Any) -> bytes:
-    """TorchServe hands the body over as bytes, or as str/dict when it decoded it itself."""
+    """TorchServe hands the body over as bytes (decode_input_request=false); tests may pass str."""
     if body is None:
         return b""
     if isinstance(body, bytes | bytearray | memoryview):
