@@ -28,8 +28,8 @@ from tests.fixtures.d2export import support
 from tests.fixtures.serving.support import shapes_image
 
 # (width, height, seed): enlarged x1.07 / x2.67, shrunk with the long side capped, exactly at size.
-RESIZED_IMAGES = [(160, 120, 0), (64, 48, 4), (250, 90, 3)]
-UNRESIZED_IMAGES = [(128, 160, 5)]
+ENLARGED_A_LITTLE, ENLARGED, SHRUNK_CAPPED, AT_SIZE = (160, 120, 0), (64, 48, 4), (250, 90, 3), (128, 160, 5)
+RESIZED_IMAGES = [ENLARGED_A_LITTLE, ENLARGED, SHRUNK_CAPPED]
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["faster_rcnn", "mask_rcnn"])
@@ -52,7 +52,7 @@ def ours(detector, image) -> list[support.Detection]:
     return support.detections_from_output(out)
 
 
-@pytest.mark.parametrize(("width", "height", "seed"), RESIZED_IMAGES + UNRESIZED_IMAGES)
+@pytest.mark.parametrize(("width", "height", "seed"), [ENLARGED_A_LITTLE, SHRUNK_CAPPED, AT_SIZE])
 def test_equals_default_predictor_when_both_resize_alike(exported, width, height, seed):
     predictor, detector = exported
     image = shapes_image(width, height, seed)
@@ -62,7 +62,7 @@ def test_equals_default_predictor_when_both_resize_alike(exported, width, height
     assert worst["matched"] == len(reference) == len(got)
 
 
-@pytest.mark.parametrize(("width", "height", "seed"), RESIZED_IMAGES[1:])
+@pytest.mark.parametrize(("width", "height", "seed"), [ENLARGED, SHRUNK_CAPPED])
 def test_matches_unmodified_default_predictor_within_tolerance(exported, width, height, seed):
     predictor, detector = exported
     image = shapes_image(width, height, seed)
