@@ -81,7 +81,7 @@ bench-serve: setup  ## TorchServe /invocations (concurrency 1 and 8, batching on
 
 # --- training (issue 3) -----------------------------------------------------------------
 .PHONY: bench-train test-training-slow
-bench-train: setup  ## CPU training throughput (images/s), one process vs two (gloo), and the ratio
+bench-train: setup  ## CPU training images/s, detectron2 vs torchvision (the baseline) on the same data, and the ratio
 	$(BIN)/python -m d2ops.bench.train --workdir build/bench-train
 
 .PHONY: bench-calibrate
