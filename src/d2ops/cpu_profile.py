@@ -21,7 +21,7 @@ CPU_MODEL = "fasterrcnn_resnet18_fpn"
 def torchvision_cpu_profile(image_size: int = 128) -> dict[str, str]:
     """Hyperparameters of the CPU profile for images of about ``image_size`` pixels."""
     return {"model": CPU_MODEL, "min_size": str(image_size), "max_size": str(image_size),
-            "ims_per_batch": "4", "base_lr": "0.02", "warmup_iters": "50", "max_iter": "150",
+            "ims_per_batch": "4", "base_lr": "0.005", "warmup_iters": "50", "max_iter": "150",
             "clip_grad_norm": "10", "rpn_pre_nms_train": "600", "rpn_post_nms_train": "300",
             "rpn_pre_nms_test": "300", "rpn_post_nms_test": "100", "roi_batch_size_per_image": "128",
             "num_workers": "0", "log_period": "10"}

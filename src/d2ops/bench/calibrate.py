@@ -84,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
             break
         largest = p["lr"]
     margin = largest / profile_lr if largest else None
-    print(f"largest converging lr {largest} (probes: {stable}); profile lr {profile_lr:g}; "
-          f"margin x{margin:.1f}" if margin else f"no probe converged; profile lr {profile_lr:g}")
+    if probes:
+        print(f"largest converging lr {largest} (probes: {stable}); profile lr {profile_lr:g}; "
+              f"margin x{margin:.1f}" if margin else f"no probe converged; profile lr {profile_lr:g}")
 
     seeds = []
     for seed in (int(s) for s in args.seeds.split(",") if s):
