@@ -147,7 +147,8 @@ def test_instance_segmentation_fine_tunes_from_the_pretrained_channel(
     assert detector.metadata.task == "instance_segmentation"
     evaluation = detector.evaluation
     assert evaluation["primary_metric"] == "segm_AP"
-    assert evaluation["metrics"]["segm_AP50"] > 0.2 and evaluation["metrics"]["bbox_AP50"] >= MIN_AP50
+    # measured 0.80 (segm and bbox AP50) after 30 iterations from a 120-iteration detector: docs/training.md
+    assert evaluation["metrics"]["segm_AP50"] >= MIN_AP50 and evaluation["metrics"]["bbox_AP50"] >= MIN_AP50
     assert result.metrics["val:segm_AP50"] == pytest.approx(evaluation["metrics"]["segm_AP50"], abs=1e-6)
     with tarfile.open(result.model_artifact) as tar:
         assert "model.pt" in tar.getnames()
