@@ -195,8 +195,10 @@ def train_worker(local_rank: int, ctx: RunContext) -> None:
                                horizontal_flip=hp.horizontal_flip, seed=hp.seed, source=str(ctx.dataset.train_json))
     sampler = IterationBatchSampler(len(dataset), global_batch=schedule.global_batch, rank=rank, world_size=world,
                                     seed=hp.seed, start=start_iter, stop=schedule.max_iter)
+    # Its own generator: creating the iterator draws a worker seed, and from the global RNG that draw
+    # would shift the restored stream of a resumed run (RPN/RoI sampling) against the uninterrupted one.
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=hp.num_workers, collate_fn=collate,
-                        persistent_workers=False)
+                        persistent_workers=False, generator=torch.Generator().manual_seed(hp.seed + rank))
     ddp: nn.Module = (nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if plan.use_gpu else None)
                       if world > 1 else model)
     ddp.train()
