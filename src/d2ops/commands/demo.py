@@ -32,7 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="then a weaker version (refused by the gate) and a stronger one (promoted blue/green)")
     p.add_argument("--images", type=int, default=160, help="synthetic images per dataset version (default 160)")
     p.add_argument("--size", type=int, default=128, help="image side in pixels (default 128)")
-    p.add_argument("--max-iter", type=int, default=150, help="training iterations (default 150)")
+    p.add_argument("--max-iter", type=int, default=None,
+                   help="training iterations (default: 250 for detectron2, 150 for torchvision)")
     p.add_argument("--deliveries", type=int, default=3,
                    help="deliver the upload event this many times, as at-least-once delivery may (default 3)")
     p.add_argument("--keep-state", action="store_true", help="keep the work dir's earlier runs and champion")
@@ -150,12 +151,14 @@ def run(args: argparse.Namespace) -> int:
     from d2ops.offline.runtime import OfflineRuntime
     from d2ops.trainer_choice import TrainerUnavailable, choose_trainer
 
-    if args.images < 8 or args.max_iter < 1 or args.deliveries < 1:
+    if args.images < 8 or (args.max_iter is not None and args.max_iter < 1) or args.deliveries < 1:
         raise UsageError("--images must be >= 8, --max-iter and --deliveries >= 1")
     try:
         trainer = choose_trainer(args.framework, args.size)
     except TrainerUnavailable as exc:
         raise UsageError(str(exc)) from exc
+    if args.max_iter is None:
+        args.max_iter = trainer.demo_iterations
     install_signal_handlers()
     work_dir: Path = args.work_dir
     settings: dict[str, Any] = {"training_defaults": trainer.training_defaults,
