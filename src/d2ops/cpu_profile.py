@@ -30,6 +30,11 @@ def torchvision_cpu_profile(image_size: int = 128) -> dict[str, str]:
 TORCHVISION_CPU_PROFILE = torchvision_cpu_profile(CALIBRATION_DATA["size"])
 
 
+def torchvision_job_defaults(image_size: int) -> dict[str, str]:
+    """The profile less the choices that belong to a run (model, iterations): offline job defaults."""
+    return {k: v for k, v in torchvision_cpu_profile(image_size).items() if k not in ("model", "max_iter")}
+
+
 def unset_profile_values(profile: Mapping[str, str], explicitly_set: set[str]) -> dict[str, str]:
     """The profile's values for the hyperparameters the job did not set itself (the user's always win)."""
     return {name: value for name, value in profile.items() if name not in explicitly_set}

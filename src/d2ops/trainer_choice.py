@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from d2ops.cpu_profile import torchvision_cpu_profile
+from d2ops.cpu_profile import torchvision_cpu_profile, torchvision_job_defaults
 
 FRAMEWORKS = ("auto", "detectron2", "torchvision")
 HOW_TO_INSTALL = "`make setup` installs it from ../shared/wheels (see README)"
@@ -61,7 +61,7 @@ def torchvision_choice(reason: str, image_size: int) -> TrainerChoice:
     profile = torchvision_cpu_profile(image_size)
     return TrainerChoice(
         "torchvision", reason,
-        training_defaults={k: v for k, v in profile.items() if k not in ("model", "max_iter")},
+        training_defaults=torchvision_job_defaults(image_size),
         manifest_training={"model": profile["model"], "ims_per_batch": int(profile["ims_per_batch"]),
                            "base_lr": float(profile["base_lr"])},
         demo_iterations=int(profile["max_iter"]))

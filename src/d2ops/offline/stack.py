@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from d2ops import template as sam
-from d2ops.cpu_profile import torchvision_cpu_profile
+from d2ops.cpu_profile import torchvision_job_defaults
 
 REGION = "us-east-1"
 ACCOUNT_ID = "123456789012"
@@ -43,7 +43,7 @@ OFFLINE_FUNCTION_ENV: dict[str, dict[str, str]] = {
 # data's resolution, less the choices that belong to the run (model, iterations). The pipeline's own
 # hyperparameters (the manifest's `training` keys) always win over these.
 def cpu_training_profile(image_size: int) -> dict[str, str]:
-    return {k: v for k, v in torchvision_cpu_profile(image_size).items() if k not in ("model", "max_iter")}
+    return torchvision_job_defaults(image_size)
 
 
 # What Lambda itself puts in every function's environment (the parts handlers may read).
