@@ -13,6 +13,10 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from d2ops.commands.errors import UsageError
+
+__all__ = ["COMMAND_MODULES", "UsageError", "build_parser", "main"]
+
 # One line per sub-command module, in the order they appear in --help.
 COMMAND_MODULES: tuple[str, ...] = (
     "d2ops.commands.synth",
@@ -25,10 +29,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "d2ops.commands.status",
     "d2ops.commands.graph",
 )
-
-
-class UsageError(Exception):
-    """Bad arguments discovered after parsing (a missing path, a malformed JSON option)."""
 
 
 def build_parser() -> argparse.ArgumentParser:

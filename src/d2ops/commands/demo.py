@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from d2ops.cli import UsageError
+from d2ops.commands.errors import UsageError
 from d2ops.trainer_choice import FRAMEWORKS, TrainerChoice
 
 

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from d2ops.cli import UsageError
+from d2ops.commands.errors import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

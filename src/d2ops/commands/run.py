@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from d2ops.cli import UsageError
+from d2ops.commands.errors import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

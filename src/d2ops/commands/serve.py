@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from d2ops.cli import UsageError
+from d2ops.commands.errors import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from d2ops.cli import UsageError
+from d2ops.commands.errors import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
