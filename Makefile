@@ -61,9 +61,13 @@ test: setup  ## run the whole test suite (everything but the `slow` marker)
 test-all: setup  ## the whole suite including `slow` checks
 	$(BIN)/pytest
 
-lint: setup  ## ruff, mypy, cfn-lint, sam validate --lint, checkov, hadolint
+# The handler packages (functions/<fn>/<fn>) are top-level packages for lint-imports, as in Lambda.
+FUNCTION_PATHS := $(subst $(eval) ,:,$(patsubst %/,%,$(wildcard functions/*/)))
+
+lint: setup  ## ruff, mypy, import-linter (package boundaries), cfn-lint, sam validate --lint, checkov, hadolint
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	PYTHONPATH=src:.:$(FUNCTION_PATHS) $(BIN)/lint-imports --no-logo
 	$(BIN)/cfn-lint template.yaml
 	$(BIN)/sam validate --lint --template template.yaml --region us-east-1
 	$(BIN)/checkov --quiet --compact --skip-download --framework cloudformation --file template.yaml

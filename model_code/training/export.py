@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from torch import nn
 
@@ -11,10 +10,8 @@ from model_code import artifact
 from model_code.dataset_version import read_coco
 from model_code.evaluation.coco import Evaluation, evaluate_detector, print_progress
 from model_code.evaluation.documents import model_evaluation_document, primary_metric_for
+from model_code.training.run_context import RunContext
 from model_code.training.torchvision_export import export_torchvision
-
-if TYPE_CHECKING:
-    from model_code.training.torchvision_trainer import RunContext
 
 
 def write_artifact(ctx: RunContext, model: nn.Module, directory: Path, *, iteration: int, report: bool,

@@ -12,7 +12,6 @@ import re
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -34,8 +33,9 @@ from model_code.training.checkpoints import (
     save_checkpoint,
 )
 from model_code.training.coco_dataset import CocoDetectionSet, IterationBatchSampler, collate
-from model_code.training.config import ConfigError, Hyperparameters, TrainingEnvironment
-from model_code.training.distributed import Schedule, WorldPlan, learning_rate_factor
+from model_code.training.config import ConfigError, Hyperparameters
+from model_code.training.distributed import learning_rate_factor
+from model_code.training.run_context import RunContext
 
 MODEL_PATTERN = re.compile(r"^(fasterrcnn|maskrcnn)_(resnet18|resnet34|resnet50|resnet101)_fpn$")
 DEFAULT_MODELS = {"detection": "fasterrcnn_resnet50_fpn", "instance_segmentation": "maskrcnn_resnet50_fpn"}
@@ -91,23 +91,6 @@ GROUP_NORM_GROUPS = 32  # every ResNet stage width (64..2048) divides by it
 
 def group_norm(channels: int) -> nn.Module:
     return nn.GroupNorm(GROUP_NORM_GROUPS, channels)
-
-
-@dataclass(frozen=True)
-class RunContext:
-    env: TrainingEnvironment
-    hp: Hyperparameters
-    plan: WorldPlan
-    schedule: Schedule
-    dataset: DatasetVersion
-    val_dataset: DatasetVersion
-    categories: Categories
-    model_name: str
-    threads: int
-
-    @property
-    def has_masks(self) -> bool:
-        return self.dataset.task == "instance_segmentation"
 
 
 class StopFlag:
