@@ -1,11 +1,17 @@
-"""``d2ops status [RUN_ID]``: the offline status API's view of the runs (or of one run)."""
+"""``d2ops status [RUN_ID]``: the status API's view of the runs (or of one run).
+
+Offline by default; ``--stack NAME`` reads a deployed stack's API (its ``StatusApiUrl`` output),
+signing each request with the caller's AWS credentials (SigV4, like ``awscurl``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from d2ops.commands.errors import UsageError
 
@@ -15,7 +21,49 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("run_id", metavar="RUN_ID", nargs="?")
     p.add_argument("--work-dir", type=Path, default=Path(".d2ops"), help="offline runtime state (default .d2ops)")
     p.add_argument("--json", action="store_true", help="print the status API's JSON answer")
+    add_stack_arguments(p)
     p.set_defaults(func=run)
+
+
+def add_stack_arguments(p: argparse.ArgumentParser) -> None:
+    """``--stack`` (and where its credentials come from), shared with ``d2ops console``."""
+    p.add_argument("--stack", metavar="NAME", help="a deployed d2ops stack: read its status API (signed with your AWS "
+                                                   "credentials) instead of the offline runtime")
+    p.add_argument("--profile", help="AWS profile for --stack (default: the usual AWS_PROFILE / credential chain)")
+    p.add_argument("--region", help="AWS region of --stack (default: the profile's or AWS_REGION)")
+
+
+class StatusApi(Protocol):
+    def get(self, path: str) -> Any: ...
+
+
+@contextlib.contextmanager
+def open_status_api(args: argparse.Namespace) -> Iterator[StatusApi]:
+    """The status API the arguments name: a deployed stack's (``--stack``), or the offline runtime's.
+
+    Errors the user can fix (no such stack, no credentials, the runtime busy) are UsageErrors.
+    """
+    if getattr(args, "stack", None):
+        import boto3
+        from botocore.exceptions import BotoCoreError
+
+        from d2ops.sigv4 import StackError, for_stack
+
+        try:
+            session = boto3.session.Session(profile_name=args.profile, region_name=args.region)
+            api = for_stack(args.stack, session)
+        except (StackError, BotoCoreError) as exc:
+            raise UsageError(f"--stack {args.stack}: {exc}") from exc
+        yield api
+        return
+    from d2ops.offline.client import connect
+    from d2ops.offline.processes import RuntimeBusy
+
+    try:
+        with connect(args.work_dir) as apis:
+            yield apis
+    except RuntimeBusy as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def _fmt_seconds(value: float | None) -> str:
@@ -79,19 +127,18 @@ def format_runs(listing: dict[str, Any]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from d2ops.offline.client import StatusApiError, connect
-    from d2ops.offline.processes import RuntimeBusy
+    from d2ops.sigv4 import StatusApiError
 
-    try:
-        with connect(args.work_dir) as apis:
-            try:
-                answer = apis.get(f"/runs/{args.run_id}" if args.run_id else "/runs?limit=100")
-            except StatusApiError as err:
-                if err.status == 404 and args.run_id:
-                    raise UsageError(f"no run {args.run_id!r} in {args.work_dir} ({err.message})") from err
-                raise UsageError(f"the status API answered {err}") from err
-    except RuntimeBusy as exc:
-        raise UsageError(str(exc)) from exc
+    where = f"stack {args.stack}" if args.stack else str(args.work_dir)
+    with open_status_api(args) as api:
+        try:
+            answer = api.get(f"/runs/{args.run_id}" if args.run_id else "/runs?limit=100")
+        except StatusApiError as err:
+            if err.status == 404 and args.run_id:
+                raise UsageError(f"no run {args.run_id!r} in {where} ({err.message})") from err
+            raise UsageError(f"the status API of {where} answered {err}") from err
+        except OSError as exc:  # unreachable URL, DNS, TLS: the stack's API cannot be reached from here
+            raise UsageError(f"the status API of {where} cannot be reached: {exc}") from exc
     if args.json:
         print(json.dumps(answer))
         return 0

@@ -2,8 +2,10 @@
 
 Routes come from the function's ``HttpApi`` events in template.yaml, so the local API answers
 exactly the routes the deployed one has (others get API Gateway's 404 ``{"message":"Not
-Found"}``). The handler's response document becomes the HTTP response. IAM authorisation is
-not enforced on loopback; the event carries an ``iam`` authorizer block like a signed request.
+Found"}``). The handler's response document becomes the HTTP response. Like the deployed API's
+IAM authorizer, requests must carry a SigV4 signature (service ``execute-api``) by known
+credentials: unsigned or badly signed requests get API Gateway's 403 (`d2ops.sigv4.verify`), and
+the event's ``iam`` authorizer block names the signer.
 """
 
 from __future__ import annotations
@@ -15,13 +17,16 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from botocore.credentials import Credentials
+
 from d2ops.offline.stack import HttpRoute
+from d2ops.sigv4 import SignatureRejected, verify
 
 log = logging.getLogger(__name__)
 MAX_BODY = 1024 * 1024
@@ -44,7 +49,7 @@ def _route_regex(path: str) -> re.Pattern[str]:
 
 def http_event(method: str, raw_path: str, query: str, headers: dict[str, str], body: bytes,
                route: HttpRoute | None, path_parameters: dict[str, str], account_id: str,
-               source_ip: str = "127.0.0.1") -> dict[str, Any]:
+               source_ip: str = "127.0.0.1", access_key: str = "offline") -> dict[str, Any]:
     """An API Gateway HTTP API payload-2.0 event, as the Lambda integration receives it."""
     now = datetime.now(UTC)
     lower = {k.lower(): v for k, v in headers.items()}
@@ -67,7 +72,7 @@ def http_event(method: str, raw_path: str, query: str, headers: dict[str, str], 
             "time": now.strftime("%d/%b/%Y:%H:%M:%S +0000"), "timeEpoch": int(time.time() * 1000),
             "http": {"method": method, "path": raw_path, "protocol": "HTTP/1.1", "sourceIp": source_ip,
                      "userAgent": lower.get("user-agent", "")},
-            "authorizer": {"iam": {"accessKey": "offline", "accountId": account_id, "callerId": "offline",
+            "authorizer": {"iam": {"accessKey": access_key, "accountId": account_id, "callerId": "offline",
                                    "principalOrgId": None, "userArn": f"arn:aws:iam::{account_id}:user/offline",
                                    "userId": "offline"}},
         },
@@ -86,10 +91,12 @@ class HttpApi:
     """A ThreadingHTTPServer that turns requests into events for ``invoke``."""
 
     def __init__(self, routes: list[HttpRoute], invoke: Invoke, account_id: str, host: str = "127.0.0.1",
-                 port: int = 0) -> None:
+                 port: int = 0, *, credentials: Mapping[str, Credentials], region: str) -> None:
         self.routes = [(route, _route_regex(route.path)) for route in routes]
         self.invoke = invoke
         self.account_id = account_id
+        self.credentials = dict(credentials)  # access key id -> what the IAM authorizer accepts
+        self.region = region
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -153,8 +160,16 @@ class HttpApi:
             self._send(handler, 404, b'{"message":"Not Found"}', {"Content-Type": "application/json"})
             return
         route, params = found
+        # The signature covers the URL the client addressed: its Host header, path and raw query.
+        url = f"http://{handler.headers.get('Host') or self.url.partition('://')[2]}{handler.path}"
+        try:
+            caller = verify(handler.command, url, dict(handler.headers.items()), body, self.credentials, self.region)
+        except SignatureRejected as exc:
+            self._send(handler, 403, json.dumps({"message": exc.message}).encode(),
+                       {"Content-Type": "application/json", "x-amzn-ErrorType": exc.error_type})
+            return
         event = http_event(handler.command, parts.path, parts.query, dict(handler.headers.items()), body, route,
-                           params, self.account_id, handler.client_address[0])
+                           params, self.account_id, handler.client_address[0], caller.access_key)
         try:
             response = self.invoke(route.function, event)
         except Exception:

@@ -3,7 +3,8 @@
 While ``d2ops demo`` or ``d2ops run`` holds the work dir, ``d2ops status`` and ``d2ops graph``
 read that runtime's status API and Step Functions endpoint (published in
 ``<work dir>/runtime.json``); otherwise they start a runtime on the work dir just long enough
-to answer from the recorded runs.
+to answer from the recorded runs. Requests are SigV4-signed with the offline credentials, as the
+status API's IAM check requires.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,15 +20,16 @@ from typing import Any
 import boto3
 import psutil
 
-from d2ops.offline.runtime import CREDENTIALS, RUNTIME_INFO, OfflineRuntime
+from d2ops.offline.runtime import CREDENTIALS, RUNTIME_INFO, OfflineRuntime, offline_credentials
 from d2ops.offline.stack import REGION, load_stack
+from d2ops.sigv4 import SignedStatusApi, StatusApiError
+
+__all__ = ["OfflineApis", "StatusApiError", "connect", "offline_status_api"]
 
 
-class StatusApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status}: {message}")
-        self.status = status
-        self.message = message
+def offline_status_api(url: str) -> SignedStatusApi:
+    """A client for an offline status API at ``url``, signing as the offline identity."""
+    return SignedStatusApi(url, offline_credentials(), REGION)
 
 
 @dataclass
@@ -39,16 +39,7 @@ class OfflineApis:
     state_machine_arn: str
 
     def get(self, path: str) -> Any:
-        try:
-            with urllib.request.urlopen(self.status_api + path, timeout=30) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as err:
-            body = err.read().decode("utf-8", "replace")
-            try:
-                message = json.loads(body).get("message", body)
-            except ValueError:
-                message = body
-            raise StatusApiError(err.code, str(message)) from err
+        return offline_status_api(self.status_api).get(path)
 
 
 def _running(work_dir: Path) -> dict[str, Any] | None:

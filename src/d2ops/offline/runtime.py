@@ -28,6 +28,7 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
+from botocore.credentials import Credentials
 
 from d2ops.asl import StateMachine
 from d2ops.offline import events
@@ -46,7 +47,14 @@ log = logging.getLogger(__name__)
 DEFAULT_WORK_DIR = Path(".d2ops")
 RUNTIME_INFO = "runtime.json"  # where a running runtime's status API listens (for `d2ops status`)
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "offline", "AWS_SECRET_ACCESS_KEY": "offline", "AWS_SESSION_TOKEN": "offline"}
+
 _CLIENT_CONFIG = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5, read_timeout=120)
+
+
+def offline_credentials() -> Credentials:
+    """The one identity the offline stack knows: its APIs (the status API's IAM check included) accept it."""
+    return Credentials(CREDENTIALS["AWS_ACCESS_KEY_ID"], CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                       CREDENTIALS["AWS_SESSION_TOKEN"])
 
 
 class OfflineRuntime:
@@ -128,7 +136,8 @@ class OfflineRuntime:
             self.gateway.runtime = self.sagemaker
             self.gateway.start()
             self.status_api = HttpApi([r for r in self.stack.routes], lambda fn, event: self.lambdas.invoke(fn, event),
-                                      ACCOUNT_ID)
+                                      ACCOUNT_ID, credentials={CREDENTIALS["AWS_ACCESS_KEY_ID"]: offline_credentials()},
+                                      region=REGION)
             self.status_api.start()
             self.warden.start_watching()
             write_json_atomic(self.work_dir / RUNTIME_INFO, {"pid": os.getpid(), "status_api": self.status_api.url,
