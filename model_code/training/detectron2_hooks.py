@@ -18,7 +18,10 @@ Choices, and why:
   is of the exported artifact, by rank 0 alone, *after* the process group is destroyed,
   so no rank waits for it at a collective and no NCCL timeout can fire during it.
 - Resume: rank 0's newest checkpoint is what every rank resumes from; ranks on other
-  hosts that lack the file get it from rank 0 before loading.
+  hosts that lack the file get it from rank 0 before loading. The data stream
+  (:mod:`detectron2_sampler`) then starts at the resumed iteration, and torch's RNG is
+  seeded from (seed, rank, iteration) before every step, so a resumed run trains on the
+  same images, flips and RPN/RoI samples as the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from detectron2.utils import comm
 from detectron2.utils.events import CommonMetricPrinter, EventWriter, get_event_storage
 
 from d2ops import metrics as metric_lines
+from model_code.training import detectron2_sampler
 from model_code.training.torchvision_trainer import Interrupted, StopFlag, TrainingError
 
 EXIT_STOPPED = 143
@@ -129,6 +133,25 @@ class StopOnSigterm(HookBase):
         raise Interrupted(f"stopped by SIGTERM at iteration {iteration + 1}; the next start resumes from there")
 
 
+class ReplayableSteps(HookBase):
+    """Before each step: torch's RNG from (seed, rank, iteration), so RPN/RoI sampling does not depend on
+    how many iterations this process ran before (detectron2's checkpoints hold no RNG state).
+    After each logged step: which images (id@position) this rank trained on, the data audit line."""
+
+    def __init__(self, seed: int, log_period: int) -> None:
+        self.seed, self.log_period = seed, log_period
+
+    def before_step(self) -> None:
+        torch.manual_seed(detectron2_sampler.step_seed(self.seed, comm.get_rank(), self.trainer.iter))
+
+    def after_step(self) -> None:
+        if (self.trainer.iter + 1) % self.log_period:
+            return
+        loader = self.trainer._trainer.data_loader
+        samples = " ".join(f"{image}@{position}" for image, position in getattr(loader, "last_batch", []))
+        log(f"data iter={self.trainer.iter + 1} rank={comm.get_rank()} images={samples}")
+
+
 class _QuietInterrupt(logging.Filter):
     """A spot stop is not an error: keep detectron2's "Exception during training" traceback out of the log."""
 
@@ -150,10 +173,28 @@ def create_ddp_model(model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
 defaults.create_ddp_model = create_ddp_model  # DefaultTrainer.__init__ looks the name up in that module
 
 
+def data_seed(cfg: Any) -> int:
+    """The job's seed (the trainer always sets SEED from the seed hyperparameter, never -1 = random)."""
+    if cfg.SEED < 0:
+        raise TrainingError(f"SEED={cfg.SEED}: a random seed cannot be replayed after a resume; set the seed "
+                            "hyperparameter")
+    return int(cfg.SEED)
+
+
 class Trainer(DefaultTrainer):
     log_period = 20
     checkpoints_kept = 2
     stopping = False
+
+    @classmethod
+    def build_train_loader(cls, cfg: Any) -> detectron2_sampler.ResumableLoader:
+        return detectron2_sampler.build_train_loader(cfg, rank=comm.get_rank(), world_size=comm.get_world_size(),
+                                                     seed=data_seed(cfg))
+
+    def resume_or_load(self, resume: bool = True) -> None:
+        super().resume_or_load(resume=resume)
+        # detectron2 creates the loader's iterator at the first step, so the stream can still move
+        self._trainer.data_loader.start_at(self.start_iter)
 
     def after_train(self) -> None:
         try:
@@ -190,6 +231,7 @@ class Trainer(DefaultTrainer):
             elif isinstance(hook, hooks.PeriodicWriter):
                 hook = hooks.PeriodicWriter(self.build_writers(), period=self.log_period)
             built.append(hook)
+        built.insert(0, ReplayableSteps(data_seed(self.cfg), self.log_period))
         built.append(StopOnSigterm(checkpoints))
         return built
 

@@ -7,6 +7,7 @@ the config and launch) and by :mod:`detectron2_hooks`, which runs in every worke
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import re
 import shlex
@@ -32,11 +33,9 @@ DEFAULT_CONFIGS = {"detection": "COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml",
 # Without a GPU and without a `model` hyperparameter: this small config, not the cloud one (an R-50 at
 # 800 px on a CPU grows to 14 GB and runs for hours). One file for boxes and masks (MODEL.MASK_ON).
 CPU_PROFILE = "rcnn_R_18_FPN_cpu.yaml"
-# Config files shipped in the training image (containers/training/configs is copied next to this
-# module); in a checkout they are still in containers/training/configs.
-_HERE = Path(__file__).resolve().parent
-SHIPPED_CONFIG_DIRS = (_HERE / "configs", _HERE.parents[1] / "containers" / "training" / "configs")
-SHIPPED_CONFIG_DIR = next((d for d in SHIPPED_CONFIG_DIRS if d.is_dir()), SHIPPED_CONFIG_DIRS[0])
+# Config files shipped with the package (package data of model_code.training): the same files in a
+# checkout, an installed wheel and the training image.
+SHIPPED_CONFIG_DIR = Path(str(importlib.resources.files("model_code.training") / "configs"))
 TRAIN_DATASET = "d2ops_train"
 VAL_DATASET = "d2ops_val"
 PRETRAINED_CHANNEL = "pretrained"
@@ -51,6 +50,7 @@ RESERVED_KEYS = {
     "MODEL.ROI_HEADS.NUM_CLASSES": "it comes from the dataset's categories",
     "SOLVER.REFERENCE_WORLD_SIZE": "use the reference_world_size hyperparameter",
     "MODEL.WEIGHTS": "upload the weights file as the `pretrained` input channel (nothing is downloaded at train time)",
+    "SEED": "use the seed hyperparameter (data order and augmentation derive from it, so resume replays them)",
 }
 # Hyperparameter -> SOLVER key. For a model-zoo config these always apply (its own schedule is for
 # COCO on 8 GPUs); a config shipped here carries its own defaults, overridden only by hyperparameters

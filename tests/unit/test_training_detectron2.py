@@ -7,18 +7,22 @@ that compares our scaling with detectron2's own ``auto_scale_workers`` skips wit
 from __future__ import annotations
 
 import ast
+import itertools
 import json
+import random
 import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from d2ops import synth
 from model_code.dataset_version import Categories, open_dataset_version
 from model_code.training import detectron2_trainer as d2
 from model_code.training.config import ConfigError, load_environment, parse_hyperparameters
+from model_code.training.detectron2_sampler import POSITION_KEY, PositionKeyedDataset, ResumableBatchSampler
 from model_code.training.detectron2_schedule import Solver, images_per_gpu_limit, plan_solver, solver_options
 from model_code.training.distributed import plan_world
 
@@ -64,6 +68,7 @@ def test_overrides_as_key_value_pairs_or_json() -> None:
     ('{"DATASETS.TRAIN": "x"}', "set by the trainer"),
     ("{not json", "invalid JSON"),
     ("MODEL.WEIGHTS detectron2://ImageNetPretrained/MSRA/R-50.pkl", "`pretrained` input channel"),
+    ("SEED -1", "seed hyperparameter"),  # a random seed could not be replayed on resume
 ])
 def test_bad_overrides_are_rejected(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -314,3 +319,122 @@ def test_worker_failures_map_to_the_entry_points_exceptions(d2_hooks) -> None:
     assert isinstance(failed, TrainingError) and str(failed).endswith("FloatingPointError: Loss became infinite or NaN")
     other = ValueError("x")
     assert d2_hooks.worker_failure(other) is other
+
+
+# The resumable data stream (model_code/training/detectron2_sampler.py): pure, no detectron2 needed.
+
+def stream(sampler: ResumableBatchSampler, iterations: int) -> list[list[tuple[int, int]]]:
+    return list(itertools.islice(iter(sampler), iterations))
+
+
+def test_sampler_started_at_an_iteration_continues_the_uninterrupted_stream() -> None:
+    whole = stream(ResumableBatchSampler(10, images_per_rank=4, rank=0, world_size=1, seed=3), 12)
+    for start in (1, 2, 5, 11):
+        resumed = ResumableBatchSampler(10, images_per_rank=4, rank=0, world_size=1, seed=3)
+        resumed.start_at(start)
+        assert stream(resumed, 12 - start) == whole[start:]
+    # iteration i covers positions [4i, 4i+4): the offset is start_iter * global batch
+    assert [p for _, p in whole[5]] == [20, 21, 22, 23]
+    assert whole == stream(ResumableBatchSampler(10, images_per_rank=4, rank=0, world_size=1, seed=3), 12)
+    assert whole != stream(ResumableBatchSampler(10, images_per_rank=4, rank=0, world_size=1, seed=4), 12)
+
+
+def test_sampler_shows_every_image_once_per_epoch_in_a_fresh_order() -> None:
+    sampler = ResumableBatchSampler(12, images_per_rank=3, rank=0, world_size=1, seed=0)
+    epochs = [[sampler.index_at(p) for p in range(e * 12, (e + 1) * 12)] for e in range(3)]
+    assert all(sorted(epoch) == list(range(12)) for epoch in epochs)
+    assert len({tuple(epoch) for epoch in epochs}) == 3  # shuffled again each epoch
+    # random access: the same position gives the same image, whatever was asked before
+    assert [sampler.index_at(p) for p in (30, 2, 30)] == [epochs[2][6], epochs[0][2], epochs[2][6]]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_take_disjoint_strides_that_make_up_the_global_batch(world: int) -> None:
+    per_rank = 8 // world
+    ranks = [ResumableBatchSampler(20, images_per_rank=per_rank, rank=r, world_size=world, seed=1)
+             for r in range(world)]
+    single = stream(ResumableBatchSampler(20, images_per_rank=8, rank=0, world_size=1, seed=1), 6)
+    shards = [stream(r, 6) for r in ranks]
+    for it in range(6):
+        positions = [p for shard in shards for _, p in shard[it]]
+        assert len(positions) == len(set(positions)) == 8  # no position twice across ranks
+        # the same images at the same positions as one worker taking the whole batch: world size does not
+        # change the data order
+        assert sorted(pair for shard in shards for pair in shard[it]) == sorted(single[it])
+    assert [p for _, p in shards[1][0]] == list(range(1, 8, world))  # detectron2's stride sharding
+
+
+def test_aspect_ratio_grouping_batches_by_orientation_and_replays_on_resume() -> None:
+    orientations = [0, 1, 1, 0, 1, 1, 1, 0, 1]
+    grouped = ResumableBatchSampler(9, images_per_rank=2, rank=1, world_size=2, seed=5, orientations=orientations)
+    whole = stream(grouped, 15)
+    assert all(len({orientations[i] for i, _ in batch}) == 1 for batch in whole)
+    assert all(p % 2 == 1 for batch in whole for _, p in batch)  # rank 1's stride
+    resumed = ResumableBatchSampler(9, images_per_rank=2, rank=1, world_size=2, seed=5, orientations=orientations)
+    resumed.start_at(7)
+    assert stream(resumed, 8) == whole[7:]
+    # one orientation for every image: grouping changes nothing
+    flat = ResumableBatchSampler(9, images_per_rank=2, rank=1, world_size=2, seed=5, orientations=[1] * 9)
+    assert stream(flat, 5) == stream(ResumableBatchSampler(9, images_per_rank=2, rank=1, world_size=2, seed=5), 5)
+
+
+def test_sampler_rejects_what_cannot_be_split() -> None:
+    with pytest.raises(ValueError, match="no images"):
+        ResumableBatchSampler(0, images_per_rank=1, rank=0, world_size=1, seed=0)
+    with pytest.raises(ValueError, match="rank=2"):
+        ResumableBatchSampler(4, images_per_rank=1, rank=2, world_size=2, seed=0)
+    with pytest.raises(ValueError, match="start iteration -1"):
+        ResumableBatchSampler(4, images_per_rank=1, rank=0, world_size=1, seed=0).start_at(-1)
+
+
+def test_augmentation_randomness_is_keyed_by_position_and_leaves_the_global_rngs_alone() -> None:
+    def mapper(record: dict) -> dict:  # what detectron2's transforms draw from
+        return {"flip": float(np.random.uniform()), "size": random.random(), **record}
+
+    dataset = PositionKeyedDataset([{"image_id": 7}], mapper, seed=2)
+    np.random.seed(0)
+    first = dataset[(0, 41)]
+    after = np.random.uniform()
+    np.random.seed(0)
+    random.random()  # whatever else drew before must not matter
+    assert dataset[(0, 41)] == first and first[POSITION_KEY] == 41
+    assert np.random.uniform() == after  # the global stream continued as if the sample was never drawn
+    assert dataset[(0, 42)]["flip"] != first["flip"]
+
+
+def test_the_trainer_resumes_the_real_loader_where_the_checkpoint_left_off(d2_hooks, tmp_path: Path,
+                                                                          channel: Path) -> None:
+    import torch
+
+    version = open_dataset_version(channel)
+    categories = Categories(ids=[1, 2, 3], names=["square", "disc", "triangle"])
+    registrations = d2.dataset_registrations(version, version, categories)
+    d2_hooks.register([vars(r) for r in registrations])
+    job = {"source": vars(d2.config_source(None, "detection", use_gpu=False)),
+           "options": ["DATASETS.TRAIN", f"('{d2.TRAIN_DATASET}',)", "MODEL.ROI_HEADS.NUM_CLASSES", "3",
+                       "MODEL.DEVICE", "cpu", "SEED", "4", "DATALOADER.NUM_WORKERS", "0",
+                       "SOLVER.IMS_PER_BATCH", "3", "OUTPUT_DIR", str(tmp_path)]}
+    cfg = d2_hooks.build_config(job)
+
+    def batches(trainer, n: int) -> list[list[tuple[int, torch.Tensor]]]:
+        it = iter(trainer._trainer.data_loader)
+        out = []
+        for _ in range(n):
+            np.random.uniform(size=5)  # the model or anything else drawing between steps changes nothing
+            out.append([(s["image_id"], s["image"]) for s in next(it)])
+        return out
+
+    first = d2_hooks.Trainer(cfg)
+    first.resume_or_load(resume=True)  # nothing to resume: from the start
+    whole = batches(first, 5)
+    first.iter = 2  # the trainer's state in the checkpoint: as PeriodicCheckpointer saves after 3 iterations
+    first.checkpointer.save("model_0000002", iteration=2)
+
+    resumed = d2_hooks.Trainer(cfg)
+    resumed.resume_or_load(resume=True)
+    assert resumed.start_iter == 3
+    for want, got in zip(whole[3:], batches(resumed, 2), strict=True):
+        assert [i for i, _ in want] == [i for i, _ in got]
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(want, got, strict=True))  # same pixels: same flips
+    with pytest.raises(RuntimeError, match="already iterating"):
+        resumed._trainer.data_loader.start_at(0)
