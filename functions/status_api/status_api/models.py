@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from d2ops.champion import ChampionRecord
+from d2ops.cost import RunCost
 from d2ops.runs import DatasetRef
 
 RunStatus = Literal["RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "PENDING_REDRIVE"]
@@ -70,6 +71,8 @@ class RunDetail(BaseModel):
     failure: dict[str, Any] | None = Field(None, description="what the pipeline recorded before failing")
     error: str | None = None
     cause: str | None = None
+    cost: RunCost | None = Field(None, description="SageMaker instance time x price: training (with spot savings), "
+                                                   "evaluation and the endpoint during the run")
 
 
 class StartRunRequest(BaseModel):

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-from d2ops import runs
+from d2ops import cost, runs
 from d2ops.champion import read_champion
 from d2ops.failures import reason
 from status_api.models import (
@@ -23,6 +23,9 @@ from status_api.models import (
     TrainingInfo,
 )
 
+# The states that create or update the endpoint (statemachine/training_pipeline.asl.json): the run's
+# endpoint instances are billed from when it enters one of them.
+DEPLOY_STATES = ("Create endpoint", "Update endpoint (blue/green)")
 MAX_HISTORY_PAGES = 10  # 10 000 events: far more than one run writes
 MAX_LIST_PAGES = 10  # pages scanned per GET /runs when filtering by dataset
 RETRY_AFTER_SECONDS = 5
@@ -164,15 +167,27 @@ def latest_document(events: list[dict[str, Any]], execution: dict[str, Any]) -> 
     return document if isinstance(document, dict) else {}
 
 
-def training_info(sagemaker: Any, document: dict[str, Any]) -> TrainingInfo | None:
+def _describe_job(sagemaker: Any, document: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    """DescribeTrainingJob / DescribeProcessingJob of the run's job, None when it does not exist (yet)."""
+    name = (document.get("plan") or {}).get("names", {}).get(f"{kind}_job")
+    if not name:
+        return None
+    try:
+        if kind == "training":
+            return dict(sagemaker.describe_training_job(TrainingJobName=name))
+        return dict(sagemaker.describe_processing_job(ProcessingJobName=name))
+    except sagemaker.exceptions.ClientError:
+        return None  # not created yet (or throttled): the run is still worth showing
+
+
+def training_info(sagemaker: Any, document: dict[str, Any], job: dict[str, Any] | None = None) -> TrainingInfo | None:
     job_name = (document.get("plan") or {}).get("names", {}).get("training_job")
     if not job_name:
         return None
     info = TrainingInfo(job_name=job_name, model_data=(document.get("training") or {}).get("model_data"))
-    try:
-        job = sagemaker.describe_training_job(TrainingJobName=job_name)
-    except sagemaker.exceptions.ClientError:
-        return info  # not created yet (or throttled): the plan's name is still useful
+    job = job if job is not None else _describe_job(sagemaker, document, "training")
+    if job is None:
+        return info  # the plan's name is still useful
     info.status = job.get("TrainingJobStatus")
     info.secondary_status = job.get("SecondaryStatus")
     info.failure_reason = job.get("FailureReason")
@@ -193,6 +208,7 @@ def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str) -> Ru
         dataset = json.loads(execution.get("input") or "{}").get("dataset")
     except (ValueError, AttributeError):
         dataset = None
+    training_job = _describe_job(sagemaker, doc, "training")
     endpoint = None
     if doc.get("deployment") or doc.get("endpoint"):
         endpoint = EndpointInfo(name=(doc.get("champion") or {}).get("endpoint_name"),
@@ -205,9 +221,32 @@ def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str) -> Ru
         dataset=runs.DatasetRef.model_validate(dataset) if isinstance(dataset, dict) else None,
         current_state=current, timeline=steps,
         validation=(doc.get("validation") or {}).get("summary"),
-        training=training_info(sagemaker, doc), evaluation=doc.get("evaluation"), gate=doc.get("gate"),
+        training=training_info(sagemaker, doc, training_job), evaluation=doc.get("evaluation"), gate=doc.get("gate"),
         model_package_arn=(doc.get("registration") or {}).get("model_package_arn"), endpoint=endpoint,
-        failure=_failure(doc.get("failure")), error=execution.get("error"), cause=_cause(execution.get("cause")))
+        failure=_failure(doc.get("failure")), error=execution.get("error"), cause=_cause(execution.get("cause")),
+        cost=run_cost(doc, steps, training_job, _describe_job(sagemaker, doc, "evaluation"),
+                      execution.get("stopDate")))
+
+
+def run_cost(doc: dict[str, Any], steps: list[StateStep], training_job: dict[str, Any] | None,
+             evaluation_job: dict[str, Any] | None, stopped: datetime | None,
+             table: cost.PriceTable | None = None) -> cost.RunCost | None:
+    """Training, evaluation and endpoint time priced with the stack's table; None before any job ran."""
+    table = table or cost.load_price_table()
+    now = datetime.now(UTC)
+    training = cost.training_cost(training_job, table) if training_job else None
+    evaluation = cost.processing_cost(evaluation_job, table, now=stopped or now) if evaluation_job else None
+    endpoint = None
+    plan_endpoint = (doc.get("plan") or {}).get("endpoint") or {}
+    deployed = next((s for s in steps if s.name in DEPLOY_STATES), None)
+    if deployed is not None and plan_endpoint.get("instance_type"):
+        seconds = ((stopped or now) - datetime.fromisoformat(deployed.entered_at)).total_seconds()
+        name = (doc.get("plan") or {}).get("names", {}).get("endpoint_config") or "endpoint"
+        endpoint = cost.endpoint_cost(name, plan_endpoint["instance_type"],
+                                      int(plan_endpoint.get("instance_count") or 1), seconds, table)
+    if training is None and evaluation is None and endpoint is None:
+        return None
+    return cost.run_cost(table, training, evaluation, endpoint)
 
 
 def _cause(cause: Any) -> str | None:

@@ -212,6 +212,9 @@ class LocalSageMaker:
         try:
             shutil.rmtree(job_dir, ignore_errors=True)
             with self._lock:
+                # As on AWS, billing (TrainingStartTime -> TrainingEndTime, hence TrainingTimeInSeconds and
+                # BillableTimeInSeconds) starts when the instances are up, before the data download.
+                record["TrainingStartTime"] = _now()
                 self._transition(record, "Downloading", "Downloading input data")
                 self._save("training", record)
             channels = {}
@@ -219,7 +222,6 @@ class LocalSageMaker:
                 uri = channel["DataSource"]["S3DataSource"]["S3Uri"]
                 channels[channel["ChannelName"]] = self._download(uri, job_dir / "channels" / channel["ChannelName"])
             with self._lock:
-                record["TrainingStartTime"] = _now()
                 self._transition(record, "Training", "Training image download completed. Training in progress.")
                 self._save("training", record)
             outcome = self.jobs.run_training(record, channels, job_dir, stop)

@@ -1,0 +1,70 @@
+"""Cost per run: SageMaker's reported times x the price table (src/d2ops/cost.py)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from d2ops import cost
+
+TABLE = cost.PriceTable(as_of="2026-01-01", region="eu-west-1", source="test", training={"ml.g4dn.xlarge": 0.9},
+                        processing={"ml.m5.xlarge": 0.36}, hosting={"ml.g4dn.xlarge": 1.8})
+START = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def _training_job(training: int, billable: int, count: int = 2, spot: bool = True) -> dict[str, object]:
+    # The shape of DescribeTrainingJob's answer (botocore's sagemaker model), trimmed to what is priced.
+    resources = {"InstanceType": "ml.g4dn.xlarge", "InstanceCount": count, "VolumeSizeInGB": 50}
+    return {"TrainingJobName": "run-1-train", "ResourceConfig": resources,
+            "EnableManagedSpotTraining": spot, "TrainingTimeInSeconds": training, "BillableTimeInSeconds": billable}
+
+
+def test_spot_training_is_billed_for_billable_seconds_and_the_rest_is_saved() -> None:
+    priced = cost.training_cost(_training_job(training=3600, billable=1080), TABLE)
+    assert priced is not None and priced.spot
+    assert priced.instance_seconds == 2160  # two hosts x BillableTimeInSeconds
+    assert priced.cost_usd == pytest.approx(2160 / 3600 * 0.9)
+    assert priced.on_demand_cost_usd == pytest.approx(2 * 0.9)
+    assert priced.spot_savings_usd == pytest.approx(2 * 0.9 - 0.54)
+    assert priced.spot_savings_percent == pytest.approx(70.0)  # AWS: 1 - Billable / Training
+
+
+def test_on_demand_training_saves_nothing_and_unfinished_jobs_are_not_priced() -> None:
+    priced = cost.training_cost(_training_job(training=600, billable=600, count=1, spot=False), TABLE)
+    assert priced is not None and priced.spot_savings_usd == 0 and priced.spot_savings_percent == 0
+    assert cost.training_cost({"TrainingJobName": "x", "ResourceConfig": {}}, TABLE) is None
+
+
+def test_a_run_sums_its_priced_parts_and_names_the_unpriced_instance_types() -> None:
+    training = cost.training_cost(_training_job(training=1800, billable=1800, count=1), TABLE)
+    evaluation = cost.processing_cost({"ProcessingJobName": "run-1-eval", "ProcessingStartTime": START,
+                                       "ProcessingEndTime": START + timedelta(minutes=10),
+                                       "ProcessingResources": {"ClusterConfig": {"InstanceType": "ml.m5.xlarge",
+                                                                                 "InstanceCount": 1}}}, TABLE)
+    endpoint = cost.endpoint_cost("run-1-config", "ml.p5.48xlarge", 1, 900, TABLE)
+    run = cost.run_cost(TABLE, training, evaluation, endpoint)
+    assert evaluation is not None and evaluation.cost_usd == pytest.approx(0.06)
+    assert run.total_usd == pytest.approx(0.45 + 0.06)
+    assert run.unpriced == ["ml.p5.48xlarge"] and run.endpoint is not None and run.endpoint.cost_usd is None
+    assert (run.prices_as_of, run.prices_region) == ("2026-01-01", "eu-west-1")
+    still_running = {"ProcessingJobName": "e", "ProcessingStartTime": START, "ProcessingResources": {}}
+    assert cost.processing_cost(still_running, TABLE) is None
+    running = cost.processing_cost(still_running, TABLE, now=START + timedelta(seconds=30))
+    assert running is not None and running.seconds == 30
+
+
+def test_the_price_table_is_overridable_by_file_or_inline_json_and_bad_tables_are_named(tmp_path: Path) -> None:
+    assert cost.load_price_table({}) is cost.DEFAULT_PRICES
+    assert cost.DEFAULT_PRICES.hourly("hosting", "ml.g4dn.xlarge") is not None  # the template's default type
+    path = tmp_path / "prices.json"
+    path.write_text(TABLE.model_dump_json())
+    assert cost.load_price_table({cost.PRICE_TABLE_ENV: str(path)}) == TABLE
+    assert cost.load_price_table({cost.PRICE_TABLE_ENV: TABLE.model_dump_json()}) == TABLE
+    with pytest.raises(cost.PriceTableError, match="cannot read it"):
+        cost.load_price_table({cost.PRICE_TABLE_ENV: str(tmp_path / "missing.json")})
+    path.write_text(json.dumps({**TABLE.model_dump(), "as_of": "last week"}))
+    with pytest.raises(cost.PriceTableError, match="as_of"):
+        cost.load_price_table({cost.PRICE_TABLE_ENV: str(path)})
