@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from d2ops import cost
+from d2ops.offline.client import offline_status_api
 from d2ops.offline.pipeline import run_pipeline
 from d2ops.offline.runtime import OfflineRuntime
 from d2ops.offline.stack import cpu_training_profile
@@ -56,6 +58,18 @@ def test_a_tiny_dataset_goes_through_every_state_to_a_served_model(runtime: Offl
     job = sagemaker.describe_training_job(TrainingJobName=summary.output["plan"]["names"]["training_job"])
     assert job["TrainingJobStatus"] == "Completed"
     assert {m["MetricName"] for m in job["FinalMetricDataList"]} >= {"train:loss"}
+    # What the run cost, from the times SageMaker reports (offline: no spot, billable == training).
+    assert 0 < job["BillableTimeInSeconds"] == job["TrainingTimeInSeconds"]
+    run_cost = offline_status_api(runtime.status_api.url).get(f"/runs/{summary.run_id}")["cost"]
+    training = run_cost["training"]
+    price = cost.DEFAULT_PRICES.hourly("training", job["ResourceConfig"]["InstanceType"])
+    assert price is not None and training["instance_count"] == job["ResourceConfig"]["InstanceCount"]
+    instance_hours = job["BillableTimeInSeconds"] * training["instance_count"] / 3600
+    assert training["cost_usd"] == pytest.approx(instance_hours * price)
+    assert training["spot_savings_usd"] == 0
+    assert run_cost["evaluation"]["seconds"] > 0 and run_cost["endpoint"]["seconds"] > 0
+    assert run_cost["total_usd"] == pytest.approx(sum(run_cost[p]["cost_usd"] for p in ("training", "evaluation",
+                                                                                         "endpoint")))
     bucket, _, key = job["ModelArtifacts"]["S3ModelArtifacts"].removeprefix("s3://").partition("/")
     assert runtime.client("s3").head_object(Bucket=bucket, Key=key)["ContentLength"] > 1000
     packages = sagemaker.list_model_packages(ModelPackageGroupName=runtime.stack.model_package_group)

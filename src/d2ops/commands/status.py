@@ -108,12 +108,38 @@ def format_run(run: dict[str, Any]) -> list[str]:
     if endpoint:
         lines.append(f"  endpoint  {endpoint.get('name') or ''} mode={endpoint.get('mode')} "
                      f"status={endpoint.get('status')} config={endpoint.get('endpoint_config')}")
+    lines += format_cost(run.get("cost") or {})
     if run.get("cause") and run.get("status") != "SUCCEEDED":
         lines.append(f"  cause     {run['cause']}")
     lines.append("  timeline")
     for step in run.get("timeline") or []:
         error = f"  [{step['error']}]" if step.get("error") else ""
         lines.append(f"    {step['status']:<10} {step['name']:<36} {_fmt_seconds(step.get('duration_seconds'))}{error}")
+    return lines
+
+
+def _usd(value: float | None) -> str:
+    return "unpriced" if value is None else f"${value:.4f}" if value < 1 else f"${value:.2f}"
+
+
+def format_cost(cost: dict[str, Any]) -> list[str]:
+    """The status API's ``cost`` (d2ops.cost.RunCost) -> readable lines; none when the run has no cost yet."""
+    if not cost:
+        return []
+    lines = [f"  cost      {_usd(cost.get('total_usd'))} (SageMaker list prices of {cost.get('prices_as_of')}, "
+             f"{cost.get('prices_region')})"]
+    for part in ("training", "evaluation", "endpoint"):
+        item = cost.get(part)
+        if not item:
+            continue
+        line = (f"    {part:<10} {item['instance_count']} x {item['instance_type']} x "
+                f"{_fmt_seconds(item['seconds'])} = {_usd(item.get('cost_usd'))}")
+        if part == "training" and item.get("spot"):
+            line += (f" (spot: {item.get('spot_savings_percent')}% saved, {_usd(item.get('spot_savings_usd'))} "
+                     f"of {_usd(item.get('on_demand_cost_usd'))})")
+        lines.append(line)
+    if cost.get("unpriced"):
+        lines.append(f"    no price for {', '.join(cost['unpriced'])} (set D2OPS_PRICE_TABLE)")
     return lines
 
 
