@@ -92,7 +92,8 @@ SYNC_ACTIONS = frozenset({"sagemaker:createTrainingJob", "sagemaker:createProces
 # every Retry to handle.
 OPTIMISED_ERRORS: dict[str, frozenset[str]] = {
     "sagemaker": frozenset({"SageMaker.AmazonSageMakerException"}),
-    "lambda": frozenset({"Lambda.AWSLambdaException", "Lambda.SdkClientException", "Lambda.ClientExecutionTimeoutException"}),
+    "lambda": frozenset({"Lambda.AWSLambdaException", "Lambda.SdkClientException",
+                         "Lambda.ClientExecutionTimeoutException"}),
     "sns": frozenset({"SNS.AmazonSNSException", "SNS.SdkClientException"}),
     "dynamodb": frozenset({"DynamoDB.AmazonDynamoDBException", "DynamoDB.SdkClientException"}),
 }
@@ -147,7 +148,8 @@ def parse_resource(resource: str) -> Integration:
     if not integration.sdk:
         if integration.key not in OPTIMISED_PARAMETERS:
             raise ContractError(f"{resource}: {integration.key} is not an optimised integration we know the "
-                                f"parameter list of; use arn:aws:states:::aws-sdk:{integration.key} ({SDK_INTEGRATIONS_DOC})")
+                                f"parameter list of; use arn:aws:states:::aws-sdk:{integration.key} "
+                                f"({SDK_INTEGRATIONS_DOC})")
         if integration.pattern.startswith(".sync") and integration.key not in SYNC_ACTIONS:
             raise ContractError(f"{resource}: {integration.key} has no .sync pattern")
     elif integration.pattern.startswith(".sync"):
@@ -199,7 +201,7 @@ def request_problems(service: str, operation: str, request: Mapping[str, Any]) -
     problems: list[str] = []
     report = ParamValidator().validate(dict(request), shape)
     if report.has_errors():
-        problems += [line.strip() for line in report.generate_report().splitlines()[1:] if line.strip()]
+        problems += [line.strip() for line in report.generate_report().splitlines() if line.strip()]
     problems += list(_constraint_problems(request, shape, "params"))
     return problems
 
@@ -241,9 +243,9 @@ def _constraint_problems(value: Any, shape: Any, where: str) -> Iterator[str]:
         compiled = _pattern(meta["pattern"]) if "pattern" in meta else None
         if compiled is not None and compiled.fullmatch(value) is None:
             yield f"{where}: {value!r} does not match the pattern {meta['pattern']}"
-    elif kind in ("integer", "long", "float", "double") and isinstance(value, int | float):
-        if "max" in meta and value > meta["max"]:
-            yield f"{where}: {value} is more than the maximum {meta['max']}"
+    elif kind in ("integer", "long", "float", "double") and isinstance(value, int | float) \
+            and "max" in meta and value > meta["max"]:
+        yield f"{where}: {value} is more than the maximum {meta['max']}"
 
 
 def modelled_errors(service: str, operation: str) -> frozenset[str]:
@@ -264,9 +266,9 @@ def possible_errors(integration: Integration) -> frozenset[str]:
         return frozenset({f"{prefix}.{_with_exception_suffix(n)}" for n in modelled}
                          | {f"{prefix}.{prefix}Exception", f"{prefix}.SdkClientException"})
     names = set(OPTIMISED_ERRORS.get(integration.service, frozenset()))
-    prefix = OPTIMISED_ERROR_PREFIX.get(integration.service)
-    if prefix:
-        names |= {f"{prefix}.{_with_exception_suffix(n)}" for n in modelled}
+    optimised_prefix = OPTIMISED_ERROR_PREFIX.get(integration.service)
+    if optimised_prefix:
+        names |= {f"{optimised_prefix}.{_with_exception_suffix(n)}" for n in modelled}
     return frozenset(names)
 
 
