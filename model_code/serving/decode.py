@@ -26,7 +26,7 @@ from model_code.serving.options import (
 )
 
 # SageMaker real-time endpoints take at most 6 MB per request; TorchServe's max_request_size
-# (containers/serving/config.properties) refuses longer bodies before they reach Python.
+# (model_code/serving/resources/config.properties) refuses longer bodies before they reach Python.
 MAX_IMAGE_BYTES = 6 * 1024 * 1024
 RAW_IMAGE_TYPES = frozenset({"image/jpeg", "image/jpg", "image/png", "application/x-image", "application/octet-stream"})
 JSON_TYPES = frozenset({"application/json"})

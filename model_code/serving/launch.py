@@ -9,7 +9,7 @@ One home for how TorchServe is started, shared by the serving image's entry poin
 2. :func:`build_model_archive` runs torch-model-archiver at start-up (an unzipped archive in
    the model store: nothing is zipped only to be unzipped again);
 3. :func:`render_config` writes the effective ``config.properties``: the base file
-   (``containers/serving/config.properties``) plus the addresses, the model store and the one
+   (package data, ``model_code/serving/resources/config.properties``) plus the addresses, the model store and the one
    model with its batching settings;
 4. :class:`TorchServeProcess` starts ``torchserve --foreground`` in its own session, waits for
    ``/ping`` and stops the whole process group (Java frontend and Python workers).
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.resources
 import json
 import os
 import shutil
@@ -41,16 +42,16 @@ from model_code.artifact import MODEL_FILE, ArtifactError, read_metadata, safe_e
 MODEL_NAME = "model"
 MODEL_VERSION = "1.0"
 HANDLER_FILE = Path(__file__).with_name("torchserve_handler.py")
-# In the repository the base configuration sits next to the Dockerfile; the image copies it to
-# /etc/d2ops/config.properties and points D2OPS_TS_CONFIG at it.
+# The base configuration and the plugin's source are package data of model_code.serving (an
+# installed package, not a checkout); D2OPS_TS_CONFIG may point at another configuration.
 CONFIG_ENV = "D2OPS_TS_CONFIG"
-REPO_ROOT = Path(__file__).resolve().parents[2]
-REPO_CONFIG = REPO_ROOT / "containers" / "serving" / "config.properties"
+RESOURCES = Path(str(importlib.resources.files("model_code.serving") / "resources"))
+PACKAGED_CONFIG = RESOURCES / "config.properties"
 # TorchServe 0.12's own /ping answers 200 while the model is still loading; the ReadinessPing
-# plugin replaces it. The image compiles it at build time and points D2OPS_TS_PLUGINS at the jar's
-# directory; elsewhere it is compiled on first use into build/serving-plugin/.
+# plugin replaces it. It is compiled once per source version into the user's cache directory (the
+# image does it at build time) unless D2OPS_TS_PLUGINS names a directory holding the jar.
 PLUGINS_ENV = "D2OPS_TS_PLUGINS"
-PLUGIN_SOURCE = REPO_ROOT / "containers" / "serving" / "plugin" / "ReadinessPing.java"
+PLUGIN_SOURCE = RESOURCES / "ReadinessPing.java"
 PLUGIN_JAR = "d2ops-readiness-ping.jar"
 PLUGIN_SERVICE = "META-INF/services/org.pytorch.serve.servingsdk.ModelServerEndpoint"
 
@@ -77,7 +78,7 @@ class BatchSettings(BaseModel):
 
 
 def config_path(env: Mapping[str, str] = os.environ) -> Path:
-    return Path(env.get(CONFIG_ENV) or REPO_CONFIG)
+    return Path(env.get(CONFIG_ENV) or PACKAGED_CONFIG)
 
 
 def torchserve_jar() -> Path:
@@ -119,7 +120,8 @@ def plugins_dir(env: Mapping[str, str] = os.environ) -> Path:
             raise ServingError(f"{PLUGINS_ENV}={directory} holds no {PLUGIN_JAR}")
         return directory
     digest = hashlib.sha256(PLUGIN_SOURCE.read_bytes() + torchserve_jar().name.encode()).hexdigest()[:12]
-    directory = REPO_ROOT / "build" / "serving-plugin" / digest
+    cache = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    directory = cache / "d2ops" / "serving-plugin" / digest
     build_ping_plugin(directory)
     return directory
 
@@ -219,11 +221,7 @@ def serving_env(workdir: Path, base: Mapping[str, str] = os.environ) -> dict[str
         "TS_DECODE_INPUT_REQUEST": "false",
         "PYTHONUNBUFFERED": "1",
     })
-    # The workers import model_code from the same tree as this module.
-    root = str(Path(__file__).resolve().parents[2])
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join([root, *[p for p in paths if p != root]])
-    return env
+    return env  # the workers import model_code as an installed package, like this module
 
 
 def torchserve_command(config_file: Path, model_store: Path) -> list[str]:

@@ -38,7 +38,6 @@ from typing import Any, Literal
 from d2ops import container_entry, metrics
 
 Status = Literal["Completed", "Failed", "Stopped"]
-REPO_ROOT = Path(__file__).resolve().parents[2]
 # The evaluation job's ContainerEntrypoint (prepare_training sets the same), for specs that name none.
 EVALUATION_COMMAND = container_entry.local_command(("python", "-m", "model_code.evaluation.job"))
 ML_ROOT = Path("/opt/ml")
@@ -89,7 +88,7 @@ class TrainingJobSpec:
     instance_count: int = 1
     command: tuple[str, ...] | None = None  # default: the training image's declared entry + "train"
     environment: Mapping[str, str] = field(default_factory=dict)
-    code_dir: Path = REPO_ROOT  # on PYTHONPATH, like /opt/ml/code
+    code_dir: Path | None = None  # extra code on PYTHONPATH (like /opt/ml/code); model_code is installed
     cpus_per_host: int | None = None  # default: this machine's cores split over the hosts
     max_runtime_seconds: float | None = None
 
@@ -105,7 +104,7 @@ class ProcessingJobSpec:
     output_dir: Path  # receives the contents of /opt/ml/processing/output
     command: tuple[str, ...] = EVALUATION_COMMAND
     environment: Mapping[str, str] = field(default_factory=dict)
-    code_dir: Path = REPO_ROOT
+    code_dir: Path | None = None
     max_runtime_seconds: float | None = None
 
 
@@ -177,7 +176,7 @@ def _absolute(spec: TrainingJobSpec) -> TrainingJobSpec:
     """Relative paths are the caller's; the job runs elsewhere (cwd = its tree), so resolve them here."""
     return dataclasses.replace(spec, work_dir=spec.work_dir.absolute(), output_dir=spec.output_dir.absolute(),
                                channels={name: Path(path).absolute() for name, path in spec.channels.items()},
-                               code_dir=spec.code_dir.absolute())
+                               code_dir=spec.code_dir and spec.code_dir.absolute())
 
 
 def free_port() -> int:
@@ -200,12 +199,13 @@ def _link(target: Path, link: Path) -> None:
     link.symlink_to(target.resolve(), target_is_directory=target.is_dir())
 
 
-def _base_environment(code_dir: Path, cpus: int, extra: Mapping[str, str]) -> dict[str, str]:
+def _base_environment(code_dir: Path | None, cpus: int, extra: Mapping[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("D2OPS_CHECKPOINT_DIR", None)
     env.pop("D2OPS_ML_ROOT", None)  # set below only where the tree cannot be at /opt/ml
     container_entry.python_on_path(env)  # the image's scripts run `python`: here, this interpreter
-    env["PYTHONPATH"] = os.pathsep.join([str(code_dir), *filter(None, [env.get("PYTHONPATH")])])
+    if code_dir is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(code_dir), *filter(None, [env.get("PYTHONPATH")])])
     env["PYTHONUNBUFFERED"] = "1"
     # One BLAS/OpenMP pool per process sized to its share of the cores, not all of them each.
     env["OMP_NUM_THREADS"] = str(cpus)
@@ -434,7 +434,7 @@ def run_processing_job(spec: ProcessingJobSpec, *, stop: threading.Event | None 
     started = time.monotonic()
     spec = dataclasses.replace(spec, work_dir=spec.work_dir.absolute(), output_dir=spec.output_dir.absolute(),
                                inputs={name: Path(path).absolute() for name, path in spec.inputs.items()},
-                               code_dir=spec.code_dir.absolute())
+                               code_dir=spec.code_dir and spec.code_dir.absolute())
     mount = ml_mount({**os.environ, **spec.environment})
     root, env = prepare_processing(spec, mount)
     log(mount.describe(root))

@@ -30,7 +30,6 @@ from typing import IO
 
 from d2ops import container_entry
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL_NAME = "model"  # model_code.serving.launch.MODEL_NAME (not imported: d2ops does not import torch)
 
 
@@ -99,9 +98,8 @@ class LocalEndpoint:
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         management, metrics, grpc_inference, grpc_management = free_ports(4)
-        paths = [str(REPO_ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
-        env.update({
-            "PYTHONPATH": os.pathsep.join(paths), "D2OPS_MODEL_PATH": str(self.model_path),
+        env.update({  # model_code is an installed package: no PYTHONPATH, as in the image
+            "D2OPS_MODEL_PATH": str(self.model_path),
             "D2OPS_SERVING_WORKDIR": str(self.workdir), "D2OPS_BIND_HOST": self.host,
             "SAGEMAKER_BIND_TO_PORT": str(self.port), "D2OPS_MANAGEMENT_PORT": str(management),
             "D2OPS_METRICS_PORT": str(metrics), "D2OPS_GRPC_INFERENCE_PORT": str(grpc_inference),

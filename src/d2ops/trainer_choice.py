@@ -5,7 +5,7 @@ run) imports it with its compiled ops, otherwise torchvision, saying why in one 
 framework brings its own CPU defaults: torchvision's calibrated profile
 (:mod:`d2ops.cpu_profile`); for detectron2 only the loader and log settings, because without a
 GPU and without a ``model`` hyperparameter the detectron2 trainer picks its own CPU profile
-(``containers/training/configs/rcnn_R_18_FPN_cpu.yaml``) with that profile's schedule.
+(``model_code/training/configs/rcnn_R_18_FPN_cpu.yaml``) with that profile's schedule.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from d2ops.layer_build import core_files, core_modules
 from d2ops.template import REPO_ROOT, TEMPLATE_PATH, FunctionSpec, load_template, resolve
 
 pytestmark = pytest.mark.integration
@@ -163,10 +164,16 @@ def _distributions(root: Path) -> dict[str, str]:
     return found
 
 
-def test_core_layer_holds_the_library_and_its_dependencies(sam_build: Build) -> None:
+def test_core_layer_holds_the_core_and_its_dependencies(sam_build: Build) -> None:
     layer = sam_build.layer_dir
-    assert (layer / "d2ops" / "__init__.py").is_file()
-    assert (layer / "d2ops" / "template.py").is_file(), "the layer is not a copy of src/d2ops"
+    # Exactly the core modules (pyproject's "core" import-linter contract): no ASL interpreter,
+    # offline runtime, CLI or benchmarks in Lambda.
+    shipped = sorted(p.relative_to(layer) for p in (layer / "d2ops").rglob("*")
+                     if p.is_file() and "__pycache__" not in p.parts)
+    expected = core_files(REPO_ROOT / "src", core_modules(REPO_ROOT / "pyproject.toml"))
+    assert shipped == expected
+    assert not {"template.py", "cli.py", "asl", "offline", "commands", "bench", "local_jobs.py"} & {
+        p.name for p in (layer / "d2ops").iterdir()}
     present = set(_top_level(layer))
     assert {"pydantic", "pydantic_core", "msgspec", "PIL"} <= present
     # Kept out: training frameworks (never in a Lambda) and what the runtime already provides.

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_image_config_disables_token_auth_and_keeps_management_on_loopback():
-    props = launch.read_properties(REPO / "containers" / "serving" / "config.properties")
+    props = launch.read_properties(launch.PACKAGED_CONFIG)
     assert props["inference_address"] == "http://0.0.0.0:8080"
     assert props["management_address"].startswith("http://127.0.0.1:")
     assert props["metrics_address"].startswith("http://127.0.0.1:")
@@ -28,7 +28,7 @@ def test_the_image_config_disables_token_auth_and_keeps_management_on_loopback()
 
 
 def test_render_config_loads_exactly_one_model_with_its_batching(tmp_path):
-    base = launch.read_properties(launch.REPO_CONFIG)
+    base = launch.read_properties(launch.PACKAGED_CONFIG)
     props = launch.render_config(base, model_store=tmp_path / "store", plugins=tmp_path / "plugins",
                                  inference_address="http://127.0.0.1:9999", management_address="http://127.0.0.1:1",
                                  metrics_address="http://127.0.0.1:2",

@@ -206,7 +206,9 @@ def test_core_layer_is_built_by_sam_from_src() -> None:
     assert layer["Type"] == "AWS::Serverless::LayerVersion"
     assert layer["Properties"]["ContentUri"] == "src/"
     assert layer["Properties"]["CompatibleRuntimes"] == ["python3.11"]
-    assert layer["Metadata"]["BuildMethod"] == "python3.11"
+    # Only the core modules ship (d2ops.layer_build, run by tools/layer/Makefile).
+    assert layer["Metadata"]["BuildMethod"] == "makefile"
+    assert "build-CoreLayer:" in (REPO_ROOT / layer["Metadata"]["ContextPath"] / "Makefile").read_text()
     assert (REPO_ROOT / "src" / "requirements.txt").is_file()
     assert (REPO_ROOT / "src" / "d2ops" / "__init__.py").is_file()
 

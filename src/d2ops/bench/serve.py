@@ -28,19 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 IMAGE_SIZE = (640, 480)
 MODEL_SIZE = 320
 
 
-def _import_model_code() -> None:
-    # model_code is not an installed package: it ships in the images and runs from the checkout.
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-
-
 def make_model(directory: Path) -> Path:
-    _import_model_code()
     import torch
     from torchvision.models.detection import FasterRCNN
     from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
@@ -83,7 +75,6 @@ def summarize(latencies: list[float], wall: float) -> dict[str, float]:
 
 
 def bench_in_process(model: Path, images: list[bytes], rounds: int) -> dict[str, float]:
-    _import_model_code()
     from PIL import Image
 
     from model_code.artifact import load_artifact
