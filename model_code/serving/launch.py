@@ -28,8 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,6 +36,8 @@ from typing import IO
 from pydantic import BaseModel, ConfigDict, Field
 
 from model_code.artifact import MODEL_FILE, ArtifactError, read_metadata, safe_extract
+from model_code.serving import process
+from model_code.serving.process import signal_group as _signal_group
 
 MODEL_NAME = "model"
 MODEL_VERSION = "1.0"
@@ -270,27 +270,16 @@ class TorchServeProcess:
 
     def ping(self, timeout: float = 2.0) -> int | None:
         """The /ping status code, or None while nothing listens."""
-        try:
-            with urllib.request.urlopen(self.ping_url, timeout=timeout) as resp:
-                return int(resp.status)
-        except urllib.error.HTTPError as exc:
-            return int(exc.code)
-        except (urllib.error.URLError, OSError):
-            return None
+        return process.ping(self.ping_url, timeout)
 
     def wait_healthy(self, timeout: float) -> float:
         """Block until /ping answers 200; returns the seconds waited. Fails early if TorchServe exits."""
-        started = time.monotonic()
-        while True:
-            if self.proc is None or self.proc.poll() is not None:
-                code = None if self.proc is None else self.proc.returncode
-                raise ServingError(f"TorchServe exited (code {code}) before /ping was healthy; "
-                                   f"see {self.workdir / 'logs'}")
-            if self.ping() == 200:
-                return time.monotonic() - started
-            if time.monotonic() - started > timeout:
-                raise ServingError(f"{self.ping_url} not healthy after {timeout:.0f} s; see {self.workdir / 'logs'}")
-            time.sleep(0.25)
+        try:
+            return process.wait_healthy(self.ping_url, self.proc, timeout)
+        except process.ServerExited as exc:
+            raise ServingError(f"TorchServe {exc}; see {self.workdir / 'logs'}") from exc
+        except process.HealthWaitError as exc:
+            raise ServingError(f"{exc}; see {self.workdir / 'logs'}") from exc
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop Java and its workers, then the ``torchserve`` wrapper; SIGKILL what is left after ``timeout``.
@@ -314,11 +303,6 @@ class TorchServeProcess:
             _signal_group(pgid, signal.SIGKILL)
             time.sleep(0.05)
         self.proc.wait()
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, sig)
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

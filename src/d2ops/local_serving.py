@@ -14,21 +14,18 @@ traffic, stop the old one (blue/green).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from types import TracebackType
 from typing import IO
 
 from d2ops import container_entry
+from model_code.serving import process  # standard library only: no torch in the CLI
 
 MODEL_NAME = "model"  # model_code.serving.launch.MODEL_NAME (not imported: d2ops does not import torch)
 
@@ -111,13 +108,7 @@ class LocalEndpoint:
 
     def ping(self, timeout: float = 2.0) -> int | None:
         """/ping's status code, or None while nothing listens on the port."""
-        try:
-            with urllib.request.urlopen(self.ping_url, timeout=timeout) as resp:
-                return int(resp.status)
-        except urllib.error.HTTPError as exc:
-            return int(exc.code)
-        except (urllib.error.URLError, OSError):
-            return None
+        return process.ping(self.ping_url, timeout)
 
     def start(self) -> LocalEndpoint:
         if self.proc is not None:
@@ -142,15 +133,12 @@ class LocalEndpoint:
         return self
 
     def wait_healthy(self, timeout: float) -> float:
-        started = time.monotonic()
-        while True:
-            if self.proc is None or self.proc.poll() is not None:
-                raise LocalServingError(f"serving exited before /ping was healthy:\n{self.log_tail()}")
-            if self.ping() == 200:
-                return time.monotonic() - started
-            if time.monotonic() - started > timeout:
-                raise LocalServingError(f"{self.ping_url} not healthy after {timeout:.0f} s:\n{self.log_tail()}")
-            time.sleep(0.25)
+        try:
+            return process.wait_healthy(self.ping_url, self.proc, timeout)
+        except process.ServerExited as exc:
+            raise LocalServingError(f"serving {exc}:\n{self.log_tail()}") from exc
+        except process.HealthWaitError as exc:
+            raise LocalServingError(f"{exc}:\n{self.log_tail()}") from exc
 
     def log_tail(self, lines: int = 25) -> str:
         try:
@@ -168,11 +156,11 @@ class LocalEndpoint:
                 try:
                     self.proc.wait(timeout=timeout)
                 except subprocess.TimeoutExpired:
-                    _kill_group(self.proc.pid)
+                    process.signal_group(self.proc.pid, signal.SIGKILL)
                     self.proc.wait()
-            if torchserve_pgid is not None:
-                _kill_group(torchserve_pgid)  # only does anything if the entry point could not clean up
-            _kill_group(self.proc.pid)
+            if torchserve_pgid is not None:  # only does anything if the entry point could not clean up
+                process.signal_group(torchserve_pgid, signal.SIGKILL)
+            process.signal_group(self.proc.pid, signal.SIGKILL)
             self.proc = None
         if self._log is not None:
             self._log.close()
@@ -193,7 +181,3 @@ class LocalEndpoint:
                  tb: TracebackType | None) -> None:
         self.stop()
 
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
