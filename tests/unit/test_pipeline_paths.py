@@ -75,9 +75,15 @@ def test_update_deployment_is_blue_green_with_alarm_rollback() -> None:
     assert "Update endpoint (blue/green)" in states and "Create endpoint" not in states
     (update,) = task_parameters(ex, "Update endpoint (blue/green)")
     config = update["DeploymentConfig"]
-    assert config["BlueGreenUpdatePolicy"]["TrafficRoutingConfiguration"]["Type"] == "ALL_AT_ONCE"
+    policy = config["BlueGreenUpdatePolicy"]
+    routing = policy["TrafficRoutingConfiguration"]
+    assert routing["Type"] == "CANARY" and routing["CanarySize"] == {"Type": "CAPACITY_PERCENT", "Value": 25}
+    # The bake outlasts a poll plus the smoke test (tests/unit/test_pipeline_canary.py checks the budgets).
+    plan = state_output(ex, "Prepare training job")["plan"]["endpoint"]
+    assert routing["WaitIntervalInSeconds"] >= 10 * plan["poll_seconds"]
+    assert policy["MaximumExecutionTimeoutInSeconds"] >= routing["WaitIntervalInSeconds"]
     assert [a["AlarmName"] for a in config["AutoRollbackConfiguration"]["Alarms"]] == [
-        "d2ops-EndpointErrorAlarm-1", "d2ops-EndpointLatencyAlarm-1"]
+        "d2ops-EndpointErrorAlarm-1", "d2ops-EndpointLatencyAlarm-1", "d2ops-SmokeTestAlarm-1"]
     assert update["EndpointConfigName"] == state_output(ex, "Prepare training job")["plan"]["names"]["endpoint_config"]
     assert ex.output["gate"]["decision"] == "approved"
 
@@ -169,12 +175,53 @@ def test_smoke_test_failure_rolls_back_to_the_previous_config() -> None:
     previous = state_output(ex, "Find current endpoint")["previous_endpoint"]["endpoint_config"]
     (update,) = task_parameters(ex, "Update endpoint (blue/green)")
     assert rollback["EndpointConfigName"] == previous != update["EndpointConfigName"]
-    assert entered_states(ex)[-9:] == ["Endpoint in service?", "Smoke test endpoint", "Undo deployment",
-                                       "Roll back endpoint", "Record rolled-back deployment", "Describe failure",
-                                       "Notify failure", "Route failure", "Deployment failed"]
+    # The bake had ended (InService on the new config): updated back, and waited for until verified.
+    states = entered_states(ex)
+    start = states.index("Smoke test endpoint")
+    assert states[start:start + 8] == ["Smoke test endpoint", "Undo deployment", "Roll back endpoint",
+                                       "Start waiting for rollback", "Wait for rollback", "Check rollback",
+                                       "Count rollback check", "Rolled back?"]
+    assert states[start + 8] == "Record rolled-back deployment"
+    assert "Trip smoke test alarm" not in states
     assert message["rollback"]["action"] == "rolled back to the previous endpoint config"
     assert "SmokeTestFailed" in ex.cause
     assert "Promote to champion" not in entered_states(ex)
+
+
+def test_canary_passing_its_smoke_test_during_the_bake_is_promoted_once_it_serves_everyone() -> None:
+    ex = run_case("CanaryPassesDuringBake")
+    assert ex.status == "SUCCEEDED", (ex.error, ex.cause)
+    states = entered_states(ex)
+    # Checks: Creating (wait), Baking (smoke test), ActivatingTraffic (wait), InService on the new config.
+    assert states.count("Check endpoint status") == 4 and states.count("Smoke test endpoint") == 1
+    smoke = states.index("Smoke test endpoint")
+    assert states[smoke - 1] == "Canary baking?" and states[smoke + 1] == "Deployment complete?"
+    assert states[smoke + 2] == "Wait for endpoint"
+    assert state_output(ex, "Smoke test endpoint")["smoke_test"]["requests"] == 24
+    (smoke_params,) = task_parameters(ex, "Smoke test endpoint")
+    assert smoke_params["Payload"]["requests"] == 24
+    assert "Record champion" in states and "Undo deployment" not in states
+
+
+
+def test_canary_failing_its_smoke_test_is_rolled_back_by_the_alarm_and_verified() -> None:
+    ex = run_case("CanarySmokeTestFailsDuringBake")
+    message = assert_failed(ex, "DeploymentFailed", "Deployment failed")
+    states = entered_states(ex)
+    assert "Roll back endpoint" not in states  # UpdateEndpoint is refused while the canary bakes
+    (metric,) = task_parameters(ex, "Report smoke test failure")
+    assert metric["Namespace"] == "d2ops/Deployment"
+    assert metric["MetricData"][0]["Dimensions"] == [{"Name": "EndpointName", "Value": support.ENDPOINT_NAME}]
+    (trip,) = task_parameters(ex, "Trip smoke test alarm")
+    assert (trip["AlarmName"], trip["StateValue"]) == ("d2ops-SmokeTestAlarm-1", "ALARM")
+    # Not failed until DescribeEndpoint shows the previous config in service: Baking, RollingBack, InService.
+    assert states.count("Check rollback") == 3
+    assert states[states.index("Rolled back?", len(states) - states[::-1].index("Check rollback") - 1) + 1] == \
+        "Record rolled-back deployment"
+    assert "SmokeTestFailed" in ex.cause
+    assert message["rollback"]["action"].startswith("tripped the smoke test alarm")
+    assert "Promote to champion" not in states
+
 
 
 def test_smoke_test_failure_on_first_deployment_deletes_the_endpoint() -> None:

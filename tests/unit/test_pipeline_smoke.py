@@ -172,3 +172,21 @@ def test_a_camera_jpeg_mpo_is_sent_as_image_jpeg(s3: Any) -> None:
     endpoint_answers(GOOD)
     assert smoke_handler.handler(EVENT, support.FakeLambdaContext())["image_key"].endswith("images/0-camera.png")
     assert FakeRuntime.requests[-1][1] == "image/jpeg"
+
+
+def test_during_a_canary_bake_every_one_of_several_answers_must_be_good(s3: Any) -> None:
+    """The bake splits requests between the fleets: one bad answer (the canary's) among good ones fails."""
+    endpoint_answers(GOOD, GOOD)
+    # SageMaker's answer when the container answers 500: ModelError (HTTP 424) carrying the original.
+    endpoint_answers({"message": "Received server error (500) from primary: model raised on this image",
+                      "OriginalStatusCode": 500}, status=424)
+    endpoint_answers(GOOD)
+    with pytest.raises(SmokeTestFailed, match=r"request 3 of 6: .* answered 500 .*model raised on this image"):
+        smoke_handler.handler({**EVENT, "requests": 6}, support.FakeLambdaContext())
+    assert len(FakeRuntime.requests) == 3  # it stops at the first bad answer
+
+    FakeRuntime.requests.clear()
+    FakeRuntime.answers[:] = []
+    endpoint_answers(*[GOOD] * 6)
+    result = smoke_handler.handler({**EVENT, "requests": 6}, support.FakeLambdaContext())
+    assert result["requests"] == 6 and len(FakeRuntime.requests) == 6 and result["detections"] == 2

@@ -57,6 +57,11 @@ def offline_credentials() -> Credentials:
                        CREDENTIALS["AWS_SESSION_TOKEN"])
 
 
+_ALARM_KEYS = frozenset({"AlarmDescription", "Namespace", "MetricName", "Dimensions", "Statistic", "ExtendedStatistic",
+                         "Period", "EvaluationPeriods", "DatapointsToAlarm", "Threshold", "ComparisonOperator",
+                         "TreatMissingData", "Metrics", "AlarmActions"})
+
+
 class OfflineRuntime:
     def __init__(self, work_dir: Path = DEFAULT_WORK_DIR, *, parameters: dict[str, str] | None = None,
                  jobs: JobBackend | None = None, serving: ServingBackend | None = None,
@@ -118,7 +123,8 @@ class OfflineRuntime:
             self.messages += self._restore_s3()
             self.sagemaker = LocalSageMaker(self.work_dir, self.client("s3"), self._moto_client("sagemaker"),
                                             self._jobs or _default_jobs(), self._serving or _default_serving(),
-                                            REGION, ACCOUNT_ID, self.training_defaults)
+                                            REGION, ACCOUNT_ID, self.training_defaults,
+                                            cloudwatch=self.client("cloudwatch"))
             (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
             self._lambda_log = open(self.work_dir / "logs" / "lambda.log", "a", encoding="utf-8")  # noqa: SIM115
             self.lambdas = LocalLambdas(self.stack.functions, self._lambda_log)
@@ -197,6 +203,12 @@ class OfflineRuntime:
             s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
         self.client("sns").create_topic(Name=self.stack.topic_name)
         self._moto_client("sagemaker").create_model_package_group(ModelPackageGroupName=self.stack.model_package_group)
+        cloudwatch = self.client("cloudwatch")
+        for name, props in self.stack.alarms.items():
+            # Only what PutMetricAlarm takes; moto does not evaluate metrics, so offline an alarm
+            # changes state through SetAlarmState (the state machine's smoke test verdict).
+            alarm = {k: v for k, v in props.items() if k in _ALARM_KEYS}
+            cloudwatch.put_metric_alarm(AlarmName=name, **alarm)
 
     # ----- S3 snapshot (moto keeps S3 in memory) -------------------------------------------------
     def _snapshot_buckets(self) -> list[str]:

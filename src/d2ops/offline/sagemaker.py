@@ -9,9 +9,15 @@ under the work dir so the status API can describe them after a restart.
 Endpoints follow the model the state machine references: endpoint config -> model ->
 model package (all moto records) -> ModelDataUrl. CreateEndpoint starts a local TorchServe
 (`ServingBackend`) and reports Creating -> InService (or Failed). UpdateEndpoint is blue/green:
-the endpoint stays InService on the old server while the new one starts (Updating); traffic
-switches only when the new one answers /ping, then the old one stops; if the new one fails,
-the endpoint stays on the old config, as SageMaker's automatic rollback leaves it.
+the old server keeps serving while the new one starts (Updating); if the new one fails, the
+endpoint stays on the old config, as SageMaker's automatic rollback leaves it. With a
+DeploymentConfig the new fleet then bakes for WaitIntervalInSeconds (capped offline by
+``max_bake_seconds``): a CANARY takes its CanarySize share of InvokeEndpoint requests (a
+deterministic interleaving, so tests can count), ALL_AT_ONCE all of them, and
+PendingDeploymentSummary reports the variant ``Baking``. An AutoRollbackConfiguration alarm
+entering ALARM during the update sends every request back to the old server and stops the new
+one (the endpoint is InService on the old config again); otherwise all traffic moves to the new
+server and the old one stops.
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ import contextlib
 import copy
 import json
 import logging
+import math
 import re
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,6 +44,43 @@ from d2ops.runs import parse_s3_uri
 log = logging.getLogger(__name__)
 
 TERMINAL_JOB_STATES = ("Completed", "Failed", "Stopped")
+ALARM_POLL_SECONDS = 0.5
+DEFAULT_MAX_BAKE_SECONDS = 30.0  # offline: long enough for a poll, the smoke test and the alarm
+
+
+@dataclass
+class _Canary:
+    """An update in its bake: the new server and the share of requests it takes."""
+
+    config: str
+    server: ServedModel
+    share: float
+    sent: int = 0
+
+    def takes_next(self) -> bool:
+        """Request n goes to the new fleet when floor((n+1)*share) grows: exactly `share` of every prefix."""
+        n = self.sent
+        self.sent += 1
+        return math.floor((n + 1) * self.share) > math.floor(n * self.share)
+
+
+def traffic_share(routing: dict[str, Any], instance_count: int) -> float:
+    """The new fleet's share of requests during the bake, from TrafficRoutingConfiguration."""
+    kind = routing.get("Type")
+    if kind == "ALL_AT_ONCE":
+        return 1.0
+    if kind != "CANARY":
+        raise ApiError("ValidationException", f"TrafficRoutingConfiguration Type {kind!r} is not emulated offline "
+                                              "(ALL_AT_ONCE and CANARY are)")
+    size = routing.get("CanarySize") or {}
+    value = size.get("Value")
+    if not isinstance(value, int) or value < 1:
+        raise ApiError("ValidationException", "TrafficRoutingConfiguration.CanarySize.Value must be an integer >= 1")
+    share = value / 100 if size.get("Type") == "CAPACITY_PERCENT" else value / max(instance_count, 1)
+    if size.get("Type") not in ("CAPACITY_PERCENT", "INSTANCE_COUNT") or share > 0.5:
+        raise ApiError("ValidationException", f"CanarySize {size} must be INSTANCE_COUNT or CAPACITY_PERCENT and at "
+                                              f"most 50% of the variant's {instance_count} instance(s)")
+    return share
 
 
 @dataclass
@@ -98,8 +143,11 @@ class LocalSageMaker:
                        "CreateEndpoint", "UpdateEndpoint", "DescribeEndpoint", "DeleteEndpoint", "ListEndpoints"})
 
     def __init__(self, work_dir: Path, s3: Any, registry: Any, jobs: JobBackend, serving: ServingBackend,
-                 region: str, account_id: str, training_defaults: dict[str, str] | None = None) -> None:
+                 region: str, account_id: str, training_defaults: dict[str, str] | None = None,
+                 cloudwatch: Any = None, max_bake_seconds: float = DEFAULT_MAX_BAKE_SECONDS) -> None:
         self.work_dir = work_dir
+        self.cloudwatch = cloudwatch  # boto3 CloudWatch client: the auto-rollback alarms
+        self.max_bake_seconds = max_bake_seconds
         # Hyperparameters a job gets when its request does not set them: a machine profile
         # (a CPU laptop trains at the data's resolution), recorded in the job's description.
         self.training_defaults = dict(training_defaults or {})
@@ -116,6 +164,10 @@ class LocalSageMaker:
         self._threads: list[threading.Thread] = []
         self._endpoints: dict[str, dict[str, Any]] = {}
         self._servers: dict[str, ServedModel] = {}  # endpoint name -> server taking traffic
+        self._canaries: dict[str, _Canary] = {}  # endpoint name -> the new fleet during its bake
+        self._served: dict[str, dict[str, int]] = {}  # endpoint name -> config -> requests answered
+        self._server_configs: dict[str, str] = {}  # endpoint name -> config of self._servers[name]
+        self._closing = threading.Event()
         self._records = work_dir / "sagemaker"
         self._reload()
 
@@ -465,6 +517,7 @@ class LocalSageMaker:
                     server.stop()
                     return
                 self._servers[name] = server
+                self._server_configs[name] = config
                 endpoint.update(EndpointStatus="InService", LastModifiedTime=_now())
 
         self._start(f"endpoint-{name}", bring_up)
@@ -472,6 +525,12 @@ class LocalSageMaker:
 
     def update_endpoint(self, request: dict[str, Any]) -> dict[str, Any]:
         name, config = request.get("EndpointName", ""), request.get("EndpointConfigName", "")
+        deployment = request.get("DeploymentConfig") or {}
+        policy = deployment.get("BlueGreenUpdatePolicy") or {}
+        # Without a DeploymentConfig SageMaker shifts all traffic at once, with no bake.
+        routing = policy.get("TrafficRoutingConfiguration") or {"Type": "ALL_AT_ONCE", "WaitIntervalInSeconds": 0}
+        alarms = [str(a.get("AlarmName")) for a in (deployment.get("AutoRollbackConfiguration") or {}).get("Alarms")
+                  or []]
         with self._lock:
             endpoint = self._endpoints.get(name)
             if endpoint is None:
@@ -480,27 +539,80 @@ class LocalSageMaker:
                 raise ApiError("ValidationException", f"Cannot update in-progress endpoint "
                                                       f"\"{endpoint['EndpointArn']}\".")
             self._model_data(config)
-            endpoint.update(EndpointStatus="Updating", LastModifiedTime=_now())
+            variant = self.registry.describe_endpoint_config(EndpointConfigName=config)["ProductionVariants"][0]
+            share = traffic_share(routing, int(variant.get("InitialInstanceCount", 1)))
+            bake = min(float(routing.get("WaitIntervalInSeconds") or 0), self.max_bake_seconds)
+            now = _now()
+            endpoint.update(EndpointStatus="Updating", LastModifiedTime=now)
             endpoint.pop("FailureReason", None)
+            endpoint["PendingDeploymentSummary"] = {
+                "EndpointConfigName": config, "StartTime": now,
+                "ProductionVariants": [{"VariantName": variant["VariantName"], "VariantStatus": [
+                    {"Status": "Creating", "StatusMessage": "Launching the new fleet", "StartTime": now}]}]}
+
+        def stage(status: str, message: str) -> None:
+            with self._lock:
+                pending = endpoint.get("PendingDeploymentSummary")
+                if pending is not None:
+                    pending["ProductionVariants"][0]["VariantStatus"] = [
+                        {"Status": status, "StatusMessage": message, "StartTime": _now()}]
+
+        def finish(**fields: Any) -> None:
+            with self._lock:
+                endpoint.pop("PendingDeploymentSummary", None)
+                endpoint.update(EndpointStatus="InService", LastModifiedTime=_now(), **fields)
 
         def blue_green() -> None:
+            started = _now()
             try:
                 green = self._serve(name, config)
             except Exception as exc:
                 log.warning("endpoint %s update failed, staying on the old config: %s", name, exc)
-                with self._lock:  # blue keeps serving: the update rolled back
-                    endpoint.update(EndpointStatus="InService", FailureReason=str(exc)[:1024],
-                                    LastModifiedTime=_now())
+                finish(FailureReason=str(exc)[:1024])  # blue keeps serving: the update rolled back
                 return
+            if bake > 0 or alarms:
+                with self._lock:
+                    self._canaries[name] = _Canary(config, green, share)
+                stage("Baking", f"{share:.0%} of the traffic on the new fleet for {bake:.0f} s")
+                tripped = self._watch_alarms(alarms, started, bake)
+                if tripped is not None or self._closing.is_set():
+                    with self._lock:
+                        self._canaries.pop(name, None)
+                    green.stop()
+                    reason = f"alarm {tripped} is in ALARM: rolled back to the previous endpoint config"
+                    log.warning("endpoint %s update %s", name, reason)
+                    finish(FailureReason=reason)
+                    return
+            stage("ActivatingTraffic", "Shifting all traffic to the new fleet")
             with self._lock:
+                self._canaries.pop(name, None)
                 blue = self._servers.get(name)
                 self._servers[name] = green  # the traffic switch
-                endpoint.update(EndpointStatus="InService", EndpointConfigName=config, LastModifiedTime=_now())
+                self._server_configs[name] = config
+            finish(EndpointConfigName=config)
             if blue is not None:
                 blue.stop()
 
         self._start(f"endpoint-{name}-update", blue_green)
         return {"EndpointArn": endpoint["EndpointArn"]}
+
+    def _watch_alarms(self, alarms: list[str], since: datetime, seconds: float) -> str | None:
+        """The first alarm in ALARM during the bake, or None once it has passed.
+
+        moto does not evaluate alarms, so an alarm offline changes state only by SetAlarmState; a
+        state set before this update stands for one CloudWatch would since have evaluated back
+        (the metric had no new data), so only states set during the update count.
+        """
+        deadline = time.monotonic() + seconds
+        while not self._closing.is_set():
+            if alarms and self.cloudwatch is not None:
+                for alarm in self.cloudwatch.describe_alarms(AlarmNames=alarms).get("MetricAlarms", []):
+                    if alarm.get("StateValue") == "ALARM" and alarm["StateUpdatedTimestamp"] >= since:
+                        return str(alarm["AlarmName"])
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(ALARM_POLL_SECONDS)
+        return None
 
     def describe_endpoint(self, request: dict[str, Any]) -> dict[str, Any]:
         name = request.get("EndpointName", "")
@@ -508,7 +620,7 @@ class LocalSageMaker:
             endpoint = self._endpoints.get(name)
             if endpoint is None:
                 raise ApiError("ValidationException", f"Could not find endpoint \"{self._arn('endpoint', name)}\".")
-            result = dict(endpoint)
+            result = copy.deepcopy(endpoint)
         if result["EndpointStatus"] in ("InService", "Updating"):
             result["ProductionVariants"] = [{"VariantName": "AllTraffic", "CurrentInstanceCount": 1,
                                              "DesiredInstanceCount": 1}]
@@ -520,8 +632,11 @@ class LocalSageMaker:
             if self._endpoints.pop(name, None) is None:
                 raise ApiError("ValidationException", f"Could not find endpoint \"{self._arn('endpoint', name)}\".")
             server = self._servers.pop(name, None)
-        if server is not None:
-            server.stop()
+            canary = self._canaries.pop(name, None)
+            self._server_configs.pop(name, None)
+        for running in (server, canary.server if canary else None):
+            if running is not None:
+                running.stop()
         return {}
 
     def list_endpoints(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -538,6 +653,13 @@ class LocalSageMaker:
 
         with self._lock:
             server = self._servers.get(endpoint_name)
+            config = self._server_configs.get(endpoint_name, "")
+            canary = self._canaries.get(endpoint_name)
+            if server is not None and canary is not None and canary.takes_next():
+                server, config = canary.server, canary.config
+            if server is not None:
+                served = self._served.setdefault(endpoint_name, {})
+                served[config] = served.get(config, 0) + 1
         if server is None:
             raise ApiError("ValidationError", f"Endpoint {endpoint_name} of account {self.account_id} not found.")
         headers = {"Content-Type": content_type or "application/octet-stream"}
@@ -552,6 +674,11 @@ class LocalSageMaker:
         except OSError as exc:
             raise ApiError("ServiceUnavailable", f"endpoint {endpoint_name} did not answer: {exc}", 503) from exc
 
+    def served(self, endpoint_name: str) -> dict[str, int]:
+        """Requests each endpoint config's server has been sent (the canary split, observable)."""
+        with self._lock:
+            return dict(self._served.get(endpoint_name, {}))
+
     def endpoint_url(self, endpoint_name: str) -> str | None:
         with self._lock:
             server = self._servers.get(endpoint_name)
@@ -560,13 +687,15 @@ class LocalSageMaker:
     # ----- shutdown ----------------------------------------------------------------------------
     def shutdown(self) -> None:
         """Stop running jobs and every endpoint server (their processes must not outlive us)."""
+        self._closing.set()  # a bake in progress ends (and stops its new server)
         for stop in self._stops.values():
             stop.set()
         for thread in self._threads:
             thread.join(timeout=30)
         with self._lock:
-            servers = list(self._servers.values())
+            servers = [*self._servers.values(), *(c.server for c in self._canaries.values())]
             self._servers.clear()
+            self._canaries.clear()
             for endpoint in self._endpoints.values():
                 endpoint["EndpointStatus"] = "OutOfService"
         for server in servers:

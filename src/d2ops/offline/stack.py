@@ -100,6 +100,9 @@ class OfflineStack:
     model_package_group: str
     endpoint_name: str
     buckets: list[str] = field(default_factory=list)
+    # AWS::CloudWatch::Alarm resources: alarm name -> resolved Properties (the runtime creates
+    # them in moto, where the canary's auto-rollback reads and the state machine trips them).
+    alarms: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def function_by_arn(self, arn_or_name: str) -> LocalFunction:
         for fn in self.functions.values():
@@ -232,6 +235,8 @@ def load_stack(template_path: str | Path | None = None, parameters: Mapping[str,
         raise StackError(f"expected one model package group and one topic, found {groups} and {topics}")
     group_name = resolve((resources[groups[0]].get("Properties") or {}).get("ModelPackageGroupName"))
     topic_arn = str(refs[topics[0]])
+    alarms = {str(refs[k]): resolve(v.get("Properties") or {}) for k, v in resources.items()
+              if v.get("Type") == "AWS::CloudWatch::Alarm"}
     endpoint = substitutions.get("EndpointName")
     if not isinstance(endpoint, str):
         raise StackError("DefinitionSubstitutions has no EndpointName")
@@ -240,4 +245,4 @@ def load_stack(template_path: str | Path | None = None, parameters: Mapping[str,
         topic_arn=topic_arn, topic_name=topic_arn.rpartition(":")[2], state_machine_name=sm_arn.rpartition(":")[2],
         state_machine_arn=sm_arn, definition_path=machine.definition_path, substitutions=substitutions,
         functions=functions, routes=routes, trigger_function=trigger[0], trigger_pattern=trigger[1],
-        model_package_group=str(group_name), endpoint_name=endpoint, buckets=buckets)
+        model_package_group=str(group_name), endpoint_name=endpoint, buckets=buckets, alarms=alarms)
