@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -19,6 +18,15 @@ from typing import Any, Literal
 import torch
 import torchvision  # noqa: F401  registers torchvision::nms & co., which exported detectors call
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from model_code.archive import (  # noqa: F401  re-exported: the artifact's names in one place
+    MAX_ARCHIVE_MEMBERS,
+    MAX_EXTRACTED_BYTES,
+    ArtifactError,
+    extract_archive,
+    pack_directory,
+    safe_extract,
+)
 
 MODEL_FILE = "model.pt"
 METADATA_FILE = "metadata.json"
@@ -32,36 +40,6 @@ OUTPUT_ARCHIVE = "output.tar.gz"
 
 Task = Literal["detection", "instance_segmentation"]
 Framework = Literal["torchvision", "detectron2"]
-
-
-class ArtifactError(Exception):
-    """The artifact is missing a file, has unreadable metadata, or is not a model.tar.gz."""
-
-
-# Caps on what extracting a model.tar.gz may write: a real artifact is a TorchScript file, two
-# JSON files and a small report (a ResNet-50 Mask R-CNN is about 180 MB). A crafted or corrupted
-# archive must not fill the evaluation job's or the endpoint's disk, or exhaust its inodes.
-MAX_EXTRACTED_BYTES = 4 * 1024**3
-MAX_ARCHIVE_MEMBERS = 10_000
-
-
-def safe_extract(archive: Path | str, target: Path | str, *, max_bytes: int = MAX_EXTRACTED_BYTES,
-                 max_members: int = MAX_ARCHIVE_MEMBERS) -> None:
-    """Extract a tar archive with the "data" filter (no absolute paths, '..', links out, devices)
-    after checking its declared sizes and member count; raises ArtifactError naming the limit."""
-    try:
-        with tarfile.open(archive) as tar:
-            total = 0
-            for count, member in enumerate(tar, 1):  # lazily: a header bomb stops at the limit
-                if count > max_members:
-                    raise ArtifactError(f"{archive}: more than {max_members} files; not a model artifact")
-                total += max(member.size, 0)
-                if total > max_bytes:
-                    raise ArtifactError(f"{archive}: expands to more than {max_bytes} bytes (at {member.name!r}); "
-                                        "not a model artifact")
-            tar.extractall(target, filter="data")
-    except (tarfile.TarError, EOFError, OSError) as exc:
-        raise ArtifactError(f"{archive}: unsafe or corrupt archive: {exc}") from exc
 
 
 class DatasetRef(BaseModel):
@@ -154,15 +132,7 @@ def write_json(path: Path, document: Any) -> None:
     os.replace(tmp, path)
 
 
-def pack_artifact(directory: Path | str, tar_path: Path | str) -> Path:
-    """Pack a model directory as SageMaker does: ``model.tar.gz`` with the files at its root."""
-    src, dst = Path(directory), Path(tar_path)
-    tmp = dst.with_name(dst.name + ".tmp")
-    with tarfile.open(tmp, "w:gz") as tar:
-        for child in sorted(src.iterdir()):
-            tar.add(child, arcname=child.name)
-    os.replace(tmp, dst)
-    return dst
+pack_artifact = pack_directory  # a model directory as SageMaker packs it: model.tar.gz, files at its root
 
 
 def read_metadata(directory: Path | str) -> ArtifactMetadata:
@@ -175,29 +145,33 @@ def read_metadata(directory: Path | str) -> ArtifactMetadata:
         raise ArtifactError(f"{path}: invalid metadata: {exc}") from exc
 
 
+def open_artifact(path: Path | str, extract_to: Path | str) -> tuple[Path, ArtifactMetadata]:
+    """The one way to open an artifact: a model directory as-is, or a ``model.tar.gz`` safely
+    extracted into ``extract_to``; its metadata read and its TorchScript file present, or ArtifactError."""
+    source = Path(path)
+    if source.is_dir():
+        directory = source
+    elif source.is_file():
+        directory = extract_archive(source, Path(extract_to))
+    else:
+        raise ArtifactError(f"{source}: no such model directory or model.tar.gz")
+    metadata = read_metadata(directory)
+    if not (directory / MODEL_FILE).is_file():
+        raise ArtifactError(f"{directory / MODEL_FILE}: missing; the artifact has no TorchScript detector")
+    return directory, metadata
+
+
 def load_artifact(path: Path | str, *, device: str = "cpu") -> LoadedDetector:
     """Load a model directory or a ``model.tar.gz`` produced by any d2ops trainer."""
     source = Path(path)
-    tempdir: tempfile.TemporaryDirectory[str] | None = None
-    if source.is_file():
-        if not tarfile.is_tarfile(source):
-            raise ArtifactError(f"{source}: not a directory or a tar archive")
-        tempdir = tempfile.TemporaryDirectory(prefix="d2ops-model-")
-        try:
-            safe_extract(source, tempdir.name)
-        except ArtifactError:
+    tempdir = tempfile.TemporaryDirectory(prefix="d2ops-model-") if source.is_file() else None
+    try:
+        directory, metadata = open_artifact(source, tempdir.name if tempdir else "")
+    except ArtifactError:
+        if tempdir is not None:
             tempdir.cleanup()
-            raise
-        directory = Path(tempdir.name)
-    elif source.is_dir():
-        directory = source
-    else:
-        raise ArtifactError(f"{source}: no such model directory or model.tar.gz")
-
-    metadata = read_metadata(directory)
+        raise
     model_file = directory / MODEL_FILE
-    if not model_file.is_file():
-        raise ArtifactError(f"{model_file}: missing; the artifact has no TorchScript detector")
     try:
         module = torch.jit.load(str(model_file), map_location=device)
     except RuntimeError as exc:

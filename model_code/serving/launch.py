@@ -35,7 +35,7 @@ from typing import IO
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from model_code.artifact import MODEL_FILE, ArtifactError, read_metadata, safe_extract
+from model_code.artifact import MODEL_FILE, ArtifactError, open_artifact
 from model_code.serving import process
 from model_code.serving.process import signal_group as _signal_group
 
@@ -128,24 +128,10 @@ def plugins_dir(env: Mapping[str, str] = os.environ) -> Path:
 
 def prepare_model_dir(model_path: Path | str, workdir: Path | str) -> Path:
     """A model directory as-is, or ``model.tar.gz`` safely extracted under ``workdir``; checked either way."""
-    source = Path(model_path)
-    if source.is_dir():
-        directory = source
-    elif source.is_file():
-        directory = Path(workdir) / "artifact"
-        directory.mkdir(parents=True, exist_ok=True)
-        try:
-            safe_extract(source, directory)  # the "data" filter plus size and member-count caps
-        except ArtifactError as exc:
-            raise ServingError(f"{source}: not a readable model.tar.gz: {exc}") from exc
-    else:
-        raise ServingError(f"{source}: no such model directory or model.tar.gz")
-    try:
-        read_metadata(directory)
+    try:  # extraction with the "data" filter plus size and member-count caps
+        directory, _ = open_artifact(model_path, Path(workdir) / "artifact")
     except ArtifactError as exc:
         raise ServingError(str(exc)) from exc
-    if not (directory / MODEL_FILE).is_file():
-        raise ServingError(f"{directory / MODEL_FILE}: missing; the artifact has no TorchScript detector")
     return directory
 
 

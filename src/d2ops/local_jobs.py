@@ -27,7 +27,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from d2ops import container_entry, metrics
+from model_code.archive import pack_directory  # standard library only: no torch here
 
 Status = Literal["Completed", "Failed", "Stopped"]
 # The evaluation job's ContainerEntrypoint (prepare_training sets the same), for specs that name none.
@@ -339,16 +339,6 @@ def _supervise(procs: dict[str, subprocess.Popen[str]], stop: threading.Event | 
     return stopping_since is not None, reason
 
 
-def pack_tar(directory: Path, tar_path: Path) -> Path:
-    tar_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tar_path.with_name(tar_path.name + ".tmp")
-    with tarfile.open(tmp, "w:gz") as tar:
-        for child in sorted(directory.iterdir()):
-            tar.add(child, arcname=child.name)
-    os.replace(tmp, tar_path)
-    return tar_path
-
-
 def run_training_job(spec: TrainingJobSpec, *, stop: threading.Event | None = None,
                      log: Callable[[str], None] = print) -> JobResult:
     if spec.instance_count < 1:
@@ -396,10 +386,10 @@ def run_training_job(spec: TrainingJobSpec, *, stop: threading.Event | None = No
                        metrics=dict(streams.metrics), seconds=time.monotonic() - started)
     output_data = roots[master] / "output" / "data"
     if output_data.is_dir() and any(output_data.iterdir()):
-        result.output_artifact = pack_tar(output_data, spec.output_dir / "output.tar.gz")
+        result.output_artifact = pack_directory(output_data, spec.output_dir / "output.tar.gz")
     model_dir = roots[master] / "model"
     if status == "Completed" and model_dir.is_dir() and any(model_dir.iterdir()):
-        result.model_artifact = pack_tar(model_dir, spec.output_dir / "model.tar.gz")
+        result.model_artifact = pack_directory(model_dir, spec.output_dir / "model.tar.gz")
     _write_json(spec.output_dir / "job.json", result.summary())
     return result
 
