@@ -1,0 +1,172 @@
+"""docs/interfaces.md, generated: the documents that cross a boundary, who writes, who reads, where.
+
+Each entry names the one pydantic model of a document; the field tables come from that model's
+JSON schema, so the page changes when a model does. ``tests/unit/test_interfaces_doc.py`` fails
+while the page is stale; regenerate with
+
+    .venv/bin/python -m d2ops.interfaces_doc --write
+
+Developer tooling (it imports the handlers' and model_code's models): never shipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout whose docs/ this writes
+DOC_PATH = REPO_ROOT / "docs" / "interfaces.md"
+
+
+@dataclass(frozen=True)
+class Document:
+    anchor: str
+    title: str
+    where: str
+    writer: str
+    readers: str
+    model: str  # "module:Class", imported by the writer and the readers
+    mode: str = "validation"  # pydantic's schema mode: "validation" (what readers accept) or "serialization"
+
+
+DOCUMENTS: tuple[Document, ...] = (
+    Document(
+        "manifest", "Dataset manifest",
+        "`s3://<DataBucket>/datasets/<name>/<version>/manifest.json` (uploaded last); JSON schema: "
+        "`docs/manifest.schema.json`",
+        "the dataset's owner", "`start_pipeline` (the S3 event: key layout only), `validate_dataset`, "
+        "`prepare_training` (overrides, gate), the training job (`model_code.dataset_version`)",
+        "d2ops.validation.manifest:Manifest"),
+    Document(
+        "run-identity", "Run identity (state machine input `dataset`)",
+        "Step Functions execution input; the execution name is the run id (`d2ops.runs.run_id_for`)",
+        "`start_pipeline` (`d2ops.runs.start_run`)", "every state (JSONPath `$.dataset`), `status_api`",
+        "d2ops.runs:DatasetRef"),
+    Document(
+        "validation-report", "Validation report",
+        "`s3://<ArtifactsBucket>/runs/<runId>/validation/report.json`",
+        "`validate_dataset` (`d2ops.validation.validate_s3`)", "`status_api`, `d2ops validate` (prints it)",
+        "d2ops.validation.report:ValidationReport"),
+    Document(
+        "artifact-metadata", "Model artifact metadata",
+        "`metadata.json` at the root of the training job's `model.tar.gz` (docs/model-artifact.md)",
+        "the trainers (`model_code.training.export`, `detectron2_export`)",
+        "serving (`model_code.serving.service`), the evaluation job, `load_artifact`",
+        "model_code.artifact:ArtifactMetadata"),
+    Document(
+        "champion", "Champion record",
+        "`s3://<ArtifactsBucket>/champion.json`; each promotion also under `endpoint-history/`",
+        "the state machine's *Promote to champion* state (S3 PutObject)",
+        "`prepare_training` (the model to beat), `status_api` (`/models`, endpoint history)",
+        "d2ops.champion:ChampionRecord"),
+    Document(
+        "detections", "Endpoint response (detections)",
+        "body of `POST /invocations` on the SageMaker endpoint (TorchServe)",
+        "`model_code.serving.response`", "`smoke_test_endpoint`, API clients",
+        "smoke_test_endpoint.models:InvocationResponse"),
+)
+
+
+def _type(schema: dict[str, Any]) -> str:
+    if "$ref" in schema:
+        return f"`{schema['$ref'].rsplit('/', 1)[-1]}`"
+    if "anyOf" in schema:
+        return " or ".join(_type(s) for s in schema["anyOf"])
+    if "enum" in schema:
+        return " or ".join(f"`{v}`" for v in schema["enum"])
+    if "const" in schema:
+        return f"`{schema['const']}`"
+    kind = schema.get("type", "any")
+    if kind == "array":
+        return f"list of {_type(schema.get('items', {}))}"
+    if kind == "object" and isinstance(schema.get("additionalProperties"), dict):
+        return f"map to {_type(schema['additionalProperties'])}"
+    return str(kind)
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _fields(schema: dict[str, Any]) -> list[str]:
+    required = set(schema.get("required", []))
+    rows = ["| field | type | required | description |", "| --- | --- | --- | --- |"]
+    for name, prop in schema.get("properties", {}).items():
+        description = prop.get("description", "")
+        if "default" in prop and name not in required:
+            description = f"{description} (default `{json.dumps(prop['default'])}`)".strip()
+        rows.append(f"| `{name}` | {_cell(_type(prop))} | {'yes' if name in required else ''} | {_cell(description)} |")
+    return rows
+
+
+def _handlers_importable() -> None:
+    """Handler packages import as Lambda imports them: each function's code directory on sys.path."""
+    from d2ops.template import load_template
+
+    for fn in load_template().functions().values():
+        if str(fn.code_dir) not in sys.path:
+            sys.path.append(str(fn.code_dir))
+
+
+def model_for(document: Document) -> type[BaseModel]:
+    _handlers_importable()
+    module, _, name = document.model.partition(":")
+    model = getattr(importlib.import_module(module), name)
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise TypeError(f"{document.model} is not a pydantic model")
+    return model
+
+
+def render(documents: Sequence[Document] = DOCUMENTS) -> str:
+    out = [
+        "# Interfaces: the documents that cross a boundary",
+        "",
+        "<!-- Generated by `python -m d2ops.interfaces_doc --write` from the pydantic models; do not edit. -->",
+        "",
+        "Every document written in one place and read in another has one pydantic model, imported by",
+        "its writer and its readers. This page lists them: where each lives, who writes it, who reads",
+        "it, and its fields (from the model's JSON schema). The status API's responses are described",
+        "by `docs/status-api.openapi.json`; the S3 key layout by `d2ops.runs` and `d2ops.champion`.",
+        "",
+        "| document | where | model |",
+        "| --- | --- | --- |",
+    ]
+    out += [f"| [{d.title}](#{d.anchor}) | {d.where.split(';')[0]} | `{d.model}` |" for d in documents]
+    for d in documents:
+        model = model_for(d)
+        schema = model.model_json_schema(mode="validation" if d.mode == "validation" else "serialization")
+        out += ["", f'<a id="{d.anchor}"></a>', f"## {d.title}", "",
+                f"- **Where**: {d.where}", f"- **Written by**: {d.writer}", f"- **Read by**: {d.readers}",
+                f"- **Model**: `{d.model}`", ""]
+        if model.__doc__:
+            out += [_cell(model.__doc__), ""]
+        out += _fields(schema)
+        for name, sub in sorted(schema.get("$defs", {}).items()):
+            if sub.get("properties"):
+                out += ["", f"`{name}`:", "", *_fields(sub)]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m d2ops.interfaces_doc", description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help=f"write {DOC_PATH} (default: print to stdout)")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.write:
+        DOC_PATH.write_text(text)
+        print(f"wrote {DOC_PATH}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
