@@ -169,7 +169,7 @@ class ResumableLoader:
             yield batch
 
 
-def build_train_loader(cfg: Any, *, rank: int, world_size: int, seed: int) -> ResumableLoader:  # pragma: no cover
+def build_train_loader(cfg: Any, *, rank: int, world_size: int, seed: int) -> ResumableLoader:
     """detectron2's train loader for ``cfg`` (dataset dicts, DatasetMapper, batch split), resumable."""
     from detectron2.data import DatasetFromList, DatasetMapper, get_detection_dataset_dicts
 

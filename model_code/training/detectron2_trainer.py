@@ -244,7 +244,7 @@ def train_pixels(cfg: Any) -> int:
     return int(short * max(short, int(cfg.INPUT.MAX_SIZE_TRAIN)))
 
 
-def gpu_memory_gib() -> float | None:  # pragma: no cover - needs a GPU
+def gpu_memory_gib() -> float | None:
     """The smallest visible GPU's memory (SageMaker instances are homogeneous; be safe anyway)."""
     import torch
 
@@ -257,7 +257,7 @@ def log(message: str) -> None:
     print(message, flush=True)
 
 
-def run(env: TrainingEnvironment, hp: Hyperparameters, environ: Mapping[str, str]) -> None:  # pragma: no cover
+def run(env: TrainingEnvironment, hp: Hyperparameters, environ: Mapping[str, str]) -> None:
     import os
 
     if hp.model is None and env.num_gpus == 0:
@@ -289,7 +289,7 @@ def run(env: TrainingEnvironment, hp: Hyperparameters, environ: Mapping[str, str
 
 
 def describe(job: Detectron2Job, plan: WorldPlan, solver: SolverPlan, memory: float | None, limit: int | None
-             ) -> None:  # pragma: no cover - a log line
+             ) -> None:
     s = solver.solver
     where = f"{memory:.1f} GiB GPUs (at most {limit} images each)" if memory else "CPU"
     log(f"detectron2 {Path(job.source.location).name} ({job.task}): world {plan.world_size} "
