@@ -33,6 +33,7 @@ PSEUDO_PARAMETERS: dict[str, str] = {
     "AWS::Region": "us-east-1",
     "AWS::AccountId": "123456789012",
     "AWS::StackName": "d2ops",
+    "AWS::StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/d2ops/6c2d3e1a-7b4f-4e0a-9d5c-2f1e0b3a4c5d",
     "AWS::URLSuffix": "amazonaws.com",
     "AWS::NoValue": "",
 }

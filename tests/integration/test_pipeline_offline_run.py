@@ -51,7 +51,7 @@ def stack() -> Iterator[dict[str, Any]]:
         queue = sqs.create_queue(QueueName="notifications")["QueueUrl"]
         queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
         sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn, Attributes={"RawMessageDelivery": "true"})
-        boto3.client("sagemaker").create_model_package_group(ModelPackageGroupName="d2ops-models")
+        boto3.client("sagemaker").create_model_package_group(ModelPackageGroupName=support.substitutions()["ModelPackageGroupName"])
         yield {"s3": s3, "sqs": sqs, "queue": queue, "sagemaker": boto3.client("sagemaker"), "lambdas": LambdaInvoker()}
     server.stop()
 
@@ -152,7 +152,8 @@ def test_first_deployment_then_blue_green_update(stack: dict[str, Any], tmp_path
     assert champion(stack).run_id == second.name
     endpoint = stack["sagemaker"].describe_endpoint(EndpointName=support.ENDPOINT_NAME)
     assert endpoint["EndpointConfigName"] == second.output["plan"]["names"]["endpoint_config"]
-    packages = stack["sagemaker"].list_model_packages(ModelPackageGroupName="d2ops-models")["ModelPackageSummaryList"]
+    group = support.substitutions()["ModelPackageGroupName"]
+    packages = stack["sagemaker"].list_model_packages(ModelPackageGroupName=group)["ModelPackageSummaryList"]
     assert sorted(p["ModelApprovalStatus"] for p in packages) == ["Approved", "Approved"]
     assert notifications(stack)[0]["run_id"] == second.name
 

@@ -52,7 +52,7 @@ def test_first_deployment_creates_the_endpoint_and_promotes_the_champion() -> No
     assert register["ModelApprovalStatus"] == "Approved"
     assert register["ModelMetrics"]["ModelQuality"]["Statistics"]["S3Uri"].endswith(
         f"runs/{support.RUN_ID}/evaluation/evaluation.json")
-    assert register["ModelPackageGroupName"] == "d2ops-models"
+    assert register["ModelPackageGroupName"] == support.substitutions()["ModelPackageGroupName"]
     (create,) = task_parameters(ex, "Create endpoint")
     assert create["EndpointName"] == support.ENDPOINT_NAME
 

@@ -17,7 +17,7 @@ OUR_FUNCTIONS = {"StartPipelineFunction": "start_pipeline", "PrepareTrainingFunc
                  "SummarizeEvaluationFunction": "summarize_evaluation",
                  "SmokeTestEndpointFunction": "smoke_test_endpoint", "StatusApiFunction": "status_api",
                  "DescribeFailureFunction": "describe_failure"}
-REFS = {"AWS::StackName": "stack"}
+REFS = {"AWS::StackName": "stack", "SageMakerNamePrefix": "prefix"}
 
 
 def resolved(value: Any) -> Any:
@@ -31,7 +31,7 @@ def statements(logical_id: str) -> list[dict[str, Any]]:
 
 def test_the_endpoint_name_is_the_same_everywhere() -> None:
     name = resolved(TEMPLATE.state_machine("PipelineStateMachine").definition_substitutions["EndpointName"])
-    assert name == "stack-detector"
+    assert name == "prefix-detector"
     for alarm in ("EndpointErrorAlarm", "EndpointLatencyAlarm"):
         dims = {d["Name"]: resolved(d["Value"]) for d in TEMPLATE.resource(alarm)["Properties"]["Dimensions"]}
         assert dims == {"EndpointName": name, "VariantName": "AllTraffic"}  # the ASL's only variant

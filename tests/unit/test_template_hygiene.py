@@ -167,8 +167,10 @@ def test_no_hard_coded_resource_names() -> None:
             value = res["Properties"][key]
             sub = value.get("Fn::Sub") if isinstance(value, dict) else None
             text = sub if isinstance(sub, str) else (sub[0] if isinstance(sub, list) else "")
-            hint = "let CloudFormation name it or use !Sub ${AWS::StackName}-..."
-            assert "${AWS::StackName}" in text, f"{rid}.{key} = {value!r}: {hint}"
+            hint = ("let CloudFormation name it or use !Sub ${AWS::StackName}-... "
+                    "(SageMaker resources: ${SageMakerNamePrefix}-...)")
+            named = "${AWS::StackName}" in text or "${SageMakerNamePrefix}" in text
+            assert named, f"{rid}.{key} = {value!r}: {hint}"
 
 
 def test_arns_are_partition_aware() -> None:
