@@ -21,8 +21,10 @@ import pytest
 from moto.server import ThreadedMotoServer
 from PIL import Image
 
+from d2ops import pipeline_metrics as pm
 from d2ops import synth
 from d2ops.validation import Code, DatasetUnreadable, ValidationReport, validate_s3
+from tests.fixtures.emf import emf_metrics, total
 
 pytestmark = pytest.mark.integration
 
@@ -95,7 +97,8 @@ def handler_module(s3: Any) -> Any:
 
 
 def test_handler_validates_the_sample_event_and_stores_the_report(s3: Any, dataset: Path, handler_module: Any,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     event = load_event("valid.json")
     upload(s3, dataset, event["bucket"], event["prefix"])
     monkeypatch.setenv("IMAGE_SAMPLE_SIZE", "5")
@@ -111,10 +114,17 @@ def test_handler_validates_the_sample_event_and_stores_the_report(s3: Any, datas
     report = ValidationReport.model_validate_json(s3.get_object(Bucket=ARTIFACTS, Key=key)["Body"].read())
     assert report.valid and report.images.mode == "sample" and report.images.probed == 5
     assert report.splits["train"].instances == summary["counts"]["train_instances"]
+    # CloudWatch metrics as EMF on stdout (d2ops.pipeline_metrics names).
+    out = capsys.readouterr().out
+    assert (total(out, pm.DATASETS_VALIDATED), total(out, pm.DATASETS_REJECTED)) == (1, 0)
+    assert total(out, pm.IMAGES_VALIDATED, service="validate_dataset") == 16
+    assert total(out, pm.INSTANCES_VALIDATED) == sum(s.instances for s in report.splits.values()) > 0
+    assert total(out, pm.DATASET_ERRORS) == 0
 
 
 def test_handler_reports_invalid_data_as_a_normal_result(s3: Any, dataset: Path, handler_module: Any,
-                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
     import shutil
 
     broken = tmp_path / "ds"
@@ -140,6 +150,10 @@ def test_handler_reports_invalid_data_as_a_normal_result(s3: Any, dataset: Path,
                         .read())
     errors = {c: n for c, n in report["issue_counts"].items() if c in {e["code"] for e in report["errors"]}}
     assert errors == {"BBOX_NON_POSITIVE_SIZE": 8, "IMAGE_UNREADABLE": 1}
+    out = capsys.readouterr().out
+    assert (total(out, pm.DATASETS_VALIDATED), total(out, pm.DATASETS_REJECTED)) == (1, 1)
+    by_code = {dims[pm.ERROR_CODE]: value for name, dims, value in emf_metrics(out) if name == pm.DATASET_ERRORS}
+    assert by_code == errors
 
 
 def test_handler_raises_named_errors_for_a_missing_manifest_and_bucket(s3: Any, handler_module: Any) -> None:

@@ -6,25 +6,45 @@ import os
 from typing import Any
 
 import boto3
-from aws_lambda_powertools import Logger, Tracer
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from d2ops import pipeline_metrics as pm
 from d2ops.validation import DEFAULT_IMAGE_SAMPLE
 from d2ops.validation.manifest import StackLimits
-from validate_dataset.models import ValidateDatasetEvent
+from validate_dataset.models import ValidateDatasetEvent, ValidationSummary
 from validate_dataset.service import validate_dataset
 
 logger = Logger()
 tracer = Tracer()
+metrics = Metrics(namespace=pm.NAMESPACE)
 
 
 def _image_sample() -> int:
     return max(0, int(os.environ.get("IMAGE_SAMPLE_SIZE", DEFAULT_IMAGE_SAMPLE)))
 
 
+def record_metrics(summary: ValidationSummary) -> None:
+    """Datasets validated and rejected, their images and instances, and every error code (EMF)."""
+    metrics.add_metric(name=pm.DATASETS_VALIDATED, unit=MetricUnit.Count, value=1)
+    metrics.add_metric(name=pm.DATASETS_REJECTED, unit=MetricUnit.Count, value=0 if summary.valid else 1)
+    splits = {key.rpartition("_")[0] for key in summary.counts if key.endswith("_images")}
+    metrics.add_metric(name=pm.IMAGES_VALIDATED, unit=MetricUnit.Count,
+                       value=sum(summary.counts.get(f"{s}_images", 0) for s in splits))
+    metrics.add_metric(name=pm.INSTANCES_VALIDATED, unit=MetricUnit.Count,
+                       value=sum(summary.counts.get(f"{s}_instances", 0) for s in splits))
+    for code, count in sorted(summary.error_codes.items()):
+        # One EMF document per code: a dimension applies to every metric of its document.
+        with single_metric(namespace=pm.NAMESPACE, name=pm.DATASET_ERRORS, unit=MetricUnit.Count,
+                           value=count) as metric:
+            metric.add_dimension(name=pm.ERROR_CODE, value=code)
+
+
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
+@metrics.log_metrics
 @event_parser(model=ValidateDatasetEvent)
 def handler(event: ValidateDatasetEvent, context: LambdaContext) -> dict[str, Any]:
     logger.append_keys(run_id=event.run_id, dataset=f"s3://{event.bucket}/{event.prefix}")
@@ -34,4 +54,5 @@ def handler(event: ValidateDatasetEvent, context: LambdaContext) -> dict[str, An
                                stack_limits=StackLimits.from_env(os.environ))
     logger.info("dataset validated", extra={"valid": summary.valid, "error_count": summary.error_count,
                                             "warning_count": summary.warning_count, "report_uri": summary.report_uri})
+    record_metrics(summary)
     return summary.model_dump(mode="json")

@@ -35,6 +35,8 @@ class ValidationSummary(BaseModel):
     error_count: int
     warning_count: int
     first_errors: list[IssueSummary] = Field(max_length=5)
+    error_codes: dict[str, int] = Field(default_factory=dict, description="every error counted by code (bounded by "
+                                                                         "the set of codes): the rejection metrics")
     report_uri: str
     manifest: dict[str, Any] | None = Field(description="optional manifest keys (task, training, gate), defaults "
                                                         "applied; null when the manifest is invalid")

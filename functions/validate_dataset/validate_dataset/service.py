@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from d2ops.validation import Code, DatasetNotFound, DatasetUnreadable, ValidationReport, validate_s3
+from d2ops.validation.codes import Severity, severity
 from d2ops.validation.manifest import StackLimits
 from validate_dataset.models import DatasetName, IssueSummary, ValidateDatasetEvent, ValidationSummary
 
@@ -26,6 +27,7 @@ def summarize(report: ValidationReport, report_uri: str) -> ValidationSummary:
         warning_count=report.warning_count,
         first_errors=[IssueSummary(code=str(i.code), message=i.message[:300], location=i.location)
                       for i in report.errors[:FIRST_ERRORS]],
+        error_codes={code: n for code, n in report.issue_counts.items() if severity(Code(code)) is Severity.ERROR},
         report_uri=report_uri,
         manifest=report.manifest.optional_settings() if report.manifest else None,
     )

@@ -9,7 +9,9 @@ document (errorMessage, errorType, stackTrace) as the cause.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import json
 import logging
 import os
@@ -18,13 +20,61 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from d2ops.offline.stack import LocalFunction
 
 LOG_GROUP_PREFIX = "/aws/lambda/"
+
+
+class _ThreadRoutedStdout(io.TextIOBase):
+    """sys.stdout that sends what a thread running a handler prints to that handler's log stream.
+
+    Powertools Metrics prints its EMF documents with ``print`` (Lambda ships stdout to CloudWatch
+    Logs); offline they belong in the log file, while the demo's own thread keeps the terminal.
+    """
+
+    def __init__(self, default: TextIO) -> None:
+        self.default = default
+        self.local = threading.local()
+
+    def _target(self) -> TextIO:
+        return getattr(self.local, "stream", None) or self.default
+
+    def write(self, text: str) -> int:
+        return self._target().write(text)
+
+    def flush(self) -> None:
+        self._target().flush()
+
+    def isatty(self) -> bool:
+        return self.default.isatty()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.default, "encoding", "utf-8")
+
+
+_ROUTE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _stdout_to(stream: TextIO | None) -> Iterator[None]:
+    if stream is None:
+        yield
+        return
+    with _ROUTE_LOCK:
+        if not isinstance(sys.stdout, _ThreadRoutedStdout):
+            sys.stdout = _ThreadRoutedStdout(sys.stdout)
+        router = sys.stdout
+    previous = getattr(router.local, "stream", None)
+    router.local.stream = stream
+    try:
+        yield
+    finally:
+        router.local.stream = previous
 
 
 @dataclass
@@ -112,7 +162,8 @@ class LocalLambdas:
                                 timeout_seconds=fn.timeout)
         payload = json.loads(json.dumps(event))  # what the runtime deserialises for the handler
         try:
-            result = handler(payload, context)
+            with _stdout_to(self.log_stream):
+                result = handler(payload, context)
         except Exception as exc:
             error_type = type(exc).__name__
             cause = json.dumps({"errorMessage": str(exc), "errorType": error_type, "requestId": request_id,
