@@ -185,9 +185,30 @@ def unsupported_field_cause(field: str) -> str:
     return f'The field "{field}" is not supported by Step Functions'
 
 
+def sdk_member_names(value: Any, shape: Any) -> Any:
+    """aws-sdk integrations take PascalCase member names even where the API's are camelCase
+    (``ExecutionArn`` for Step Functions' ``executionArn``, per SDK_INTEGRATIONS_DOC): the
+    request with the model's names."""
+    if shape is None:
+        return value
+    if shape.type_name == "structure" and isinstance(value, Mapping):
+        members = shape.members
+        by_lower = {name.lower(): name for name in members}
+        renamed = {(key if key in members else by_lower.get(key.lower(), key)): item for key, item in value.items()}
+        return {key: sdk_member_names(item, members.get(key)) for key, item in renamed.items()}
+    if shape.type_name == "list" and isinstance(value, list):
+        return [sdk_member_names(item, shape.member) for item in value]
+    if shape.type_name == "map" and isinstance(value, Mapping):
+        return {key: sdk_member_names(item, shape.value) for key, item in value.items()}
+    return value
+
+
 def as_sdk_request(integration: Integration, parameters: Mapping[str, Any]) -> dict[str, Any]:
-    """The request Step Functions sends for ``parameters``: lambda:invoke serialises a JSON Payload."""
+    """The request Step Functions sends for ``parameters``: lambda:invoke serialises a JSON Payload;
+    aws-sdk member names are the model's."""
     request = dict(parameters)
+    if integration.sdk:
+        request = sdk_member_names(request, operation_model(integration.service, integration.operation).input_shape)
     if integration.key == "lambda:invoke" and not isinstance(request.get("Payload", b""), str | bytes):
         request["Payload"] = json.dumps(request["Payload"]).encode()
     return request

@@ -31,7 +31,7 @@ STATES: dict[str, dict[str, Any]] = DEFINITION["States"]
 ASL_VALIDATOR = support.REPO / "tools" / "node_modules" / ".bin" / "asl-validator"
 FAILURE_ERRORS = {"DatasetRejected", "ValidationFailed", "PreparationFailed", "TrainingFailed", "EvaluationFailed",
                   "QualityGateFailed", "RegistrationFailed", "DeploymentFailed", "PromotionFailed", "PipelineFailed",
-                  "NotificationFailed"}
+                  "NotificationFailed", "EndpointBusy", "EndpointLeaseFailed"}
 
 
 def successors(state: dict[str, Any]) -> list[str]:
@@ -108,11 +108,14 @@ def test_every_failure_notifies_before_its_fail_state() -> None:
     for name in fails - {"Notification failed"}:
         assert predecessors(name) == {"Route failure"}, name
     assert predecessors("Notification failed") == {"Notify success"}
-    assert predecessors("Route failure") == {"Notify failure"}
+    # ... after the endpoint lease is released (when the run got as far as taking it).
+    assert predecessors("Route failure") == {"Holding endpoint lease?", "Release endpoint lease after failure"}
+    assert predecessors("Holding endpoint lease?") == {"Notify failure"}
     # Everything that reaches the failure notification recorded $.failure first (directly, or
     # through "Describe failure", which only rewrites failure.cause as one line).
     assert predecessors("Notify failure") - {"Describe failure"} == {"Record dataset rejection",
-                                                                      "Record quality gate failure"}
+                                                                      "Record quality gate failure",
+                                                                      "Record endpoint busy"}
     for name in predecessors("Notify failure") - {"Describe failure"} | predecessors("Describe failure"):
         state = STATES[name]
         assert state["Type"] == "Pass" and state["ResultPath"] == "$.failure", name

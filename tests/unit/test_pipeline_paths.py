@@ -15,10 +15,14 @@ support.function_path("prepare_training")
 from prepare_training.models import Plan, PrepareEvent, PrepareSettings  # noqa: E402
 from prepare_training.service import build_plan  # noqa: E402
 
-TO_THE_GATE = ["Validate dataset", "Dataset valid?", "Prepare training job", "Train model",
+# Every run past validation takes the endpoint lease first and gives it back after notifying.
+LEASE_TAKEN = ["Prepare endpoint lease wait", "Acquire endpoint lease"]
+NOTIFIED_RELEASED = ["Notify failure", "Holding endpoint lease?", "Release endpoint lease after failure",
+                     "Route failure"]
+TO_THE_GATE = ["Validate dataset", "Dataset valid?", *LEASE_TAKEN, "Prepare training job", "Train model",
                "Evaluate challenger and champion", "Read evaluation report", "Quality gate"]
-REJECTED_BY_THE_GATE = ["Register model version", "Model approved?", "Record quality gate failure", "Notify failure",
-                        "Route failure", "Quality gate failed"]
+REJECTED_BY_THE_GATE = ["Register model version", "Model approved?", "Record quality gate failure", *NOTIFIED_RELEASED,
+                        "Quality gate failed"]
 
 
 def notified_failure(execution: Execution) -> dict:
@@ -33,7 +37,13 @@ def assert_failed(execution: Execution, error: str, fail_state: str) -> dict:
     assert execution.status == "FAILED", (execution.error, execution.cause)
     assert execution.error == error
     states = entered_states(execution)
-    assert states[-3:] == ["Notify failure", "Route failure", fail_state]
+    # The lease is taken right before "Prepare training job": runs that got there give it back.
+    released = ["Release endpoint lease after failure"] if "Prepare training job" in states else []
+    assert states[-4 - len(released):] == ["Notify failure", "Holding endpoint lease?", *released, "Route failure",
+                                           fail_state]
+    if released:  # only the lease this execution holds
+        (release,) = task_parameters(execution, released[0])
+        assert release["ExpressionAttributeValues"] == {":holder": {"S": execution.arn}}
     message = notified_failure(execution)
     assert message["error"] == error and message["cause"] == execution.cause
     assert message["run_id"] == support.RUN_ID and message["dataset"]["name"] == "shapes"
@@ -46,7 +56,7 @@ def test_first_deployment_creates_the_endpoint_and_promotes_the_champion() -> No
     states = entered_states(ex)
     assert "Create endpoint" in states and "Update endpoint (blue/green)" not in states
     assert states.count("Check endpoint status") == 3  # Creating, Creating, InService
-    assert states[-3:] == ["Promote to champion", "Notify success", "Run succeeded"]
+    assert states[-4:] == ["Promote to champion", "Release endpoint lease", "Notify success", "Run succeeded"]
 
     (register,) = task_parameters(ex, "Register model version")
     assert register["ModelApprovalStatus"] == "Approved"
@@ -107,7 +117,7 @@ def test_invalid_dataset_is_rejected_with_its_report() -> None:
     assert message["first_errors"][0]["code"] == "ANNOTATION_BBOX_OUT_OF_BOUNDS"
     assert "failed validation with 2 errors" in ex.cause
     assert entered_states(ex) == ["Validate dataset", "Dataset valid?", "Record dataset rejection", "Notify failure",
-                                  "Route failure", "Dataset rejected"]
+                                  "Holding endpoint lease?", "Route failure", "Dataset rejected"]
 
 
 def test_missing_manifest_is_rejected_with_the_lambda_error() -> None:
@@ -132,16 +142,16 @@ def test_training_failure_ends_in_training_failed_with_the_reason() -> None:
     assert ex.cause == (f"training job {support.RUN_ID.replace('_', '-')}-train failed (States.TaskFailed): "
                         "AlgorithmError: CUDA out of memory (see /opt/ml/output/failure)")
     assert len(task_parameters(ex, "Train model")) == 1, "a failed job is not retried"
-    assert entered_states(ex) == [*TO_THE_GATE[:4], "Record training failure", "Describe failure", "Notify failure",
-                                  "Route failure", "Training failed"]
+    assert entered_states(ex) == [*TO_THE_GATE[:6], "Record training failure", "Describe failure", *NOTIFIED_RELEASED,
+                                  "Training failed"]
 
 
 def test_evaluation_failure() -> None:
     ex = run_case("EvaluationFailed")
     assert_failed(ex, "EvaluationFailed", "Evaluation failed")
     assert "has no model.pt" in ex.cause
-    assert entered_states(ex) == [*TO_THE_GATE[:5], "Record evaluation failure", "Describe failure", "Notify failure",
-                                  "Route failure", "Evaluation failed"]
+    assert entered_states(ex) == [*TO_THE_GATE[:7], "Record evaluation failure", "Describe failure",
+                                  *NOTIFIED_RELEASED, "Evaluation failed"]
 
 
 def test_gate_below_threshold_registers_rejected_then_fails() -> None:
@@ -280,3 +290,46 @@ def test_every_mocked_lambda_answer_is_a_valid_lambda_output() -> None:
                     models[state].model_validate(entry["Return"]["Payload"])
                     checked += 1
     assert checked > 20
+
+
+def test_the_lease_is_taken_before_the_champion_is_read_and_released_after_promotion() -> None:
+    ex = run_case("FirstDeployment")
+    states = entered_states(ex)
+    assert states.index("Acquire endpoint lease") < states.index("Prepare training job")  # reads champion.json
+    assert states.index("Promote to champion") < states.index("Release endpoint lease")
+    (acquire,) = task_parameters(ex, "Acquire endpoint lease")
+    assert acquire["TableName"] == support.LEASE_TABLE
+    assert acquire["Key"] == {"endpoint_name": {"S": support.ENDPOINT_NAME}}
+    # Free, or already ours (a retried write whose response was lost); never another run's.
+    assert acquire["ConditionExpression"] == "attribute_not_exists(#holder) OR #holder = :holder"
+    assert acquire["ExpressionAttributeValues"][":holder"] == {"S": ex.arn}
+    (release,) = task_parameters(ex, "Release endpoint lease")
+    assert release["ConditionExpression"] == "#holder = :holder"
+    assert release["ExpressionAttributeValues"] == {":holder": {"S": ex.arn}}
+
+
+def test_a_lease_left_by_an_ended_run_is_cleared_and_taken() -> None:
+    ex = run_case("StaleLeaseCleared")
+    assert ex.status == "SUCCEEDED", (ex.error, ex.cause)
+    states = entered_states(ex)
+    assert states[2:9] == ["Prepare endpoint lease wait", "Acquire endpoint lease", "Read endpoint lease",
+                           "Endpoint lease still held?", "Check lease holder", "Lease holder running?",
+                           "Clear stale endpoint lease"]
+    assert states[9:11] == ["Acquire endpoint lease", "Prepare training job"]  # no waiting
+    (clear,) = task_parameters(ex, "Clear stale endpoint lease")
+    (check,) = task_parameters(ex, "Check lease holder")
+    # Only the ended holder's lease, whoever else may have taken it since.
+    assert clear["ExpressionAttributeValues"] == {":holder": {"S": check["ExecutionArn"]}} != {":holder": {"S": ex.arn}}
+
+
+def test_a_run_that_finds_the_endpoint_busy_waits_with_backoff_then_fails_endpoint_busy() -> None:
+    ex = run_case("EndpointBusy")
+    message = assert_failed(ex, "EndpointBusy", "Endpoint busy")
+    waits = [e for e in ex.history if e["type"] == "WaitStateEntered"]
+    seconds = [json.loads(e["stateEnteredEventDetails"]["input"])["lease_wait"]["seconds"] for e in waits]
+    # template.yaml's defaults: 60 s doubling up to 900 s, 60 waits; then the run gives up.
+    assert seconds[:6] == [60, 120, 240, 480, 900, 900] and len(seconds) == 60 and max(seconds) == 900
+    assert "Prepare training job" not in entered_states(ex)  # nothing trained, nothing to release
+    assert "Release endpoint lease after failure" not in entered_states(ex)
+    assert message["cause"] == ex.cause and "stayed leased to arn:aws:states:" in ex.cause
+    assert ex.cause.endswith("through 60 waits for the lease")

@@ -86,7 +86,8 @@ def test_generated_roles_have_no_wildcard_actions(transformed: dict[str, Any]) -
 
 def test_trigger_rule_is_generated_where_the_dead_letter_queue_policy_expects_it(transformed: dict[str, Any]) -> None:
     resources = transformed["Resources"]
-    rules = {k: v for k, v in resources.items() if v["Type"] == "AWS::Events::Rule"}
+    rules = {k: v for k, v in resources.items()
+             if v["Type"] == "AWS::Events::Rule" and v["Properties"]["EventPattern"]["source"] == ["aws.s3"]}
     (rule_id,) = rules
     (target,) = rules[rule_id]["Properties"]["Targets"]
     assert target["Arn"] == {"Fn::GetAtt": ["StartPipelineFunction", "Arn"]}
@@ -102,6 +103,8 @@ def _integration_action(resource: str) -> str:
     api = api.split(".")[0]
     if (service, api) == ("lambda", "invoke"):
         return "lambda:InvokeFunction"
+    if service == "sfn":  # IAM's prefix for Step Functions
+        service = "states"
     return f"{service}:{api[0].upper()}{api[1:]}"
 
 

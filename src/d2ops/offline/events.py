@@ -29,6 +29,24 @@ def object_created_event(bucket: str, key: str, head: dict[str, Any], region: st
     }
 
 
+def execution_status_change_event(described: dict[str, Any], region: str, account_id: str) -> dict[str, Any]:
+    """EventBridge's "Step Functions Execution Status Change" for a DescribeExecution answer."""
+
+    def millis(value: Any) -> int | None:
+        return int(value.timestamp() * 1000) if isinstance(value, datetime) else None
+
+    return {
+        "version": "0", "id": str(uuid.uuid4()), "detail-type": "Step Functions Execution Status Change",
+        "source": "aws.states", "account": account_id, "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "region": region, "resources": [described["executionArn"]],
+        "detail": {"executionArn": described["executionArn"], "stateMachineArn": described["stateMachineArn"],
+                   "name": described["name"], "status": described["status"],
+                   "startDate": millis(described.get("startDate")), "stopDate": millis(described.get("stopDate")),
+                   "input": described.get("input"), "output": described.get("output"),
+                   "error": described.get("error"), "cause": described.get("cause")},
+    }
+
+
 def _value_matches(value: Any, rule: Any) -> bool:
     if isinstance(rule, dict):
         if "wildcard" in rule:

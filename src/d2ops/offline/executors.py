@@ -29,6 +29,7 @@ from botocore import xform_name
 from botocore.exceptions import ClientError
 
 from d2ops.asl import ExecutorRegistry, TaskContext, TaskFailed
+from d2ops.aws_contract import sdk_member_names
 from d2ops.offline.lambdas import FunctionError, LocalLambdas
 
 _SERVICE_ARN = re.compile(r"^arn:[^:]+:states:::(?:(?P<sdk>aws-sdk):)?(?P<service>[a-z0-9-]+):(?P<action>[A-Za-z0-9]+)"
@@ -36,7 +37,11 @@ _SERVICE_ARN = re.compile(r"^arn:[^:]+:states:::(?:(?P<sdk>aws-sdk):)?(?P<servic
 SYNC_POLL_SECONDS = 2.0
 # Step Functions' service names -> boto3 client names, where they differ.
 _CLIENT_NAMES = {"sfn": "stepfunctions", "states": "stepfunctions"}
-_ERROR_PREFIX = {"sagemaker": "SageMaker", "s3": "S3", "sns": "Sns", "sqs": "Sqs", "stepfunctions": "Sfn"}
+_ERROR_PREFIX = {"sagemaker": "SageMaker", "s3": "S3", "sns": "Sns", "sqs": "Sqs", "stepfunctions": "Sfn",
+                 "dynamodb": "DynamoDB"}
+# Optimised integrations whose errors keep the service's own names (``DynamoDB.ConditionalCheckFailedException``,
+# as the Step Functions DynamoDB integration documents), not ``<Service>.Amazon<Service>Exception``.
+_MODELLED_ERRORS = {"dynamodb"}
 
 ClientFactory = Callable[[str], Any]
 
@@ -58,12 +63,26 @@ def json_safe(value: Any) -> Any:
 
 def error_name(client: Any, service: str, code: str, sdk: bool) -> str:
     prefix = _ERROR_PREFIX.get(service, service.capitalize())
-    if not sdk:
+    if not sdk and service not in _MODELLED_ERRORS:
         return f"{prefix}.Amazon{prefix}Exception"
     modeled = {shape.name for shape in client.meta.service_model.error_shapes}
     if code in modeled or code.removesuffix("Exception") in modeled:
         return f"{prefix}.{code if code.endswith('Exception') else code + 'Exception'}"
     return f"{prefix}.{prefix}Exception"
+
+
+def pascal_names(value: Any, shape: Any) -> Any:
+    """An aws-sdk integration's result as Step Functions returns it: structure members in PascalCase
+    (map keys untouched)."""
+    if shape is None:
+        return value
+    if shape.type_name == "structure" and isinstance(value, dict):
+        return {key[:1].upper() + key[1:]: pascal_names(item, shape.members.get(key)) for key, item in value.items()}
+    if shape.type_name == "list" and isinstance(value, list | tuple):
+        return [pascal_names(item, shape.member) for item in value]
+    if shape.type_name == "map" and isinstance(value, dict):
+        return {key: pascal_names(item, shape.value) for key, item in value.items()}
+    return value
 
 
 class ServiceExecutors:
@@ -82,6 +101,7 @@ class ServiceExecutors:
             ("arn:aws:states:::sagemaker:*", self.sdk_call),
             ("arn:aws:states:::sns:*", self.sdk_call),
             ("arn:aws:states:::sqs:*", self.sdk_call),
+            ("arn:aws:states:::dynamodb:*", self.sdk_call),
         ])
 
     # ----- Lambda ----------------------------------------------------------------------------
@@ -107,8 +127,12 @@ class ServiceExecutors:
         method = getattr(client, xform_name(match["action"]), None)
         if method is None:
             raise TaskFailed("States.Runtime", f"{service} has no action {match['action']}")
+        operation = client.meta.service_model.operation_model(match["action"][:1].upper() + match["action"][1:])
+        if match["sdk"]:
+            parameters = sdk_member_names(parameters or {}, operation.input_shape)
         try:
-            return json_safe(method(**(parameters or {})))
+            result = method(**(parameters or {}))
+            return json_safe(pascal_names(result, operation.output_shape) if match["sdk"] else result)
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "Unknown")
             message = exc.response.get("Error", {}).get("Message", str(exc))

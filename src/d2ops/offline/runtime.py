@@ -134,6 +134,7 @@ class OfflineRuntime:
                                                   name=self.stack.state_machine_name, region=REGION,
                                                   account_id=ACCOUNT_ID)
             self.sfn.add_state_machine(self.machine)
+            self.sfn.add_listener(self._deliver_status_change)
             self.sfn.reload()
             self.messages += self.sfn.recovery_messages
             self.gateway.sfn = self.sfn
@@ -202,6 +203,10 @@ class OfflineRuntime:
             s3.create_bucket(Bucket=bucket)
             s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
         self.client("sns").create_topic(Name=self.stack.topic_name)
+        dynamodb = self.client("dynamodb")
+        for name, props in self.stack.tables.items():
+            dynamodb.create_table(TableName=name, KeySchema=props["KeySchema"],
+                                  AttributeDefinitions=props["AttributeDefinitions"], BillingMode="PAY_PER_REQUEST")
         self._moto_client("sagemaker").create_model_package_group(ModelPackageGroupName=self.stack.model_package_group)
         cloudwatch = self.client("cloudwatch")
         for name, props in self.stack.alarms.items():
@@ -278,6 +283,27 @@ class OfflineRuntime:
             self._sequencer += 1
             sequencer = self._sequencer
         return events.object_created_event(bucket, key, head, REGION, ACCOUNT_ID, sequencer)
+
+    _ENDED = {"ExecutionSucceeded", "ExecutionFailed", "ExecutionAborted", "ExecutionTimedOut"}
+
+    def _deliver_status_change(self, execution_name: str, history_event: dict[str, Any]) -> None:
+        """EventBridge's execution status change for the stack's state machine -> the rules that match
+        (the endpoint lease release). Delivered as EventBridge does: asynchronously, failures logged."""
+        if history_event["type"] not in self._ENDED:
+            return
+        arn = f"{self.stack.state_machine_arn.replace(':stateMachine:', ':execution:')}:{execution_name}"
+        try:
+            described = self.sfn.describe_execution({"executionArn": arn})
+        except Exception:  # an execution of another state machine (tests add their own)
+            return
+        event = events.execution_status_change_event(described, REGION, ACCOUNT_ID)
+        for rule in self.stack.rules:
+            if rule.function != self.stack.trigger_function and events.matches(rule.pattern, event):
+                try:
+                    self.lambdas.invoke(rule.function, event)
+                except Exception:
+                    log.exception("EventBridge delivery of %s's status change to %s failed", execution_name,
+                                  rule.function)
 
     def deliver_event(self, event: dict[str, Any]) -> dict[str, Any] | None:
         """EventBridge: invoke the rule's target if the template's pattern matches, else None."""

@@ -80,6 +80,14 @@ class HttpRoute:
     function: str  # logical id
 
 
+@dataclass(frozen=True)
+class EventRule:
+    """An ``EventBridgeRule`` event of a function: the rule's pattern and the function it invokes."""
+
+    function: str  # logical id
+    pattern: dict[str, Any]
+
+
 @dataclass
 class OfflineStack:
     """Resolved names: buckets, functions, the state machine and its substitutions."""
@@ -100,6 +108,10 @@ class OfflineStack:
     model_package_group: str
     endpoint_name: str
     buckets: list[str] = field(default_factory=list)
+    # AWS::DynamoDB::Table resources: table name -> resolved Properties (the runtime creates them in moto).
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Every function's EventBridge rules (the S3 trigger's among them): the runtime delivers events to them.
+    rules: list[EventRule] = field(default_factory=list)
     # AWS::CloudWatch::Alarm resources: alarm name -> resolved Properties (the runtime creates
     # them in moto, where the canary's auto-rollback reads and the state machine trips them).
     alarms: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -206,7 +218,7 @@ def load_stack(template_path: str | Path | None = None, parameters: Mapping[str,
 
     functions: dict[str, LocalFunction] = {}
     routes: list[HttpRoute] = []
-    trigger: tuple[str, dict[str, Any]] | None = None
+    rules: list[EventRule] = []
     for logical_id, spec in tpl.functions().items():
         env = {k: str(resolve(v)) for k, v in spec.environment.items()}
         env.update(OFFLINE_FUNCTION_ENV.get(logical_id, {}))
@@ -222,9 +234,15 @@ def load_stack(template_path: str | Path | None = None, parameters: Mapping[str,
                 routes.append(HttpRoute(method=str(props["Method"]).upper(), path=str(props["Path"]),
                                         function=logical_id))
             elif event.get("Type") == "EventBridgeRule":
-                trigger = (logical_id, resolve(props.get("Pattern") or {}))
-    if trigger is None:
-        raise StackError("no function has an EventBridgeRule event: nothing starts runs on upload")
+                rules.append(EventRule(function=logical_id, pattern=resolve(props.get("Pattern") or {})))
+    # The trigger is the rule on S3 events; other rules (the lease release on execution status) follow runs.
+    s3_rules = [r for r in rules if "aws.s3" in (r.pattern.get("source") or [])]
+    if len(s3_rules) != 1:
+        raise StackError(f"expected one function with an EventBridgeRule on aws.s3 events (what starts runs on "
+                         f"upload), found {[r.function for r in s3_rules]}")
+    trigger = (s3_rules[0].function, s3_rules[0].pattern)
+    tables = {str(refs[k]): resolve(v.get("Properties") or {}) for k, v in resources.items()
+              if v.get("Type") == "AWS::DynamoDB::Table"}
     machine = tpl.state_machine()
     substitutions = {k: resolve(v) for k, v in machine.definition_substitutions.items()}
     sm_arn = str(refs[machine.logical_id])
@@ -245,4 +263,5 @@ def load_stack(template_path: str | Path | None = None, parameters: Mapping[str,
         topic_arn=topic_arn, topic_name=topic_arn.rpartition(":")[2], state_machine_name=sm_arn.rpartition(":")[2],
         state_machine_arn=sm_arn, definition_path=machine.definition_path, substitutions=substitutions,
         functions=functions, routes=routes, trigger_function=trigger[0], trigger_pattern=trigger[1],
-        model_package_group=str(group_name), endpoint_name=endpoint, buckets=buckets, alarms=alarms)
+        model_package_group=str(group_name), endpoint_name=endpoint, buckets=buckets,
+        tables=tables, rules=rules, alarms=alarms)

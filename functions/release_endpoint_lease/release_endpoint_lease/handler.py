@@ -1,0 +1,27 @@
+"""EventBridge (Step Functions execution ended) -> release the endpoint lease the execution holds."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import boto3
+from aws_lambda_powertools import Logger, Tracer
+from aws_lambda_powertools.utilities.parser import event_parser
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from release_endpoint_lease.models import ExecutionStatusChange
+from release_endpoint_lease.service import handle_status_change
+
+logger = Logger()
+tracer = Tracer()
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@event_parser(model=ExecutionStatusChange)
+def handler(event: ExecutionStatusChange, context: LambdaContext) -> dict[str, Any]:
+    result = handle_status_change(event, boto3.client("dynamodb"), os.environ["LEASE_TABLE_NAME"],
+                                  os.environ["ENDPOINT_NAME"])
+    logger.info(f"endpoint lease {result.action}", extra=result.model_dump())
+    return result.model_dump()
