@@ -68,3 +68,25 @@ def test_the_price_table_is_overridable_by_file_or_inline_json_and_bad_tables_ar
     path.write_text(json.dumps({**TABLE.model_dump(), "as_of": "last week"}))
     with pytest.raises(cost.PriceTableError, match="as_of"):
         cost.load_price_table({cost.PRICE_TABLE_ENV: str(path)})
+
+
+def test_the_status_api_prices_a_run_from_its_jobs_and_its_deployment_time() -> None:
+    from tests.fixtures.pipeline import support
+
+    support.function_path("status_api")
+    from status_api.models import StateStep
+    from status_api.service import DEPLOY_STATES, run_cost
+
+    assert set(DEPLOY_STATES) <= set(support.machine().definition["States"])  # names as the ASL spells them
+    doc = {"plan": {"endpoint": {"instance_type": "ml.g4dn.xlarge", "instance_count": 2}, "names": {}}}
+    steps = [StateStep(name="Train model", status="succeeded", entered_at=START.isoformat()),
+             StateStep(name=DEPLOY_STATES[0], status="succeeded", entered_at=(START + timedelta(hours=1)).isoformat())]
+    evaluation = {"ProcessingJobName": "e", "ProcessingStartTime": START,
+                  "ProcessingEndTime": START + timedelta(hours=1),
+                  "ProcessingResources": {"ClusterConfig": {"InstanceType": "ml.m5.xlarge", "InstanceCount": 1}}}
+    priced = run_cost(doc, steps, _training_job(training=3600, billable=1800), evaluation,
+                      stopped=START + timedelta(hours=1, minutes=30), table=TABLE)
+    assert priced is not None and priced.endpoint is not None
+    assert priced.endpoint.instance_seconds == 2 * 1800 and priced.endpoint.cost_usd == pytest.approx(1.8)
+    assert priced.total_usd == pytest.approx(0.9 + 0.36 + 1.8)  # 2 hosts x 30 billable min, 1 h eval, endpoint
+    assert run_cost({}, [], None, None, stopped=None, table=TABLE) is None  # nothing ran yet
