@@ -150,8 +150,12 @@ def evaluate_detector(detector: LoadedDetector, gt: dict[str, Any], images_dir: 
     if not gt["images"]:
         raise DatasetError("the val split has no images to evaluate on")
     results = predict_split(detector, gt, images_dir, batch_size=batch_size, progress=progress)
+    return score_results(gt, results, ["bbox"] + (["segm"] if detector.metadata.has_masks else []))
+
+
+def score_results(gt: dict[str, Any], results: list[dict[str, Any]], iou_types: list[str]) -> Evaluation:
+    """The :class:`Evaluation` of COCO result dicts on the split ``gt``, for each IoU type."""
     names = {int(c["id"]): str(c["name"]) for c in gt["categories"]}
-    iou_types = ["bbox"] + (["segm"] if detector.metadata.has_masks else [])
     metrics: dict[str, float] = {}
     per_class: dict[str, dict[str, float]] = {}
     curves: dict[str, dict[str, dict[str, list[float]]]] = {}

@@ -1,32 +1,47 @@
 """The evaluation.json documents: one model's (in the artifact) and the processing job's report.
 
-Shapes are fixed by docs/model-artifact.md and interfaces.md; AP values are fractions in
-[0, 1]. A metric COCO cannot define on this split (no ground truth in an area range) is
-left out rather than written as -1, so every number present is a real AP.
+Their shapes are the pydantic models in :mod:`d2ops.documents.evaluation`, which the readers
+(``model_code.artifact``, the ``summarize_evaluation`` Lambda) import as well; this module only
+fills them from an :class:`~model_code.evaluation.coco.Evaluation`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections import Counter
+from typing import Any
 
+from d2ops.documents.evaluation import EvaluationReport, ModelEvaluation, ModelScores
+from d2ops.metrics import PrimaryMetric, primary_metric
 from model_code.evaluation.coco import Evaluation
 
-PrimaryMetric = Literal["bbox_AP", "segm_AP"]
+# The task -> primary-metric rule lives in d2ops.metrics (it raises on an unknown task); this
+# name is the same function, kept for the trainers' export code that imports it from here.
+primary_metric_for = primary_metric
 
 
-def primary_metric_for(task: str) -> PrimaryMetric:
-    return "segm_AP" if task == "instance_segmentation" else "bbox_AP"
+def scores(evaluation: Evaluation) -> ModelScores:
+    return ModelScores(metrics=evaluation.metrics, per_class=evaluation.per_class)
 
 
 def model_evaluation_document(evaluation: Evaluation, primary: PrimaryMetric, *, iteration: int | None = None
                               ) -> dict[str, Any]:
-    doc: dict[str, Any] = {"primary_metric": primary, "val_images": evaluation.val_images, **evaluation.summary()}
-    if iteration is not None:
-        doc["iteration"] = iteration
-    return doc
+    doc = ModelEvaluation(primary_metric=primary, val_images=evaluation.val_images, metrics=evaluation.metrics,
+                          per_class=evaluation.per_class, iteration=iteration)
+    return doc.model_dump(mode="json", exclude_none=True)
 
 
-def job_report(primary: PrimaryMetric, challenger: Evaluation, champion: Evaluation | None) -> dict[str, Any]:
-    """What the evaluation processing job writes and the pipeline's gate reads."""
-    return {"primary_metric": primary, "val_images": challenger.val_images,
-            "challenger": challenger.summary(), "champion": champion.summary() if champion else None}
+def class_instances(gt: dict[str, Any]) -> dict[str, int]:
+    """Non-crowd ground-truth instances per class name (every category listed, 0 when it has none).
+
+    Crowd regions are ignored by COCO's AP, so they do not make a class's AP trustworthy.
+    """
+    counts = Counter(int(a["category_id"]) for a in gt["annotations"] if not a.get("iscrowd"))
+    return {str(c["name"]): counts.get(int(c["id"]), 0) for c in gt["categories"]}
+
+
+def job_report(primary: PrimaryMetric, challenger: Evaluation, champion: Evaluation | None,
+               instances: dict[str, int]) -> dict[str, Any]:
+    """What the evaluation processing job writes and the pipeline's gate reads (validated on the way out)."""
+    report = EvaluationReport(primary_metric=primary, val_images=challenger.val_images, class_instances=instances,
+                              challenger=scores(challenger), champion=scores(champion) if champion else None)
+    return report.model_dump(mode="json")

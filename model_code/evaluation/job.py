@@ -21,10 +21,11 @@ import traceback
 import warnings
 from pathlib import Path
 
+from d2ops.metrics import primary_metric
 from model_code.artifact import ArtifactError, LoadedDetector, load_artifact, write_json
 from model_code.dataset_version import DatasetError, open_dataset_version, read_coco
 from model_code.evaluation.coco import Evaluation, evaluate_detector, print_progress
-from model_code.evaluation.documents import job_report, primary_metric_for
+from model_code.evaluation.documents import class_instances, job_report
 
 MAX_MESSAGE = 1000
 
@@ -70,8 +71,8 @@ def evaluate(root: Path, sample_images: int = 6) -> dict[str, object]:
             print(f"evaluating the {who} ({model.metadata.model}, {model.metadata.framework}) on "
                   f"{len(gt['images'])} images", flush=True)
             results[who] = evaluate_detector(model, gt, dataset.images_dir, progress=print_progress(who))
-    primary = primary_metric_for(challenger.metadata.task)
-    report = job_report(primary, results["challenger"], results.get("champion"))
+    primary = primary_metric(challenger.metadata.task)
+    report = job_report(primary, results["challenger"], results.get("champion"), class_instances(gt))
     output = root / "processing" / "output"
     output.mkdir(parents=True, exist_ok=True)
     from model_code.evaluation.report import write_report

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Literal
 
 LINE_PREFIX = "d2ops-metric"
 
@@ -36,11 +37,16 @@ def metric_regex(name: str) -> str:
 METRIC_DEFINITIONS: tuple[dict[str, str], ...] = tuple({"Name": n, "Regex": metric_regex(n)} for n in METRIC_NAMES)
 
 # The metric the quality gate compares, by the manifest's task (masks are judged by mask AP).
-PRIMARY_METRIC_BY_TASK: dict[str, str] = {"detection": "bbox_AP", "instance_segmentation": "segm_AP"}
+PrimaryMetric = Literal["bbox_AP", "segm_AP"]
+PRIMARY_METRIC_BY_TASK: dict[str, PrimaryMetric] = {"detection": "bbox_AP", "instance_segmentation": "segm_AP"}
 
 
-def primary_metric(task: str) -> str:
-    """``bbox_AP`` for detection, ``segm_AP`` for instance segmentation (evaluation report names)."""
+def primary_metric(task: str) -> PrimaryMetric:
+    """``bbox_AP`` for detection, ``segm_AP`` for instance segmentation (evaluation report names).
+
+    The one home of this rule: the prepare Lambda (the gate's metric) and the trainers and
+    evaluation job (the reports' ``primary_metric``) all call it; an unknown task raises.
+    """
     try:
         return PRIMARY_METRIC_BY_TASK[task]
     except KeyError:

@@ -18,7 +18,14 @@ from pydantic import ValidationError
 from d2ops import synth
 from d2ops.validation import Code
 from d2ops.validation.dataset import validate_source
-from d2ops.validation.manifest import Gate, StackLimits, TrainingOverrides, effective_gate, stack_limit_problems
+from d2ops.validation.manifest import (
+    Gate,
+    StackLimits,
+    TrainingOverrides,
+    effective_class_gate,
+    effective_gate,
+    stack_limit_problems,
+)
 from d2ops.validation.sources import LocalSource
 
 STACK = StackLimits(min_map=0.3, max_regression=0.01, max_iter=1000, max_ims_per_batch=16)
@@ -102,3 +109,51 @@ def test_the_validation_report_rejects_a_manifest_that_switches_the_gate_off(tmp
     assert validate_source(LocalSource(root), check_images=False).valid
     tighter = dataset(tmp_path, gate={"min_map": 0.5, "max_regression": 0.0})
     assert validate_source(LocalSource(tighter), check_images=False, stack_limits=STACK).valid
+
+
+PER_CLASS = StackLimits(min_map=0.3, max_regression=0.01, max_class_regression=0.1, min_class_instances=30)
+
+
+@pytest.mark.parametrize(("gate", "expected"), [
+    (Gate(max_class_regression=0.2), [Code.GATE_MAX_CLASS_REGRESSION_ABOVE_STACK]),
+    (Gate(min_class_instances=31), [Code.GATE_MIN_CLASS_INSTANCES_ABOVE_STACK]),  # fewer classes judged: laxer
+    (Gate(max_class_regression=1.0, min_class_instances=1_000_000),
+     [Code.GATE_MAX_CLASS_REGRESSION_ABOVE_STACK, Code.GATE_MIN_CLASS_INSTANCES_ABOVE_STACK]),
+    (Gate(max_class_regression=0.1, min_class_instances=30), []),  # equal: ok
+    (Gate(max_class_regression=0.0, min_class_instances=1), []),  # tighter: ok
+])
+def test_a_laxer_per_class_gate_is_named_by_the_stack_parameter(gate: Gate, expected: list[Code]) -> None:
+    problems = stack_limit_problems(gate, TrainingOverrides(), PER_CLASS)
+    assert [code for code, _, _ in problems] == expected
+    for code, message, path in problems:
+        parameter = "MaxClassRegression" if code is Code.GATE_MAX_CLASS_REGRESSION_ABOVE_STACK else "MinClassInstances"
+        assert parameter in message and path in {"gate.max_class_regression", "gate.min_class_instances"}
+
+
+@given(stack_margin=st.none() | fractions, stack_count=st.none() | st.integers(1, 10_000),
+       margin=st.none() | fractions, count=st.none() | st.integers(1, 10_000))
+def test_the_effective_per_class_gate_only_tightens(stack_margin: float | None, stack_count: int | None,
+                                                    margin: float | None, count: int | None) -> None:
+    limits = StackLimits(min_map=0.3, max_regression=0.01, max_class_regression=stack_margin,
+                         min_class_instances=stack_count)
+    gate = Gate(max_class_regression=margin, min_class_instances=count)
+    eff_margin, eff_count = effective_class_gate(limits, gate)
+    assert (eff_margin is None) == (stack_margin is None and margin is None)
+    if eff_margin is not None:
+        assert eff_margin == min(v for v in (stack_margin, margin) if v is not None)
+    assert (eff_count is None) == (stack_count is None and count is None)
+    if eff_count is not None:
+        assert eff_count == min(v for v in (stack_count, count) if v is not None)
+    laxer = {c for c, _, _ in stack_limit_problems(gate, TrainingOverrides(), limits)}
+    assert (Code.GATE_MAX_CLASS_REGRESSION_ABOVE_STACK in laxer) == (
+        None not in (margin, stack_margin) and margin > stack_margin)  # type: ignore[operator]
+    assert (Code.GATE_MIN_CLASS_INSTANCES_ABOVE_STACK in laxer) == (
+        None not in (count, stack_count) and count > stack_count)  # type: ignore[operator]
+
+
+def test_the_per_class_limits_come_from_the_environment() -> None:
+    limits = StackLimits.from_env({"MIN_MAP": "0.3", "MAX_REGRESSION": "0.01", "MAX_CLASS_REGRESSION": "0.10",
+                                   "MIN_CLASS_INSTANCES": "30"})
+    assert (limits.max_class_regression, limits.min_class_instances) == (0.1, 30)
+    with pytest.raises(ValidationError, match="min_class_instances"):
+        StackLimits.from_env({"MIN_MAP": "0.3", "MAX_REGRESSION": "0.01", "MIN_CLASS_INSTANCES": "0"})

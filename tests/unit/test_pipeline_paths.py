@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
+import pytest
+
 from d2ops.asl.interpreter import Execution
 from d2ops.champion import ChampionRecord
 from tests.fixtures.pipeline import support
@@ -114,7 +116,7 @@ def test_invalid_dataset_is_rejected_with_its_report() -> None:
     ex = run_case("DatasetRejected")
     message = assert_failed(ex, "DatasetRejected", "Dataset rejected")
     assert message["report_uri"].endswith(f"runs/{support.RUN_ID}/validation/report.json")
-    assert message["first_errors"][0]["code"] == "ANNOTATION_BBOX_OUT_OF_BOUNDS"
+    assert message["first_errors"][0]["code"] == "BBOX_OUTSIDE_IMAGE"
     assert "failed validation with 2 errors" in ex.cause
     assert entered_states(ex) == ["Validate dataset", "Dataset valid?", "Record dataset rejection", "Notify failure",
                                   "Holding endpoint lease?", "Route failure", "Dataset rejected"]
@@ -173,6 +175,29 @@ def test_gate_regression_against_the_champion_fails() -> None:
     assert entered_states(ex) == [*TO_THE_GATE, "Worse than champion", *REJECTED_BY_THE_GATE]
     (register,) = task_parameters(ex, "Register model version")
     assert register["ModelApprovalStatus"] == "Rejected"
+
+
+def test_a_class_regression_fails_the_gate_naming_the_class() -> None:
+    ex = run_case("GateFailedClassRegression")
+    assert_failed(ex, "QualityGateFailed", "Quality gate failed")
+    # Primary AP 0.66 beats the champion's 0.62: only the per-class comparison rejects it, and the
+    # 12-instance class (below MinClassInstances 30) is not judged although its AP dropped 0.18.
+    assert ex.cause == ("challenger bbox_AP trails the champion by more than 0.1 on 1 class (challenger vs champion): "
+                        "disc 0.410 vs 0.600 (41 instances)")
+    assert entered_states(ex) == [*TO_THE_GATE, "Worse than champion on a class", *REJECTED_BY_THE_GATE]
+    (register,) = task_parameters(ex, "Register model version")
+    assert register["ModelApprovalStatus"] == "Rejected"
+    assert "disc 0.410 vs 0.600" in register["ModelPackageDescription"]
+
+
+def test_a_mocked_validation_code_must_be_one_the_validator_has() -> None:
+    support.function_path("validate_dataset")
+    from pydantic import ValidationError
+    from validate_dataset.models import IssueSummary
+
+    IssueSummary(code="BBOX_OUTSIDE_IMAGE", message="m", location="l")
+    with pytest.raises(ValidationError, match="code"):
+        IssueSummary(code="ANNOTATION_BBOX_OUT_OF_BOUNDS", message="m", location="l")
 
 
 def test_smoke_test_failure_rolls_back_to_the_previous_config() -> None:

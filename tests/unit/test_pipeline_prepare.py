@@ -72,9 +72,10 @@ def test_manifest_overrides_become_string_hyperparameters_and_gate_thresholds(aw
     assert plan["training_job"]["HyperParameters"] == {
         "framework": "detectron2", "max_iter": "3000", "ims_per_batch": "8", "base_lr": "0.01", "seed": "7"}
     # The manifest's task is instance_segmentation: the gate judges mask AP.
-    assert plan["gate"] == {"primary_metric": "segm_AP", "min_map": 0.5, "max_regression": 0.005}
+    assert plan["gate"] == {"primary_metric": "segm_AP", "min_map": 0.5, "max_regression": 0.005,
+                            "max_class_regression": 0.05, "min_class_instances": 10}
     assert prepare()["gate"] == {"primary_metric": "bbox_AP", "min_map": 0.3,  # detection; stack parameters
-                                 "max_regression": 0.01}
+                                 "max_regression": 0.01, "max_class_regression": 0.1, "min_class_instances": 30}
 
 
 @pytest.mark.parametrize(("manifest", "named"), [
@@ -83,6 +84,8 @@ def test_manifest_overrides_become_string_hyperparameters_and_gate_thresholds(aw
     ({"gate": {"min_map": 0.29, "max_regression": 0.0}}, "GATE_MIN_MAP_BELOW_STACK"),
     ({"training": {"max_iter": 101}}, "TRAINING_MAX_ITER_ABOVE_STACK"),
     ({"training": {"ims_per_batch": 17}}, "TRAINING_IMS_PER_BATCH_ABOVE_STACK"),
+    ({"gate": {"max_class_regression": 0.5}}, "GATE_MAX_CLASS_REGRESSION_ABOVE_STACK"),
+    ({"gate": {"min_class_instances": 31}}, "GATE_MIN_CLASS_INSTANCES_ABOVE_STACK"),
 ])
 def test_a_manifest_never_loosens_the_stack_limits(aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
                                                    manifest: dict[str, Any], named: str) -> None:

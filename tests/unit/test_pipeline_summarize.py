@@ -35,6 +35,9 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def summarize(s3: Any, report: dict[str, Any] | bytes, **gate: float | str) -> dict[str, Any]:
+    if isinstance(report, dict) and "class_instances" not in report:  # every class plenty of instances
+        classes = {c for who in ("challenger", "champion") for c in (report.get(who) or {}).get("per_class", {})}
+        report = {**report, "class_instances": dict.fromkeys(sorted(classes), 100)}
     body = report if isinstance(report, bytes) else json.dumps(report).encode()
     s3.put_object(Bucket=support.ARTIFACTS_BUCKET, Key=KEY, Body=body)
     if isinstance(report, dict) and report.get("primary_metric") in {"bbox_AP", "segm_AP"}:
@@ -88,6 +91,13 @@ def test_the_plan_s_metric_wins_over_the_report_s_primary_metric(s3: Any) -> Non
      "champion has no 'bbox_AP'"),
     ({"primary_metric": "mAP", "val_images": 5, "challenger": scores(0.4)}, "primary_metric"),
     (b"{not json", "Invalid JSON"),
+    ({"primary_metric": "bbox_AP", "val_images": 5, "class_instances": {}, "challenger": scores(0.4)},
+     "challenger.per_class names classes missing from class_instances: \\['square'\\]"),
+    (json.dumps({"primary_metric": "bbox_AP", "val_images": 5, "challenger": {"metrics": {"bbox_AP": 0.4}}}).encode(),
+     "class_instances: Field required"),
+    ({"primary_metric": "bbox_AP", "val_images": 5, "class_instances": {"disc": 50},
+      "challenger": {"metrics": {"bbox_AP": 0.4}, "per_class": {"disc": {"bbox_AP": 0.1}}},
+      "champion": {"metrics": {"bbox_AP": 0.4}, "per_class": {"disc": {"bbox_AP": 7.0}}}}, "not a fraction"),
 ])
 def test_malformed_reports_raise_evaluation_report_invalid(s3: Any, report: Any, message: str) -> None:
     with pytest.raises(EvaluationReportInvalid, match=message):
@@ -97,3 +107,64 @@ def test_malformed_reports_raise_evaluation_report_invalid(s3: Any, report: Any,
 def test_a_missing_report_raises_evaluation_report_not_found(s3: Any) -> None:
     with pytest.raises(EvaluationReportNotFound, match="does not exist"):
         summarize_handler.handler(EVENT, support.FakeLambdaContext())
+
+
+def per_class_report(challenger: dict[str, float], champion: dict[str, float] | None,
+                     instances: dict[str, int]) -> dict[str, Any]:
+    def side(aps: dict[str, float]) -> dict[str, Any]:
+        return {"metrics": {"bbox_AP": 0.6}, "per_class": {c: {"bbox_AP": ap} for c, ap in aps.items()}}
+    return {"primary_metric": "bbox_AP", "val_images": 40, "class_instances": instances,
+            "challenger": side(challenger), "champion": side(champion) if champion is not None else None}
+
+
+def test_a_class_that_regressed_beyond_the_margin_is_named_with_both_aps_and_its_count(s3: Any) -> None:
+    report = per_class_report({"square": 0.9, "disc": 0.44, "star": 0.0, "tiny": 0.1},
+                              {"square": 0.8, "disc": 0.6, "star": 0.7, "tiny": 0.9},
+                              {"square": 50, "disc": 31, "star": 40, "tiny": 29})
+    summary = summarize(s3, report, max_class_regression=0.15, min_class_instances=30)
+    # star drops 0.7, disc 0.16 (> 0.15); tiny drops 0.8 but has 29 < 30 instances; square improved.
+    assert summary["class_regressed"] is True and summary["class_regression_count"] == 2
+    assert summary["class_regressions"] == [
+        {"class_name": "star", "metric": "bbox_AP", "challenger_ap": 0.0, "champion_ap": 0.7, "drop": 0.7,
+         "instances": 40},
+        {"class_name": "disc", "metric": "bbox_AP", "challenger_ap": 0.44, "champion_ap": 0.6, "drop": 0.16,
+         "instances": 31}]
+    assert summary["class_gate_reason"] == (
+        "challenger bbox_AP trails the champion by more than 0.15 on 2 classes (challenger vs champion): "
+        "star 0.000 vs 0.700 (40 instances), disc 0.440 vs 0.600 (31 instances)")
+
+
+def test_the_per_class_margin_is_exact_for_decimal_values(s3: Any) -> None:
+    # 0.6 - 0.5 is 0.09999999999999998 in floats: exactly the margin, so not a regression.
+    report = per_class_report({"disc": 0.5}, {"disc": 0.6}, {"disc": 100})
+    summary = summarize(s3, report, max_class_regression=0.1, min_class_instances=1)
+    assert summary["class_regressed"] is False and summary["class_gate_reason"] == ""
+    assert summarize(s3, report, max_class_regression=0.09, min_class_instances=1)["class_regressed"] is True
+
+
+def test_a_class_the_challenger_has_no_ap_for_counts_as_zero(s3: Any) -> None:
+    report = per_class_report({"square": 0.9}, {"square": 0.9, "disc": 0.5}, {"square": 50, "disc": 50})
+    (regression,) = summarize(s3, report, max_class_regression=0.1, min_class_instances=1)["class_regressions"]
+    assert (regression["class_name"], regression["challenger_ap"], regression["drop"]) == ("disc", 0.0, 0.5)
+
+
+def test_no_champion_or_no_per_class_thresholds_judges_no_class(s3: Any) -> None:
+    first = per_class_report({"disc": 0.0}, None, {"disc": 50})
+    assert summarize(s3, first, max_class_regression=0.0, min_class_instances=1)["class_regressed"] is False
+    # A plan from before the per-class gate (no thresholds in $.plan.gate) is judged as it was then.
+    older = per_class_report({"disc": 0.0}, {"disc": 0.9}, {"disc": 50})
+    s3.put_object(Bucket=support.ARTIFACTS_BUCKET, Key=KEY, Body=json.dumps(older).encode())
+    legacy = summarize_handler.handler({**EVENT, "gate": {"min_map": 0.3, "max_regression": 0.01}},
+                                       support.FakeLambdaContext())
+    assert legacy["class_regressed"] is False and legacy["max_class_regression"] is None
+    assert summarize(s3, older)["class_regressed"] is True  # the event's (a current plan's) thresholds judge it
+
+
+def test_only_the_worst_ten_classes_travel_in_the_state_payload(s3: Any) -> None:
+    names = [f"c{i:02d}" for i in range(25)]
+    report = per_class_report(dict.fromkeys(names, 0.0), {n: 0.5 + i / 100 for i, n in enumerate(names)},
+                              dict.fromkeys(names, 40))
+    summary = summarize(s3, report, max_class_regression=0.1, min_class_instances=30)
+    assert summary["class_regression_count"] == 25 and len(summary["class_regressions"]) == 10
+    assert summary["class_regressions"][0]["class_name"] == "c24"  # worst first
+    assert summary["class_gate_reason"].endswith("and 15 more")

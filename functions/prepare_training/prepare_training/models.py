@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from d2ops.documents.evaluation import GateThresholds
 from d2ops.runs import DatasetRef
 from d2ops.validation.manifest import Gate, StackLimits, TrainingOverrides
 
@@ -50,6 +51,8 @@ class PrepareSettings(BaseModel):
     endpoint_max_wait_attempts: int = Field(120, ge=1, le=1000)
     min_map: float = Field(ge=0, le=1)
     max_regression: float = Field(ge=0, le=1)
+    max_class_regression: float = Field(ge=0, le=1, description="MaxClassRegression: the per-class gate's margin")
+    min_class_instances: int = Field(ge=1, description="MinClassInstances: val instances a class needs to be judged")
     max_training_iterations: int | None = Field(None, ge=1, description="cap on the manifest's training.max_iter")
     max_images_per_batch: int | None = Field(None, ge=1, description="cap on the manifest's training.ims_per_batch")
 
@@ -57,7 +60,9 @@ class PrepareSettings(BaseModel):
     def limits(self) -> StackLimits:
         """The operator's limits a manifest may only tighten."""
         return StackLimits(min_map=self.min_map, max_regression=self.max_regression,
-                           max_iter=self.max_training_iterations, max_ims_per_batch=self.max_images_per_batch)
+                           max_iter=self.max_training_iterations, max_ims_per_batch=self.max_images_per_batch,
+                           max_class_regression=self.max_class_regression,
+                           min_class_instances=self.min_class_instances)
 
     @field_validator("use_spot", mode="before")
     @classmethod
@@ -87,12 +92,6 @@ class JobNames(BaseModel):
     evaluation_job: str
     model: str
     endpoint_config: str
-
-
-class GateThresholds(BaseModel):
-    primary_metric: Literal["bbox_AP", "segm_AP"] = Field(description="by the manifest's task")
-    min_map: float
-    max_regression: float
 
 
 class EndpointPlan(BaseModel):

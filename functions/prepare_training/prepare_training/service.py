@@ -6,11 +6,11 @@ from typing import Any
 
 from d2ops import metrics, runs
 from d2ops.champion import read_champion
-from d2ops.validation.manifest import effective_gate, stack_limit_problems
+from d2ops.documents.evaluation import GateThresholds
+from d2ops.validation.manifest import effective_class_gate, effective_gate, stack_limit_problems
 from prepare_training.models import (
     ChampionRef,
     EndpointPlan,
-    GateThresholds,
     JobNames,
     Plan,
     PrepareEvent,
@@ -132,12 +132,14 @@ def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: Champio
     names = job_names(event.run_id)
     training = training_job_request(settings, event, names)
     min_map, max_regression = effective_gate(settings.limits, event.manifest.gate)
+    max_class_regression, min_class_instances = effective_class_gate(settings.limits, event.manifest.gate)
     return Plan(
         training_job=training,
         evaluation_job=evaluation_job_request(settings, event, names, model_artifact_uri(training), champion),
         names=names,
         gate=GateThresholds(primary_metric=metrics.primary_metric(event.manifest.task), min_map=min_map,
-                            max_regression=max_regression),
+                            max_regression=max_regression, max_class_regression=max_class_regression,
+                            min_class_instances=min_class_instances),
         endpoint=EndpointPlan(instance_type=settings.endpoint_instance_type,
                               instance_count=settings.endpoint_instance_count,
                               poll_seconds=settings.endpoint_poll_seconds,

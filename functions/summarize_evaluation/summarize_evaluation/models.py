@@ -1,17 +1,10 @@
-"""The evaluation report (interfaces: evaluation processing job) and what the quality gate reads."""
+"""The summarize Lambda's input and output; the documents it reads are d2ops.documents.evaluation's."""
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, Field
 
-
-class GateThresholds(BaseModel):
-    primary_metric: Literal["bbox_AP", "segm_AP"] | None = Field(
-        None, description="the metric the run's task is judged by (plan.gate); default: the report's")
-    min_map: float = Field(ge=0, le=1)
-    max_regression: float = Field(ge=0, le=1)
+from d2ops.documents.evaluation import GateThresholds
 
 
 class SummarizeEvent(BaseModel):
@@ -19,18 +12,15 @@ class SummarizeEvent(BaseModel):
     gate: GateThresholds
 
 
-class ModelScores(BaseModel):
-    metrics: dict[str, float]
-    per_class: dict[str, dict[str, float]] = Field(default_factory=dict)
+class ClassRegression(BaseModel):
+    """One class on which the challenger trails the champion by more than the per-class margin."""
 
-
-class EvaluationReport(BaseModel):
-    """``evaluation.json`` as the processing job writes it (AP values are fractions)."""
-
-    primary_metric: Literal["bbox_AP", "segm_AP"]
-    val_images: int = Field(ge=1)
-    challenger: ModelScores
-    champion: ModelScores | None = None
+    class_name: str
+    metric: str = Field(description="the per-class AP compared: the run's primary metric, e.g. bbox_AP")
+    challenger_ap: float
+    champion_ap: float
+    drop: float = Field(description="champion_ap - challenger_ap")
+    instances: int = Field(description="non-crowd instances of the class on the val split")
 
 
 class EvaluationSummary(BaseModel):
@@ -45,3 +35,12 @@ class EvaluationSummary(BaseModel):
     champion_floor: float = Field(description="champion_value - max_regression (0 without a champion)")
     min_map: float
     max_regression: float
+    max_class_regression: float | None
+    min_class_instances: int | None
+    class_regressed: bool = Field(description="true when class_regressions is not empty (the Choice state's test)")
+    class_regression_count: int = Field(ge=0, description="how many classes regressed (all of them)")
+    class_regressions: list[ClassRegression] = Field(
+        max_length=10, description="the worst of the classes with at least min_class_instances val instances whose "
+                                   "AP dropped by more than max_class_regression, worst first (at most 10: the "
+                                   "state payload stays small whatever the number of classes)")
+    class_gate_reason: str = Field(description="one line naming them (empty when none)")

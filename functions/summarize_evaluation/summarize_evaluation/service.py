@@ -7,12 +7,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from d2ops.documents.evaluation import EvaluationReport, ModelScores
 from d2ops.runs import key_listed, parse_s3_uri
-from summarize_evaluation.models import EvaluationReport, EvaluationSummary, ModelScores, SummarizeEvent
+from summarize_evaluation.models import ClassRegression, EvaluationSummary, SummarizeEvent
 
 MAX_REPORT_BYTES = 10 * 1024 * 1024
 # The floor is compared with numbers read from JSON; rounding keeps 0.5 - 0.01 at 0.49.
 FLOOR_DIGITS = 9
+# The summary travels in the state payload: the worst classes are listed, all are counted.
+MAX_LISTED_REGRESSIONS = 10
 
 
 class EvaluationReportNotFound(Exception):
@@ -51,15 +54,67 @@ def primary_value(scores: ModelScores, metric: str, who: str) -> float:
     return value
 
 
+def _class_ap(scores: ModelScores, name: str, metric: str, who: str) -> float | None:
+    value = scores.per_class.get(name, {}).get(metric)
+    if value is not None and not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise EvaluationReportInvalid(f"{who} per_class[{name!r}].{metric} = {value} is not a fraction in [0, 1]")
+    return value
+
+
+def class_regressions(report: EvaluationReport, metric: str, max_class_regression: float,
+                      min_class_instances: int) -> list[ClassRegression]:
+    """Classes the challenger does worse on than the champion by more than the margin, worst first.
+
+    Only classes with at least ``min_class_instances`` val instances are judged: the AP of a
+    class seen three times swings by chance. A class the champion has an AP for and the
+    challenger has none (it predicts nothing of it) counts as AP 0. Pure: no I/O.
+    """
+    if report.champion is None:
+        return []
+    found = []
+    for name, instances in report.class_instances.items():
+        if instances < min_class_instances:
+            continue
+        champion = _class_ap(report.champion, name, metric, "champion")
+        if champion is None:  # no AP for the champion either: nothing to compare with
+            continue
+        challenger = _class_ap(report.challenger, name, metric, "challenger") or 0.0
+        drop = round(champion - challenger, FLOOR_DIGITS)  # 0.5 - 0.45 stays 0.05, as the margin reads
+        if drop > max_class_regression:
+            found.append(ClassRegression(class_name=name, metric=metric, challenger_ap=challenger,
+                                         champion_ap=champion, drop=drop, instances=instances))
+    return sorted(found, key=lambda r: (-r.drop, r.class_name))
+
+
+def class_gate_reason(regressions: list[ClassRegression], max_class_regression: float) -> str:
+    """One line naming the regressed classes with both APs and their instance counts ('' when none)."""
+    if not regressions:
+        return ""
+    listed = regressions[:MAX_LISTED_REGRESSIONS]
+    parts = [f"{r.class_name} {r.challenger_ap:.3f} vs {r.champion_ap:.3f} ({r.instances} instances)" for r in listed]
+    more = f" and {len(regressions) - len(listed)} more" if len(regressions) > len(listed) else ""
+    return (f"challenger {listed[0].metric} trails the champion by more than {max_class_regression:g} on "
+            f"{len(regressions)} class{'es' if len(regressions) > 1 else ''} (challenger vs champion): "
+            f"{', '.join(parts)}{more}")
+
+
 def summarize(report: EvaluationReport, event: SummarizeEvent) -> EvaluationSummary:
     # The plan names the metric from the manifest's task, so a report that calls bbox_AP
     # primary cannot let a segmentation model through on its box AP.
-    metric = event.gate.primary_metric or report.primary_metric
+    gate = event.gate
+    metric = gate.primary_metric or report.primary_metric
     challenger = primary_value(report.challenger, metric, "challenger")
     champion = primary_value(report.champion, metric, "champion") if report.champion is not None else None
-    floor = round(max(0.0, champion - event.gate.max_regression), FLOOR_DIGITS) if champion is not None else 0.0
+    floor = round(max(0.0, champion - gate.max_regression), FLOOR_DIGITS) if champion is not None else 0.0
+    regressions = []
+    if gate.max_class_regression is not None and gate.min_class_instances is not None:
+        regressions = class_regressions(report, metric, gate.max_class_regression, gate.min_class_instances)
     return EvaluationSummary(
         report_uri=event.report_uri, primary_metric=metric, challenger_value=challenger,
         challenger_metrics={k: v for k, v in report.challenger.metrics.items() if math.isfinite(v)},
         has_champion=champion is not None, champion_value=champion, champion_floor=floor,
-        min_map=event.gate.min_map, max_regression=event.gate.max_regression)
+        min_map=gate.min_map, max_regression=gate.max_regression,
+        max_class_regression=gate.max_class_regression, min_class_instances=gate.min_class_instances,
+        class_regressed=bool(regressions), class_regression_count=len(regressions),
+        class_regressions=regressions[:MAX_LISTED_REGRESSIONS],
+        class_gate_reason=class_gate_reason(regressions, gate.max_class_regression or 0.0))

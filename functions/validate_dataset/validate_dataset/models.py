@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from d2ops.validation.codes import Code
+
 
 class ValidateDatasetEvent(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -21,7 +23,7 @@ class DatasetName(BaseModel):
 
 
 class IssueSummary(BaseModel):
-    code: str
+    code: Code  # the validator's enum: a code it cannot emit (in a mock, a test) is refused
     message: str
     location: str
 

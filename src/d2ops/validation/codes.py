@@ -26,6 +26,8 @@ class Code(StrEnum):
     # Manifest settings laxer than the stack allows (each names the limit it breaks)
     GATE_MIN_MAP_BELOW_STACK = "GATE_MIN_MAP_BELOW_STACK"
     GATE_MAX_REGRESSION_ABOVE_STACK = "GATE_MAX_REGRESSION_ABOVE_STACK"
+    GATE_MAX_CLASS_REGRESSION_ABOVE_STACK = "GATE_MAX_CLASS_REGRESSION_ABOVE_STACK"
+    GATE_MIN_CLASS_INSTANCES_ABOVE_STACK = "GATE_MIN_CLASS_INSTANCES_ABOVE_STACK"
     TRAINING_MAX_ITER_ABOVE_STACK = "TRAINING_MAX_ITER_ABOVE_STACK"
     TRAINING_IMS_PER_BATCH_ABOVE_STACK = "TRAINING_IMS_PER_BATCH_ABOVE_STACK"
     # Files
@@ -94,6 +96,10 @@ MEANINGS: dict[Code, str] = {
     Code.GATE_MIN_MAP_BELOW_STACK: "gate.min_map is below the stack's MinMap (a manifest may only raise it)",
     Code.GATE_MAX_REGRESSION_ABOVE_STACK: ("gate.max_regression is above the stack's MaxRegression (a manifest may "
                                            "only lower it)"),
+    Code.GATE_MAX_CLASS_REGRESSION_ABOVE_STACK: ("gate.max_class_regression is above the stack's MaxClassRegression "
+                                                 "(a manifest may only lower it)"),
+    Code.GATE_MIN_CLASS_INSTANCES_ABOVE_STACK: ("gate.min_class_instances is above the stack's MinClassInstances "
+                                                "(a manifest may only lower it: more classes judged)"),
     Code.TRAINING_MAX_ITER_ABOVE_STACK: "training.max_iter is above the stack's MaxTrainingIterations",
     Code.TRAINING_IMS_PER_BATCH_ABOVE_STACK: "training.ims_per_batch is above the stack's MaxImagesPerBatch",
     Code.FILE_UNREADABLE: "a file cannot be read (permissions, a dangling link, too large for the scratch disk)",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -69,6 +69,11 @@ class Gate(_Strict):
 
     min_map: float | None = Field(default=None, ge=0, le=1, description="challenger primary AP must reach this")
     max_regression: float | None = Field(default=None, ge=0, le=1, description="allowed AP drop below the champion")
+    max_class_regression: float | None = Field(
+        default=None, ge=0, le=1, description="allowed per-class AP drop below the champion, on any class with at "
+                                              "least min_class_instances val instances")
+    min_class_instances: int | None = Field(
+        default=None, ge=1, le=1_000_000, description="val instances a class needs to be judged per class")
 
 
 class Manifest(_Strict):
@@ -115,15 +120,23 @@ class StackLimits(BaseModel):
     max_regression: float = Field(ge=0, le=1)
     max_iter: int | None = Field(default=None, ge=1, description="cap on training.max_iter (None: schema bound)")
     max_ims_per_batch: int | None = Field(default=None, ge=1, description="cap on training.ims_per_batch")
+    # The per-class gate (MaxClassRegression, MinClassInstances); None where a caller sets no such limit.
+    max_class_regression: float | None = Field(default=None, ge=0, le=1)
+    min_class_instances: int | None = Field(default=None, ge=1)
 
     # Environment variable -> field: template.yaml sets these on the functions that enforce them.
     ENV: ClassVar[dict[str, str]] = {"MIN_MAP": "min_map", "MAX_REGRESSION": "max_regression",
-                                     "MAX_TRAINING_ITERATIONS": "max_iter", "MAX_IMAGES_PER_BATCH": "max_ims_per_batch"}
+                                     "MAX_TRAINING_ITERATIONS": "max_iter", "MAX_IMAGES_PER_BATCH": "max_ims_per_batch",
+                                     "MAX_CLASS_REGRESSION": "max_class_regression",
+                                     "MIN_CLASS_INSTANCES": "min_class_instances"}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> StackLimits:
         """Read MIN_MAP, MAX_REGRESSION (required) and the optional training caps."""
         return cls.model_validate({field: env[name] for name, field in cls.ENV.items() if env.get(name)})
+
+
+_N = TypeVar("_N", int, float)
 
 
 def stack_limit_problems(gate: Gate | None, training: TrainingOverrides,
@@ -137,6 +150,18 @@ def stack_limit_problems(gate: Gate | None, training: TrainingOverrides,
         problems.append((Code.GATE_MAX_REGRESSION_ABOVE_STACK, f"gate.max_regression {gate.max_regression:g} is above "
                          f"the stack's MaxRegression {limits.max_regression:g}: a manifest may allow a smaller drop "
                          "below the champion, not a larger one", "gate.max_regression"))
+    if (gate is not None and gate.max_class_regression is not None and limits.max_class_regression is not None
+            and gate.max_class_regression > limits.max_class_regression):
+        problems.append((Code.GATE_MAX_CLASS_REGRESSION_ABOVE_STACK, f"gate.max_class_regression "
+                         f"{gate.max_class_regression:g} is above the stack's MaxClassRegression "
+                         f"{limits.max_class_regression:g}: a manifest may allow a smaller per-class drop, not a "
+                         "larger one", "gate.max_class_regression"))
+    if (gate is not None and gate.min_class_instances is not None and limits.min_class_instances is not None
+            and gate.min_class_instances > limits.min_class_instances):
+        problems.append((Code.GATE_MIN_CLASS_INSTANCES_ABOVE_STACK, f"gate.min_class_instances "
+                         f"{gate.min_class_instances} is above the stack's MinClassInstances "
+                         f"{limits.min_class_instances}: a manifest may judge more classes, not fewer",
+                         "gate.min_class_instances"))
     if limits.max_iter is not None and training.max_iter is not None and training.max_iter > limits.max_iter:
         problems.append((Code.TRAINING_MAX_ITER_ABOVE_STACK, f"training.max_iter {training.max_iter} is above the "
                          f"stack's MaxTrainingIterations {limits.max_iter}", "training.max_iter"))
@@ -160,6 +185,21 @@ def effective_gate(limits: StackLimits, gate: Gate | None) -> tuple[float, float
     if gate is not None and gate.max_regression is not None:
         max_regression = min(max_regression, gate.max_regression)
     return min_map, max_regression
+
+
+def _stricter(stack: _N | None, manifest: _N | None) -> _N | None:
+    if stack is None:
+        return manifest
+    return stack if manifest is None else min(stack, manifest)
+
+
+def effective_class_gate(limits: StackLimits, gate: Gate | None) -> tuple[float | None, int | None]:
+    """(max_class_regression, min_class_instances) of the per-class gate, tightened like :func:`effective_gate`.
+
+    Both only go down: a smaller margin, and a smaller instance count (more classes judged).
+    """
+    return (_stricter(limits.max_class_regression, gate.max_class_regression if gate else None),
+            _stricter(limits.min_class_instances, gate.min_class_instances if gate else None))
 
 
 def manifest_json_schema() -> dict[str, Any]:

@@ -1,0 +1,82 @@
+"""The per-class gate on real COCO numbers: the evaluation job's report, read back by the summarize Lambda.
+
+No model is trained: detections are the ground truth, jittered, through the same scoring
+(faster-coco-eval) and report writer the evaluation job uses.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+
+import pytest
+
+from d2ops import synth
+from d2ops.documents.evaluation import EvaluationReport
+from model_code.dataset_version import read_coco
+from model_code.evaluation.coco import score_results
+from model_code.evaluation.documents import class_instances, job_report
+from tests.fixtures.pipeline import support
+
+support.function_path("summarize_evaluation")
+from summarize_evaluation.models import SummarizeEvent  # noqa: E402
+from summarize_evaluation.service import summarize  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def gt(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("ds")
+    synth.generate(root, images=40, size=96, seed=3, val_fraction=0.5)
+    doc = read_coco(root / "annotations" / "val.json")
+    doc["annotations"][0]["iscrowd"] = 1  # a crowd region: COCO's AP ignores it, so it is not counted
+    return doc
+
+
+def detections(gt: dict, seed: int) -> list[dict]:
+    """Every non-crowd ground-truth box, jittered, with a random score."""
+    rng = random.Random(seed)
+    out = []
+    for ann in gt["annotations"]:
+        if ann.get("iscrowd"):
+            continue
+        x, y, w, h = ann["bbox"]
+        j = [rng.uniform(-0.2, 0.2) * s for s in (w, h, w, h)]
+        out.append({"image_id": ann["image_id"], "category_id": ann["category_id"], "score": rng.uniform(0.3, 1.0),
+                    "bbox": [max(0.0, x + j[0]), max(0.0, y + j[1]), w + j[2], h + j[3]]})
+    return out
+
+
+def gate(report: dict, max_class_regression: float, min_class_instances: int) -> dict:
+    parsed = EvaluationReport.model_validate_json(json.dumps(report))  # as the Lambda reads evaluation.json
+    event = SummarizeEvent(report_uri="s3://bucket/evaluation.json", gate={
+        "primary_metric": "bbox_AP", "min_map": 0.0, "max_regression": 1.0,
+        "max_class_regression": max_class_regression, "min_class_instances": min_class_instances})
+    return summarize(parsed, event).model_dump(mode="json")
+
+
+def test_the_class_a_challenger_stopped_detecting_is_named_with_real_aps_and_counts(gt: dict) -> None:
+    names = {c["id"]: c["name"] for c in gt["categories"]}
+    lost_id = gt["categories"][1]["id"]
+    champion_dets = detections(gt, seed=0)
+    challenger_dets = [d for d in champion_dets if d["category_id"] != lost_id]
+    champion, challenger = (score_results(gt, champion_dets, ["bbox"]), score_results(gt, challenger_dets, ["bbox"]))
+    report = job_report("bbox_AP", challenger, champion, class_instances(gt))
+
+    counts = Counter(a["category_id"] for a in gt["annotations"] if not a.get("iscrowd"))
+    assert report["class_instances"] == {names[i]: counts.get(i, 0) for i in names}
+    assert sum(report["class_instances"].values()) == len(gt["annotations"]) - 1  # the crowd region left out
+    lost = names[lost_id]
+    champion_ap = champion.per_class[lost]["bbox_AP"]
+    assert champion_ap > 0.3 and challenger.per_class[lost]["bbox_AP"] == 0.0
+
+    summary = gate(report, max_class_regression=0.1, min_class_instances=1)
+    # Per-class AP is computed class by class: the other classes score exactly as before.
+    assert summary["class_regressions"] == [{"class_name": lost, "metric": "bbox_AP", "challenger_ap": 0.0,
+                                             "champion_ap": champion_ap, "drop": round(champion_ap, 9),
+                                             "instances": counts[lost_id]}]
+    assert f"{lost} 0.000 vs {champion_ap:.3f} ({counts[lost_id]} instances)" in summary["class_gate_reason"]
+    # With fewer val instances than MinClassInstances the class is not judged, and a margin above
+    # the drop lets it pass.
+    assert gate(report, max_class_regression=0.1, min_class_instances=counts[lost_id] + 1)["class_regressed"] is False
+    assert gate(report, max_class_regression=1.0, min_class_instances=1)["class_regressed"] is False
