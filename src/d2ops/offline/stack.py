@@ -253,8 +253,12 @@ def load_stack(template_path: str | Path | None = None, parameters: Mapping[str,
         raise StackError(f"expected one model package group and one topic, found {groups} and {topics}")
     group_name = resolve((resources[groups[0]].get("Properties") or {}).get("ModelPackageGroupName"))
     topic_arn = str(refs[topics[0]])
+    # The alarms the state machine names (its endpoint's auto-rollback alarms); others watch
+    # resources (queues, functions) that have no offline counterpart.
+    referenced = {str(v["Ref"]) for v in machine.definition_substitutions.values()
+                  if isinstance(v, dict) and "Ref" in v}
     alarms = {str(refs[k]): resolve(v.get("Properties") or {}) for k, v in resources.items()
-              if v.get("Type") == "AWS::CloudWatch::Alarm"}
+              if v.get("Type") == "AWS::CloudWatch::Alarm" and k in referenced}
     endpoint = substitutions.get("EndpointName")
     if not isinstance(endpoint, str):
         raise StackError("DefinitionSubstitutions has no EndpointName")
