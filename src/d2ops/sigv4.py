@@ -7,6 +7,7 @@ offline check exercises exactly the signing path a deployed stack sees.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import urllib.error
@@ -198,6 +199,10 @@ def verify(method: str, url: str, headers: Mapping[str, str], body: bytes, known
         raise SignatureRejected("'Host' or ':authority' must be a 'SignedHeader' in the AWS Authorization.")
     missing = [name for name in signed_names if name not in lower]
     if missing:
+        raise SignatureRejected(BAD_SIGNATURE)
+    claimed = lower.get("x-amz-content-sha256")
+    if claimed is not None and claimed != hashlib.sha256(body).hexdigest():
+        # botocore signs this header's value in place of the body: it must be the body's hash.
         raise SignatureRejected(BAD_SIGNATURE)
     # Rebuild the request from the signed headers alone, as the signer saw it, and sign it again.
     request = AWSRequest(method=method, url=url, data=body, headers={name: lower[name] for name in signed_names})

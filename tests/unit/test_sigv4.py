@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -63,3 +64,13 @@ def test_unsigned_unknown_key_wrong_token_region_and_skew_are_refused() -> None:
     verify("GET", URL, _signed(), b"", known, REGION, now=signed_at + timedelta(minutes=4))
     with pytest.raises(SignatureRejected, match="requires 'Credential'"):
         verify("GET", URL, {"Authorization": "Bearer abc"}, b"", known, REGION)
+
+
+def test_a_claimed_payload_hash_must_be_the_body_s() -> None:
+    body = b'{"a": 1}'
+    headers = SignedStatusApi("http://127.0.0.1:8123", KEY, REGION).signed_headers(
+        "POST", URL, body, {"X-Amz-Content-SHA256": hashlib.sha256(body).hexdigest()})
+    headers["Host"] = "127.0.0.1:8123"
+    verify("POST", URL, headers, body, {"AKIDEXAMPLE": KEY}, REGION)
+    with pytest.raises(SignatureRejected, match="does not match"):
+        verify("POST", URL, headers, b'{"a": 2}', {"AKIDEXAMPLE": KEY}, REGION)
