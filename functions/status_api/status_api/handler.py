@@ -13,7 +13,6 @@ from typing import Annotated, Any
 import boto3
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
-from aws_lambda_powertools.event_handler.exceptions import BadRequestError, NotFoundError
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Path, Query
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
@@ -73,6 +72,18 @@ def bad_request(exc: RequestValidationError) -> Response:
     return _problem(400, one_line(f"{where} {name!r}: {first['msg']}" if name else f"{where}: {first['msg']}"))
 
 
+@app.exception_handler(service.NotFound)
+def not_found(exc: service.NotFound) -> Response:
+    """Every "no such run/dataset/..." of the service layer is a 404, mapped here once."""
+    return _problem(404, one_line(str(exc)))
+
+
+@app.exception_handler(service.BadRequest)
+def cannot_serve(exc: service.BadRequest) -> Response:
+    """Every request the service layer cannot serve as asked (bad page token, dataset URI) is a 400."""
+    return _problem(400, one_line(str(exc)))
+
+
 @app.exception_handler([ClientError, AwsConnectionError, ReadTimeoutError])
 def busy(exc: Exception) -> Response:
     """Throttled or unreachable AWS APIs are a 503 with Retry-After, not a 500; other AWS errors stay 5xx."""
@@ -95,11 +106,8 @@ def list_runs(
                                             min_length=1, max_length=MAX_PAGE_TOKEN)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 25,
 ) -> RunList:
-    try:
-        return service.list_runs(boto3.client("stepfunctions"), os.environ["STATE_MACHINE_ARN"], dataset=dataset,
-                                 status=status, next_token=next_token, limit=limit)
-    except service.BadPageToken as exc:
-        raise BadRequestError(str(exc)) from exc
+    return service.list_runs(boto3.client("stepfunctions"), os.environ["STATE_MACHINE_ARN"], dataset=dataset,
+                             status=status, next_token=next_token, limit=limit)
 
 
 @app.get("/runs/<runId>", summary="One run: status, timeline, validation, training, evaluation, gate, endpoint",
@@ -107,11 +115,8 @@ def list_runs(
                     404: error("no run with this id"), 503: BUSY})
 @tracer.capture_method
 def get_run(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> RunDetail:  # the route spells it runId
-    try:
-        return service.get_run(boto3.client("stepfunctions"), boto3.client("sagemaker"),
-                               os.environ["STATE_MACHINE_ARN"], runId)
-    except service.RunNotFound as exc:
-        raise NotFoundError(str(exc)) from exc
+    return service.get_run(boto3.client("stepfunctions"), boto3.client("sagemaker"),
+                           os.environ["STATE_MACHINE_ARN"], runId)
 
 
 @app.post("/runs", summary="Start the run for a dataset version (idempotent, like the S3 trigger)",
@@ -123,14 +128,9 @@ def get_run(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> RunDetail:  
                      404: error("the dataset version has no manifest.json"), 503: BUSY})
 @tracer.capture_method
 def start_run(request: StartRunRequest) -> tuple[StartRunResponse, int]:
-    try:
-        started = service.start_run_for_uri(boto3.client("s3"), boto3.client("stepfunctions"),
-                                            os.environ["STATE_MACHINE_ARN"], os.environ["DATA_BUCKET"],
-                                            request.dataset_uri)
-    except service.DatasetNotFound as exc:
-        raise NotFoundError(str(exc)) from exc
-    except (service.BadDatasetUri, ValueError) as exc:
-        raise BadRequestError(str(exc)) from exc
+    started = service.start_run_for_uri(boto3.client("s3"), boto3.client("stepfunctions"),
+                                        os.environ["STATE_MACHINE_ARN"], os.environ["DATA_BUCKET"],
+                                        request.dataset_uri)
     logger.info("run requested", extra=started.model_dump())
     return started, 200 if started.already_started else 202
 
@@ -145,12 +145,9 @@ def list_models(
     next_token: Annotated[str | None, Query(alias="nextToken", min_length=1, max_length=MAX_PAGE_TOKEN)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 25,
 ) -> ModelsResponse:
-    try:
-        return service.list_models(boto3.client("sagemaker"), boto3.client("s3"),
-                                   os.environ["MODEL_PACKAGE_GROUP_NAME"], os.environ["ARTIFACTS_BUCKET"], next_token,
-                                   limit)
-    except service.BadPageToken as exc:
-        raise BadRequestError(str(exc)) from exc
+    return service.list_models(boto3.client("sagemaker"), boto3.client("s3"),
+                               os.environ["MODEL_PACKAGE_GROUP_NAME"], os.environ["ARTIFACTS_BUCKET"], next_token,
+                               limit)
 
 
 def openapi_document() -> str:

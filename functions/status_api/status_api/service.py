@@ -42,19 +42,27 @@ def is_throttling(exc: ClientError) -> bool:
     return error.get("Code") in THROTTLING_CODES or status in (429, 503)
 
 
-class RunNotFound(Exception):
+class NotFound(Exception):
+    """What the request names does not exist: the handler answers 404 (one exception handler)."""
+
+
+class BadRequest(Exception):
+    """The request is well-formed but cannot be served as asked: the handler answers 400."""
+
+
+class RunNotFound(NotFound):
     pass
 
 
-class DatasetNotFound(Exception):
+class DatasetNotFound(NotFound):
     pass
 
 
-class BadDatasetUri(Exception):
+class BadDatasetUri(BadRequest):
     pass
 
 
-class BadPageToken(Exception):
+class BadPageToken(BadRequest):
     """A nextToken the listing did not hand out (or one that expired)."""
 
 
@@ -262,7 +270,10 @@ def _failure(failure: Any) -> dict[str, Any] | None:
 
 def start_run_for_uri(s3: Any, sfn: Any, state_machine_arn: str, data_bucket: str, uri: str) -> StartRunResponse:
     """``POST /runs``: the same run the S3 trigger starts for the manifest's current version."""
-    bucket, key = runs.parse_s3_uri(uri)
+    try:
+        bucket, key = runs.parse_s3_uri(uri)
+    except ValueError as exc:
+        raise BadDatasetUri(str(exc)) from exc
     if bucket != data_bucket:
         raise BadDatasetUri(f"{uri}: datasets live in s3://{data_bucket}/, not s3://{bucket}/")
     if not key.endswith(runs.MANIFEST_NAME):
@@ -276,7 +287,10 @@ def start_run_for_uri(s3: Any, sfn: Any, state_machine_arn: str, data_bucket: st
     if not runs.key_listed(s3, bucket, key):
         raise DatasetNotFound(f"s3://{bucket}/{key} does not exist (upload manifest.json last)")
     head = s3.head_object(Bucket=bucket, Key=key)
-    dataset = runs.dataset_ref(bucket, key, head.get("VersionId"), head.get("ETag"))
+    try:
+        dataset = runs.dataset_ref(bucket, key, head.get("VersionId"), head.get("ETag"))
+    except ValueError as exc:
+        raise BadDatasetUri(str(exc)) from exc
     trigger = runs.Trigger(source="api", object_key=key, object_version=dataset.manifest_version)
     started = runs.start_run(sfn, state_machine_arn, dataset, trigger)
     return StartRunResponse(run_id=started.run_id, execution_arn=started.execution_arn,
