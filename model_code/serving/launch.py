@@ -35,7 +35,7 @@ from typing import IO
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from model_code.artifact import MODEL_FILE, ArtifactError, open_artifact
+from model_code.artifact import CUDA_MODEL_FILE, MODEL_FILE, ArtifactError, open_artifact
 from model_code.serving import process
 from model_code.serving.process import signal_group as _signal_group
 
@@ -141,7 +141,8 @@ def build_model_archive(model_dir: Path, model_store: Path) -> Path:
     from model_archiver.model_packaging import generate_model_archive
 
     model_store.mkdir(parents=True, exist_ok=True)
-    extra = [str(model_dir / name) for name in ("metadata.json", "evaluation.json") if (model_dir / name).is_file()]
+    extra = [str(model_dir / name) for name in ("metadata.json", "evaluation.json", CUDA_MODEL_FILE)
+             if (model_dir / name).is_file()]
     generate_model_archive(ModelArchiverConfig(
         model_name=MODEL_NAME, version=MODEL_VERSION, handler=str(HANDLER_FILE),
         serialized_file=str(model_dir / MODEL_FILE), extra_files=",".join(extra),
@@ -261,9 +262,7 @@ class TorchServeProcess:
     def wait_healthy(self, timeout: float) -> float:
         """Block until /ping answers 200; returns the seconds waited. Fails early if TorchServe exits."""
         try:
-            return process.wait_healthy(self.ping_url, self.proc, timeout)
-        except process.ServerExited as exc:
-            raise ServingError(f"TorchServe {exc}; see {self.workdir / 'logs'}") from exc
+            return process.wait_healthy(self.ping_url, self.proc, timeout, name="TorchServe")
         except process.HealthWaitError as exc:
             raise ServingError(f"{exc}; see {self.workdir / 'logs'}") from exc
 

@@ -21,8 +21,8 @@ class HealthWaitError(Exception):
 
 
 class ServerExited(HealthWaitError):
-    def __init__(self, returncode: int | None) -> None:
-        super().__init__(f"exited (code {returncode}) before /ping was healthy")
+    def __init__(self, name: str, returncode: int | None) -> None:
+        super().__init__(f"{name} exited (code {returncode}) before /ping was healthy")
         self.returncode = returncode
 
 
@@ -42,12 +42,13 @@ def ping(url: str, timeout: float = 2.0) -> int | None:
         return None
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None, timeout: float, *, interval: float = 0.25) -> float:
-    """Block until ``url`` answers 200; returns the seconds waited. Fails early if ``proc`` exits."""
+def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None, timeout: float, *, name: str = "the server",
+                 interval: float = 0.25) -> float:
+    """Block until ``url`` answers 200; returns the seconds waited. Fails early if ``proc`` (``name``) exits."""
     started = time.monotonic()
     while True:
         if proc is None or proc.poll() is not None:
-            raise ServerExited(None if proc is None else proc.returncode)
+            raise ServerExited(name, None if proc is None else proc.returncode)
         if ping(url) == 200:
             return time.monotonic() - started
         if time.monotonic() - started > timeout:

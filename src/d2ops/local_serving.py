@@ -134,9 +134,7 @@ class LocalEndpoint:
 
     def wait_healthy(self, timeout: float) -> float:
         try:
-            return process.wait_healthy(self.ping_url, self.proc, timeout)
-        except process.ServerExited as exc:
-            raise LocalServingError(f"serving {exc}:\n{self.log_tail()}") from exc
+            return process.wait_healthy(self.ping_url, self.proc, timeout, name="serving")
         except process.HealthWaitError as exc:
             raise LocalServingError(f"{exc}:\n{self.log_tail()}") from exc
 

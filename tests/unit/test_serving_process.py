@@ -62,7 +62,7 @@ def test_wait_healthy_fails_early_when_the_server_exits(server: tuple[str, list[
     url, _ = server
     proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     proc.wait()
-    with pytest.raises(process.ServerExited, match=r"code 3"):
+    with pytest.raises(process.ServerExited, match=r"the server exited \(code 3\)"):
         process.wait_healthy(url, proc, timeout=30)
 
 
