@@ -18,6 +18,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from d2ops import runs, synth
+from d2ops import template as sam
 from d2ops.asl.interpreter import Execution
 from d2ops.champion import CHAMPION_KEY, ChampionRecord
 from tests.fixtures.pipeline import support
@@ -51,8 +52,13 @@ def stack() -> Iterator[dict[str, Any]]:
         queue = sqs.create_queue(QueueName="notifications")["QueueUrl"]
         queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
         sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn, Attributes={"RawMessageDelivery": "true"})
+        table = sam.load_template().resource("EndpointLeaseTable")["Properties"]
+        boto3.client("dynamodb").create_table(TableName=support.LEASE_TABLE, KeySchema=table["KeySchema"],
+                                              AttributeDefinitions=table["AttributeDefinitions"],
+                                              BillingMode=table["BillingMode"])
         boto3.client("sagemaker").create_model_package_group(ModelPackageGroupName=support.substitutions()["ModelPackageGroupName"])
-        yield {"s3": s3, "sqs": sqs, "queue": queue, "sagemaker": boto3.client("sagemaker"), "lambdas": LambdaInvoker()}
+        yield {"s3": s3, "sqs": sqs, "queue": queue, "sagemaker": boto3.client("sagemaker"), "lambdas": LambdaInvoker(),
+               "dynamodb": boto3.client("dynamodb")}
     server.stop()
 
 
