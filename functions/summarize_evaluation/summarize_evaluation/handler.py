@@ -6,14 +6,34 @@ from typing import Any
 
 import boto3
 from aws_lambda_powertools import Logger, Tracer
+from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from summarize_evaluation.models import SummarizeEvent
+from d2ops import pipeline_metrics as pm
+from summarize_evaluation.models import EvaluationSummary, SummarizeEvent
 from summarize_evaluation.service import read_report, summarize
 
 logger = Logger()
 tracer = Tracer()
+
+
+def gate_decision(summary: EvaluationSummary) -> str:
+    """The decision the "Quality gate" Choice state takes on this summary (a test runs the ASL's rules).
+
+    The Choice state decides; this only labels the metric, so the dashboard can count decisions.
+    """
+    worse = summary.has_champion and (summary.challenger_value < summary.champion_floor or summary.class_regressed)
+    return "rejected" if summary.challenger_value < summary.min_map or worse else "approved"
+
+
+def record_metrics(summary: EvaluationSummary) -> None:
+    """One gate decision and the challenger's AP (EMF; each its own document, as each has its own dimension)."""
+    with single_metric(namespace=pm.NAMESPACE, name=pm.GATE_DECISIONS, unit=MetricUnit.Count, value=1) as metric:
+        metric.add_dimension(name=pm.DECISION, value=gate_decision(summary))
+    with single_metric(namespace=pm.NAMESPACE, name=pm.CHALLENGER_AP, unit=MetricUnit.NoUnit,
+                       value=summary.challenger_value) as metric:
+        metric.add_dimension(name=pm.PRIMARY_METRIC, value=summary.primary_metric)
 
 
 @logger.inject_lambda_context
@@ -22,4 +42,5 @@ tracer = Tracer()
 def handler(event: SummarizeEvent, context: LambdaContext) -> dict[str, Any]:
     summary = summarize(read_report(boto3.client("s3"), event.report_uri), event)
     logger.info("evaluation summary", extra=summary.model_dump(exclude={"challenger_metrics"}))
+    record_metrics(summary)
     return summary.model_dump(mode="json")

@@ -1,0 +1,85 @@
+"""The evaluation summary's CloudWatch metrics (gate decision, challenger AP) as EMF, and their agreement
+with the ASL's "Quality gate" Choice state."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from moto import mock_aws
+
+from d2ops import pipeline_metrics as pm
+from d2ops.asl.choice import evaluate_rule
+from tests.fixtures.emf import emf_metrics
+from tests.fixtures.pipeline import support
+
+support.function_path("summarize_evaluation")
+from summarize_evaluation import handler as summarize_handler  # noqa: E402
+from summarize_evaluation.models import EvaluationSummary  # noqa: E402
+
+SUMMARIZE_EVENT = support.load_event("summarize_evaluation", "report")
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    support.aws_env(monkeypatch)
+    with mock_aws():
+        yield
+
+
+def _report(challenger: float, champion: float | None) -> dict[str, Any]:
+    def scores(ap: float) -> dict[str, Any]:
+        return {"metrics": {"bbox_AP": ap, "bbox_AP50": ap}, "per_class": {"square": {"bbox_AP": ap}}}
+
+    report: dict[str, Any] = {"primary_metric": "bbox_AP", "val_images": 10, "challenger": scores(challenger),
+                              "class_instances": {"square": 100}}
+    if champion is not None:
+        report["champion"] = scores(champion)
+    return report
+
+
+@pytest.mark.parametrize(("challenger", "champion", "decision"), [
+    (0.5, None, "approved"), (0.2, None, "rejected"), (0.5, 0.6, "rejected"), (0.6, 0.55, "approved")])
+def test_the_summary_reports_the_gate_decision_and_the_challenger_ap(
+        aws: None, capsys: pytest.CaptureFixture[str], challenger: float, champion: float | None,
+        decision: str) -> None:
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket=support.ARTIFACTS_BUCKET)
+    key = SUMMARIZE_EVENT["report_uri"].removeprefix(f"s3://{support.ARTIFACTS_BUCKET}/")
+    s3.put_object(Bucket=support.ARTIFACTS_BUCKET, Key=key, Body=json.dumps(_report(challenger, champion)).encode())
+    event = {**SUMMARIZE_EVENT, "gate": {**SUMMARIZE_EVENT["gate"], "min_map": 0.3, "max_regression": 0.01}}
+    summarize_handler.handler(event, support.FakeLambdaContext())
+    found = emf_metrics(capsys.readouterr().out)
+    assert [(n, d[pm.DECISION], v) for n, d, v in found if n == pm.GATE_DECISIONS] == [(pm.GATE_DECISIONS, decision,
+                                                                                        1.0)]
+    assert [(d[pm.PRIMARY_METRIC], v) for n, d, v in found if n == pm.CHALLENGER_AP] == [("bbox_AP", challenger)]
+
+
+_FRACTION = st.sampled_from([0.0, 0.29, 0.3, 0.31, 0.5, 0.59, 0.6, 1.0])
+QUALITY_GATE = support.machine().definition["States"]["Quality gate"]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(challenger=_FRACTION, min_map=_FRACTION, champion=st.none() | _FRACTION, class_regressed=st.booleans())
+def test_the_metric_s_decision_is_the_quality_gate_choice_state_s(challenger: float, min_map: float,
+                                                                  champion: float | None,
+                                                                  class_regressed: bool) -> None:
+    """The label on GateDecisions must be what the ASL's "Quality gate" Choice decides on the same summary."""
+    summary = EvaluationSummary(
+        report_uri="s3://b/k", primary_metric="bbox_AP", challenger_value=challenger,
+        challenger_metrics={"bbox_AP": challenger}, has_champion=champion is not None, champion_value=champion,
+        champion_floor=round(champion - 0.01, 9) if champion is not None else 0.0, min_map=min_map,
+        max_regression=0.01, max_class_regression=0.05, min_class_instances=10,
+        class_regressed=class_regressed and champion is not None,
+        class_regression_count=int(class_regressed and champion is not None), class_regressions=[],
+        class_gate_reason="")
+    gate = QUALITY_GATE
+    document = {"evaluation": summary.model_dump(mode="json")}
+    taken = next((rule["Next"] for rule in gate["Choices"] if evaluate_rule(rule, document, {})), gate["Default"])
+    expected = "approved" if taken == gate["Default"] else "rejected"
+    assert summarize_handler.gate_decision(summary) == expected
