@@ -86,7 +86,8 @@ def write_evaluation(stack: dict[str, Any], kind: str, request: dict[str, Any]) 
     inputs = {i["InputName"] for i in request["ProcessingInputs"]}
     scores = {"metrics": {"bbox_AP": 0.55, "bbox_AP50": 0.9, "bbox_AP75": 0.6}, "per_class": {}}
     champion = {"metrics": {"bbox_AP": 0.5, "bbox_AP50": 0.88, "bbox_AP75": 0.5}} if "champion" in inputs else None
-    report = {"primary_metric": "bbox_AP", "val_images": 2, "challenger": scores, "champion": champion}
+    report = {"primary_metric": "bbox_AP", "val_images": 2, "class_instances": {}, "challenger": scores,
+              "champion": champion}
     bucket, prefix = runs.parse_s3_uri(request["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"])
     stack["s3"].put_object(Bucket=bucket, Key=prefix + "evaluation.json", Body=json.dumps(report))
 
@@ -110,7 +111,9 @@ class WithUpdateEndpoint(Boto3Integrations):
 
 
 def run(stack: dict[str, Any], dataset: runs.DatasetRef) -> tuple[Execution, Boto3Integrations]:
-    FakeRuntime.answers.append((200, "application/json", json.dumps(DETECTIONS).encode()))
+    # One answer per smoke-test request (the state's Payload.requests).
+    requests = support.machine().definition["States"]["Smoke test endpoint"]["Parameters"]["Payload"]["requests"]
+    FakeRuntime.answers += [(200, "application/json", json.dumps(DETECTIONS).encode())] * requests
     aws = WithUpdateEndpoint(after_job=lambda kind, request: write_evaluation(stack, kind, request))
     trigger = runs.Trigger(source="s3-event", object_key=dataset.manifest_key, object_version=dataset.manifest_version)
     run_id = runs.run_id_for(dataset.name, dataset.version, dataset.manifest_version)
