@@ -339,6 +339,42 @@ def _supervise(procs: dict[str, subprocess.Popen[str]], stop: threading.Event | 
     return stopping_since is not None, reason
 
 
+@dataclass(frozen=True)
+class _Ran:
+    """How a job's processes ended: exit codes per host, whether (and why) the runner stopped them."""
+
+    codes: dict[str, int | None]
+    stopped: bool
+    stop_reason: str | None
+    metrics: dict[str, float]
+
+    @property
+    def status(self) -> Status:
+        if self.stopped and self.stop_reason == "stop requested":
+            return "Stopped"
+        return "Completed" if not self.stopped and all(c == 0 for c in self.codes.values()) else "Failed"
+
+
+def _run_hosts(launches: Mapping[str, tuple[tuple[str, ...], dict[str, str], Path]], stop: threading.Event | None,
+               max_runtime: float | None, log: Callable[[str], None]) -> _Ran:
+    """The lifecycle every local job shares (training hosts and processing alike): one process per host in
+    its own session, its output streamed with the host's prefix and metric lines collected, supervised
+    (stop request, max runtime, a failed peer), and every process killed if the runner itself fails."""
+    streams = _Streams(log)
+    procs: dict[str, subprocess.Popen[str]] = {}
+    try:
+        for host, (command, env, cwd) in launches.items():
+            procs[host] = _start(command, env, cwd)
+            streams.follow(host, procs[host].stdout)
+        stopped, stop_reason = _supervise(procs, stop, max_runtime, log)
+    except BaseException:
+        for p in procs.values():
+            _signal(p, signal.SIGKILL)
+        raise
+    streams.join()
+    return _Ran({h: p.returncode for h, p in procs.items()}, stopped, stop_reason, dict(streams.metrics))
+
+
 def run_training_job(spec: TrainingJobSpec, *, stop: threading.Event | None = None,
                      log: Callable[[str], None] = print) -> JobResult:
     if spec.instance_count < 1:
@@ -348,34 +384,19 @@ def run_training_job(spec: TrainingJobSpec, *, stop: threading.Event | None = No
     mount = ml_mount({**os.environ, **spec.environment})
     port = free_port()
     started = time.monotonic()
-    streams = _Streams(log)
-    procs: dict[str, subprocess.Popen[str]] = {}
     roots: dict[str, Path] = {}
-    try:
-        for host in spec.hosts():
-            roots[host], env = prepare_training_host(spec, host, port, mount)
-            if not procs:
-                log(mount.describe(spec.work_dir / "algo-N"))
-            procs[host] = _start(mount.wrap(roots[host], command), env, roots[host])
-            streams.follow(host, procs[host].stdout)
-        stopped, stop_reason = _supervise(procs, stop, spec.max_runtime_seconds, log)
-    except BaseException:
-        for p in procs.values():
-            _signal(p, signal.SIGKILL)
-        raise
-    streams.join()
-    codes = {h: p.returncode for h, p in procs.items()}
+    launches: dict[str, tuple[tuple[str, ...], dict[str, str], Path]] = {}
+    for host in spec.hosts():
+        roots[host], env = prepare_training_host(spec, host, port, mount)
+        launches[host] = (mount.wrap(roots[host], command), env, roots[host])
+    log(mount.describe(spec.work_dir / "algo-N"))
+    ran = _run_hosts(launches, stop, spec.max_runtime_seconds, log)
+    codes, status = ran.codes, ran.status
     master = spec.hosts()[0]
-    status: Status
     reason: str | None = None
-    if stopped and stop_reason == "stop requested":
-        status = "Stopped"
-    elif all(c == 0 for c in codes.values()) and not stopped:
-        status = "Completed"
-    else:
-        status = "Failed"
-        reason = stop_reason if stopped else None
-        for host in sorted(procs, key=lambda h: (codes[h] == 0, h)):
+    if status == "Failed":
+        reason = ran.stop_reason if ran.stopped else None
+        for host in sorted(codes, key=lambda h: (codes[h] == 0, h)):
             failure = roots[host] / "output" / "failure"
             if reason is None and failure.is_file() and failure.read_text().strip():
                 reason = f"{host}: {failure.read_text().strip()}"
@@ -383,7 +404,7 @@ def run_training_job(spec: TrainingJobSpec, *, stop: threading.Event | None = No
             bad = {h: c for h, c in codes.items() if c != 0}
             reason = f"AlgorithmError: hosts exited with codes {bad} and wrote no failure file"
     result = JobResult(job_name=spec.job_name, status=status, failure_reason=reason, exit_codes=codes,
-                       metrics=dict(streams.metrics), seconds=time.monotonic() - started)
+                       metrics=ran.metrics, seconds=time.monotonic() - started)
     output_data = roots[master] / "output" / "data"
     if output_data.is_dir() and any(output_data.iterdir()):
         result.output_artifact = pack_directory(output_data, spec.output_dir / "output.tar.gz")
@@ -428,23 +449,13 @@ def run_processing_job(spec: ProcessingJobSpec, *, stop: threading.Event | None 
     mount = ml_mount({**os.environ, **spec.environment})
     root, env = prepare_processing(spec, mount)
     log(mount.describe(root))
-    streams = _Streams(log)
-    proc = _start(mount.wrap(root, spec.command), env, root)
-    streams.follow("processing", proc.stdout)
-    try:
-        stopped, stop_reason = _supervise({"processing": proc}, stop, spec.max_runtime_seconds, log)
-    except BaseException:
-        _signal(proc, signal.SIGKILL)
-        raise
-    streams.join()
-    status: Status = "Completed" if proc.returncode == 0 and not stopped else "Failed"
-    reason = None
-    if stopped and stop_reason == "stop requested":
-        status = "Stopped"
-    elif status == "Failed":
+    ran = _run_hosts({"processing": (mount.wrap(root, spec.command), env, root)}, stop, spec.max_runtime_seconds,
+                     log)
+    status, reason = ran.status, None
+    if status == "Failed":
         message = root / "output" / "message"
-        reason = (message.read_text().strip() if message.is_file() else None) or stop_reason or \
-            f"AlgorithmError: exited with code {proc.returncode}"
+        reason = (message.read_text().strip() if message.is_file() else None) or ran.stop_reason or \
+            f"AlgorithmError: exited with code {ran.codes['processing']}"
     outputs: dict[str, Path] = {}
     produced = root / "processing" / "output"
     spec.output_dir.mkdir(parents=True, exist_ok=True)
@@ -456,6 +467,5 @@ def run_processing_job(spec: ProcessingJobSpec, *, stop: threading.Event | None 
             tmp.write_bytes(item.read_bytes())
             os.replace(tmp, dest)
             outputs[str(item.relative_to(produced))] = dest
-    return JobResult(job_name=spec.job_name, status=status, failure_reason=reason,
-                     exit_codes={"processing": proc.returncode}, metrics=dict(streams.metrics),
-                     seconds=time.monotonic() - started, outputs=outputs)
+    return JobResult(job_name=spec.job_name, status=status, failure_reason=reason, exit_codes=ran.codes,
+                     metrics=ran.metrics, seconds=time.monotonic() - started, outputs=outputs)

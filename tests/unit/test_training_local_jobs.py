@@ -78,3 +78,41 @@ def test_every_hyperparameter_is_documented() -> None:
     doc = (REPO_ROOT / "docs" / "training.md").read_text()
     documented = set(re.findall(r"^\| `([a-z_0-9]+)` \|", doc, flags=re.M))
     assert documented == set(Hyperparameters.model_fields)
+
+
+# A processing "image" in a few lines: it reads the tree where the runner says it is (remap mode).
+_PROCESSING_SCRIPT = """
+import os, pathlib, sys, time
+root = pathlib.Path(os.environ["D2OPS_ML_ROOT"])
+print("d2ops-metric val:bbox_AP=0.5 iter=3", flush=True)
+if sys.argv[1] == "ok":
+    (root / "processing" / "output" / "sub").mkdir(parents=True, exist_ok=True)
+    (root / "processing" / "output" / "sub" / "report.json").write_text("{}")
+elif sys.argv[1] == "fail":
+    (root / "output").mkdir(exist_ok=True)
+    (root / "output" / "message").write_text("ValueError: no val split\\n")
+    raise SystemExit(3)
+else:
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize(("mode", "status", "reason"), [
+    ("ok", "Completed", None),
+    ("fail", "Failed", "ValueError: no val split"),
+    ("hang", "Failed", "MaxRuntimeExceeded: the job ran longer than 2 s"),
+])
+def test_processing_job_lifecycle(tmp_path: Path, mode: str, status: str, reason: str | None) -> None:
+    spec = local_jobs.ProcessingJobSpec(
+        job_name="e", inputs={}, work_dir=tmp_path / "root", output_dir=tmp_path / "out",
+        command=(sys.executable, "-c", _PROCESSING_SCRIPT, mode), environment={"D2OPS_ML_MOUNT": "remap"},
+        max_runtime_seconds=2 if mode == "hang" else 60)
+    lines: list[str] = []
+    result = local_jobs.run_processing_job(spec, log=lines.append)
+    assert (result.status, result.failure_reason) == (status, reason)
+    assert result.metrics == {"val:bbox_AP": 0.5}
+    assert "[processing] d2ops-metric val:bbox_AP=0.5 iter=3" in lines
+    if mode == "ok":
+        assert result.exit_codes == {"processing": 0}
+        assert result.outputs == {"sub/report.json": tmp_path / "out" / "sub" / "report.json"}
+        assert (tmp_path / "out" / "sub" / "report.json").read_text() == "{}"
