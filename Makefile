@@ -55,8 +55,8 @@ $(D2_STAMP): $(STAMP) containers/training/Dockerfile $(wildcard $(D2OPS_WHEELS)/
 	$(BIN)/python -m pip check
 	touch $@
 
-test: setup  ## run the whole test suite (everything but the `slow` marker)
-	$(BIN)/pytest -m "not slow"
+test: setup  ## run the whole test suite (everything but the `slow` marker), with coverage and its floor
+	$(BIN)/pytest -m "not slow" --cov
 
 test-all: setup  ## the whole suite including `slow` checks
 	$(BIN)/pytest
