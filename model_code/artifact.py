@@ -27,8 +27,15 @@ from model_code.archive import (  # noqa: F401  re-exported: the artifact's name
     pack_directory,
     safe_extract,
 )
+from model_code.torchscript_device import retarget
 
 MODEL_FILE = "model.pt"
+# torch.jit.trace bakes the device of every tensor the traced code creates into the graph, so a
+# detectron2 trace taken on CPU fails on CUDA ("Expected all tensors to be on the same device"),
+# and moving its constants is not enough (some are meant to stay on the CPU: image sizes). An export
+# on a GPU host therefore also writes a trace taken on cuda:0, which serving on a GPU loads.
+CUDA_MODEL_FILE = "model.cuda.pt"
+TRACED_CUDA_DEVICE = "cuda:0"
 METADATA_FILE = "metadata.json"
 EVALUATION_FILE = "evaluation.json"
 REPORT_DIR = "report"
@@ -109,8 +116,10 @@ def save_artifact(
     metadata: ArtifactMetadata,
     *,
     evaluation: dict[str, Any] | None = None,
+    cuda_module: torch.jit.ScriptModule | None = None,
 ) -> Path:
-    """Write ``model.pt`` and ``metadata.json`` (and ``evaluation.json``) into ``directory``.
+    """Write ``model.pt`` and ``metadata.json`` (and ``evaluation.json``, and a detectron2 export's
+    CUDA trace ``model.cuda.pt``) into ``directory``.
 
     Files are written under a temporary name and renamed, so a crash never leaves a
     half-written model next to valid metadata.
@@ -120,6 +129,10 @@ def save_artifact(
     tmp_model = out / (MODEL_FILE + ".tmp")
     torch.jit.save(module, str(tmp_model))
     os.replace(tmp_model, out / MODEL_FILE)
+    if cuda_module is not None:
+        tmp_cuda = out / (CUDA_MODEL_FILE + ".tmp")
+        torch.jit.save(cuda_module, str(tmp_cuda))
+        os.replace(tmp_cuda, out / CUDA_MODEL_FILE)
     write_json(out / METADATA_FILE, metadata.model_dump(mode="json"))
     if evaluation is not None:
         write_json(out / EVALUATION_FILE, evaluation)
@@ -172,10 +185,23 @@ def load_artifact(path: Path | str, *, device: str = "cpu") -> LoadedDetector:
             tempdir.cleanup()
         raise
     model_file = directory / MODEL_FILE
+    target = torch.device(device)
+    if target.type == "cuda" and metadata.framework == "detectron2":
+        # A trace runs on the device it was taken on (see CUDA_MODEL_FILE).
+        model_file = directory / CUDA_MODEL_FILE
+        if not model_file.is_file():
+            raise ArtifactError(f"{directory}: this detectron2 artifact holds no CUDA trace ({CUDA_MODEL_FILE}): it "
+                                "was exported without a GPU; train it on a GPU instance, or serve it on CPU")
+    cuda_trace = model_file.name == CUDA_MODEL_FILE
     try:
-        module = torch.jit.load(str(model_file), map_location=device)
+        # Not map_location for a trace: it would also move the trace's CPU constants (the image-size
+        # arithmetic) to the GPU. Its weights are saved on cuda:0 and load there.
+        module = torch.jit.load(str(model_file), map_location=None if cuda_trace else device)
     except RuntimeError as exc:
         raise ArtifactError(f"{model_file}: not a loadable TorchScript module: {exc}") from exc
+    if cuda_trace and target not in (torch.device(TRACED_CUDA_DEVICE), torch.device("cuda")):
+        module.to(target)  # a TorchServe worker on another GPU of the instance
+        retarget(module, TRACED_CUDA_DEVICE, target)
     module.eval()
     evaluation_file = directory / EVALUATION_FILE
     evaluation = json.loads(evaluation_file.read_text()) if evaluation_file.is_file() else None

@@ -20,6 +20,7 @@ tests/integration/test_detectron2_serving.py compare it with ``DefaultPredictor`
 
 # No `from __future__ import annotations`: TorchScript reads the annotations at runtime.
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -126,19 +127,22 @@ class Detectron2Signature(nn.Module):
         return results
 
 
-def export_detectron2(cfg: Any, model: nn.Module, *, has_masks: bool) -> torch.jit.ScriptModule:
+def export_detectron2(cfg: Any, model: nn.Module, *, has_masks: bool, device: str = "cpu"
+                      ) -> torch.jit.ScriptModule:
     """Trace ``model`` (a detectron2 GeneralizedRCNN in eval mode) into the artifact signature.
 
-    The trace is taken on CPU on a blank image at the test size: its control flow does not
-    depend on the image's content or size (detectron2's tracing-aware code keeps shapes
-    symbolic), which the export tests check on other sizes and real detections.
+    The trace is taken on a blank image at the test size: its control flow does not depend on
+    the image's content or size (detectron2's tracing-aware code keeps shapes symbolic), which
+    the export tests check on other sizes and real detections. It runs only on ``device``
+    (artifact.CUDA_MODEL_FILE says why): on CPU the model itself moves there; for another
+    device a copy is traced, so the CPU trace's weights stay where they are.
     """
     from detectron2.export import TracingAdapter
 
     if isinstance(model, nn.parallel.DistributedDataParallel):
         model = model.module
-    model.eval().cpu()
-    sample = torch.zeros(3, int(cfg.INPUT.MIN_SIZE_TEST), int(cfg.INPUT.MIN_SIZE_TEST))
+    model = model.eval().cpu() if device == "cpu" else copy.deepcopy(model).eval().to(device)
+    sample = torch.zeros(3, int(cfg.INPUT.MIN_SIZE_TEST), int(cfg.INPUT.MIN_SIZE_TEST), device=device)
 
     def inference(m: Any, inputs: list[dict[str, Tensor]]) -> Any:
         instances = m.inference(inputs, do_postprocess=False)[0]
@@ -163,6 +167,9 @@ def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None
     from model_code.evaluation.report import write_report
 
     has_masks = job["task"] == "instance_segmentation"
+    # Serving on a GPU needs a trace taken on one; the CPU trace is what evaluation and CPU hosts load.
+    cuda_module = (export_detectron2(cfg, model, has_masks=has_masks, device=artifact.TRACED_CUDA_DEVICE)
+                   if torch.cuda.is_available() else None)
     module = export_detectron2(cfg, model, has_masks=has_masks)
     train_reg, val_reg = job["registrations"]
     # category_ids[label] must be the dataset id detectron2 mapped to that contiguous label.
@@ -182,7 +189,7 @@ def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None
         class_names=train_reg["thing_classes"], category_ids=ids, training_job=job["job_name"],
         dataset=artifact.DatasetRef(name=job["dataset_name"], version=job["dataset_version"]), checkpoint=checkpoint)
     model_dir = Path(job["model_dir"])
-    artifact.save_artifact(model_dir, module, metadata)
+    artifact.save_artifact(model_dir, module, metadata, cuda_module=cuda_module)
     detector = artifact.load_artifact(model_dir)  # evaluate the file that ships, not the module in memory
     gt = read_coco(Path(val_reg["json_file"]))
     evaluation = evaluate_detector(detector, gt, Path(val_reg["image_root"]), progress=print_progress("evaluating"))
