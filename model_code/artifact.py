@@ -31,9 +31,10 @@ from model_code.torchscript_device import retarget
 
 MODEL_FILE = "model.pt"
 # torch.jit.trace bakes the device of every tensor the traced code creates into the graph, so a
-# detectron2 trace taken on CPU fails on CUDA ("Expected all tensors to be on the same device"),
-# and moving its constants is not enough (some are meant to stay on the CPU: image sizes). An export
-# on a GPU host therefore also writes a trace taken on cuda:0, which serving on a GPU loads.
+# detectron2 trace taken on CPU fails on CUDA ("Expected all tensors to be on the same device"), and
+# loading any trace with map_location="cuda" moves the CPU tensors its image-size arithmetic needs.
+# An export on a GPU host therefore also writes a trace taken on cuda:0, which serving on a GPU loads
+# as saved (measured on an H100: docs/benchmarks.md, "GPU").
 CUDA_MODEL_FILE = "model.cuda.pt"
 TRACED_CUDA_DEVICE = "cuda:0"
 METADATA_FILE = "metadata.json"
