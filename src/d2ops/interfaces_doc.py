@@ -62,6 +62,21 @@ DOCUMENTS: tuple[Document, ...] = (
         "serving (`model_code.serving.service`), the evaluation job, `load_artifact`",
         "model_code.artifact:ArtifactMetadata"),
     Document(
+        "model-evaluation", "Model evaluation (in the artifact)",
+        "`evaluation.json` at the root of the training job's `model.tar.gz`",
+        "the trainers' export (`model_code.evaluation.documents`)", "`model_code.artifact.load_artifact`",
+        "d2ops.documents.evaluation:ModelEvaluation"),
+    Document(
+        "evaluation-report", "Evaluation report (challenger and champion)",
+        "`s3://<ArtifactsBucket>/runs/<runId>/evaluation/evaluation.json` (the processing job's output)",
+        "the evaluation processing job (`model_code.evaluation.job`)", "`summarize_evaluation`, `status_api`",
+        "d2ops.documents.evaluation:EvaluationReport"),
+    Document(
+        "gate-thresholds", "Gate thresholds",
+        "state `$.plan.gate` (small: it travels in the state, not in S3)",
+        "`prepare_training` (stack parameters tightened by the manifest's `gate`)", "`summarize_evaluation`",
+        "d2ops.documents.evaluation:GateThresholds"),
+    Document(
         "champion", "Champion record",
         "`s3://<ArtifactsBucket>/champion.json`; each promotion also under `endpoint-history/`",
         "the state machine's *Promote to champion* state (S3 PutObject)",
