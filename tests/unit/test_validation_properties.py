@@ -32,7 +32,7 @@ from d2ops import synth
 from d2ops.validation import Code, ValidationReport, validate_local
 from d2ops.validation.coco import check_split
 from d2ops.validation.manifest import parse_manifest
-from d2ops.validation.report import DatasetRef, ImageCheck, IssueLog
+from d2ops.validation.report import DatasetName, ImageCheck, IssueLog
 from d2ops.validation.sources import _probe
 from tests.fixtures.pipeline import support
 
@@ -169,7 +169,7 @@ def assert_report_is_sound(report: ValidationReport) -> None:
 
 
 def report_of(log: IssueLog) -> ValidationReport:
-    return ValidationReport.build(source="generated", log=log, manifest=None, dataset=DatasetRef(), splits={},
+    return ValidationReport.build(source="generated", log=log, manifest=None, dataset=DatasetName(), splits={},
                                   images=ImageCheck(mode="skipped"), seconds=0.0)
 
 

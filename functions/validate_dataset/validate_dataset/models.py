@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from d2ops.validation.codes import Code
+from d2ops.validation.report import DatasetName  # the report's own model: one class for both documents
 
 
 class ValidateDatasetEvent(BaseModel):
@@ -15,11 +16,6 @@ class ValidateDatasetEvent(BaseModel):
     bucket: str = Field(min_length=3, max_length=63)
     prefix: str = Field(min_length=1, max_length=900, description="datasets/<name>/<version>/")
     run_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,80}$", description="the Step Functions execution name")
-
-
-class DatasetName(BaseModel):
-    name: str | None
-    version: str | None
 
 
 class IssueSummary(BaseModel):

@@ -22,7 +22,7 @@ from d2ops.validation.manifest import (
     parse_manifest,
     stack_limit_problems,
 )
-from d2ops.validation.report import DatasetRef, ImageCheck, IssueLog, SplitStats, ValidationReport, printable
+from d2ops.validation.report import DatasetName, ImageCheck, IssueLog, SplitStats, ValidationReport, printable
 from d2ops.validation.sources import LocalSource, S3Source, Source
 
 DEFAULT_IMAGE_SAMPLE = 200
@@ -42,17 +42,17 @@ def dataset_from_prefix(prefix: str) -> tuple[str, str] | None:
     return (match.group("name"), match.group("version")) if match else None
 
 
-def _dataset_ref(manifest: Manifest | None, raw: bytes, expected: tuple[str, str] | None) -> DatasetRef:
+def _dataset_ref(manifest: Manifest | None, raw: bytes, expected: tuple[str, str] | None) -> DatasetName:
     if manifest is not None:
-        return DatasetRef(name=manifest.name, version=manifest.version)
+        return DatasetName(name=manifest.name, version=manifest.version)
     try:  # an invalid manifest may still name the dataset, which makes the report easier to place
         doc: Any = json.loads(raw)
         name, version = doc.get("name"), doc.get("version")
         if isinstance(name, str) and isinstance(version, str):
-            return DatasetRef(name=printable(name)[:200], version=printable(version)[:200])
+            return DatasetName(name=printable(name)[:200], version=printable(version)[:200])
     except (ValueError, AttributeError, RecursionError):
         pass
-    return DatasetRef(name=expected[0], version=expected[1]) if expected else DatasetRef()
+    return DatasetName(name=expected[0], version=expected[1]) if expected else DatasetName()
 
 
 def _cross_split(train: SplitResult | None, val: SplitResult | None, log: IssueLog, limits: Thresholds) -> None:

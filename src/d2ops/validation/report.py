@@ -106,7 +106,13 @@ class ImageCheck(BaseModel):
                                                  "16 MB in S3 or 25 megapixels, whose size alone is read)")
 
 
-class DatasetRef(BaseModel):
+class DatasetName(BaseModel):
+    """The dataset a validation report is about, as far as it could be read (None: the manifest did not say).
+
+    The validate Lambda's summary carries the same object (validate_dataset.models); the run's full
+    reference (bucket, prefix, manifest version) is :class:`d2ops.runs.DatasetRef`.
+    """
+
     name: str | None = None
     version: str | None = None
 
@@ -115,7 +121,7 @@ class ValidationReport(BaseModel):
     report_version: int = REPORT_VERSION
     source: str
     valid: bool
-    dataset: DatasetRef
+    dataset: DatasetName
     manifest: Manifest | None
     error_count: int
     warning_count: int
@@ -128,7 +134,7 @@ class ValidationReport(BaseModel):
     seconds: float
 
     @classmethod
-    def build(cls, *, source: str, log: IssueLog, manifest: Manifest | None, dataset: DatasetRef,
+    def build(cls, *, source: str, log: IssueLog, manifest: Manifest | None, dataset: DatasetName,
               splits: dict[str, SplitStats], images: ImageCheck, seconds: float) -> ValidationReport:
         return cls(
             source=source, valid=log.error_count == 0, dataset=dataset, manifest=manifest,
