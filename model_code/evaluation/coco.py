@@ -45,7 +45,7 @@ class Evaluation:
     results: list[dict[str, Any]]  # COCO result dicts the metrics were computed from
 
     def summary(self) -> dict[str, Any]:
-        """The ``metrics``/``per_class`` shape of evaluation.json (interfaces.md)."""
+        """The ``metrics``/``per_class`` shape of evaluation.json (docs/interfaces.md, Model evaluation)."""
         return {"metrics": self.metrics, "per_class": self.per_class}
 
 

@@ -41,7 +41,7 @@ class NotADatasetManifest(ValueError):
 
 
 class DatasetRef(BaseModel):
-    """The ``dataset`` part of the state machine input (docs: interfaces, run identity)."""
+    """The ``dataset`` part of the state machine input (docs/interfaces.md, Run identity)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
