@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import io
 import json
 import logging
 import os
@@ -29,11 +28,12 @@ from d2ops.offline.stack import LocalFunction
 LOG_GROUP_PREFIX = "/aws/lambda/"
 
 
-class _ThreadRoutedStdout(io.TextIOBase):
+class _ThreadRoutedStdout:
     """sys.stdout that sends what a thread running a handler prints to that handler's log stream.
 
     Powertools Metrics prints its EMF documents with ``print`` (Lambda ships stdout to CloudWatch
     Logs); offline they belong in the log file, while the demo's own thread keeps the terminal.
+    Everything but writing (``buffer``, ``fileno``, ``isatty`` ...) is the original stream's.
     """
 
     def __init__(self, default: TextIO) -> None:
@@ -49,12 +49,8 @@ class _ThreadRoutedStdout(io.TextIOBase):
     def flush(self) -> None:
         self._target().flush()
 
-    def isatty(self) -> bool:
-        return self.default.isatty()
-
-    @property
-    def encoding(self) -> str:  # type: ignore[override]
-        return getattr(self.default, "encoding", "utf-8")
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.default, name)
 
 
 _ROUTE_LOCK = threading.Lock()
@@ -66,9 +62,10 @@ def _stdout_to(stream: TextIO | None) -> Iterator[None]:
         yield
         return
     with _ROUTE_LOCK:
-        if not isinstance(sys.stdout, _ThreadRoutedStdout):
-            sys.stdout = _ThreadRoutedStdout(sys.stdout)
         router = sys.stdout
+        if not isinstance(router, _ThreadRoutedStdout):
+            router = _ThreadRoutedStdout(sys.stdout)
+            sys.stdout = router
     previous = getattr(router.local, "stream", None)
     router.local.stream = stream
     try:
