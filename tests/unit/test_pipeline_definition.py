@@ -140,7 +140,8 @@ def test_the_whole_run_has_a_time_limit_that_covers_its_parts() -> None:
     endpoint = PrepareSettings.model_fields
     endpoint_wait = int(endpoint["endpoint_poll_seconds"].default) * int(endpoint["endpoint_max_wait_attempts"].default)
     task_limits = sum(s.get("TimeoutSeconds", 0) for s in STATES.values())
-    worst = longest_training + EVALUATION_MAX_SECONDS + endpoint_wait + task_limits
+    # The endpoint is waited for twice at most: the deployment, then a verified rollback.
+    worst = longest_training + EVALUATION_MAX_SECONDS + 2 * endpoint_wait + task_limits
     assert worst < DEFINITION["TimeoutSeconds"] <= 1.05 * worst + 3600, (worst, DEFINITION["TimeoutSeconds"])
     alarm = tpl.resource("PipelineTimedOutAlarm")["Properties"]  # a timed-out run skips the notify states
     assert alarm["MetricName"] == "ExecutionsTimedOut" and alarm["AlarmActions"] == [{"Ref": "NotificationTopic"}]

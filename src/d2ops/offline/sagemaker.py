@@ -45,7 +45,9 @@ log = logging.getLogger(__name__)
 
 TERMINAL_JOB_STATES = ("Completed", "Failed", "Stopped")
 ALARM_POLL_SECONDS = 0.5
-DEFAULT_MAX_BAKE_SECONDS = 30.0  # offline: long enough for a poll, the smoke test and the alarm
+# Offline: long enough for a poll, the smoke test (24 answers, a second or two each on a busy
+# CPU) and the alarm; SageMaker's own bake (WaitIntervalInSeconds) is 600 s.
+DEFAULT_MAX_BAKE_SECONDS = 60.0
 
 
 @dataclass
