@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -85,12 +86,33 @@ def pascal_names(value: Any, shape: Any) -> Any:
     return value
 
 
-class ServiceExecutors:
-    """Builds the executor registry for the interpreter."""
+class ResponseLost(Exception):
+    """The service did the call, but its answer never arrived (the injected fault of ``lost_responses``)."""
 
-    def __init__(self, lambdas: LocalLambdas, clients: ClientFactory) -> None:
+
+class ServiceExecutors:
+    """Builds the executor registry for the interpreter.
+
+    ``lost_responses`` injects the fault a retried ``Create*`` must survive: ``{"sagemaker:createModelPackage":
+    1}`` lets the first such call reach the service and succeed there, then reports it failed as a lost
+    response does (``<Service>.SdkClientException``: the SDK's read timed out), so the state's Retry
+    sends it again.
+    """
+
+    def __init__(self, lambdas: LocalLambdas, clients: ClientFactory,
+                 lost_responses: dict[str, int] | None = None) -> None:
         self.lambdas = lambdas
         self.clients = clients
+        # Shared, not copied: a test may inject the fault again between executions.
+        self.lost_responses = lost_responses if lost_responses is not None else {}
+        self._lost_lock = threading.Lock()
+
+    def _lose_response(self, service: str, action: str) -> bool:
+        with self._lost_lock:
+            left = self.lost_responses.get(f"{service}:{action}", 0)
+            if left > 0:
+                self.lost_responses[f"{service}:{action}"] = left - 1
+            return left > 0
 
     def registry(self) -> ExecutorRegistry:
         return ExecutorRegistry([
@@ -132,7 +154,13 @@ class ServiceExecutors:
             parameters = sdk_member_names(parameters or {}, operation.input_shape)
         try:
             result = method(**(parameters or {}))
+            if self._lose_response(match["service"], match["action"]):
+                raise ResponseLost(f"Unable to execute HTTP request: Read timed out ({service} {match['action']} "
+                                   "reached the service; its response was lost)")
             return json_safe(pascal_names(result, operation.output_shape) if match["sdk"] else result)
+        except ResponseLost as exc:
+            prefix = _ERROR_PREFIX.get(service, service.capitalize())
+            raise TaskFailed(f"{prefix}.SdkClientException", str(exc)) from exc
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "Unknown")
             message = exc.response.get("Error", {}).get("Message", str(exc))

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 _INVOKE = re.compile(r"^/endpoints/(?P<name>[A-Za-z0-9-]{1,63})/invocations$")
 MAX_BODY = 64 * 1024 * 1024  # generous for images; refuses absurd requests before reading them
+# SageMaker operations with an idempotency token (ClientToken) that moto does not honour.
+IDEMPOTENT_OPERATIONS = frozenset({"CreateModelPackage"})
 
 
 def aws_json(value: Any) -> Any:
@@ -60,6 +62,8 @@ class Gateway:
         self.sfn: JsonService | None = None
         self.sagemaker: JsonService | None = None
         self.sagemaker_owned: frozenset[str] = frozenset()
+        self._idempotent: dict[tuple[str, str], tuple[bytes, bytes, str]] = {}
+        self._idempotency_lock = threading.Lock()
         self.runtime: Invoker | None = None
         gateway = self
 
@@ -117,6 +121,8 @@ class Gateway:
             operation = target.partition(".")[2]
             if operation in self.sagemaker_owned:
                 self._json_call(handler, self.sagemaker, operation, body, "1.1")
+            elif operation in IDEMPOTENT_OPERATIONS:
+                self._forward_idempotent(handler, operation, body)
             else:
                 self._forward(handler, body)
         else:
@@ -145,6 +151,9 @@ class Gateway:
                         content_type)
 
     def _forward(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        self._reply(handler, *self._moto(handler, body))
+
+    def _moto(self, handler: BaseHTTPRequestHandler, body: bytes) -> tuple[int, bytes, str]:
         headers = {k: v for k, v in handler.headers.items() if k.lower() not in ("host", "content-length")}
         request = urllib.request.Request(self.moto_url + handler.path, data=body, headers=headers, method="POST")
         try:
@@ -152,7 +161,33 @@ class Gateway:
                 status, data, content_type = response.status, response.read(), response.headers.get("Content-Type")
         except urllib.error.HTTPError as err:
             status, data, content_type = err.code, err.read(), err.headers.get("Content-Type")
-        self._reply(handler, status, data, content_type or "application/x-amz-json-1.1")
+        return status, data, content_type or "application/x-amz-json-1.1"
+
+    def _forward_idempotent(self, handler: BaseHTTPRequestHandler, operation: str, body: bytes) -> None:
+        """SageMaker's idempotency token (moto ignores it): a repeated ``ClientToken`` with the same request
+        answers the first call's response instead of creating again; with another request it is refused."""
+        try:
+            token = json.loads(body or b"{}").get("ClientToken")
+        except (ValueError, AttributeError):
+            token = None
+        if not isinstance(token, str):
+            self._forward(handler, body)
+            return
+        with self._idempotency_lock:
+            seen = self._idempotent.get((operation, token))
+            if seen is None:
+                status, data, content_type = self._moto(handler, body)
+                if status == 200:
+                    self._idempotent[(operation, token)] = (body, data, content_type)
+                self._reply(handler, status, data, content_type)
+                return
+        first_body, data, content_type = seen
+        if json.loads(first_body) != json.loads(body):
+            self._reply(handler, 400, json.dumps({"__type": "ValidationException", "message": (
+                f"ClientToken {token} was already used for {operation} with different parameters")}).encode(),
+                content_type)
+            return
+        self._reply(handler, 200, data, content_type)
 
     def _invoke(self, handler: BaseHTTPRequestHandler, name: str, body: bytes) -> None:
         assert self.runtime is not None

@@ -66,13 +66,15 @@ class OfflineRuntime:
     def __init__(self, work_dir: Path = DEFAULT_WORK_DIR, *, parameters: dict[str, str] | None = None,
                  jobs: JobBackend | None = None, serving: ServingBackend | None = None,
                  fresh: bool = False, training_defaults: dict[str, str] | None = None,
-                 function_env: dict[str, dict[str, str]] | None = None) -> None:
+                 function_env: dict[str, dict[str, str]] | None = None,
+                 lost_responses: dict[str, int] | None = None) -> None:
         self.work_dir = work_dir.resolve()
         self.stack: OfflineStack = load_stack(parameters=parameters, function_env=function_env)
         self.fresh = fresh
         self._jobs = jobs
         self._serving = serving
         self.training_defaults = dict(training_defaults or {})
+        self.lost_responses = dict(lost_responses or {})  # injected faults (ServiceExecutors)
         self.messages: list[str] = []  # what start-up found and did (interrupted runs, leftovers)
         self._saved_env: dict[str, str | None] = {}
         self._started = False
@@ -129,7 +131,8 @@ class OfflineRuntime:
             self._lambda_log = open(self.work_dir / "logs" / "lambda.log", "a", encoding="utf-8")  # noqa: SIM115
             self.lambdas = LocalLambdas(self.stack.functions, self._lambda_log)
             self.sfn = LocalStepFunctions(ExecutionStore(self.work_dir / "executions"),
-                                          ServiceExecutors(self.lambdas, self.client).registry())
+                                          ServiceExecutors(self.lambdas, self.client,
+                                                           self.lost_responses).registry())
             self.machine = StateMachine.from_file(self.stack.definition_path, substitutions=self.stack.substitutions,
                                                   name=self.stack.state_machine_name, region=REGION,
                                                   account_id=ACCOUNT_ID)
