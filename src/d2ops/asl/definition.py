@@ -300,8 +300,8 @@ class _Validator:
         present = [k for k in ("Seconds", "SecondsPath", "Timestamp", "TimestampPath") if k in state]
         if len(present) != 1:
             self.problem(where, "needs exactly one of Seconds, SecondsPath, Timestamp, TimestampPath")
-        if "Seconds" in state and (not _is_int(state["Seconds"]) or state["Seconds"] < 0):
-            self.problem(f"{where}.Seconds", "must be a non-negative integer")
+        if "Seconds" in state and (not _is_int(state["Seconds"]) or not 0 <= state["Seconds"] <= 99_999_999):
+            self.problem(f"{where}.Seconds", "must be an integer from 0 to 99999999")  # AWS's Wait limit
         if "Timestamp" in state and not is_timestamp(state["Timestamp"]):
             self.problem(f"{where}.Timestamp", "must be an ISO 8601 timestamp like 2016-03-14T01:59:00Z")
         for key in ("SecondsPath", "TimestampPath"):

@@ -25,7 +25,7 @@ from typing import Any, TypeAlias
 from d2ops.asl import intrinsics
 from d2ops.asl.choice import evaluate_rule
 from d2ops.asl.clock import Cancel, Clock, VirtualClock, iso
-from d2ops.asl.definition import parse_intrinsic, task_states, validate
+from d2ops.asl.definition import is_timestamp, parse_intrinsic, task_states, validate
 from d2ops.asl.errors import (
     DATA_LIMIT_EXCEEDED,
     HEARTBEAT_TIMEOUT,
@@ -42,12 +42,18 @@ from d2ops.asl.errors import (
 )
 from d2ops.asl.executors import ExecutorRegistry, TaskContext, TaskDeadline, TaskExecutor
 from d2ops.asl.mock import MockTestCase
-from d2ops.asl.paths import PathError, parse_reference_path, select, set_reference
+from d2ops.asl.paths import PathError, no_results, parse_reference_path, select, set_reference
 from d2ops.asl.substitution import substitute
 
 log = logging.getLogger(__name__)
 
 PAYLOAD_LIMIT_BYTES = 256 * 1024
+# Wait limits (https://docs.aws.amazon.com/step-functions/latest/dg/state-wait.html): Seconds from 0
+# to 99999999; timestamps in RFC 3339 with an uppercase T and Z (or a numeric offset), considered to
+# the second. A Standard execution runs at most one year and then fails with States.Timeout
+# (https://docs.aws.amazon.com/step-functions/latest/dg/service-quotas.html), whatever it waits for.
+MAX_WAIT_SECONDS = 99_999_999
+MAX_EXECUTION_SECONDS = 365 * 24 * 3600
 _EXECUTION_NAME = re.compile(r"^[^\s<>{}\[\]?*\"#%\\^|~`$&,;:/\x00-\x1f\x7f-\x9f]{1,80}$")
 _LAMBDA_FUNCTION_ARN = re.compile(r"^arn:[^:]+:lambda:[^:]*:[^:]*:function:")
 _SERVICE_ARN = re.compile(r"^arn:[^:]+:states:::(.+):([^:]+)$")
@@ -64,6 +70,16 @@ class _BranchCancelled(Exception):
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _parse_timestamp(value: Any) -> datetime | None:
+    """A Wait timestamp as Step Functions reads it: RFC 3339 with ``T`` and ``Z`` or an offset, to the second."""
+    if not is_timestamp(value):
+        return None
+    try:
+        return datetime.fromisoformat(value).replace(microsecond=0)
+    except ValueError:  # the right shape but no such date (2024-02-30)
+        return None
 
 
 def _size(value: Any) -> int:
@@ -244,7 +260,9 @@ class Execution:
         self._timed_out = False
         self._done = threading.Event()
         timeout = machine.definition.get("TimeoutSeconds")
-        self._deadline = self.start_date + timedelta(seconds=timeout) if timeout else None
+        self._deadline = self.start_date + timedelta(seconds=min(timeout or MAX_EXECUTION_SECONDS,
+                                                                 MAX_EXECUTION_SECONDS))
+        self._entered = threading.local()  # the StateEntered event id of the state running on this thread
 
     # ----- public API -------------------------------------------------------------------------
     @property
@@ -302,7 +320,9 @@ class Execution:
             self._event(frame, "ExecutionAborted", _error_details(error, cause))
         except (ExecutionTimedOut, _BranchCancelled):
             limit = self.state_machine.definition.get("TimeoutSeconds")
-            cause = f"the execution ran longer than its TimeoutSeconds ({limit})"
+            cause = (f"the execution ran longer than its TimeoutSeconds ({limit})" if limit and
+                     limit <= MAX_EXECUTION_SECONDS else "the execution ran longer than one year, the "
+                     "maximum duration of a Standard workflow execution")
             self._finish("TIMED_OUT", error=TIMEOUT, cause=cause)
             self._event(frame, "ExecutionTimedOut", _error_details(TIMEOUT, cause))
         except Exception as exc:  # an interpreter or executor bug must still end the execution
@@ -379,12 +399,16 @@ class Execution:
         entered = self.clock.now()
         self._event(frame, f"{kind}StateEntered",
                     {"name": name, "input": _dumps(raw), "inputDetails": {"truncated": False}})
+        outer = getattr(self._entered, "id", None)  # Parallel/Map run their states on this thread too
+        self._entered.id = frame.last_event
         try:
             output, next_name = getattr(self, f"_state_{kind.lower()}")(name, state, raw, frame, entered)
+            self._limit(output, name, "the state output")
         except (ExecutionAborted, ExecutionTimedOut, _BranchCancelled):
             self._event(frame, f"{kind}StateAborted", None)
             raise
-        self._limit(output, name, "the state output")
+        finally:
+            self._entered.id = outer
         self._event(frame, f"{kind}StateExited",
                     {"name": name, "output": _dumps(output), "outputDetails": {"truncated": False}})
         return output, next_name
@@ -393,15 +417,22 @@ class Execution:
     def _limit(self, value: Any, state: str, what: str) -> None:
         size = _size(value)
         if size > PAYLOAD_LIMIT_BYTES:
-            raise StatesError(DATA_LIMIT_EXCEEDED, f"{what} of state {state!r} is {size} bytes, over the "
-                                                   f"{PAYLOAD_LIMIT_BYTES} byte limit")
+            # AWS's words (the size is ours: the console does not say it).
+            raise StatesError(DATA_LIMIT_EXCEEDED, f"The state/task '{state}' returned a result with a size "
+                                                   f"exceeding the maximum number of bytes service limit. "
+                                                   f"({what}: {size} bytes, limit {PAYLOAD_LIMIT_BYTES})")
+
+    def _runtime_prefix(self, state: str) -> str:
+        """How AWS starts the Cause of a States.Runtime error raised while a state runs."""
+        return f"An error occurred while executing the state '{state}' (entered at the event id " \
+               f"#{getattr(self._entered, 'id', None) or '?'})."
 
     def _select(self, path: str, data: Any, context: Any, state: str, field: str) -> Any:
         try:
             return select(path, data, context)
         except PathError as exc:
-            raise StatesError(RUNTIME, f"An error occurred while executing the state {state!r}: "
-                                       f"the {field} {path!r} matched nothing: {exc}") from exc
+            raise StatesError(RUNTIME, f"{self._runtime_prefix(state)} Invalid path '{path}' : "
+                                       f"{no_results(path) or exc}") from exc
 
     def _input_path(self, state: dict[str, Any], name: str, raw: Any, context: Any) -> Any:
         path = state.get("InputPath", "$")
@@ -441,9 +472,9 @@ class Execution:
                 try:
                     rendered[key[:-2]] = select(value, data, context)
                 except PathError as exc:
-                    raise StatesError(RUNTIME, f"state {state!r}: the JSONPath {value!r} specified for the field "
-                                               f"{field}.{key} could not be found in the input "
-                                               f"{_brief(context if value.startswith('$$') else data)}") from exc
+                    raise StatesError(RUNTIME, f"{self._runtime_prefix(state)} The JSONPath '{value}' specified for "
+                                               f"the field '{key}' could not be found in the input "
+                                               f"'{_dumps(context if value.startswith('$$') else data)}'") from exc
         return rendered
 
     def _finish_result(self, state: dict[str, Any], name: str, raw: Any, result: Any, context: Any) -> Any:
@@ -546,20 +577,21 @@ class Execution:
             seconds = float(state["Seconds"])
         elif "SecondsPath" in state:
             value = self._select(state["SecondsPath"], data, context, name, "SecondsPath")
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise StatesError(RUNTIME, f"state {name!r}: SecondsPath must select a non-negative integer, "
-                                           f"got {_brief(value)}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_WAIT_SECONDS:
+                raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The SecondsPath parameter does not "
+                                           f"reference an integer from 0 to {MAX_WAIT_SECONDS}: "
+                                           f"{state['SecondsPath']} == {_dumps(value)}")
             seconds = float(value)
         else:
             stamp = state.get("Timestamp")
+            field, where = ("Timestamp", stamp) if stamp is not None else ("TimestampPath", state["TimestampPath"])
             if stamp is None:
                 stamp = self._select(state["TimestampPath"], data, context, name, "TimestampPath")
-            try:
-                until = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
-                if until.tzinfo is None:
-                    raise ValueError("no time zone")
-            except ValueError as exc:
-                raise StatesError(RUNTIME, f"state {name!r}: {stamp!r} is not an ISO 8601 timestamp: {exc}") from exc
+            until = _parse_timestamp(stamp)
+            if until is None:
+                raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The {field} parameter does not reference "
+                                           f"a valid ISO-8601 extended offset date-time format string: "
+                                           f"{where} == {stamp if isinstance(stamp, str) else _dumps(stamp)}")
             seconds = max(0.0, (until - self.clock.now()).total_seconds())
         self._sleep(seconds, frame)
         return self._output_path(state, name, data, context), state.get("Next")

@@ -92,6 +92,16 @@ def get_reference(data: Any, steps: tuple[Step, ...], path: str) -> Any:
     return node
 
 
+def no_results(path: str) -> str | None:
+    """Jayway JsonPath's words (Step Functions' path engine) for a reference path that matches
+    nothing: ``No results for path: $['a']['b'][0]``; None for other paths."""
+    steps = parse_reference_path(path[1:] if path.startswith("$$") else path)
+    if steps is None:
+        return None
+    normalised = "".join(f"[{s}]" if isinstance(s, int) else "['" + s.replace("'", "\\'") + "']" for s in steps)
+    return f"No results for path: ${normalised}"
+
+
 def select(path: str, data: Any, context: Any = None) -> Any:
     """Evaluate ``path`` against ``data`` (or ``context`` for ``$$`` paths) with Step Functions rules.
 
