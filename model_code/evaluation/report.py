@@ -13,6 +13,7 @@ from typing import Any
 from PIL import Image, ImageDraw
 
 from d2ops import images as rule
+from d2ops.evaluation_curves import PR_CURVES_NAME, from_precisions
 from model_code.evaluation.coco import Evaluation
 
 SAMPLE_SCORE_THRESHOLD = 0.5
@@ -79,6 +80,9 @@ def write_report(directory: Path, evaluations: dict[str, Evaluation], gt: dict[s
                  sample_images: int = 6) -> Path:
     """Write index.html, pr_curves.png (and segm_pr_curves.png) and sample images; returns index.html."""
     directory.mkdir(parents=True, exist_ok=True)
+    # The same curves as numbers, for readers that draw their own (the console).
+    curves = from_precisions({who: ev.pr_curves for who, ev in evaluations.items()})
+    (directory / PR_CURVES_NAME).write_text(curves.model_dump_json(), encoding="utf-8")
     write_pr_curves(directory / "pr_curves.png", evaluations, "bbox")
     pictures = ["pr_curves.png"]
     if any("segm" in ev.pr_curves for ev in evaluations.values()):

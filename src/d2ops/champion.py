@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from d2ops.runs import DatasetRef, key_listed
 
 CHAMPION_KEY = "champion.json"
+HISTORY_PREFIX = "endpoint-history/"
+MAX_HISTORY_ENTRIES = 1000  # objects read per history answer: years of promotions
 
 
 class GateDecision(BaseModel):
@@ -66,3 +68,128 @@ def read_champion(s3: _S3Client, bucket: str) -> ChampionRecord | None:
     except s3.exceptions.NoSuchKey:  # removed between the listing and the read
         return None
     return ChampionRecord.model_validate_json(body)
+
+
+# ----- endpoint history ---------------------------------------------------------------------
+# Append-only: the state machine writes one object per event and never rewrites one (keys
+# carry the run id), so the history survives whatever later runs do to champion.json:
+#   endpoint-history/<endpoint>/promoted-<run>.json     a ChampionRecord ("Record endpoint history")
+#   endpoint-history/<endpoint>/rolled-back-<run>.json  an EndpointRollback ("Record rollback in endpoint history")
+
+
+class EndpointRollback(BaseModel):
+    """A deployment the pipeline undid: the run's failure record, as "Record rolled-back deployment" builds it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    run_id: str
+    dataset: DatasetRef
+    endpoint_name: str
+    model_package_arn: str | None = None
+    rolled_back_at: str
+    cause: str
+    rollback: dict[str, Any] | None = Field(None, description="what undoing did (the UpdateEndpoint or its error)")
+
+
+class ServedPeriod(BaseModel):
+    """One model's time on the endpoint, from its promotion to the next one (None: still serving)."""
+
+    run_id: str
+    dataset_name: str
+    dataset_version: str
+    model_package_arn: str
+    endpoint_config_name: str
+    primary_metric: str
+    primary_value: float
+    evaluation_uri: str
+    promoted_because: str = Field(description="the quality gate's reason when it was promoted")
+    served_from: str
+    served_to: str | None = None
+    replaced_by_run: str | None = None
+    why_replaced: str | None = Field(None, description="the replacing run's gate reason")
+
+
+class RolledBackAttempt(BaseModel):
+    run_id: str
+    dataset_name: str
+    dataset_version: str
+    model_package_arn: str | None
+    at: str
+    why: str = Field(description="why the deployment was undone")
+    action: str | None = Field(None, description="what undoing it did")
+
+
+class EndpointHistory(BaseModel):
+    """What served the endpoint when, newest first, and the deployments that were rolled back."""
+
+    endpoint_name: str
+    served: list[ServedPeriod]
+    rolled_back: list[RolledBackAttempt]
+
+
+class HistoryRecordInvalid(ValueError):
+    """A history object that is not the shape the state machine writes (someone else wrote it)."""
+
+
+def history_prefix(endpoint_name: str) -> str:
+    return f"{HISTORY_PREFIX}{endpoint_name}/"
+
+
+def build_history(endpoint_name: str, promotions: list[ChampionRecord],
+                  rollbacks: list[EndpointRollback]) -> EndpointHistory:
+    """Served periods from the promotions in time order: each ends where the next begins."""
+    ordered = sorted(promotions, key=lambda p: p.promoted_at)
+    served: list[ServedPeriod] = []
+    for record, successor in zip(ordered, [*ordered[1:], None], strict=True):
+        served.append(ServedPeriod(
+            run_id=record.run_id, dataset_name=record.dataset.name, dataset_version=record.dataset.version,
+            model_package_arn=record.model_package_arn, endpoint_config_name=record.endpoint_config_name,
+            primary_metric=record.primary_metric, primary_value=record.primary_value,
+            evaluation_uri=record.evaluation_uri, promoted_because=record.gate.reason, served_from=record.promoted_at,
+            served_to=successor.promoted_at if successor else None,
+            replaced_by_run=successor.run_id if successor else None,
+            why_replaced=successor.gate.reason if successor else None))
+    attempts = [RolledBackAttempt(run_id=r.run_id, dataset_name=r.dataset.name, dataset_version=r.dataset.version,
+                                  model_package_arn=r.model_package_arn, at=r.rolled_back_at, why=r.cause,
+                                  action=_action(r.rollback))
+                for r in sorted(rollbacks, key=lambda r: r.rolled_back_at, reverse=True)]
+    return EndpointHistory(endpoint_name=endpoint_name, served=served[::-1], rolled_back=attempts)
+
+
+def _action(rollback: dict[str, Any] | None) -> str | None:
+    if not rollback:
+        return None
+    if rollback.get("action"):
+        return str(rollback["action"])
+    if rollback.get("Error"):  # undoing failed: the Catch's error record
+        return f"undoing failed: {rollback['Error']}"
+    return None
+
+
+class _S3Lister(_S3Client, Protocol):
+    def get_paginator(self, operation_name: str) -> Any: ...
+
+
+def read_endpoint_history(s3: _S3Lister, bucket: str, endpoint_name: str) -> EndpointHistory | None:
+    """The endpoint's history from its append-only records, or None when it has none."""
+    prefix = history_prefix(endpoint_name)
+    keys: list[str] = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        keys.extend(o["Key"] for o in page.get("Contents", []))
+        if len(keys) >= MAX_HISTORY_ENTRIES:
+            break
+    if not keys:
+        return None
+    promotions: list[ChampionRecord] = []
+    rollbacks: list[EndpointRollback] = []
+    for key in keys[:MAX_HISTORY_ENTRIES]:
+        name = key[len(prefix):]
+        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        try:
+            if name.startswith("promoted-"):
+                promotions.append(ChampionRecord.model_validate_json(body))
+            elif name.startswith("rolled-back-"):
+                rollbacks.append(EndpointRollback.model_validate_json(body))
+        except ValidationError as exc:
+            raise HistoryRecordInvalid(f"s3://{bucket}/{key}: not an endpoint history record: {exc}") from exc
+    return build_history(endpoint_name, promotions, rollbacks)

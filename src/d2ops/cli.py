@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "d2ops.commands.run",
     "d2ops.commands.status",
     "d2ops.commands.graph",
+    "d2ops.commands.console",
 )
 
 

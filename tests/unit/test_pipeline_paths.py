@@ -9,7 +9,7 @@ from datetime import datetime
 import pytest
 
 from d2ops.asl.interpreter import Execution
-from d2ops.champion import ChampionRecord
+from d2ops.champion import ChampionRecord, EndpointRollback
 from tests.fixtures.pipeline import support
 from tests.fixtures.pipeline.support import entered_states, run_case, state_output, task_parameters
 
@@ -71,6 +71,9 @@ def test_first_deployment_creates_the_endpoint_and_promotes_the_champion() -> No
     (promote,) = task_parameters(ex, "Promote to champion")
     assert (promote["Bucket"], promote["Key"]) == (support.ARTIFACTS_BUCKET, "champion.json")
     champion = ChampionRecord.model_validate_json(promote["Body"])  # the record readers parse
+    (history,) = task_parameters(ex, "Record endpoint history")  # written first, never overwritten
+    assert history["Key"] == f"endpoint-history/{support.ENDPOINT_NAME}/promoted-{support.RUN_ID}.json"
+    assert ChampionRecord.model_validate_json(history["Body"]) == champion
     assert champion.run_id == support.RUN_ID and champion.primary_metric == "bbox_AP"
     assert champion.primary_value == 0.71 and champion.gate.approval_status == "Approved"
     assert champion.model_data.endswith("/output/model.tar.gz") and champion.endpoint_name == support.ENDPOINT_NAME
@@ -216,7 +219,12 @@ def test_smoke_test_failure_rolls_back_to_the_previous_config() -> None:
     assert states[start:start + 8] == ["Smoke test endpoint", "Undo deployment", "Roll back endpoint",
                                        "Start waiting for rollback", "Wait for rollback", "Check rollback",
                                        "Count rollback check", "Rolled back?"]
-    assert states[start + 8] == "Record rolled-back deployment"
+    assert states[start + 8: start + 10] == ["Record rolled-back deployment", "Record rollback in endpoint history"]
+    (history,) = task_parameters(ex, "Record rollback in endpoint history")
+    assert history["Key"] == f"endpoint-history/{support.ENDPOINT_NAME}/rolled-back-{support.RUN_ID}.json"
+    record = EndpointRollback.model_validate_json(history["Body"])  # the record the status API reads
+    assert record.endpoint_name == support.ENDPOINT_NAME and "SmokeTestFailed" in record.cause
+    assert record.rollback and record.rollback["action"] == "rolled back to the previous endpoint config"
     assert "Trip smoke test alarm" not in states
     assert message["rollback"]["action"] == "rolled back to the previous endpoint config"
     assert "SmokeTestFailed" in ex.cause

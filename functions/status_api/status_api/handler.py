@@ -21,13 +21,18 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import ClientError, ReadTimeoutError
 from botocore.exceptions import ConnectionError as AwsConnectionError
 
+from d2ops.champion import EndpointHistory
 from d2ops.failures import one_line
-from status_api import service
+from d2ops.validation.report import ValidationReport
+from status_api import service, views
 from status_api.models import (
+    ENDPOINT_NAME_PATTERN,
     RUN_ID_PATTERN,
     ErrorResponse,
+    EvaluationView,
     ModelsResponse,
     RunDetail,
+    RunGraph,
     RunList,
     RunStatus,
     StartRunRequest,
@@ -64,6 +69,9 @@ def bad_request(exc: RequestValidationError) -> Response:
     """
     problems = exc.errors()
     if problems and all(e["loc"][:1] == ("path",) for e in problems):
+        if any(e["loc"][1:] == ("endpointName",) for e in problems):
+            return _problem(404, "no endpoint with this name (SageMaker endpoint names are 1-63 letters, digits "
+                                 "or '-')")
         return _problem(404, "no run with this id (run ids are 1-80 letters, digits, '-' or '_')")
     first = problems[0] if problems else {"loc": (), "msg": "invalid request"}
     where = {"query": "query parameter", "path": "path parameter", "body": "request body"}.get(
@@ -117,6 +125,47 @@ def list_runs(
 def get_run(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> RunDetail:  # the route spells it runId
     return service.get_run(boto3.client("stepfunctions"), boto3.client("sagemaker"),
                            os.environ["STATE_MACHINE_ARN"], runId)
+
+
+def _ok(description: str, model: type) -> dict[int, OpenAPIResponse]:
+    return {200: {"description": description, "content": {"application/json": {"model": model}}}}
+
+
+@app.get("/runs/<runId>/graph", summary="The state machine laid out, each state coloured by its outcome in the run",
+         responses={**_ok("states (with duration) and transitions (taken or not)", RunGraph),
+                    404: error("no run with this id"), 503: BUSY})
+@tracer.capture_method
+def get_run_graph(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> RunGraph:
+    return views.run_graph(boto3.client("stepfunctions"), os.environ["STATE_MACHINE_ARN"], runId)
+
+
+@app.get("/runs/<runId>/validation", summary="The run's full validation report (errors, warnings, class statistics)",
+         responses={**_ok("the validation report", ValidationReport),
+                    404: error("no run with this id, or it has no validation report yet"), 503: BUSY})
+@tracer.capture_method
+def get_validation_report(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> ValidationReport:
+    return views.validation_report(boto3.client("stepfunctions"), boto3.client("s3"),
+                                   os.environ["STATE_MACHINE_ARN"], os.environ["ARTIFACTS_BUCKET"], runId)
+
+
+@app.get("/runs/<runId>/evaluation",
+         summary="The run's evaluation report: challenger and champion metrics, per-class AP, precision-recall curves",
+         responses={**_ok("the evaluation report", EvaluationView),
+                    404: error("no run with this id, or it has no evaluation report yet"), 503: BUSY})
+@tracer.capture_method
+def get_evaluation_report(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> EvaluationView:
+    return views.evaluation_report(boto3.client("stepfunctions"), boto3.client("s3"),
+                                   os.environ["STATE_MACHINE_ARN"], os.environ["ARTIFACTS_BUCKET"], runId)
+
+
+@app.get("/endpoints/<endpointName>/history",
+         summary="What served the endpoint when (run, dataset version, model package, metrics), what was rolled back",
+         responses={**_ok("served periods, newest first, and rolled-back deployments", EndpointHistory),
+                    404: error("no endpoint with this name has a recorded deployment"), 503: BUSY})
+@tracer.capture_method
+def get_endpoint_history(
+        endpointName: Annotated[str, Path(pattern=ENDPOINT_NAME_PATTERN)]) -> EndpointHistory:  # the route's spelling
+    return views.endpoint_history(boto3.client("s3"), os.environ["ARTIFACTS_BUCKET"], endpointName)
 
 
 @app.post("/runs", summary="Start the run for a dataset version (idempotent, like the S3 trigger)",

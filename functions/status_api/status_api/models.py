@@ -8,10 +8,12 @@ from pydantic import BaseModel, Field
 
 from d2ops.champion import ChampionRecord
 from d2ops.cost import RunCost
+from d2ops.evaluation_curves import PrCurves
 from d2ops.runs import DatasetRef
 
 RunStatus = Literal["RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "PENDING_REDRIVE"]
 RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,80}$"
+ENDPOINT_NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"  # SageMaker's EndpointName
 
 
 class RunSummary(BaseModel):
@@ -106,3 +108,47 @@ class ErrorResponse(BaseModel):
 
     statusCode: int  # the wire name Powertools uses
     message: str
+
+
+class GraphNode(BaseModel):
+    name: str
+    kind: str = Field(description="the ASL state type")
+    status: Literal["succeeded", "failed", "caught", "running", "not reached"]
+    x: float
+    y: float
+    duration_seconds: float | None = Field(None, description="time in the state (the last visit when it looped)")
+
+
+class GraphEdge(BaseModel):
+    source: str
+    target: str
+    kind: Literal["next", "choice", "default", "catch"]
+    taken: bool = Field(description="the run went this way")
+
+
+class RunGraph(BaseModel):
+    """The state machine laid out (d2ops.state_graph), each state with its outcome in this run."""
+
+    run_id: str
+    width: float
+    height: float
+    box_width: float
+    box_height: float
+    nodes: list[GraphNode]
+    edges: list[GraphEdge]
+
+
+class ModelScoresView(BaseModel):
+    metrics: dict[str, float]
+    per_class: dict[str, dict[str, float]] = Field(default_factory=dict)
+
+
+class EvaluationView(BaseModel):
+    """The run's evaluation report (evaluation.json) with its precision-recall curves (pr_curves.json)."""
+
+    report_uri: str
+    primary_metric: str
+    val_images: int
+    challenger: ModelScoresView
+    champion: ModelScoresView | None = None
+    pr_curves: PrCurves | None = Field(None, description="absent for reports written before the curves were kept")

@@ -5,6 +5,8 @@ Default, Choices and Catch), boxes coloured by what happened to them in the run'
 succeeded, failed (an error the run ended on, or a Fail state reached), caught (failed, then
 routed on by a Catch), running, or not reached. Transitions the run took are drawn bold.
 No graphviz binary is needed: the layout is computed here and written as plain SVG.
+Standard library only (matplotlib only for PNG): `d2ops graph` and the status API's
+``GET /runs/{runId}/graph`` (through the CoreLayer) share this layout.
 """
 
 from __future__ import annotations

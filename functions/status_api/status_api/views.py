@@ -1,0 +1,99 @@
+"""What the console reads beside a run's summary: its graph, its full reports, the endpoint's history.
+
+Reports are read from the URIs the run itself recorded, and only from the artifacts bucket:
+a run document cannot make the API read another bucket.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from d2ops import runs, state_graph
+from d2ops.champion import EndpointHistory, read_endpoint_history
+from d2ops.evaluation_curves import PR_CURVES_NAME, PrCurves
+from d2ops.validation.report import ValidationReport
+from status_api.models import EvaluationView, GraphEdge, GraphNode, RunGraph
+from status_api.service import NotFound, RunNotFound, execution_history, latest_document, timeline
+
+
+class ReportNotFound(NotFound):
+    """The run has not written this report (yet), or it is gone (a 404, like every NotFound)."""
+
+
+def _execution(sfn: Any, state_machine_arn: str, run_id: str) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
+    arn = runs.execution_arn(state_machine_arn, run_id)
+    try:
+        execution = sfn.describe_execution(executionArn=arn)
+    except sfn.exceptions.ExecutionDoesNotExist as exc:
+        raise RunNotFound(f"no run {run_id!r}") from exc
+    return arn, execution, execution_history(sfn, arn)
+
+
+def run_graph(sfn: Any, state_machine_arn: str, run_id: str) -> RunGraph:
+    """The state machine laid out by d2ops.state_graph, coloured by this run's history."""
+    _, execution, events = _execution(sfn, state_machine_arn, run_id)
+    definition = json.loads(sfn.describe_state_machine(stateMachineArn=state_machine_arn)["definition"])
+    status, taken = state_graph.outcomes(definition, events, execution["status"])
+    nodes, edges = state_graph.layout(definition, status, taken)
+    steps, _ = timeline(events, execution["status"])
+    durations = {s.name: s.duration_seconds for s in steps}  # a looping state keeps its last visit
+    return RunGraph(
+        run_id=run_id, width=max(n.x for n in nodes) + state_graph.BOX_W + state_graph.MARGIN,
+        height=max(n.y for n in nodes) + state_graph.BOX_H + state_graph.MARGIN,
+        box_width=state_graph.BOX_W, box_height=state_graph.BOX_H,
+        nodes=[GraphNode(name=n.name, kind=n.kind, status=n.status, x=n.x, y=n.y,
+                         duration_seconds=durations.get(n.name)) for n in nodes],
+        edges=[GraphEdge(source=e.source, target=e.target, kind=e.kind, taken=e.taken)
+               for e in edges])
+
+
+def _read_json(s3: Any, artifacts_bucket: str, uri: str, what: str) -> bytes:
+    bucket, key = runs.parse_s3_uri(uri)
+    if bucket != artifacts_bucket:
+        raise ReportNotFound(f"the run's {what} is not in the artifacts bucket ({uri})")
+    try:
+        return bytes(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    except s3.exceptions.NoSuchKey as exc:
+        raise ReportNotFound(f"the run's {what} {uri} is gone") from exc
+
+
+def _document(sfn: Any, state_machine_arn: str, run_id: str) -> dict[str, Any]:
+    _, execution, events = _execution(sfn, state_machine_arn, run_id)
+    return latest_document(events, execution)
+
+
+def validation_report(sfn: Any, s3: Any, state_machine_arn: str, artifacts_bucket: str,
+                      run_id: str) -> ValidationReport:
+    doc = _document(sfn, state_machine_arn, run_id)
+    uri = ((doc.get("validation") or {}).get("summary") or {}).get("report_uri") \
+        or (doc.get("failure") or {}).get("report_uri")
+    if not uri:
+        raise ReportNotFound(f"run {run_id!r} has no validation report (yet)")
+    return ValidationReport.model_validate_json(_read_json(s3, artifacts_bucket, uri, "validation report"))
+
+
+def evaluation_report(sfn: Any, s3: Any, state_machine_arn: str, artifacts_bucket: str,
+                      run_id: str) -> EvaluationView:
+    doc = _document(sfn, state_machine_arn, run_id)
+    uri = (doc.get("evaluation") or {}).get("report_uri")
+    if not uri:
+        raise ReportNotFound(f"run {run_id!r} has no evaluation report (yet)")
+    report = json.loads(_read_json(s3, artifacts_bucket, uri, "evaluation report"))
+    # The job writes report/pr_curves.json beside evaluation.json (model_code.evaluation.report).
+    curves_uri = uri.rsplit("/", 1)[0] + f"/report/{PR_CURVES_NAME}"
+    try:
+        curves: PrCurves | None = PrCurves.model_validate_json(
+            _read_json(s3, artifacts_bucket, curves_uri, "precision-recall curves"))
+    except (ReportNotFound, ValidationError):
+        curves = None  # reports from before the curves were kept as numbers
+    return EvaluationView.model_validate({**report, "report_uri": uri, "pr_curves": curves})
+
+
+def endpoint_history(s3: Any, artifacts_bucket: str, endpoint_name: str) -> EndpointHistory:
+    history = read_endpoint_history(s3, artifacts_bucket, endpoint_name)
+    if history is None:
+        raise ReportNotFound(f"endpoint {endpoint_name!r} has no recorded deployments")
+    return history

@@ -1,0 +1,461 @@
+// d2ops console: plain JavaScript, no build step and nothing fetched from elsewhere.
+// Every number comes from the status API through this page's own server (/api/...); the
+// "try an image" box posts to /api/endpoints/<name>/invocations, which calls the endpoint.
+// Text from the API is always set with textContent, never parsed as HTML.
+"use strict";
+
+const SVG = "http://www.w3.org/2000/svg";
+const COLOURS = {"succeeded": "#2e7d32", "failed": "#c62828", "caught": "#ef6c00", "running": "#1565c0",
+                 "not reached": "#9e9e9e"};
+const FILLS = {"succeeded": "#e8f5e9", "failed": "#ffebee", "caught": "#fff3e0", "running": "#e3f2fd",
+               "not reached": "#fafafa"};
+const MODEL_COLOURS = {"challenger": "#1565c0", "champion": "#ef6c00"};
+const BOX_COLOURS = ["#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6", "#bfef45"];
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") node.className = v; else node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return node;
+}
+
+function svg(tag, attrs, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+  if (text !== undefined) node.textContent = String(text);
+  return node;
+}
+
+function clear(id) {
+  const node = document.getElementById(id);
+  node.replaceChildren();
+  return node;
+}
+
+function say(id, text, isError) {
+  const node = document.getElementById(id);
+  node.textContent = text || "";
+  node.className = isError ? "error" : "";
+}
+
+async function api(path) {
+  const response = await fetch("/api" + path, {headers: {"Accept": "application/json"}});
+  let body = null;
+  try { body = await response.json(); } catch (e) { body = null; }
+  if (!response.ok) {
+    const error = new Error((body && body.message) || ("HTTP " + response.status));
+    error.status = response.status;
+    throw error;
+  }
+  return body;
+}
+
+function fmtSeconds(s) {
+  if (s === null || s === undefined) return "-";
+  if (s < 120) return s.toFixed(1) + " s";
+  if (s < 7200) return (s / 60).toFixed(1) + " min";
+  return (s / 3600).toFixed(1) + " h";
+}
+
+function duration(run) {
+  if (!run.started_at) return null;
+  const end = run.stopped_at ? Date.parse(run.stopped_at) : Date.now();
+  return (end - Date.parse(run.started_at)) / 1000;
+}
+
+function fmtNumber(v, digits) {
+  return (v === null || v === undefined) ? "-" : Number(v).toFixed(digits === undefined ? 3 : digits);
+}
+
+function fmtCost(cost) {
+  if (!cost || cost.total_usd === null || cost.total_usd === undefined) return "-";
+  return "$" + Number(cost.total_usd).toFixed(cost.total_usd < 1 ? 4 : 2);
+}
+
+function facts(dl, pairs) {
+  for (const [k, v] of pairs) {
+    if (v === null || v === undefined || v === "") continue;
+    dl.append(el("dt", {}, k), v instanceof Node ? el("dd", {}, v) : el("dd", {}, String(v)));
+  }
+  return dl;
+}
+
+function table(headers, rows, attrs) {
+  const t = el("table", attrs || {});
+  t.append(el("thead", {}, el("tr", {}, ...headers.map(h => el("th", {}, h)))));
+  const body = el("tbody");
+  for (const row of rows) {
+    body.append(el("tr", {}, ...row.map(c => (c instanceof Node && c.tagName === "TD") ? c
+      : (typeof c === "number" ? el("td", {"class": "num"}, String(c)) : el("td", {}, c === null ? "-" : c)))));
+  }
+  t.append(body);
+  return t;
+}
+
+// ----- the run list ----------------------------------------------------------------------
+async function showRuns() {
+  document.getElementById("runs-view").hidden = false;
+  document.getElementById("run-view").hidden = true;
+  const body = document.querySelector("#runs tbody");
+  let listing;
+  try {
+    listing = await api("/runs?limit=100");
+  } catch (e) {
+    say("message", "Could not list runs: " + e.message, true);
+    return;
+  }
+  body.replaceChildren();
+  if (!listing.runs.length) say("message", "No runs yet: start one with `d2ops run DATASET_DIR` or `d2ops demo`.");
+  for (const run of listing.runs) {
+    const cells = {cost: el("td", {"class": "num cost"}, "…"), gate: el("td", {"class": "gate"}, "…")};
+    const link = el("a", {"href": "#run=" + encodeURIComponent(run.run_id)}, run.run_id);
+    body.append(el("tr", {"class": "run", "data-run": run.run_id},
+      el("td", {}, link), el("td", {}, run.dataset_name || "-"), el("td", {}, run.dataset_version || "-"),
+      el("td", {"class": "status-" + run.status}, run.status), el("td", {"class": "num"}, fmtSeconds(duration(run))),
+      cells.cost, cells.gate));
+    // Cost and the gate's decision are in the run's detail: filled in as they arrive.
+    api("/runs/" + encodeURIComponent(run.run_id)).then(detail => {
+      cells.cost.textContent = fmtCost(detail.cost);
+      const decision = detail.gate ? detail.gate.decision : "-";
+      cells.gate.textContent = decision;
+      cells.gate.className = "gate decision-" + decision;
+    }).catch(e => { cells.gate.textContent = "? (" + e.message + ")"; })
+      .finally(() => cells.gate.setAttribute("data-loaded", "1"));
+  }
+}
+
+// ----- one run ---------------------------------------------------------------------------
+async function showRun(runId) {
+  document.getElementById("runs-view").hidden = true;
+  document.getElementById("run-view").hidden = false;
+  document.getElementById("run-title").textContent = "Run " + runId;
+  for (const id of ["run-facts", "graph", "validation", "gate", "evaluation", "deployment", "history",
+                    "try-detections"]) clear(id);
+  clear("try-canvas").setAttribute("width", "0");
+  say("try-message", "");
+  let run;
+  try {
+    run = await api("/runs/" + encodeURIComponent(runId));
+  } catch (e) {
+    say("message", "Could not open run " + runId + ": " + e.message, true);
+    return;
+  }
+  const dataset = run.dataset || {};
+  const statusNode = el("span", {"class": "status-" + run.status}, run.status + (run.error ? " (" + run.error + ")" : ""));
+  facts(document.getElementById("run-facts"), [
+    ["status", statusNode], ["dataset", dataset.name ? dataset.name + " " + dataset.version : null],
+    ["dataset uri", dataset.bucket ? "s3://" + dataset.bucket + "/" + dataset.prefix : null],
+    ["started", run.started_at], ["stopped", run.stopped_at], ["duration", fmtSeconds(duration(run))],
+    ["now in", run.current_state], ["cost", run.cost ? fmtCost(run.cost) + " (prices of " + run.cost.prices_as_of +
+      ", " + run.cost.prices_region + ")" : null],
+    ["training job", run.training ? run.training.job_name + " " + (run.training.status || "") : null],
+    ["cause", run.status !== "SUCCEEDED" ? run.cause : null],
+  ]);
+  await Promise.all([drawGraph(runId), showValidation(runId, run), showGate(run), showEvaluation(runId, run),
+                     showDeployment(run)]);
+}
+
+async function drawGraph(runId) {
+  const box = document.getElementById("graph");
+  let graph;
+  try {
+    graph = await api("/runs/" + encodeURIComponent(runId) + "/graph");
+  } catch (e) {
+    box.append(el("p", {"class": "error"}, "graph: " + e.message));
+    return;
+  }
+  const W = graph.box_width, H = graph.box_height;
+  const root = svg("svg", {"id": "graph-svg", "width": graph.width, "height": graph.height,
+                           "viewBox": `0 0 ${graph.width} ${graph.height}`, "font-size": 12});
+  const defs = svg("defs");
+  const marker = svg("marker", {"id": "arrow", "viewBox": "0 0 10 10", "refX": 9, "refY": 5, "markerWidth": 7,
+                                "markerHeight": 7, "orient": "auto-start-reverse"});
+  marker.append(svg("path", {"d": "M0,0 L10,5 L0,10 z", "fill": "#555"}));
+  defs.append(marker);
+  root.append(defs);
+  const at = Object.fromEntries(graph.nodes.map(n => [n.name, n]));
+  const edges = [...graph.edges].sort((a, b) => a.taken - b.taken);  // taken ones on top
+  for (const edge of edges) {
+    const a = at[edge.source], b = at[edge.target];
+    let d;
+    if (b.y > a.y) {
+      const x1 = a.x + W / 2, y1 = a.y + H, x2 = b.x + W / 2, y2 = b.y, mid = (y1 + y2) / 2;
+      d = `M${x1},${y1} C${x1},${mid} ${x2},${mid} ${x2},${y2}`;
+    } else {  // a loop back up, around the right-hand side
+      const xr = Math.max(a.x, b.x) + W + 12;
+      d = `M${a.x + W},${a.y + H / 2} C${xr},${a.y + H / 2} ${xr},${b.y + H / 2} ${b.x + W},${b.y + H / 2}`;
+    }
+    const path = svg("path", {"d": d, "fill": "none", "class": "transition" + (edge.taken ? " taken" : ""),
+                              "stroke": edge.taken ? "#333" : "#d0d0d0", "stroke-width": edge.taken ? 2.2 : 1});
+    if (edge.taken) path.setAttribute("marker-end", "url(#arrow)");
+    if (edge.kind === "catch") path.setAttribute("stroke-dasharray", "5,3");
+    path.append(svg("title", {}, `${edge.source} -> ${edge.target} (${edge.kind})`));
+    root.append(path);
+  }
+  for (const node of graph.nodes) {
+    const g = svg("g", {"class": "state", "data-name": node.name, "data-status": node.status});
+    const round = (node.kind === "Succeed" || node.kind === "Fail") ? 18 : 4;
+    g.append(svg("title", {}, `${node.name} (${node.kind}): ${node.status}` +
+                              (node.duration_seconds !== null ? `, ${fmtSeconds(node.duration_seconds)}` : "")));
+    g.append(svg("rect", {"x": node.x, "y": node.y, "width": W, "height": H, "rx": round, "fill": FILLS[node.status],
+                          "stroke": COLOURS[node.status], "stroke-width": node.status === "not reached" ? 1 : 2}));
+    const label = node.name.length <= 28 ? node.name : node.name.slice(0, 26) + "...";
+    g.append(svg("text", {"x": node.x + W / 2, "y": node.y + 17, "text-anchor": "middle"}, label));
+    const sub = node.duration_seconds !== null ? `${node.status} · ${fmtSeconds(node.duration_seconds)}` : node.status;
+    g.append(svg("text", {"x": node.x + W / 2, "y": node.y + 31, "text-anchor": "middle", "font-size": 10,
+                          "fill": COLOURS[node.status], "class": "state-detail"}, sub));
+    root.append(g);
+  }
+  box.append(root);
+}
+
+async function showValidation(runId, run) {
+  const box = document.getElementById("validation");
+  let report;
+  try {
+    report = await api("/runs/" + encodeURIComponent(runId) + "/validation");
+  } catch (e) {
+    box.append(el("p", {"class": "muted"}, e.status === 404 ? "no validation report" : "validation: " + e.message));
+    return;
+  }
+  box.append(el("p", {"class": report.valid ? "decision-approved" : "decision-rejected"},
+    (report.valid ? "valid" : "rejected") + `: ${report.error_count} errors, ${report.warning_count} warnings`));
+  const counts = Object.entries(report.issue_counts || {});
+  if (counts.length) {
+    const examples = {};
+    for (const issue of [...report.errors, ...report.warnings]) {
+      if (!(issue.code in examples)) examples[issue.code] = issue;
+    }
+    box.append(table(["code", "count", "first", "where"], counts.map(([code, n]) => [
+      code, n, examples[code] ? examples[code].message : "-", examples[code] ? examples[code].location : "-"]),
+      {"id": "validation-codes"}));
+  }
+  for (const [split, stats] of Object.entries(report.splits || {})) {
+    box.append(el("p", {"class": "muted"}, `${split}: ${stats.images} images, ${stats.instances} instances ` +
+                                         `(${stats.file})`));
+    box.append(table(["class", "images", "instances", "small", "medium", "large", "tiny"],
+      stats.per_class.map(c => [c.name, c.images, c.instances, c.box_sizes.small, c.box_sizes.medium,
+                                c.box_sizes.large, c.box_sizes.tiny]), {"class": "class-stats", "data-split": split}));
+  }
+}
+
+function showGate(run) {
+  const box = document.getElementById("gate");
+  const gate = run.gate, ev = run.evaluation;
+  if (!gate) {
+    box.append(el("p", {"class": "muted"}, "the run did not reach the quality gate"));
+    return;
+  }
+  box.append(el("p", {"id": "gate-decision", "class": "decision-" + gate.decision},
+                gate.decision + " (" + gate.approval_status + ")"));
+  box.append(el("p", {}, gate.reason));
+  if (ev) {
+    facts(box.appendChild(el("dl", {"class": "facts"})), [
+      ["metric", ev.primary_metric], ["challenger", fmtNumber(ev.challenger_value, 4)],
+      ["champion", ev.has_champion ? fmtNumber(ev.champion_value, 4) : "none yet"],
+      ["min_map", fmtNumber(ev.min_map, 4)], ["max_regression", fmtNumber(ev.max_regression, 4)],
+      ["champion floor", ev.has_champion ? fmtNumber(ev.champion_floor, 4) : null]]);
+  }
+}
+
+async function showEvaluation(runId, run) {
+  const box = document.getElementById("evaluation");
+  let report;
+  try {
+    report = await api("/runs/" + encodeURIComponent(runId) + "/evaluation");
+  } catch (e) {
+    box.append(el("p", {"class": "muted"}, e.status === 404 ? "no evaluation report" : "evaluation: " + e.message));
+    return;
+  }
+  const models = {"challenger": report.challenger};
+  if (report.champion) models.champion = report.champion;
+  const names = [...new Set(Object.values(models).flatMap(m => Object.keys(m.metrics)))].sort();
+  box.append(table(["metric", ...Object.keys(models)],
+    names.map(n => [n, ...Object.values(models).map(m => el("td", {"class": "num"}, fmtNumber(m.metrics[n], 4)))]),
+    {"id": "evaluation-metrics"}));
+  box.append(el("p", {"class": "muted"}, `${report.val_images} val images; ${report.report_uri}`));
+  const iou = report.primary_metric.startsWith("segm") ? "segm" : "bbox";
+  const classes = [...new Set(Object.values(models).flatMap(m => Object.keys(m.per_class)))].sort();
+  box.append(perClassChart(classes, models, iou + "_AP"));
+  if (!report.pr_curves) {
+    box.append(el("p", {"class": "muted"}, "this report has no precision-recall curves"));
+    return;
+  }
+  const charts = el("div", {"class": "charts", "id": "pr-curves"});
+  for (const name of classes) charts.append(prChart(name, report.pr_curves, iou, models));
+  box.append(charts);
+}
+
+function perClassChart(classes, models, metric) {
+  const who = Object.keys(models);
+  const barH = 12, groupH = barH * who.length + 8, left = 110, width = 460;
+  const height = classes.length * groupH + 40;
+  const root = svg("svg", {"id": "per-class-ap", "width": width + 20, "height": height});
+  root.append(svg("text", {"x": 0, "y": 14, "font-size": 13, "font-weight": "bold"}, `per-class ${metric}`));
+  who.forEach((w, i) => {
+    root.append(svg("rect", {"x": left + i * 110, "y": 4, "width": 10, "height": 10, "fill": MODEL_COLOURS[w]}));
+    root.append(svg("text", {"x": left + i * 110 + 14, "y": 13, "font-size": 11}, w));
+  });
+  const scale = width - left - 50;
+  classes.forEach((name, row) => {
+    const y0 = 24 + row * groupH;
+    root.append(svg("text", {"x": left - 6, "y": y0 + groupH / 2 + 2, "text-anchor": "end", "font-size": 11}, name));
+    who.forEach((w, i) => {
+      const value = (models[w].per_class[name] || {})[metric];
+      const y = y0 + i * barH;
+      const bar = svg("rect", {"class": "bar " + w, "data-class": name, "x": left, "y": y,
+                               "width": Math.max(0, (value || 0) * scale), "height": barH - 2, "fill": MODEL_COLOURS[w]});
+      bar.append(svg("title", {}, `${w} ${name}: ${fmtNumber(value, 4)}`));
+      root.append(bar);
+      root.append(svg("text", {"x": left + Math.max(0, (value || 0) * scale) + 4, "y": y + barH - 3,
+                               "font-size": 10}, fmtNumber(value, 3)));
+    });
+  });
+  return root;
+}
+
+function prChart(name, curves, iou, models) {
+  const size = 200, pad = 30;
+  const root = svg("svg", {"class": "pr-curve", "data-class": name, "width": size + pad + 10, "height": size + pad + 24});
+  root.append(svg("text", {"x": pad, "y": 14, "font-size": 12, "font-weight": "bold"}, name));
+  const x = r => pad + r * size, y = p => 20 + (1 - p) * size;
+  root.append(svg("rect", {"x": pad, "y": 20, "width": size, "height": size, "fill": "none", "stroke": "#bbb"}));
+  for (const t of [0, 0.5, 1]) {
+    root.append(svg("text", {"x": x(t), "y": 20 + size + 12, "font-size": 9, "text-anchor": "middle"}, t));
+    root.append(svg("text", {"x": pad - 4, "y": y(t) + 3, "font-size": 9, "text-anchor": "end"}, t));
+  }
+  root.append(svg("text", {"x": pad + size / 2, "y": 20 + size + 24, "font-size": 10, "text-anchor": "middle"},
+                  "recall (solid IoU .5, dashed .5:.95)"));
+  for (const who of Object.keys(models)) {
+    const curve = (((curves.curves[who] || {})[iou]) || {})[name];
+    if (!curve) continue;
+    for (const [key, dash] of [["iou50", null], ["iou50_95", "4,3"]]) {
+      const points = curves.recall.map((r, i) => [r, curve[key][i]]).filter(([, p]) => p !== null);
+      if (!points.length) continue;
+      const line = svg("polyline", {"class": `curve ${who} ${key}`, "fill": "none", "stroke": MODEL_COLOURS[who],
+                                    "stroke-width": 1.6, "points": points.map(([r, p]) => `${x(r)},${y(p)}`).join(" ")});
+      if (dash) line.setAttribute("stroke-dasharray", dash);
+      line.append(svg("title", {}, `${who} ${key}`));
+      root.append(line);
+    }
+  }
+  return root;
+}
+
+async function showDeployment(run) {
+  const box = document.getElementById("deployment");
+  const endpoint = run.endpoint;
+  const failure = run.failure || {};
+  let name = endpoint && endpoint.name;
+  if (endpoint) {
+    facts(box.appendChild(el("dl", {"class": "facts", "id": "deployment-facts"})), [
+      ["endpoint", endpoint.name], ["mode", endpoint.mode === "update" ? "update (blue/green)" : endpoint.mode],
+      ["status", endpoint.status], ["endpoint config", endpoint.endpoint_config],
+      ["model package", run.model_package_arn],
+      ["rollback", failure.rollback ? (failure.rollback.action || JSON.stringify(failure.rollback)) : null]]);
+  } else {
+    box.append(el("p", {"class": "muted"}, "this run did not deploy" +
+                                         (run.model_package_arn ? " (model package " + run.model_package_arn + ")" : "")));
+  }
+  if (!name) {
+    try {
+      const models = await api("/models?limit=1");
+      name = models.champion ? models.champion.endpoint_name : null;
+    } catch (e) { name = null; }
+  }
+  document.getElementById("try-form-endpoint").value = name || "";
+  document.getElementById("try-endpoint").textContent = name ? "endpoint " + name : "no endpoint yet";
+  if (name) await showHistory(name);
+}
+
+async function showHistory(name) {
+  const box = document.getElementById("history");
+  let history;
+  try {
+    history = await api("/endpoints/" + encodeURIComponent(name) + "/history");
+  } catch (e) {
+    box.append(el("p", {"class": "muted"}, e.status === 404 ? `endpoint ${name}: no recorded deployments`
+                                                             : "history: " + e.message));
+    return;
+  }
+  box.append(table(["run", "dataset", "model package", "metric", "served from", "served to", "why it was promoted",
+                    "why it was replaced"],
+    history.served.map(p => [p.run_id, p.dataset_name + " " + p.dataset_version, p.model_package_arn,
+                             `${p.primary_metric} ${fmtNumber(p.primary_value, 4)}`, p.served_from,
+                             p.served_to || "serving now", p.promoted_because, p.why_replaced || "-"]),
+    {"id": "history-served"}));
+  if (history.rolled_back.length) {
+    box.append(el("p", {}, "Deployments rolled back:"));
+    box.append(table(["run", "dataset", "model package", "at", "why", "what undoing did"],
+      history.rolled_back.map(r => [r.run_id, r.dataset_name + " " + r.dataset_version, r.model_package_arn || "-",
+                                    r.at, r.why, r.action || "-"]), {"id": "history-rolled-back"}));
+  }
+}
+
+// ----- try an image ----------------------------------------------------------------------
+async function tryImage(event) {
+  event.preventDefault();
+  const file = document.getElementById("try-file").files[0];
+  const name = document.getElementById("try-form-endpoint").value;
+  if (!file) { say("try-message", "choose an image first", true); return; }
+  if (!name) { say("try-message", "no endpoint to send it to", true); return; }
+  say("try-message", "sending " + file.name + " to " + name + " ...");
+  const response = await fetch("/api/endpoints/" + encodeURIComponent(name) + "/invocations", {
+    method: "POST", body: file,
+    headers: {"Content-Type": file.type || "application/octet-stream", "X-D2ops-Console": "1",
+              "X-Score-Threshold": document.getElementById("try-threshold").value}});
+  let answer = null;
+  try { answer = await response.json(); } catch (e) { answer = null; }
+  if (!response.ok) {
+    say("try-message", "the endpoint answered " + response.status + ": " + ((answer && answer.message) || "?"), true);
+    return;
+  }
+  const detections = Array.isArray(answer) ? answer : (answer.detections || []);
+  drawDetections(file, detections, answer.image || {});
+  say("try-message", `${detections.length} detection(s)`);
+}
+
+function drawDetections(file, detections, image) {
+  const canvas = clear("try-canvas");
+  const list = clear("try-detections");
+  const url = URL.createObjectURL(file);
+  const probe = new Image();
+  probe.onload = () => {
+    const w = image.width || probe.naturalWidth, h = image.height || probe.naturalHeight;
+    const scale = Math.max(1, Math.min(4, 512 / Math.max(w, h)));  // small images drawn larger
+    canvas.setAttribute("width", w * scale);
+    canvas.setAttribute("height", h * scale);
+    canvas.setAttribute("viewBox", `0 0 ${w} ${h}`);
+    canvas.setAttribute("data-detections", detections.length);
+    canvas.append(svg("image", {"href": url, "x": 0, "y": 0, "width": w, "height": h}));
+    detections.forEach((d, i) => {
+      const [x1, y1, x2, y2] = d.box;
+      const colour = BOX_COLOURS[(d.class_id || 0) % BOX_COLOURS.length];
+      const rect = svg("rect", {"class": "detection", "x": x1, "y": y1, "width": x2 - x1, "height": y2 - y1,
+                                "fill": "none", "stroke": colour, "stroke-width": Math.max(1, 2 / scale)});
+      rect.append(svg("title", {}, `${d.class_name} ${d.score.toFixed(3)}`));
+      canvas.append(rect);
+      canvas.append(svg("text", {"x": x1 + 1, "y": Math.max(8 / scale, y1 - 1), "font-size": 10 / scale,
+                                 "fill": colour}, `${d.class_name} ${d.score.toFixed(2)}`));
+      list.append(el("li", {}, `${d.class_name} ${d.score.toFixed(3)} [${d.box.map(v => v.toFixed(1)).join(", ")}]`));
+    });
+  };
+  probe.src = url;
+}
+
+// ----- routing -----------------------------------------------------------------------------
+function route() {
+  say("message", "");
+  const match = /^#run=(.+)$/.exec(location.hash);
+  if (match) showRun(decodeURIComponent(match[1])); else showRuns();
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  const hidden = el("input", {"type": "hidden", "id": "try-form-endpoint"});
+  document.getElementById("try").append(hidden);
+  document.getElementById("try").addEventListener("submit", e => { tryImage(e).catch(err => say("try-message", String(err), true)); });
+  window.addEventListener("hashchange", route);
+  route();
+});

@@ -1,0 +1,123 @@
+"""``d2ops console`` in a real headless Chromium against the offline stack (a run rejected at validation).
+
+The rejected run costs seconds and exercises the page's run list, the graph, the validation
+report and the places a run that never trained says so; the whole journey (evaluation plots,
+endpoint history, the image box) runs on the end-to-end pipeline's trained run in
+tests/e2e/test_offline_pipeline.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from d2ops.commands.console import Console, invoke_with
+from d2ops.offline.client import offline_status_api
+from d2ops.offline.pipeline import RunSummary, run_pipeline
+from d2ops.offline.runtime import OfflineRuntime
+from tests.fixtures.console import browser_page, screenshot
+from tests.fixtures.offline.support import break_dataset, tiny_dataset
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Console, OfflineRuntime, RunSummary]]:
+    root = tmp_path_factory.mktemp("console")
+    dataset = tiny_dataset(root, "broken", "v1", images=10)
+    break_dataset(dataset)
+    with OfflineRuntime(root / "work") as rt:
+        summary = run_pipeline(rt, dataset, out=lambda line: None, timeout=120)
+        assert summary.status == "FAILED"
+        with Console(offline_status_api(rt.status_api.url), invoke_with(rt.client("sagemaker-runtime"))) as server:
+            yield server, rt, summary
+
+
+def _request(url: str, method: str = "GET", body: bytes | None = None,
+             headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_the_page_lists_the_run_and_opens_it_with_graph_and_validation(
+        console: tuple[Console, OfflineRuntime, RunSummary]) -> None:
+    server, rt, summary = console
+    with browser_page() as page:
+        page.goto(server.url)
+        row = page.locator(f'tr.run[data-run="{summary.run_id}"]')
+        row.wait_for(timeout=30_000)
+        assert row.locator("td").nth(3).inner_text() == "FAILED"
+        assert row.locator("td").nth(1).inner_text() == "broken"
+        row.locator("td.gate[data-loaded]").wait_for(timeout=30_000)  # filled from the run's detail
+        assert row.locator("td").nth(6).inner_text() == "-"  # rejected before the gate
+        screenshot(page, "rejected-run-list")
+
+        row.locator("a").click()
+        page.locator("#graph-svg g.state").first.wait_for(timeout=30_000)
+        page.locator("#validation-codes").wait_for(timeout=30_000)
+        nodes = page.locator("#graph-svg g.state")
+        graph = offline_status_api(rt.status_api.url).get(f"/runs/{summary.run_id}/graph")
+        assert nodes.count() == len(graph["nodes"]) > 40  # every state of the definition
+        assert page.locator("#graph-svg path.transition").count() == len(graph["edges"])
+        status = {n: page.locator(f'#graph-svg g.state[data-name="{n}"]').get_attribute("data-status")
+                  for n in ("Validate dataset", "Dataset rejected", "Train model")}
+        assert status == {"Validate dataset": "succeeded", "Dataset rejected": "failed", "Train model": "not reached"}
+        taken = page.locator("#graph-svg path.transition.taken").count()
+        assert taken == sum(e["taken"] for e in graph["edges"]) >= 3
+        detail = page.locator('#graph-svg g.state[data-name="Validate dataset"] .state-detail').text_content() or ""
+        assert re.fullmatch(r"succeeded · [0-9.]+ (s|min)", detail), detail  # outcome and duration
+        codes = page.locator("#validation-codes tbody tr td:first-child").all_inner_texts()
+        assert "BBOX_OUTSIDE_IMAGE" in codes
+        assert page.locator("table.class-stats tbody tr").count() >= 3  # per-class rows of each split
+        assert "did not reach the quality gate" in page.locator("#gate").inner_text()
+        assert "no evaluation report" in page.locator("#evaluation").inner_text()
+        screenshot(page, "rejected-run")
+        assert page.problems == []
+
+
+def test_the_status_api_answers_the_console_routes_with_4xx_for_what_is_not_there(
+        console: tuple[Console, OfflineRuntime, RunSummary]) -> None:
+    _, rt, summary = console
+    api = offline_status_api(rt.status_api.url)
+    status, data, _ = api.request("GET", f"/runs/{summary.run_id}/evaluation")
+    assert status == 404 and "no evaluation report" in json.loads(data)["message"]
+    status, data, _ = api.request("GET", "/runs/no_such_run/graph")
+    assert status == 404 and "no run 'no_such_run'" in json.loads(data)["message"]
+    assert api.request("GET", "/runs/bad%20id/validation")[0] == 404
+    status, data, _ = api.request("GET", f"/endpoints/{rt.stack.endpoint_name}/history")
+    assert status == 404 and "no recorded deployments" in json.loads(data)["message"]
+    status, data, _ = api.request("GET", "/endpoints/-bad-/history")
+    assert status == 404 and "endpoint" in json.loads(data)["message"]
+    report = api.get(f"/runs/{summary.run_id}/validation")
+    assert report["valid"] is False and report["issue_counts"]["BBOX_OUTSIDE_IMAGE"] >= 1
+
+
+def test_the_console_server_refuses_what_it_does_not_serve(console: tuple[Console, OfflineRuntime, RunSummary]) -> None:
+    server, rt, _ = console
+    base = server.url.rstrip("/")
+    assert _request(f"{base}/api/nowhere")[0] == 404
+    assert _request(f"{base}/../etc/passwd")[0] == 404
+    status, answer = _request(f"{base}/api/runs/no_such_run")
+    assert (status, answer["message"]) == (404, "no run 'no_such_run'")
+    # A page on another origin cannot post images through the console, nor reach it by a rebound name.
+    invoke = f"{base}/api/endpoints/{rt.stack.endpoint_name}/invocations"
+    assert _request(invoke, "POST", b"\x89PNG", {"Content-Type": "image/png"})[0] == 403
+    assert _request(f"{base}/api/runs", headers={"Host": "evil.example:80"})[0] == 403
+    console_headers = {"X-D2ops-Console": "1"}
+    status, answer = _request(invoke, "POST", b"hello", {**console_headers, "Content-Type": "text/plain"})
+    assert status == 415 and "send an image" in answer["message"]
+    status, answer = _request(invoke, "POST", b"\x89PNG", {**console_headers, "Content-Type": "image/png",
+                                                            "X-Score-Threshold": "2"})
+    assert status == 400 and "X-Score-Threshold" in answer["message"]
+    status, answer = _request(invoke, "POST", b"\x89PNG", {**console_headers, "Content-Type": "image/png"})
+    assert status == 404 and rt.stack.endpoint_name in answer["message"]  # no endpoint before a deployment
