@@ -3,9 +3,12 @@
 For a tiny R-18 FPN Faster R-CNN and Mask R-CNN built directly with detectron2
 (tests/fixtures/d2export), the production export path (``export_and_evaluate``, what the
 trainer calls after training) writes the artifact and evaluates it through the artifact on a
-synthetic dataset; that artifact, packed as model.tar.gz, is served by a real TorchServe
-(``LocalEndpoint``), and the JSON answers for non-square PNGs are compared with
-``DefaultPredictor`` on the same pixels:
+synthetic dataset; the Mask R-CNN artifact, packed as model.tar.gz, is served by a real
+TorchServe (``LocalEndpoint``), and the JSON answers for non-square PNGs are compared with
+``DefaultPredictor`` on the same pixels (its answers carry boxes, scores and classes as well as
+masks; the box-only export is compared with ``DefaultPredictor`` in
+tests/unit/test_detectron2_export.py, and TorchServe start-up costs about a minute, so one
+server, not two):
 
 - an image at the test size (no resize): boxes, scores, classes and masks as detectron2 gives
   them, up to the JSON's rounding (boxes to 0.01 px, scores to 1e-4), masks pixel-identical;
@@ -62,22 +65,33 @@ def export_job(tmp: Path, masks: bool) -> dict:
             "model_dir": str(tmp / "model"), "output_data_dir": str(tmp / "output")}
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["faster_rcnn", "mask_rcnn"])
-def served(request, tmp_path_factory):
-    masks = request.param
-    tmp = tmp_path_factory.mktemp("d2serve")
+def export(tmp: Path, masks: bool):
     predictor = support.tiny_predictor(masks)
     job = export_job(tmp, masks)
     cfg = predictor.cfg.clone()
     cfg.OUTPUT_DIR = str(tmp / "d2-output")
     export_and_evaluate(cfg, predictor.model, job)
+    return predictor, job
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("d2serve")
+    predictor, job = export(tmp, masks=True)
     tarball = artifact.pack_artifact(job["model_dir"], tmp / "model.tar.gz")
     with LocalEndpoint(tarball, workdir=tmp / "serving", startup_timeout=300) as endpoint:
         yield predictor, job, endpoint
 
 
-def test_export_writes_the_artifact_and_evaluates_through_it(served):
-    _, job, _ = served
+@pytest.fixture(params=[False, True], ids=["faster_rcnn", "mask_rcnn"])
+def exported(request, tmp_path_factory, served):
+    if request.param:
+        return served[1]  # the served one
+    return export(tmp_path_factory.mktemp("d2export"), masks=False)[1]
+
+
+def test_export_writes_the_artifact_and_evaluates_through_it(exported):
+    job = exported
     model_dir, out = Path(job["model_dir"]), Path(job["output_data_dir"])
     assert sorted(p.name for p in model_dir.iterdir()) == ["evaluation.json", "metadata.json", "model.pt"]
     meta = artifact.read_metadata(model_dir)
@@ -118,6 +132,24 @@ def test_served_detections_match_default_predictor(served, spec, tolerance):
     got = served_detections(endpoint, image, masks, meta.category_ids)
     worst = support.compare(got, reference, tolerance, support.SCORE_THRESH)
     assert worst["matched"] >= 0.8 * len(reference)
+
+
+def test_masks_false_answers_the_same_detections_without_masks(served):
+    predictor, job, endpoint = served
+    meta = artifact.read_metadata(job["model_dir"])
+    image = shapes_image(*IMAGES[0][0])
+    reference = support.reference_detections(predictor, np.asarray(image))
+    for detection in reference:
+        detection.mask = None
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    r = requests.post(endpoint.invocations_url, data=buf.getvalue(), timeout=120,
+                      headers={"Content-Type": "image/png", "X-Amzn-SageMaker-Custom-Attributes":
+                               "score_threshold=0;max_detections=1000;masks=false"})
+    assert r.status_code == 200 and r.json()["detections"], r.text
+    assert not any("mask" in d for d in r.json()["detections"])
+    got = served_detections(endpoint, image, False, meta.category_ids)
+    assert support.compare(got, reference, SERVED_EXACT, support.SCORE_THRESH)["matched"] >= 0.8 * len(reference)
 
 
 def test_bad_input_is_a_4xx(served):
