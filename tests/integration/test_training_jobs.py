@@ -11,12 +11,14 @@ import subprocess
 import sys
 import tarfile
 import threading
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from d2ops import synth
 from d2ops.cpu_profile import CALIBRATION_DATA, TORCHVISION_CPU_PROFILE
+from d2ops.documents.evaluation import EvaluationReport
 from d2ops.local_jobs import JobResult, ProcessingJobSpec, TrainingJobSpec, run_processing_job, run_training_job
 from model_code.artifact import load_artifact
 from model_code.inference import image_to_tensor, predict
@@ -147,6 +149,14 @@ def test_evaluation_job_scores_challenger_and_champion_separately(
     assert result.status == "Completed", result.failure_reason
     report = json.loads((tmp_path / "eval-out" / "evaluation.json").read_text())
     assert report["primary_metric"] == "bbox_AP" and report["val_images"] == 40
+    # The document the gate's Lambda reads (one model for writer and reader), with the val split's
+    # instance counts the per-class gate needs.
+    parsed = EvaluationReport.model_validate(report)
+    val = json.loads((shapes / "annotations" / "val.json").read_text())
+    names = {c["id"]: c["name"] for c in val["categories"]}
+    counted = Counter(names[a["category_id"]] for a in val["annotations"] if not a.get("iscrowd"))
+    assert parsed.class_instances == {name: counted[name] for name in names.values()}
+    assert parsed.champion is not None and set(parsed.champion.per_class) <= set(parsed.class_instances)
     # each model's numbers are its own: they match what its training job measured on the same split
     challenger_own = load_artifact(trained.model_artifact).evaluation["metrics"]
     champion_own = load_artifact(cli_out / "model.tar.gz").evaluation["metrics"]
