@@ -3,6 +3,9 @@ from collections.abc import Iterator
 
 import pytest
 
+# Every in-process boto3 call is checked against AWS's whole request contract (enums, patterns, maximums).
+pytest_plugins = ["tests.fixtures.aws_contract_plugin"]
+
 
 @pytest.fixture(scope="module", autouse=True)
 def _fresh_moto_state() -> Iterator[None]:

@@ -227,10 +227,17 @@ def request_problems(service: str, operation: str, request: Mapping[str, Any]) -
     return problems
 
 
+def constraint_problems(request: Any, shape: Any) -> list[str]:
+    """Enums, patterns and maximums of ``request`` for botocore input ``shape`` (what ParamValidator skips)."""
+    return list(_constraint_problems(request, shape, "params"))
+
+
 @functools.cache
 def _pattern(pattern: str) -> re.Pattern[str] | None:
     try:
-        return re.compile(pattern)
+        # DOTALL: whether a service's `.` refuses line breaks (Java's default) is not something the
+        # models say; a free-text member (NextToken: `.*`) is not flagged for holding one.
+        return re.compile(pattern, re.DOTALL)
     except re.error:  # a Java-only construct (\p{...} classes): left to the service
         return None
 
