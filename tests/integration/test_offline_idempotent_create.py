@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,7 +19,13 @@ import pytest
 from d2ops.asl import StateMachine
 from d2ops.offline.runtime import OfflineRuntime
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(scope="module")
+def rt(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineRuntime]:
+    with OfflineRuntime(tmp_path_factory.mktemp("idempotent") / "work", lost_responses={}) as runtime:
+        yield runtime
 
 INPUT = {"dataset": {"name": "shapes", "version": "v1"},
          "gate": {"reason": "challenger bbox_AP 0.55 reaches the threshold", "approval_status": "Approved"},
@@ -56,17 +62,64 @@ def _packages(rt: OfflineRuntime) -> list[str]:
     return sorted(p["ModelPackageArn"] for p in listed["ModelPackageSummaryList"])
 
 
-def test_a_retried_create_model_package_after_a_lost_response_returns_the_first_package(tmp_path: Path) -> None:
-    with OfflineRuntime(tmp_path / "work", lost_responses={"sagemaker:createModelPackage": 1}) as rt:
-        described, history = _run(rt, _register_machine(rt, "register", client_token=True), "with-token")
-        assert described["status"] == "SUCCEEDED", described
-        failures = [e["taskFailedEventDetails"] for e in history if e["type"] == "TaskFailed"]
-        assert [f["error"] for f in failures] == ["SageMaker.SdkClientException"]  # lost once, then retried
-        (package,) = _packages(rt)  # the retry found the package the first call created
-        assert json.loads(described["output"])["registration"]["model_package_arn"] == package
+def test_a_retried_create_model_package_after_a_lost_response_returns_the_first_package(
+        rt: OfflineRuntime) -> None:
+    before = _packages(rt)
+    rt.lost_responses["sagemaker:createModelPackage"] = 1
+    described, history = _run(rt, _register_machine(rt, "register", client_token=True), "with-token")
+    assert described["status"] == "SUCCEEDED", described
+    failures = [e["taskFailedEventDetails"] for e in history if e["type"] == "TaskFailed"]
+    assert [f["error"] for f in failures] == ["SageMaker.SdkClientException"]  # lost once, then retried
+    (package,) = sorted(set(_packages(rt)) - set(before))  # the retry found the package the first call created
+    assert json.loads(described["output"])["registration"]["model_package_arn"] == package
 
-        # The control: the same state without its token registers the model twice after the same fault.
-        rt.lost_responses["sagemaker:createModelPackage"] = 1
-        described, _ = _run(rt, _register_machine(rt, "register-no-token", client_token=False), "without-token")
-        assert described["status"] == "SUCCEEDED", described
-        assert len(_packages(rt)) == 3
+    # The control: the same state without its token registers the model twice after the same fault.
+    rt.lost_responses["sagemaker:createModelPackage"] = 1
+    described, _ = _run(rt, _register_machine(rt, "register-no-token", client_token=False), "without-token")
+    assert described["status"] == "SUCCEEDED", described
+    assert len(_packages(rt)) == len(before) + 3
+
+
+DEPLOY_STATES = ("Create model", "Model already created?", "Find created model", "Created model is ours?",
+                 "Create endpoint config", "Endpoint config already created?", "Find created endpoint config",
+                 "Created endpoint config is ours?")
+
+
+def _deploy_machine(rt: OfflineRuntime) -> StateMachine:
+    """The pipeline's own create states with what follows them stubbed: Succeed where the deployment goes on,
+    Fail where it is recorded as failed."""
+    states: dict[str, Any] = {name: rt.machine.definition["States"][name] for name in DEPLOY_STATES}
+    states["Find current endpoint"] = {"Type": "Succeed"}
+    states["Record deployment failure"] = {"Type": "Fail", "Error": "DeploymentFailed", "CausePath": "$.error.Cause"}
+    return StateMachine.from_definition({"StartAt": "Create model", "States": states}, name="deploy")
+
+
+def _deploy_input(rt: OfflineRuntime, run: str, package: str) -> dict[str, Any]:
+    return {"plan": {"names": {"model": f"{run}-model", "endpoint_config": f"{run}-config"},
+                     "endpoint": {"instance_type": "ml.m5.large", "instance_count": 1}},
+            "registration": {"model_package_arn": package}}
+
+
+def test_retried_create_model_and_endpoint_config_find_what_the_first_attempt_created(rt: OfflineRuntime) -> None:
+    from d2ops.offline.executors import ServiceExecutors
+
+    sagemaker = rt.client("sagemaker")
+    packages = [sagemaker.create_model_package(ModelPackageGroupName=rt.stack.model_package_group,
+                                               ModelApprovalStatus="Approved")["ModelPackageArn"]
+                for _ in range(2)]
+    machine = _deploy_machine(rt)
+    faults = {"sagemaker:createModel": 1, "sagemaker:createEndpointConfig": 1}
+    registry = ServiceExecutors(rt.lambdas, rt.client, faults).registry()
+    execution = machine.run(_deploy_input(rt, "r1", packages[0]), executors=registry)  # virtual clock
+    assert execution.status == "SUCCEEDED", (execution.error, execution.cause)
+    assert faults == {"sagemaker:createModel": 0, "sagemaker:createEndpointConfig": 0}  # both were lost once
+    visited = [e["stateEnteredEventDetails"]["name"] for e in execution.history if e["type"] == "TaskStateEntered"]
+    assert visited == ["Create model", "Find created model", "Create endpoint config",
+                       "Find created endpoint config"]
+    config = sagemaker.describe_endpoint_config(EndpointConfigName="r1-config")
+    assert config["ProductionVariants"][0]["ModelName"] == "r1-model"
+
+    # A name taken by something else (another package) is not ours: the deployment fails, naming it.
+    other = machine.run(_deploy_input(rt, "r1", packages[1]), executors=registry)
+    assert other.status == "FAILED" and other.error == "DeploymentFailed"
+    assert other.cause.startswith('Cannot create already existing model "arn:aws:sagemaker:')

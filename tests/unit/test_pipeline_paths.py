@@ -366,3 +366,18 @@ def test_a_run_that_finds_the_endpoint_busy_waits_with_backoff_then_fails_endpoi
     assert "Release endpoint lease after failure" not in entered_states(ex)
     assert message["cause"] == ex.cause and "stayed leased to arn:aws:states:" in ex.cause
     assert ex.cause.endswith("through 60 waits for the lease")
+
+
+def test_creates_retried_after_lost_responses_find_what_they_created_and_deploy() -> None:
+    ex = run_case("CreatesRetriedAfterLostResponses")
+    assert ex.status == "SUCCEEDED", (ex.error, ex.cause)
+    states = entered_states(ex)
+    # Each create was sent until its Retry gave up (the first answer lost, every retry told the name is taken) ...
+    assert len(task_parameters(ex, "Create model")) == len(task_parameters(ex, "Create endpoint config")) == 5
+    # ... and the run looked at what the first attempt made, found it is its own, and went on.
+    i = states.index("Model already created?")
+    assert states[i:i + 4] == ["Model already created?", "Find created model", "Created model is ours?",
+                               "Create endpoint config"]
+    assert states.count("Find created endpoint config") == 1 and "Create endpoint" in states
+    (find,) = task_parameters(ex, "Find created endpoint config")
+    assert find == {"EndpointConfigName": "shapes-v1-bf3cc289798108cc-config"}

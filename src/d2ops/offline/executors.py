@@ -158,9 +158,11 @@ class ServiceExecutors:
                 raise ResponseLost(f"Unable to execute HTTP request: Read timed out ({service} {match['action']} "
                                    "reached the service; its response was lost)")
             return json_safe(pascal_names(result, operation.output_shape) if match["sdk"] else result)
-        except ResponseLost as exc:
+        except ResponseLost as exc:  # aws-sdk: the SDK's client error; optimised: the service's catch-all
             prefix = _ERROR_PREFIX.get(service, service.capitalize())
-            raise TaskFailed(f"{prefix}.SdkClientException", str(exc)) from exc
+            name = f"{prefix}.SdkClientException" if match["sdk"] else error_name(client, service, "InternalFailure",
+                                                                                   False)
+            raise TaskFailed(name, str(exc)) from exc
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "Unknown")
             message = exc.response.get("Error", {}).get("Message", str(exc))

@@ -32,6 +32,11 @@ _INVOKE = re.compile(r"^/endpoints/(?P<name>[A-Za-z0-9-]{1,63})/invocations$")
 MAX_BODY = 64 * 1024 * 1024  # generous for images; refuses absurd requests before reading them
 # SageMaker operations with an idempotency token (ClientToken) that moto does not honour.
 IDEMPOTENT_OPERATIONS = frozenset({"CreateModelPackage"})
+# Creates whose names SageMaker keeps unique (moto overwrites instead): name member, Describe operation, the
+# ARN member it answers and the noun of SageMaker's "Cannot create already existing ..." message.
+UNIQUE_NAMES = {"CreateModel": ("ModelName", "DescribeModel", "ModelArn", "model"),
+                "CreateEndpointConfig": ("EndpointConfigName", "DescribeEndpointConfig", "EndpointConfigArn",
+                                         "endpoint configuration")}
 
 
 def aws_json(value: Any) -> Any:
@@ -123,6 +128,8 @@ class Gateway:
                 self._json_call(handler, self.sagemaker, operation, body, "1.1")
             elif operation in IDEMPOTENT_OPERATIONS:
                 self._forward_idempotent(handler, operation, body)
+            elif operation in UNIQUE_NAMES:
+                self._forward_unique(handler, operation, body)
             else:
                 self._forward(handler, body)
         else:
@@ -162,6 +169,28 @@ class Gateway:
         except urllib.error.HTTPError as err:
             status, data, content_type = err.code, err.read(), err.headers.get("Content-Type")
         return status, data, content_type or "application/x-amz-json-1.1"
+
+    def _forward_unique(self, handler: BaseHTTPRequestHandler, operation: str, body: bytes) -> None:
+        """A name already in use is refused as SageMaker refuses it (a ValidationException naming the ARN)."""
+        member, describe, arn_member, noun = UNIQUE_NAMES[operation]
+        try:
+            name = json.loads(body or b"{}").get(member)
+        except (ValueError, AttributeError):
+            name = None
+        if isinstance(name, str):
+            original = handler.headers.get("X-Amz-Target")
+            handler.headers.replace_header("X-Amz-Target", f"SageMaker.{describe}")
+            try:
+                status, data, content_type = self._moto(handler, json.dumps({member: name}).encode())
+            finally:
+                handler.headers.replace_header("X-Amz-Target", str(original))
+            if status == 200:
+                arn = json.loads(data).get(arn_member, name)
+                message = f'Cannot create already existing {noun} "{arn}".'
+                self._reply(handler, 400, json.dumps({"__type": "ValidationException", "message": message}).encode(),
+                            content_type)
+                return
+        self._forward(handler, body)
 
     def _forward_idempotent(self, handler: BaseHTTPRequestHandler, operation: str, body: bytes) -> None:
         """SageMaker's idempotency token (moto ignores it): a repeated ``ClientToken`` with the same request
