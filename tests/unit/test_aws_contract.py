@@ -189,3 +189,14 @@ def test_only_a_missing_endpoint_creates_one() -> None:
     assert denied.status == "FAILED" and denied.error == "DeploymentFailed", (denied.error, denied.cause)
     assert "Create endpoint" not in support.entered_states(denied)
     assert "AccessDenied" in str(denied.cause) or "SageMakerException" in str(denied.cause)
+
+
+def test_boto3_calls_in_the_suite_are_held_to_the_whole_contract() -> None:
+    """tests/fixtures/aws_contract_plugin.py: botocore alone would send this request (it checks no
+    patterns); the service would refuse it, and so does every in-process call during the tests."""
+    from botocore.exceptions import ParamValidationError
+
+    client = boto3.client("sagemaker", region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s",
+                          endpoint_url="http://127.0.0.1:9")  # never reached: validation comes first
+    with pytest.raises(ParamValidationError, match="EndpointName: 'd2ops_detector' does not match the pattern"):
+        client.describe_endpoint(EndpointName="d2ops_detector")
