@@ -20,7 +20,23 @@ export SAM_CLI_TELEMETRY := 0
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
-setup: $(STAMP) $(D2_STAMP) $(NODE_STAMP)  ## create .venv and install everything (torch, detectron2, dev and test tools, d2ops editable)
+setup: $(STAMP) $(D2_STAMP) $(NODE_STAMP) $(CHROMIUM_STAMP)  ## create .venv and install everything (torch, detectron2, dev and test tools, Chromium, d2ops editable)
+
+# Debian's Chromium for the console's browser tests (Playwright drives it through executable_path:
+# no Playwright browser download). Installed with apt-get where missing (root, as in CI, or sudo);
+# the stamp is written only once a Chromium is there, so a later `make setup` tries again.
+CHROMIUM_STAMP := $(VENV)/.chromium
+$(CHROMIUM_STAMP): $(STAMP)
+	@if [ -n "$$D2OPS_CHROMIUM" ] || command -v chromium >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  echo "chromium: installing Debian's package (apt-get)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	elif command -v apt-get >/dev/null 2>&1 && command -v sudo >/dev/null 2>&1; then \
+	  echo "chromium: installing Debian's package (sudo apt-get)"; \
+	  sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	fi
+	@if [ -n "$$D2OPS_CHROMIUM" ] || command -v chromium >/dev/null 2>&1; then touch $@; \
+	else echo "chromium: not installed; the console tests will fail until it is (or D2OPS_CHROMIUM names one)"; fi
 
 # Node tools the tests run (asl-validator checks the substituted state machine definition).
 $(NODE_STAMP): tools/package.json tools/package-lock.json
