@@ -11,6 +11,7 @@ it runs (the graph executor compiles a graph on first use).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -18,7 +19,8 @@ _DEVICE_TYPE = "Device"
 _TENSOR_TYPE = "Tensor"
 
 
-def _graphs(module: torch.jit.ScriptModule) -> Iterator[torch.Graph]:
+def _graphs(module: torch.jit.ScriptModule) -> Iterator[Any]:  # torch.Graph; its stubs lack findAllNodes
+    sub: Any
     for sub in module.modules():
         for name in sub._c._method_names():
             yield sub._c._get_method(name).graph
