@@ -221,7 +221,8 @@ def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str) -> Ru
     if doc.get("deployment") or doc.get("endpoint"):
         endpoint = EndpointInfo(name=(doc.get("champion") or {}).get("endpoint_name"),
                                 mode=(doc.get("deployment") or {}).get("mode"),
-                                status=(doc.get("endpoint") or {}).get("status"),
+                                # $.endpoint is the run's last DescribeEndpoint answer
+                                status=(doc.get("endpoint") or {}).get("EndpointStatus"),
                                 endpoint_config=(doc.get("plan") or {}).get("names", {}).get("endpoint_config"))
     return RunDetail(
         run_id=run_id, execution_arn=arn, status=execution["status"],
