@@ -1,0 +1,132 @@
+"""The offline endpoint's canary, for real: two TorchServes, the traffic split, the smoke test in the
+bake, and the auto-rollback alarm. The DeploymentConfig is the state machine's own.
+
+A good model is promoted after its bake; a model that loads and warms up but fails on real
+images is caught by the smoke test during the bake, the smoke test alarm is tripped as the
+state machine trips it, and the old model serves again (and the bad server is gone).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from d2ops.offline.runtime import OfflineRuntime
+from tests.fixtures.pipeline import support
+from tests.fixtures.serving.failing_model import failing_artifact
+from tests.fixtures.serving.support import cached_artifact, png_bytes
+
+support.function_path("smoke_test_endpoint")
+from smoke_test_endpoint.models import SmokeTestEvent  # noqa: E402
+from smoke_test_endpoint.service import SmokeTestFailed, smoke_test  # noqa: E402
+
+# Three TorchServe starts and a bake: minutes, so with the slow checks (`make test-all`).
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
+ROLE = "arn:aws:iam::123456789012:role/d2ops-SageMakerExecutionRole"
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/d2ops-serving:offline"
+PREFIX = "datasets/canary/v1/"
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineRuntime]:
+    with OfflineRuntime(tmp_path_factory.mktemp("canary") / "work") as rt:
+        # Long enough for the smoke test on a loaded 2-core machine (each answer can take seconds).
+        rt.sagemaker.max_bake_seconds = 90
+        rt.client("s3").put_object(Bucket=rt.stack.data_bucket, Key=PREFIX + "images/a.png", Body=png_bytes())
+        yield rt
+
+
+def deployment_config(rt: OfflineRuntime) -> dict[str, Any]:
+    """The Update endpoint state's DeploymentConfig, substituted as the stack substitutes it."""
+    text = json.dumps(json.loads(support.DEFINITION.read_text())["States"]["Update endpoint (blue/green)"]
+                      ["Parameters"]["DeploymentConfig"])
+    for key, value in rt.stack.substitutions.items():
+        text = text.replace("${" + key + "}", str(value))
+    config: dict[str, Any] = json.loads(text)
+    return config
+
+
+def endpoint_config(rt: OfflineRuntime, name: str, tar: Path) -> str:
+    key = f"runs/{name}/model.tar.gz"
+    rt.client("s3").upload_file(str(tar), rt.stack.artifacts_bucket, key)
+    sm = rt.client("sagemaker")
+    package = sm.create_model_package(
+        ModelPackageGroupName=rt.stack.model_package_group, ModelApprovalStatus="Approved",
+        InferenceSpecification={"Containers": [{"Image": IMAGE,
+                                                "ModelDataUrl": f"s3://{rt.stack.artifacts_bucket}/{key}"}],
+                                "SupportedContentTypes": ["image/png"],
+                                "SupportedResponseMIMETypes": ["application/json"]})
+    sm.create_model(ModelName=f"{name}-model", ExecutionRoleArn=ROLE,
+                    PrimaryContainer={"ModelPackageName": package["ModelPackageArn"]})
+    sm.create_endpoint_config(EndpointConfigName=f"{name}-config", ProductionVariants=[{
+        "VariantName": "AllTraffic", "ModelName": f"{name}-model", "InstanceType": "ml.m5.large",
+        "InitialInstanceCount": 1}])
+    return f"{name}-config"
+
+
+def wait_for(rt: OfflineRuntime, done: Any, timeout: float = 400) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        described: dict[str, Any] = rt.client("sagemaker").describe_endpoint(EndpointName=rt.stack.endpoint_name)
+        if done(described):
+            return described
+        time.sleep(0.5)
+    raise AssertionError(f"endpoint still {described['EndpointStatus']} after {timeout} s")
+
+
+def baking(described: dict[str, Any]) -> bool:
+    stages = [s["Status"] for v in described.get("PendingDeploymentSummary", {}).get("ProductionVariants", [])
+              for s in v.get("VariantStatus", [])]
+    return described["EndpointStatus"] == "Updating" and stages == ["Baking"]
+
+
+def in_service(described: dict[str, Any]) -> bool:
+    return bool(described["EndpointStatus"] == "InService")
+
+
+def test_a_good_canary_is_promoted_and_a_bad_one_rolled_back_by_its_smoke_test(runtime: OfflineRuntime,
+                                                                             tmp_path: Path) -> None:
+    sm, name = runtime.client("sagemaker"), runtime.stack.endpoint_name
+    smoke = SmokeTestEvent(endpoint_name=name, bucket=runtime.stack.data_bucket, prefix=PREFIX, requests=8)
+    clients = (runtime.client("s3"), runtime.client("sagemaker-runtime"))
+    good = cached_artifact(pack=True)
+    blue = endpoint_config(runtime, "blue", good)
+    sm.create_endpoint(EndpointName=name, EndpointConfigName=blue)
+    assert wait_for(runtime, in_service)["EndpointConfigName"] == blue
+    assert smoke_test(smoke, *clients).requests == 8
+
+    # A good model: during the bake a quarter of the requests reach it, then it takes everything.
+    green = endpoint_config(runtime, "green", good)
+    sm.update_endpoint(EndpointName=name, EndpointConfigName=green, DeploymentConfig=deployment_config(runtime))
+    wait_for(runtime, baking)
+    before = runtime.sagemaker.served(name)
+    smoke_test(smoke, *clients)
+    after = runtime.sagemaker.served(name)
+    assert baking(sm.describe_endpoint(EndpointName=name)), "the bake ended before the smoke test did"
+    assert after.get(green, 0) - before.get(green, 0) == 2 and after[blue] - before[blue] == 6  # 25 % of 8
+    described = wait_for(runtime, in_service)
+    assert described["EndpointConfigName"] == green and "PendingDeploymentSummary" not in described
+    green_url = runtime.sagemaker.endpoint_url(name)
+
+    # A model that fails on real images: the smoke test in the bake sees the canary's 5xx.
+    bad = endpoint_config(runtime, "bad", failing_artifact(cached_artifact(), tmp_path))
+    sm.update_endpoint(EndpointName=name, EndpointConfigName=bad, DeploymentConfig=deployment_config(runtime))
+    wait_for(runtime, baking)
+    with pytest.raises(SmokeTestFailed, match=r"request \d of 8: .* answered 500"):
+        smoke_test(smoke, *clients)
+    assert runtime.client("sagemaker").describe_endpoint(EndpointName=name)["EndpointStatus"] == "Updating"
+    # What the state machine's "Trip smoke test alarm" state does; SageMaker then rolls back.
+    runtime.client("cloudwatch").set_alarm_state(AlarmName=runtime.stack.substitutions["SmokeTestAlarmName"],
+                                                 StateValue="ALARM", StateReason="smoke test failed")
+    described = wait_for(runtime, in_service, timeout=60)
+    assert described["EndpointConfigName"] == green and "SmokeTestAlarm" in described["FailureReason"]
+    assert runtime.sagemaker.endpoint_url(name) == green_url
+    served = runtime.sagemaker.served(name)
+    result = smoke_test(smoke, *clients)  # the old model answers every request again
+    assert result.requests == 8 and runtime.sagemaker.served(name)[green] - served[green] == 8
+    assert runtime.sagemaker.served(name).get(bad, 0) == served.get(bad, 0)
