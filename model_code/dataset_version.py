@@ -8,11 +8,13 @@ trainer and the artifact use (sorted dataset category ids -> labels 0..K-1).
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from d2ops.validation.manifest import MANIFEST_FILE, parse_manifest
+from d2ops.validation.split import DerivedSplit, SplitError, derive_split, split_seed
 
 
 class DatasetError(Exception):
@@ -28,6 +30,7 @@ class DatasetVersion:
     train_json: Path
     val_json: Path
     images_dir: Path
+    derived: DerivedSplit | None = None  # set when val was derived from train (d2ops.validation.split)
 
     def split(self, split: Literal["train", "val"]) -> Path:
         return self.train_json if split == "train" else self.val_json
@@ -58,10 +61,31 @@ def open_dataset_version(root: Path | str) -> DatasetVersion:
     version = DatasetVersion(root=base, name=manifest.name, version=manifest.version, task=manifest.task,
                              train_json=base / manifest.train, val_json=base / manifest.val,
                              images_dir=base / manifest.images_prefix)
+    if not manifest.val_named and not version.val_json.is_file() and version.train_json.is_file():
+        version = _with_derived_val(version, manifest.train)
     for path in (version.train_json, version.val_json):
         if not path.is_file():
             raise DatasetError(f"{path}: missing (named by {manifest_path})")
     return version
+
+
+def _with_derived_val(version: DatasetVersion, train_rel: str) -> DatasetVersion:
+    """The same split the validator recorded (d2ops.validation.split is deterministic), written to a scratch directory.
+
+    Channels may be read-only, so the two documents go to a temporary directory; images stay
+    where they are (file_name values are relative to images_dir, which does not move).
+    """
+    try:
+        train, val, record = derive_split(read_coco(version.train_json), split_seed(version.name, version.version),
+                                          train_rel)
+    except SplitError as exc:
+        raise DatasetError(f"{version.root}: no val split and none can be derived: {exc}") from None
+    out = Path(tempfile.mkdtemp(prefix="d2ops-split-"))
+    (out / "train.json").write_text(json.dumps(train))
+    (out / "val.json").write_text(json.dumps(val))
+    return DatasetVersion(root=version.root, name=version.name, version=version.version, task=version.task,
+                          train_json=out / "train.json", val_json=out / "val.json", images_dir=version.images_dir,
+                          derived=record)
 
 
 def read_coco(path: Path) -> dict[str, Any]:

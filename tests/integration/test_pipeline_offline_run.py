@@ -63,9 +63,13 @@ def stack() -> Iterator[dict[str, Any]]:
 
 
 def upload(stack: dict[str, Any], tmp: Path, version: str, *, drop_image: bool = False,
-           manifest: dict[str, Any] | None = None) -> runs.DatasetRef:
+           manifest: dict[str, Any] | None = None, without_val: bool = False) -> runs.DatasetRef:
     local = tmp / version
     synth.generate(local, images=8, size=64, version=version, seed=len(version))
+    if without_val:  # a train-only version: val is derived (d2ops.validation.split)
+        doc = json.loads((local / "manifest.json").read_text())
+        (local / doc.pop("val")).unlink()
+        (local / "manifest.json").write_text(json.dumps(doc))
     if manifest:
         doc = json.loads((local / "manifest.json").read_text())
         (local / "manifest.json").write_text(json.dumps({**doc, **manifest}))
@@ -195,3 +199,17 @@ def test_a_manifest_that_loosens_the_stack_gate_is_rejected_before_training(stac
     assert "MinMap 0.3" in report["errors"][0]["message"]
     listed = stack["s3"].list_objects_v2(Bucket=support.ARTIFACTS_BUCKET, Prefix=f"runs/{execution.name}/")
     assert [o["Key"] for o in listed["Contents"]] == [key]  # only the validation report: nothing was trained
+
+
+def test_a_version_without_val_runs_on_a_derived_split_recorded_in_the_run(stack: dict[str, Any],
+                                                                          tmp_path: Path) -> None:
+    execution, _ = run(stack, upload(stack, tmp_path, "trainonly", without_val=True))
+    assert execution.status == "SUCCEEDED", (execution.error, execution.cause)
+    derived = execution.output["validation"]["summary"]["derived_split"]  # in the run, not only in the report
+    assert derived["seed"] == "shapes/trainonly" and derived["val_images"] >= 1 and derived["train_images"] >= 1
+    bucket, key = runs.parse_s3_uri(execution.output["validation"]["summary"]["report_uri"])
+    report = json.loads(stack["s3"].get_object(Bucket=bucket, Key=key)["Body"].read())
+    assert report["derived_split"] == derived
+    assert report["splits"]["val"]["images"] == derived["val_images"]
+    job = stack["sagemaker"].describe_training_job(TrainingJobName=execution.output["plan"]["names"]["training_job"])
+    assert {c["ChannelName"] for c in job["InputDataConfig"]} == {"train", "val"}  # the trainer derives the same

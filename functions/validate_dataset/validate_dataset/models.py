@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from d2ops.validation.codes import Code
 from d2ops.validation.report import DatasetName  # the report's own model: one class for both documents
+from d2ops.validation.split import DerivedSplit
 
 
 class ValidateDatasetEvent(BaseModel):
@@ -36,5 +37,7 @@ class ValidationSummary(BaseModel):
     error_codes: dict[str, int] = Field(default_factory=dict, description="every error counted by code (bounded by "
                                                                          "the set of codes): the rejection metrics")
     report_uri: str
+    derived_split: DerivedSplit | None = Field(default=None, description="how val was derived from train when the "
+                                                                         "dataset version has none (the run keeps it)")
     manifest: dict[str, Any] | None = Field(description="optional manifest keys (task, training, gate), defaults "
                                                         "applied; null when the manifest is invalid")

@@ -29,6 +29,7 @@ def summarize(report: ValidationReport, report_uri: str) -> ValidationSummary:
                       for i in report.errors[:FIRST_ERRORS]],
         error_codes={code: n for code, n in report.issue_counts.items() if severity(Code(code)) is Severity.ERROR},
         report_uri=report_uri,
+        derived_split=report.derived_split,
         manifest=report.manifest.optional_settings() if report.manifest else None,
     )
 

@@ -24,6 +24,7 @@ from d2ops.validation.manifest import (
 )
 from d2ops.validation.report import DatasetName, ImageCheck, IssueLog, SplitStats, ValidationReport, printable
 from d2ops.validation.sources import LocalSource, S3Source, Source
+from d2ops.validation.split import DerivedSplit, SplitError, derive_split, split_seed
 
 DEFAULT_IMAGE_SAMPLE = 200
 logger = logging.getLogger(__name__)
@@ -92,6 +93,30 @@ def _cross_split(train: SplitResult | None, val: SplitResult | None, log: IssueL
             log.add(Code.SPLIT_OVERLAP, f"{ref.file_name} is in train too", val.file, f"images[{ref.index}].file_name")
 
 
+def _derive_val(source: Source, manifest: Manifest, log: IssueLog,
+                limits: Thresholds) -> tuple[DerivedSplit, SplitResult, SplitResult] | None:
+    """Derive val from the (already checked) train file; the derived sides' own stats, or None.
+
+    The issues of the train file are already in ``log``; the two derived documents are checked
+    again only for their statistics and the cross-split checks, into a scratch log.
+    """
+    with source.open_large(manifest.train) as buffer:
+        document = json.loads(bytes(buffer))
+    try:
+        train, val, record = derive_split(document, split_seed(manifest.name, manifest.version), manifest.train)
+    except SplitError as exc:
+        log.add(Code.MANIFEST_PATH_MISSING, f"no val annotations were uploaded and none can be derived: {exc}",
+                MANIFEST_FILE, "val")
+        return None
+    del document
+    scratch = IssueLog()
+    sides = [check_split(json.dumps(doc).encode(), split, f"{manifest.train} (derived {split})", scratch,
+                         task=manifest.task, limits=limits) for split, doc in (("train", train), ("val", val))]
+    if sides[0] is None or sides[1] is None:
+        return None
+    return record, sides[0], sides[1]
+
+
 def _check_failed(log: IssueLog, file: str | None, what: str, exc: Exception) -> None:
     """A check raised where it never should: reject with CHECK_FAILED (one line), keep the trace in the log.
 
@@ -115,6 +140,7 @@ def validate_source(source: Source, *, check_images: bool = True, image_sample: 
     started = time.perf_counter()
     log = IssueLog()
     splits: dict[str, SplitStats] = {}
+    derived: DerivedSplit | None = None
     image_check = ImageCheck(mode="skipped")
     manifest: Manifest | None = None
     raw = b""
@@ -122,7 +148,8 @@ def validate_source(source: Source, *, check_images: bool = True, image_sample: 
     def report() -> ValidationReport:
         return ValidationReport.build(source=source.uri, log=log, manifest=manifest,
                                       dataset=_dataset_ref(manifest, raw, expected), splits=splits,
-                                      images=image_check, seconds=time.perf_counter() - started)
+                                      images=image_check, seconds=time.perf_counter() - started,
+                                      derived_split=derived)
 
     say(f"listing {source.uri}")
     files = source.list_files()
@@ -156,10 +183,15 @@ def validate_source(source: Source, *, check_images: bool = True, image_sample: 
         log.add(Code.MANIFEST_VALUE_INVALID, f"train and val are the same file {manifest.train!r}", MANIFEST_FILE,
                 "val")
 
+    # No val named and none uploaded: val is derived from train (d2ops.validation.split); a val file
+    # the manifest names but that is missing stays an error.
+    derive_val = not manifest.val_named and manifest.val not in files
     results: dict[str, SplitResult] = {}
     for split, rel in (("train", manifest.train), ("val", manifest.val)):
+        if split == "val" and derive_val:
+            continue
         if rel not in files:
-            hint = "" if split == "train" else " (a val split is not derived automatically: upload one)"
+            hint = "" if split == "train" else " (omit val from the manifest to have one derived from train)"
             log.add(Code.MANIFEST_PATH_MISSING, f"the {split} annotations {rel} named by the manifest were not "
                     f"uploaded{hint}", MANIFEST_FILE, split)
             continue
@@ -179,8 +211,24 @@ def validate_source(source: Source, *, check_images: bool = True, image_sample: 
             results[split] = result
             splits[split] = result.stats
             say(f"  {split}: {result.stats.images} images, {result.stats.instances} instances")
+    crossed = dict(results)  # what training and evaluation will read: the derived sides when val is derived
+    if derive_val and "train" in results and log.error_count == 0:  # a rejected train file is not split
+        say(f"deriving a val split from {manifest.train}")
+        try:
+            sides = _derive_val(source, manifest, log, limits)
+        except Exception as exc:
+            _check_failed(log, manifest.train, "derived val split", exc)
+            sides = None
+        if sides is not None:
+            derived, crossed["train"], crossed["val"] = sides
+            for split in ("train", "val"):
+                stats = crossed[split].stats
+                if stats is not None:
+                    splits[split] = stats
+            say(f"  derived: {derived.train_images} train images, {derived.val_images} val images "
+                f"(seed {derived.seed})")
     try:
-        _cross_split(results.get("train"), results.get("val"), log, limits)
+        _cross_split(crossed.get("train"), crossed.get("val"), log, limits)
     except Exception as exc:
         _check_failed(log, None, "cross-split", exc)
 

@@ -96,6 +96,11 @@ class Manifest(_Strict):
         return value
 
     @property
+    def val_named(self) -> bool:
+        """The manifest names ``val`` itself: a missing file is then an error, never a derived split."""
+        return "val" in self.model_fields_set
+
+    @property
     def images_prefix(self) -> str:
         """``images`` as a prefix ending in exactly one slash."""
         return self.images.rstrip("/") + "/"

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from d2ops.validation.codes import Code, Severity, severity
 from d2ops.validation.manifest import Manifest
+from d2ops.validation.split import DerivedSplit
 
 REPORT_VERSION = 1
 # A broken 800k-annotation file must still make a report of bounded size: keep the first
@@ -130,12 +131,15 @@ class ValidationReport(BaseModel):
     errors: list[Issue]
     warnings: list[Issue]
     splits: dict[str, SplitStats]
+    derived_split: DerivedSplit | None = Field(
+        default=None, description="set when the manifest names no val and none was uploaded: how val was derived")
     images: ImageCheck
     seconds: float
 
     @classmethod
     def build(cls, *, source: str, log: IssueLog, manifest: Manifest | None, dataset: DatasetName,
-              splits: dict[str, SplitStats], images: ImageCheck, seconds: float) -> ValidationReport:
+              splits: dict[str, SplitStats], images: ImageCheck, seconds: float,
+              derived_split: DerivedSplit | None = None) -> ValidationReport:
         return cls(
             source=source, valid=log.error_count == 0, dataset=dataset, manifest=manifest,
             error_count=log.error_count, warning_count=log.warning_count,
@@ -143,7 +147,7 @@ class ValidationReport(BaseModel):
             issues_truncated=any(n > log.cap for n in log.counts.values()),
             errors=[i for i in log.kept if i.severity is Severity.ERROR],
             warnings=[i for i in log.kept if i.severity is Severity.WARNING],
-            splits=splits, images=images, seconds=round(seconds, 3),
+            splits=splits, derived_split=derived_split, images=images, seconds=round(seconds, 3),
         )
 
     def has(self, code: Code) -> bool:
