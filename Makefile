@@ -94,6 +94,11 @@ lint: setup  ## ruff, mypy, import-linter (package boundaries), cfn-lint, sam va
 bench-validate: setup  ## validator vs pycocotools COCO() on a train2017-sized file (time, peak RSS)
 	$(BIN)/python -m d2ops.bench.validate --workdir build/bench-validate
 
+# --- evaluation (issue 13) --------------------------------------------------------------
+.PHONY: bench-eval
+bench-eval: setup  ## our bbox evaluation (faster-coco-eval) vs pycocotools COCOeval on val2017-sized data (time, stats)
+	nice -n 10 $(BIN)/python -m d2ops.bench.eval --workdir build/bench-eval
+
 # --- serving (issue 4) ------------------------------------------------------------------
 .PHONY: bench-serve
 bench-serve: setup  ## TorchServe /invocations (concurrency 1 and 8, batching on/off) vs in-process predict
