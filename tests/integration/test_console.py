@@ -9,10 +9,15 @@ tests/e2e/test_offline_pipeline.py.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +30,7 @@ from tests.fixtures.console import browser_page, screenshot
 from tests.fixtures.offline.support import break_dataset, tiny_dataset
 
 pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +127,26 @@ def test_the_console_server_refuses_what_it_does_not_serve(console: tuple[Consol
     assert status == 400 and "X-Score-Threshold" in answer["message"]
     status, answer = _request(invoke, "POST", b"\x89PNG", {**console_headers, "Content-Type": "image/png"})
     assert status == 404 and rt.stack.endpoint_name in answer["message"]  # no endpoint before a deployment
+
+
+def test_the_command_serves_the_running_runtime_and_reaches_its_endpoint_through_the_gateway(
+        console: tuple[Console, OfflineRuntime, RunSummary]) -> None:
+    _, rt, summary = console
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    # While this runtime holds the work dir, the command reads its status API (runtime.json).
+    process = subprocess.Popen([sys.executable, "-m", "d2ops", "console", "--work-dir", str(rt.work_dir)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        found = re.match(r"d2ops console: (http://127\.0\.0\.1:\d+/) ", line)
+        assert found, (line, process.stderr.read() if process.poll() is not None and process.stderr else "")
+        status, listing = _request(found[1] + "api/runs")
+        assert status == 200 and [r["run_id"] for r in listing["runs"]] == [summary.run_id]
+        status, answer = _request(f"{found[1]}api/endpoints/{rt.stack.endpoint_name}/invocations", "POST", b"\x89PNG",
+                                  {"X-D2ops-Console": "1", "Content-Type": "image/png"})
+        assert status == 404 and rt.stack.endpoint_name in answer["message"]  # asked the gateway: not deployed
+    finally:
+        os.killpg(process.pid, signal.SIGINT)
+        assert process.wait(timeout=30) == 0

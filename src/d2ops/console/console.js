@@ -40,7 +40,7 @@ function say(id, text, isError) {
   node.className = isError ? "error" : "";
 }
 
-async function api(path) {
+async function fetchJson(path) {
   const response = await fetch("/api" + path, {headers: {"Accept": "application/json"}});
   let body = null;
   try { body = await response.json(); } catch (e) { body = null; }
@@ -96,6 +96,7 @@ function table(headers, rows, attrs) {
 
 // ----- the run list ----------------------------------------------------------------------
 async function showRuns() {
+  currentView += 1;
   document.getElementById("runs-view").hidden = false;
   document.getElementById("run-view").hidden = true;
   const body = document.querySelector("#runs tbody");
@@ -127,7 +128,18 @@ async function showRuns() {
 }
 
 // ----- one run ---------------------------------------------------------------------------
+// Answers for a view the user has left (a slow report of the previous run) are dropped.
+let currentView = 0;
+
+async function api(path) {
+  const view = currentView;
+  const answer = await fetchJson(path);
+  if (view !== currentView) return new Promise(() => {});  // never settles: nothing is drawn
+  return answer;
+}
+
 async function showRun(runId) {
+  currentView += 1;
   document.getElementById("runs-view").hidden = true;
   document.getElementById("run-view").hidden = false;
   document.getElementById("run-title").textContent = "Run " + runId;
@@ -368,6 +380,7 @@ async function showDeployment(run) {
   document.getElementById("try-form-endpoint").value = name || "";
   document.getElementById("try-endpoint").textContent = name ? "endpoint " + name : "no endpoint yet";
   if (name) await showHistory(name);
+  else document.getElementById("history").append(el("p", {"class": "muted"}, "no endpoint has been deployed yet"));
 }
 
 async function showHistory(name) {
