@@ -126,6 +126,7 @@ def test_validation_records_the_split_that_training_and_evaluation_read(tmp_path
     assert report.valid, report.describe()
     derived = report.derived_split
     assert derived is not None and derived.seed == "shapes/v7"
+    assert f"val derived from annotations/train.json (seed shapes/v7): {derived.val_images} val" in report.describe()
     assert (report.splits["train"].images, report.splits["val"].images) == (derived.train_images, derived.val_images)
     version = open_dataset_version(dataset)  # what the trainer and the evaluation job call
     assert version.derived == derived

@@ -170,6 +170,11 @@ class ValidationReport(BaseModel):
         for split, s in self.splits.items():
             lines.append(f"  {split}: {s.images} images, {s.instances} instances, {s.categories} categories "
                          f"(boxes small/medium/large {s.box_sizes.small}/{s.box_sizes.medium}/{s.box_sizes.large})")
+        if self.derived_split is not None:
+            d = self.derived_split
+            lines.append(f"  val derived from {d.source} (seed {d.seed}): {d.val_images} val, {d.train_images} train "
+                         f"images" + (f"; categories without a val image: {d.unsplit_categories}"
+                                      if d.unsplit_categories else ""))
         lines.append(f"  image files: {self.images.mode}, {self.images.referenced} referenced, "
                      f"{self.images.missing} missing, {self.images.probed} probed, {self.images.decoded} decoded")
         for title, issues in (("errors", self.errors), ("warnings", self.warnings)):
