@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 
 from d2ops import cost
+from d2ops.commands.console import Console, invoke_with
 from d2ops.offline.client import offline_status_api
 from d2ops.offline.pipeline import run_pipeline
 from d2ops.offline.runtime import OfflineRuntime
 from d2ops.offline.stack import cpu_training_profile
+from tests.fixtures.console import browser_page, screenshot
 from tests.fixtures.offline.support import tiny_dataset
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
@@ -126,3 +128,66 @@ def test_a_manifest_asking_for_a_laxer_gate_is_rejected_before_training(runtime:
     first_errors = summary.output["failure"]["first_errors"]  # what the notification and GET /runs/{id} show
     assert [(e["code"], e["location"]) for e in first_errors] == [("GATE_MAX_REGRESSION_ABOVE_STACK",
                                                                    "manifest.json:gate.max_regression")]
+
+
+def test_the_console_shows_the_runs_their_reports_the_endpoint_history_and_detections(
+        runtime: OfflineRuntime, datasets: Path) -> None:
+    """`d2ops console` in headless Chromium on this module's three runs (no training of its own)."""
+    api = offline_status_api(runtime.status_api.url)
+    runs = {r["dataset_version"]: r["run_id"] for r in api.get("/runs")["runs"]}
+    deployed, gated = runs["v1"], runs["v2"]
+    smr = runtime.client("sagemaker-runtime")
+    image = next(p for p in sorted((datasets / "tiny-v1" / "images").rglob("*")) if p.suffix in (".png", ".jpg"))
+    expected = json.loads(smr.invoke_endpoint(EndpointName=runtime.stack.endpoint_name, Body=image.read_bytes(),
+                                              ContentType="image/png" if image.suffix == ".png" else "image/jpeg",
+                                              CustomAttributes="score_threshold=0.0")["Body"].read())["detections"]
+    with Console(api, invoke_with(smr)) as server, browser_page() as page:
+        page.goto(server.url)
+        for run_id in runs.values():
+            page.locator(f'tr.run[data-run="{run_id}"] td.gate[data-loaded]').wait_for(timeout=60_000)
+        gate = {v: page.locator(f'tr.run[data-run="{r}"] td.gate').inner_text() for v, r in runs.items()}
+        assert gate == {"v1": "approved", "v2": "rejected", "v3": "-"}  # v3 was rejected before training
+        assert page.locator(f'tr.run[data-run="{deployed}"] td.cost').inner_text().startswith("$")
+        screenshot(page, "e2e-run-list")
+
+        page.goto(f"{server.url}#run={deployed}")
+        page.locator("#run-title", has_text=deployed).wait_for(timeout=60_000)
+        page.locator("#history-served").wait_for(timeout=60_000)
+        page.locator("#pr-curves svg.pr-curve").first.wait_for(timeout=60_000)
+        graph = api.get(f"/runs/{deployed}/graph")
+        assert page.locator("#graph-svg g.state").count() == len(graph["nodes"])
+        assert page.locator("#graph-svg path.transition.taken").count() == sum(e["taken"] for e in graph["edges"])
+        promoted = page.locator('#graph-svg g.state[data-name="Promote to champion"]')
+        assert promoted.get_attribute("data-status") == "succeeded"
+        report = api.get(f"/runs/{deployed}/evaluation")
+        classes = sorted(report["challenger"]["per_class"])
+        assert len(classes) == 3 and report["champion"] is None  # the first model has no champion to face
+        assert page.locator("#per-class-ap rect.bar.challenger").count() == len(classes)
+        assert page.locator("#per-class-ap rect.bar.champion").count() == 0
+        assert page.locator("#pr-curves svg.pr-curve").count() == len(classes)
+        assert page.locator("#pr-curves polyline.curve.challenger").count() >= 1
+        assert page.locator("#gate-decision").inner_text().startswith("approved")
+        served = page.locator("#history-served tbody tr")
+        assert served.count() == 1 and "serving now" in served.inner_text()
+
+        page.set_input_files("#try-file", str(image))
+        page.fill("#try-threshold", "0")
+        page.click("#try-send")
+        page.locator("#try-canvas[data-detections]").wait_for(timeout=60_000)
+        drawn = int(page.locator("#try-canvas").get_attribute("data-detections") or -1)
+        # What the page draws is the endpoint's answer for this image and threshold (a six-iteration model
+        # may find nothing; the boxes are then none, and the picture is still shown).
+        assert drawn == len(expected) == page.locator("#try-canvas rect.detection").count()
+        assert page.locator("#try-detections li").count() == drawn
+        assert page.locator("#try-canvas image").count() == 1
+        assert page.locator("#try-message").inner_text() == f"{drawn} detection(s)"
+        screenshot(page, "e2e-deployed-run")
+
+        page.goto(f"{server.url}#run={gated}")
+        page.locator("#run-title", has_text=gated).wait_for(timeout=60_000)
+        page.locator("#per-class-ap").wait_for(timeout=60_000)
+        assert page.locator("#per-class-ap rect.bar.champion").count() == len(classes)  # beside the champion's
+        assert page.locator("#gate-decision").inner_text().startswith("rejected")
+        assert "this run did not deploy" in page.locator("#deployment").inner_text()
+        screenshot(page, "e2e-gated-run")
+        assert page.problems == []
