@@ -307,8 +307,9 @@ function perClassChart(classes, models, metric) {
   const root = svg("svg", {"id": "per-class-ap", "width": width + 20, "height": height});
   root.append(svg("text", {"x": 0, "y": 14, "font-size": 13, "font-weight": "bold"}, `per-class ${metric}`));
   who.forEach((w, i) => {
-    root.append(svg("rect", {"x": left + i * 110, "y": 4, "width": 10, "height": 10, "fill": MODEL_COLOURS[w]}));
-    root.append(svg("text", {"x": left + i * 110 + 14, "y": 13, "font-size": 11}, w));
+    const x = 180 + i * 110;  // right of the title
+    root.append(svg("rect", {"x": x, "y": 4, "width": 10, "height": 10, "fill": MODEL_COLOURS[w]}));
+    root.append(svg("text", {"x": x + 14, "y": 13, "font-size": 11}, w));
   });
   const scale = width - left - 50;
   classes.forEach((name, row) => {
