@@ -1,0 +1,127 @@
+"""The pipeline's canary end to end offline: real state machine, Lambdas, evaluation jobs and TorchServes.
+
+Training is not what this module tests, so its training jobs hand back the serving tests'
+session-cached exported detector (no model is trained here). The first run creates the
+endpoint; the second deploys the same model as a canary and is promoted after its smoke test
+in the bake; the third deploys a model that loads and warms up but fails on real images: the
+smoke test in the bake fails, the smoke-test alarm rolls the update back, the run waits until
+the previous config serves again and ends DeploymentFailed, and the old model keeps answering.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from d2ops.offline.pipeline import run_pipeline
+from d2ops.offline.runtime import OfflineRuntime
+from d2ops.offline.sagemaker import JobBackend, JobOutcome, ServedModel, ServingBackend
+from model_code import artifact
+from tests.fixtures.offline.support import tiny_dataset
+from tests.fixtures.serving.failing_model import failing_artifact, for_synthetic_shapes
+from tests.fixtures.serving.support import cached_artifact
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
+
+
+class ReuseExportedModel:
+    """Training jobs answer with an already exported model; processing (evaluation) jobs run for real."""
+
+    def __init__(self, jobs: JobBackend, model_tar: Path) -> None:
+        self.jobs, self.model_tar = jobs, model_tar
+
+    def run_training(self, request: dict[str, Any], channels: dict[str, Path], work_dir: Path,
+                     stop: threading.Event) -> JobOutcome:
+        return JobOutcome(failure_reason=None, model_tar=self.model_tar, log_lines=[])
+
+    def run_processing(self, request: dict[str, Any], inputs: dict[str, Path], work_dir: Path,
+                       stop: threading.Event) -> JobOutcome:
+        return self.jobs.run_processing(request, inputs, work_dir, stop)
+
+
+class ServeInstead:
+    """Serves ``replacement`` for every endpoint started while ``active`` (the bad model's deployment)."""
+
+    def __init__(self, serving: ServingBackend, replacement: Path) -> None:
+        self.serving, self.replacement, self.active = serving, replacement, False
+
+    def start(self, model_tar: Path, work_dir: Path, name: str) -> ServedModel:
+        return self.serving.start(self.replacement if self.active else model_tar, work_dir, name)
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineRuntime]:
+    model = for_synthetic_shapes(cached_artifact(), tmp_path_factory.mktemp("model"))
+    with OfflineRuntime(tmp_path_factory.mktemp("canary-e2e") / "work", parameters={"MinMap": "0"}) as rt:
+        rt.sagemaker.jobs = ReuseExportedModel(rt.sagemaker.jobs,
+                                               artifact.pack_artifact(model, model.parent / "model.tar.gz"))
+        rt.sagemaker.max_bake_seconds = 90  # the 24-request smoke test inside the bake on a loaded machine
+        yield rt
+
+
+def run(rt: OfflineRuntime, root: Path, version: str) -> Any:
+    dataset = tiny_dataset(root, "canary", version, images=12, size=64, seed=len(version),
+                           gate={"min_map": 0.0})
+    lines: list[str] = []
+    summary = run_pipeline(rt, dataset, out=lines.append, timeout=1500)
+    return summary, lines
+
+
+def answer(rt: OfflineRuntime, root: Path) -> dict[str, Any]:
+    image = next(p for p in sorted((root / "canary-v1" / "images").rglob("*")) if p.suffix in (".png", ".jpg"))
+    body = rt.client("sagemaker-runtime").invoke_endpoint(
+        EndpointName=rt.stack.endpoint_name, Body=image.read_bytes(),
+        ContentType="image/png" if image.suffix == ".png" else "image/jpeg")["Body"]
+    result: dict[str, Any] = json.loads(body.read())
+    return result
+
+
+def champion(rt: OfflineRuntime) -> dict[str, Any]:
+    body = rt.client("s3").get_object(Bucket=rt.stack.artifacts_bucket, Key="champion.json")["Body"].read()
+    record: dict[str, Any] = json.loads(body)
+    return record
+
+
+def test_a_good_canary_is_promoted_and_a_bad_one_rolled_back(runtime: OfflineRuntime,
+                                                              tmp_path_factory: pytest.TempPathFactory) -> None:
+    root = tmp_path_factory.mktemp("datasets")
+    sm = runtime.client("sagemaker")
+    first, lines = run(runtime, root, "v1")
+    assert first.status == "SUCCEEDED", (first.error, first.cause, lines[-10:])
+    assert "Create endpoint" in first.states_visited
+
+    second, lines = run(runtime, root, "v2")
+    assert second.status == "SUCCEEDED", (second.error, second.cause, lines[-10:])
+    visited = second.states_visited
+    assert "Update endpoint (blue/green)" in visited and "Canary baking?" in visited
+    assert visited.index("Canary baking?") < visited.index("Smoke test endpoint") < visited.index("Record champion")
+    promoted = sm.describe_endpoint(EndpointName=runtime.stack.endpoint_name)
+    assert promoted["EndpointConfigName"] == second.output["plan"]["names"]["endpoint_config"]
+    assert champion(runtime)["run_id"] == second.run_id
+    served = runtime.sagemaker.served(runtime.stack.endpoint_name)
+    assert served[promoted["EndpointConfigName"]] >= 6  # a quarter of the 24 smoke requests, at least
+
+    bad_dir = tmp_path_factory.mktemp("failing")
+    model = for_synthetic_shapes(cached_artifact(), bad_dir)
+    serving = ServeInstead(runtime.sagemaker.serving, failing_artifact(model, bad_dir / "failing"))
+    runtime.sagemaker.serving = serving
+    serving.active = True
+    try:
+        third, lines = run(runtime, root, "v3")
+    finally:
+        serving.active = False
+    assert (third.status, third.error) == ("FAILED", "DeploymentFailed"), (third.cause, lines[-10:])
+    assert "SmokeTestFailed" in str(third.cause)
+    visited = third.states_visited
+    assert {"Canary baking?", "Trip smoke test alarm", "Rolled back?"} <= set(visited), visited
+    assert "Promote to champion" not in visited
+    after = sm.describe_endpoint(EndpointName=runtime.stack.endpoint_name)
+    assert (after["EndpointStatus"], after["EndpointConfigName"]) == ("InService", promoted["EndpointConfigName"])
+    assert "SmokeTestAlarm" in after["FailureReason"]
+    assert champion(runtime)["run_id"] == second.run_id
+    assert isinstance(answer(runtime, root)["detections"], list)  # the old model still answers
