@@ -208,8 +208,15 @@ class OfflineRuntime:
         self.client("sns").create_topic(Name=self.stack.topic_name)
         dynamodb = self.client("dynamodb")
         for name, props in self.stack.tables.items():
-            dynamodb.create_table(TableName=name, KeySchema=props["KeySchema"],
-                                  AttributeDefinitions=props["AttributeDefinitions"], BillingMode="PAY_PER_REQUEST")
+            try:
+                dynamodb.create_table(TableName=name, KeySchema=props["KeySchema"],
+                                      AttributeDefinitions=props["AttributeDefinitions"], BillingMode="PAY_PER_REQUEST")
+            except dynamodb.exceptions.ResourceInUseException:
+                # moto keeps its state per process: an earlier runtime in this process (tests) made it. Its
+                # items are that runtime's leases, whose executions are gone: start with none.
+                for item in dynamodb.scan(TableName=name).get("Items", []):
+                    dynamodb.delete_item(TableName=name, Key={k["AttributeName"]: item[k["AttributeName"]]
+                                                              for k in props["KeySchema"]})
         self._moto_client("sagemaker").create_model_package_group(ModelPackageGroupName=self.stack.model_package_group)
         cloudwatch = self.client("cloudwatch")
         for name, props in self.stack.alarms.items():
