@@ -246,7 +246,6 @@ def test_canary_passing_its_smoke_test_during_the_bake_is_promoted_once_it_serve
     assert "Record champion" in states and "Undo deployment" not in states
 
 
-
 def test_canary_failing_its_smoke_test_is_rolled_back_by_the_alarm_and_verified() -> None:
     ex = run_case("CanarySmokeTestFailsDuringBake")
     message = assert_failed(ex, "DeploymentFailed", "Deployment failed")
@@ -264,7 +263,6 @@ def test_canary_failing_its_smoke_test_is_rolled_back_by_the_alarm_and_verified(
     assert "SmokeTestFailed" in ex.cause
     assert message["rollback"]["action"].startswith("tripped the smoke test alarm")
     assert "Promote to champion" not in states
-
 
 
 def test_smoke_test_failure_on_first_deployment_deletes_the_endpoint() -> None:
