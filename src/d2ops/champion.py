@@ -125,10 +125,8 @@ class EndpointHistory(BaseModel):
     endpoint_name: str
     served: list[ServedPeriod]
     rolled_back: list[RolledBackAttempt]
-
-
-class HistoryRecordInvalid(ValueError):
-    """A history object that is not the shape the state machine writes (someone else wrote it)."""
+    unreadable: list[str] = Field(default_factory=list, description=(
+        "history objects left out because they are not records the state machine writes, each with why"))
 
 
 def history_prefix(endpoint_name: str) -> str:
@@ -136,7 +134,7 @@ def history_prefix(endpoint_name: str) -> str:
 
 
 def build_history(endpoint_name: str, promotions: list[ChampionRecord],
-                  rollbacks: list[EndpointRollback]) -> EndpointHistory:
+                  rollbacks: list[EndpointRollback], unreadable: list[str] | None = None) -> EndpointHistory:
     """Served periods from the promotions in time order: each ends where the next begins."""
     ordered = sorted(promotions, key=lambda p: p.promoted_at)
     served: list[ServedPeriod] = []
@@ -153,7 +151,8 @@ def build_history(endpoint_name: str, promotions: list[ChampionRecord],
                                   model_package_arn=r.model_package_arn, at=r.rolled_back_at, why=r.cause,
                                   action=_action(r.rollback))
                 for r in sorted(rollbacks, key=lambda r: r.rolled_back_at, reverse=True)]
-    return EndpointHistory(endpoint_name=endpoint_name, served=served[::-1], rolled_back=attempts)
+    return EndpointHistory(endpoint_name=endpoint_name, served=served[::-1], rolled_back=attempts,
+                           unreadable=unreadable or [])
 
 
 def _action(rollback: dict[str, Any] | None) -> str | None:
@@ -182,6 +181,7 @@ def read_endpoint_history(s3: _S3Lister, bucket: str, endpoint_name: str) -> End
         return None
     promotions: list[ChampionRecord] = []
     rollbacks: list[EndpointRollback] = []
+    unreadable: list[str] = []
     for key in keys[:MAX_HISTORY_ENTRIES]:
         name = key[len(prefix):]
         body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
@@ -191,5 +191,8 @@ def read_endpoint_history(s3: _S3Lister, bucket: str, endpoint_name: str) -> End
             elif name.startswith("rolled-back-"):
                 rollbacks.append(EndpointRollback.model_validate_json(body))
         except ValidationError as exc:
-            raise HistoryRecordInvalid(f"s3://{bucket}/{key}: not an endpoint history record: {exc}") from exc
-    return build_history(endpoint_name, promotions, rollbacks)
+            # One bad object (written by hand, truncated) must not hide the rest of the audit trail.
+            problem = exc.errors(include_url=False)[0]
+            where = ".".join(str(p) for p in problem["loc"]) or "document"
+            unreadable.append(f"s3://{bucket}/{key}: not an endpoint history record ({where}: {problem['msg']})")
+    return build_history(endpoint_name, promotions, rollbacks, unreadable)

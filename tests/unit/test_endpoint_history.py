@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import boto3
-import pytest
 from moto import mock_aws
 
 from d2ops.champion import ChampionRecord, EndpointRollback, build_history, history_prefix, read_endpoint_history
@@ -67,9 +66,17 @@ def test_read_endpoint_history_reads_the_records_the_state_machine_writes() -> N
 
 
 @mock_aws
-def test_a_record_that_is_not_the_documented_shape_is_an_error_naming_it() -> None:
+def test_a_record_that_is_not_the_documented_shape_is_named_and_the_rest_still_reads() -> None:
     s3 = boto3.client("s3", region_name="us-east-1")
     s3.create_bucket(Bucket=BUCKET)
-    s3.put_object(Bucket=BUCKET, Key=f"{history_prefix(ENDPOINT)}promoted-r1.json", Body=b'{"run_id": "r1"}')
-    with pytest.raises(ValueError, match=r"promoted-r1\.json"):
-        read_endpoint_history(s3, BUCKET, ENDPOINT)
+    prefix = history_prefix(ENDPOINT)
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}promoted-r1.json",
+                  Body=promotion("r1", "v1", "2026-01-01T00:00:00Z", 0.5, "first").model_dump_json())
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}promoted-r2.json", Body=b'{"run_id": "r2"}')
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}rolled-back-r3.json", Body=b"\x00 truncated {")
+    history = read_endpoint_history(s3, BUCKET, ENDPOINT)
+    assert history is not None
+    assert [p.run_id for p in history.served] == ["r1"]
+    assert len(history.unreadable) == 2
+    assert "promoted-r2.json: not an endpoint history record" in history.unreadable[0]
+    assert "rolled-back-r3.json" in history.unreadable[1]
