@@ -387,3 +387,12 @@ def test_post_runs_never_answers_a_5xx(aws: dict[str, Any], body: Any) -> None:
         StartRunResponse.model_validate(answer)
     else:
         assert_documented(status, answer, StartRunResponse)
+
+
+def test_an_unreadable_price_table_leaves_the_cost_out_not_the_run(monkeypatch, tmp_path) -> None:
+    bad = tmp_path / "prices.json"
+    bad.write_text('{"prices": "not a table"')
+    monkeypatch.setenv("D2OPS_PRICE_TABLE", str(bad))
+    job = {"TrainingJobName": "j", "ResourceConfig": {"InstanceType": "ml.g5.xlarge", "InstanceCount": 1},
+           "TrainingTimeInSeconds": 600, "BillableTimeInSeconds": 600}
+    assert service.run_cost({}, [], job, None, None) is None

@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 
 from d2ops import cost, runs
@@ -34,6 +35,8 @@ THROTTLING_CODES = frozenset({"Throttling", "ThrottlingException", "ThrottledExc
                               "RequestThrottledException", "TooManyRequestsException", "SlowDown",
                               "RequestLimitExceeded", "ProvisionedThroughputExceededException",
                               "ServiceUnavailable", "ServiceUnavailableException"})
+
+logger = Logger(child=True)  # the handler's logger, with its service name and context
 
 
 def is_throttling(exc: ClientError) -> bool:
@@ -240,8 +243,14 @@ def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str) -> Ru
 def run_cost(doc: dict[str, Any], steps: list[StateStep], training_job: dict[str, Any] | None,
              evaluation_job: dict[str, Any] | None, stopped: datetime | None,
              table: cost.PriceTable | None = None) -> cost.RunCost | None:
-    """Training, evaluation and endpoint time priced with the stack's table; None before any job ran."""
-    table = table or cost.load_price_table()
+    """Training, evaluation and endpoint time priced with the stack's table; None before any job ran,
+    or when the operator's price table cannot be read (logged: the run itself must still be readable)."""
+    if table is None:
+        try:
+            table = cost.load_price_table()
+        except cost.PriceTableError as exc:
+            logger.error("run cost left out: %s", exc)
+            return None
     now = datetime.now(UTC)
     training = cost.training_cost(training_job, table) if training_job else None
     evaluation = cost.processing_cost(evaluation_job, table, now=stopped or now) if evaluation_job else None
