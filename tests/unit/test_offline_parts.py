@@ -13,6 +13,7 @@ from d2ops import metrics
 from d2ops.offline import events
 from d2ops.offline.apigw import _route_regex, http_event
 from d2ops.offline.executors import error_name, json_safe
+from d2ops.offline.gateway import Gateway
 from d2ops.offline.pipeline import state_durations
 from d2ops.offline.sagemaker import final_metrics
 from d2ops.offline.stack import HttpRoute, LocalFunction, OfflineStack, StackError, load_stack
@@ -138,3 +139,13 @@ def test_state_durations_and_outcomes_from_a_history() -> None:
     assert svg.startswith("<svg") and "run &lt;x&gt; &amp; y" in svg
     assert svg.count("<g><title>") == len(DEFINITION["States"])
     assert "<title>Dataset rejected (Fail): failed</title>" in svg
+
+
+@pytest.mark.timeout(20)
+def test_a_gateway_that_never_started_stops_at_once() -> None:
+    # A runtime whose start-up failed before the gateway served must still shut down (it used to hang).
+    gateway = Gateway("http://127.0.0.1:1")
+    gateway.stop()
+    started = Gateway("http://127.0.0.1:1")
+    started.start()
+    started.stop()

@@ -93,7 +93,9 @@ class Gateway:
         self._thread.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
+        # shutdown() waits for serve_forever() to notice: on a gateway that never started it would wait forever.
+        if self._thread.is_alive():
+            self.server.shutdown()
         self.server.server_close()
 
     # ----- request handling ----------------------------------------------------------------
