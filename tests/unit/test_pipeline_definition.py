@@ -116,7 +116,14 @@ def test_every_failure_notifies_before_its_fail_state() -> None:
     assert predecessors("Notify failure") - {"Describe failure"} == {"Record dataset rejection",
                                                                       "Record quality gate failure",
                                                                       "Record endpoint busy"}
-    for name in predecessors("Notify failure") - {"Describe failure"} | predecessors("Describe failure"):
+    recorders = predecessors("Notify failure") - {"Describe failure"} | predecessors("Describe failure")
+    # A rolled-back deployment is appended to the endpoint's history on its way: that Task only reads
+    # $.failure (ResultPath null, its own error kept apart), after a Record state wrote it.
+    history = "Record rollback in endpoint history"
+    assert STATES[history]["ResultPath"] is None
+    assert [c["ResultPath"] for c in STATES[history]["Catch"]] == ["$.history_error"]
+    assert predecessors(history) == {"Record rolled-back deployment"}
+    for name in recorders - {history} | predecessors(history):
         state = STATES[name]
         assert state["Type"] == "Pass" and state["ResultPath"] == "$.failure", name
         assert state["Parameters"]["error"] in FAILURE_ERRORS
@@ -125,7 +132,8 @@ def test_every_failure_notifies_before_its_fail_state() -> None:
     # Every recorded caught error is described: a Record state that reads $.error goes through it.
     for name, state in STATES.items():
         if name.startswith("Record") and "$.error." in json.dumps(state.get("Parameters", {})):
-            assert state["Next"] == "Describe failure", name
+            assert state["Next"] in ("Describe failure", history), name
+    assert STATES[history]["Next"] == "Describe failure"
     describe = STATES["Describe failure"]
     assert describe["Next"] == "Notify failure" and [c["Next"] for c in describe["Catch"]] == ["Notify failure"]
 

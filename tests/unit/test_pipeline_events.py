@@ -21,7 +21,7 @@ for _directory in ("start_pipeline", "prepare_training", "summarize_evaluation",
 from prepare_training.models import PrepareEvent  # noqa: E402
 from smoke_test_endpoint.models import SmokeTestEvent  # noqa: E402
 from start_pipeline.models import ObjectCreatedEvent  # noqa: E402
-from status_api.models import RUN_ID_PATTERN, StartRunRequest  # noqa: E402
+from status_api.models import ENDPOINT_NAME_PATTERN, RUN_ID_PATTERN, StartRunRequest  # noqa: E402
 from summarize_evaluation.models import SummarizeEvent  # noqa: E402
 
 INPUT_MODELS: dict[str, type[BaseModel]] = {"start_pipeline": ObjectCreatedEvent, "prepare_training": PrepareEvent,
@@ -55,7 +55,8 @@ def test_status_api_events_name_documented_routes_with_valid_requests() -> None:
         assert method.lower() in document["paths"][route], path.name
         assert event["rawPath"] == event["requestContext"]["http"]["path"], path.name
         for name, value in (event.get("pathParameters") or {}).items():
-            assert "{" + name + "}" in route and re.fullmatch(RUN_ID_PATTERN, value), path.name
+            pattern = ENDPOINT_NAME_PATTERN if name == "endpointName" else RUN_ID_PATTERN
+            assert "{" + name + "}" in route and re.fullmatch(pattern, value), path.name
         if method == "POST":
             StartRunRequest.model_validate_json(event["body"])
         routes.add((method.lower(), route))
