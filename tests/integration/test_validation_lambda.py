@@ -93,7 +93,9 @@ def load_event(name: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def handler_module(s3: Any) -> Any:
-    return importlib.import_module("validate_dataset.handler")
+    # Reloaded: the offline runtime may have imported it in this process already, and Powertools reads
+    # POWERTOOLS_SERVICE_NAME (the `service` dimension) when the module creates its Metrics.
+    return importlib.reload(importlib.import_module("validate_dataset.handler"))
 
 
 def test_handler_validates_the_sample_event_and_stores_the_report(s3: Any, dataset: Path, handler_module: Any,
