@@ -66,11 +66,21 @@ def string_matches(value: str, pattern: str) -> bool:
     return t == len(tokens)
 
 
+class ConditionPathError(StatesError):
+    """A Variable or ``...Path`` operand that matches nothing; the Choice state adds where it ran."""
+
+    def __init__(self, path: str) -> None:
+        # AWS's words, after its "An error occurred while executing the state ..." prefix.
+        super().__init__(RUNTIME, f"Invalid path '{path}': The choice state's condition path references an "
+                                  "invalid value.")
+        self.path = path
+
+
 def _lookup(path: str, data: Any, context: Any, field: str) -> Any:
     try:
         return select(path, data, context)
     except PathError as exc:
-        raise StatesError(RUNTIME, f"Invalid path {path!r} in {field}: {exc}") from exc
+        raise ConditionPathError(path) from exc
 
 
 def evaluate_rule(rule: dict[str, Any], data: Any, context: Any) -> bool:

@@ -41,6 +41,7 @@ from d2ops.asl.errors import (
     error_matches,
 )
 from d2ops.asl.executors import ExecutorRegistry, TaskContext, TaskDeadline, TaskExecutor
+from d2ops.asl.jsonvalue import json_problem
 from d2ops.asl.mock import MockTestCase
 from d2ops.asl.paths import PathError, no_results, parse_reference_path, select, set_reference
 from d2ops.asl.substitution import substitute
@@ -87,9 +88,12 @@ def _size(value: Any) -> int:
 
 
 def _json_copy(value: Any, what: str) -> Any:
+    problem = json_problem(value)
+    if problem is not None:
+        raise StatesError(RUNTIME, f"{what} is not a valid JSON payload: {problem}")
     try:
         return json.loads(_dumps(value))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise StatesError(RUNTIME, f"{what} is not JSON-serializable: {exc}") from exc
 
 
@@ -195,9 +199,12 @@ class StateMachine:
         if not _EXECUTION_NAME.match(name):
             raise ValueError(f"invalid execution name {name!r}: 1-80 characters without whitespace "
                              "or any of <>{}[]?*\"#%\\^|~`$&,;:/")
+        problem = json_problem(input)
+        if problem is not None:
+            raise ValueError(f"the execution input is not valid JSON for Step Functions: {problem}")
         try:
             data = json.loads(_dumps({} if input is None else input))
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise ValueError(f"the execution input is not JSON-serializable: {exc}") from exc
         if _size(data) > PAYLOAD_LIMIT_BYTES:
             raise ValueError(f"the execution input is {_size(data)} bytes, over the {PAYLOAD_LIMIT_BYTES} byte limit")
@@ -417,10 +424,11 @@ class Execution:
     def _limit(self, value: Any, state: str, what: str) -> None:
         size = _size(value)
         if size > PAYLOAD_LIMIT_BYTES:
-            # AWS's words (the size is ours: the console does not say it).
+            # AWS's words, word for word; the size (which the console does not give) goes to the log.
+            log.warning("execution %s, state %s: %s is %d bytes, over the %d byte limit", self.arn, state, what,
+                        size, PAYLOAD_LIMIT_BYTES)
             raise StatesError(DATA_LIMIT_EXCEEDED, f"The state/task '{state}' returned a result with a size "
-                                                   f"exceeding the maximum number of bytes service limit. "
-                                                   f"({what}: {size} bytes, limit {PAYLOAD_LIMIT_BYTES})")
+                                                   "exceeding the maximum number of bytes service limit.")
 
     def _runtime_prefix(self, state: str) -> str:
         """How AWS starts the Cause of a States.Runtime error raised while a state runs."""
@@ -563,8 +571,8 @@ class Execution:
         try:
             next_name = next((rule["Next"] for rule in state["Choices"] if evaluate_rule(rule, data, context)),
                              state.get("Default"))
-        except StatesError as err:  # a missing Variable: say which Choice state it is in
-            raise StatesError(err.error, f"state {name!r}: {err.cause}") from err
+        except StatesError as err:  # a missing Variable: say which Choice state it is in, as AWS does
+            raise StatesError(err.error, f"{self._runtime_prefix(name)} {err.cause}") from err
         if next_name is None:
             raise StatesError(NO_CHOICE_MATCHED, f"no choice rule of state {name!r} matched its input "
                                                  f"{_brief(data)} and it has no Default")

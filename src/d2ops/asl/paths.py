@@ -22,6 +22,19 @@ Step = str | int
 _NAME = re.compile(r"[^.\[\]'\"\s*,()@?$]+")
 _INDEX = re.compile(r"\[\s*(-?\d+)\s*\]")
 _QUOTED = re.compile(r"""\[\s*(?:'((?:[^'\\]|\\.)*)'|"((?:[^"\\]|\\.)*)")\s*\]""")
+# Jayway JsonPath (Step Functions' path engine) unescapes quoted names like a JSON string does.
+_ESCAPES = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+_ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|.)")
+
+
+def _unescape(text: str) -> str:
+    """``\\'`` ``\\"`` ``\\\\`` ``\\/`` ``\\n``... and ``\\uXXXX`` in a quoted name, as Jayway reads them."""
+    def one(match: re.Match[str]) -> str:
+        code = match.group(1)
+        if len(code) == 5:
+            return chr(int(code[1:], 16))
+        return _ESCAPES.get(code, code)
+    return _ESCAPE.sub(one, text)
 
 
 class PathError(ValueError):
@@ -30,27 +43,33 @@ class PathError(ValueError):
 
 def parse_reference_path(path: str) -> tuple[Step, ...] | None:
     """The steps of a reference path (without its ``$``/``$$`` root), or None if it is not one."""
+    parsed = _parse_steps(path)
+    return None if parsed is None else tuple(step for step, _ in parsed)
+
+
+def _parse_steps(path: str) -> list[tuple[Step, str]] | None:
+    """Each step of a reference path with the quote its name was written with (``'`` for dot notation)."""
     if path.startswith("$$"):
         path = path[1:]
     if not path.startswith("$"):
         return None
-    steps: list[Step] = []
+    steps: list[tuple[Step, str]] = []
     pos = 1
     while pos < len(path):
         if path[pos] == ".":
             match = _NAME.match(path, pos + 1)
             if not match:
                 return None
-            steps.append(match.group(0))
+            steps.append((match.group(0), "'"))
         elif (match := _INDEX.match(path, pos)) is not None:
-            steps.append(int(match.group(1)))
+            steps.append((int(match.group(1)), ""))
         elif (match := _QUOTED.match(path, pos)) is not None:
-            raw = match.group(1) if match.group(1) is not None else match.group(2)
-            steps.append(re.sub(r"\\(.)", r"\1", raw))
+            quoted = match.group(1) is not None
+            steps.append((_unescape(match.group(1) if quoted else match.group(2)), "'" if quoted else '"'))
         else:
             return None
         pos = match.end()
-    return tuple(steps)
+    return steps
 
 
 @functools.lru_cache(maxsize=1024)
@@ -95,10 +114,12 @@ def get_reference(data: Any, steps: tuple[Step, ...], path: str) -> Any:
 def no_results(path: str) -> str | None:
     """Jayway JsonPath's words (Step Functions' path engine) for a reference path that matches
     nothing: ``No results for path: $['a']['b'][0]``; None for other paths."""
-    steps = parse_reference_path(path[1:] if path.startswith("$$") else path)
+    steps = _parse_steps(path)
     if steps is None:
         return None
-    normalised = "".join(f"[{s}]" if isinstance(s, int) else "['" + s.replace("'", "\\'") + "']" for s in steps)
+    # Jayway prints each name between the quote it was written with, without escaping anything
+    # (PropertyPathToken.getPathFragment): $['it's'], $["x"].
+    normalised = "".join(f"[{step}]" if isinstance(step, int) else f"[{quote}{step}{quote}]" for step, quote in steps)
     return f"No results for path: ${normalised}"
 
 

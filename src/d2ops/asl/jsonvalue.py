@@ -1,0 +1,32 @@
+"""What may travel between states: JSON the service's own parser would accept.
+
+Step Functions parses payloads with Jackson, which refuses documents nested more than 1000 levels
+deep (``StreamReadConstraints``) and has no JSON spelling for infinities or NaN. Python's ``json``
+writes ``Infinity`` (invalid JSON) and hits the interpreter's recursion limit (a ``RecursionError``)
+well before 1000 levels when it runs a few frames deep, so the interpreter checks values itself,
+without recursing, and refuses them by name.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+# Below Jackson's 1000: json.dumps/loads and the path code recurse once per level, and they share
+# Python's recursion limit (1000 frames in all) with the interpreter's own frames.
+MAX_JSON_DEPTH = 500
+
+
+def json_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be a Step Functions payload (too deep, a number JSON cannot write), or None."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list | tuple):
+            if depth > MAX_JSON_DEPTH:
+                return f"it is nested more than {MAX_JSON_DEPTH} levels deep"
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children)
+        elif isinstance(node, float) and not math.isfinite(node):
+            return f"it holds {node}, a number JSON cannot represent"
+    return None
