@@ -24,7 +24,7 @@ from d2ops.offline.runtime import CREDENTIALS, RUNTIME_INFO, OfflineRuntime, off
 from d2ops.offline.stack import REGION, load_stack
 from d2ops.sigv4 import SignedStatusApi, StatusApiError
 
-__all__ = ["OfflineApis", "StatusApiError", "connect", "offline_status_api"]
+__all__ = ["OfflineApis", "StatusApiError", "connect", "offline_status_api", "running_gateway"]
 
 
 def offline_status_api(url: str) -> SignedStatusApi:
@@ -51,6 +51,16 @@ def _running(work_dir: Path) -> dict[str, Any] | None:
     if not isinstance(pid, int) or pid == os.getpid() or not psutil.pid_exists(pid):
         return None
     return info
+
+
+def running_gateway(work_dir: Path) -> str | None:
+    """The gateway URL (SageMaker, SageMaker Runtime, Step Functions) of the runtime holding ``work_dir``.
+
+    None when no other process runs one there: the offline endpoint lives only inside its runtime.
+    """
+    info = _running(work_dir.resolve())
+    gateway = None if info is None else info.get("gateway")
+    return gateway if isinstance(gateway, str) else None
 
 
 @contextlib.contextmanager
