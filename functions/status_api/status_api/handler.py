@@ -25,6 +25,7 @@ from d2ops.champion import EndpointHistory
 from d2ops.failures import one_line
 from d2ops.validation.report import ValidationReport
 from status_api import service, views
+from status_api.envelope import BadEnvelope, check_event
 from status_api.models import (
     ENDPOINT_NAME_PATTERN,
     RUN_ID_PATTERN,
@@ -218,6 +219,13 @@ def openapi_document() -> str:
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    try:
+        check_event(event)
+    except BadEnvelope as exc:  # the resolver would raise on this event: a 400 naming why instead of a 500
+        logger.warning("refused request", extra={"reason": str(exc)})
+        return {"statusCode": exc.status, "headers": {"Content-Type": content_types.APPLICATION_JSON},
+                "body": json.dumps({"statusCode": exc.status, "message": one_line(str(exc))}),
+                "isBase64Encoded": False}
     return app.resolve(event, context)
 
 

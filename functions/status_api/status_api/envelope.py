@@ -1,0 +1,80 @@
+"""What must hold of an API Gateway event before Powertools' resolver may see it.
+
+The resolver assumes an HTTP API (payload format 2.0) event and parses a request body with
+``json.loads`` on the decoded text. Each of these raised out of the handler, so API Gateway
+answered a bare 500: an event of another shape (a REST API 1.0 event, a console test event:
+``KeyError``), a base64 body that is not UTF-8 (``UnicodeDecodeError``), a body nested
+100k levels deep (``RecursionError``) or holding a 5000-digit integer (``ValueError``). This
+module finds those problems first and says which, so the answer is a 400 naming it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Mapping
+from typing import Any
+
+# Methods whose body a route reads (the resolver parses it only for those).
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+class BadEnvelope(ValueError):
+    """The event cannot be served; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _method(event: Mapping[str, Any]) -> str:
+    context = event.get("requestContext")
+    http = context.get("http") if isinstance(context, Mapping) else None
+    method = http.get("method") if isinstance(http, Mapping) else None
+    if not isinstance(method, str) or not isinstance(event.get("rawPath"), str):
+        shape = ("an API Gateway REST API (payload format 1.0) event" if "httpMethod" in event
+                 else "not an API Gateway event")
+        raise BadEnvelope(400, f"the status API takes HTTP API requests (payload format 2.0, requestContext.http."
+                               f"method and rawPath); this is {shape}")
+    return method.upper()
+
+
+def body_text(event: Mapping[str, Any]) -> str | None:
+    """The request body as text (base64 undone), or None; BadEnvelope when it is not UTF-8 text."""
+    body = event.get("body")
+    if body is None or body == "":
+        return None
+    if not isinstance(body, str):
+        raise BadEnvelope(400, f"request body arrived as {type(body).__name__}, not text")
+    if not event.get("isBase64Encoded"):
+        return body
+    try:
+        raw = base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise BadEnvelope(400, f"request body is marked base64 but is not valid base64: {exc}") from exc
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadEnvelope(400, f"request body is not UTF-8 text: byte {exc.start} is {raw[exc.start]:#04x}") from exc
+
+
+def check_event(event: Any) -> None:
+    """Raise BadEnvelope when the resolver would fail on ``event`` instead of answering it."""
+    if not isinstance(event, Mapping):
+        raise BadEnvelope(400, f"the event is a JSON {type(event).__name__}, not an API Gateway request object")
+    method = _method(event)
+    text = body_text(event)
+    if text is None or method not in _BODY_METHODS:
+        return
+    try:
+        json.loads(text)
+    except RecursionError as exc:
+        raise BadEnvelope(400, "request body is not valid JSON: arrays/objects nest too deeply (the body is "
+                               "{\"dataset_uri\": \"s3://...\"})") from exc
+    except json.JSONDecodeError as exc:
+        raise BadEnvelope(400, f"request body is not valid JSON: {exc.msg} at line {exc.lineno}, column "
+                               f"{exc.colno}") from exc
+    except ValueError as exc:  # Python's limit on the digits of an integer it converts
+        raise BadEnvelope(400, "request body is not valid JSON: a number in it has more digits than any value "
+                               "the API takes") from exc
