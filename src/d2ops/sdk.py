@@ -1,0 +1,211 @@
+"""The SageMaker Python SDK (v2) on d2ops' terms: sessions for a deployed or the offline stack, and an
+Estimator that launches the pipeline's own training job as a one-off experiment (from a notebook).
+
+The Estimator is not configured here: the pipeline's *prepare* step (``prepare_training``, the
+function the state machine calls) builds the CreateTrainingJob request from the stack's settings
+(the function's environment, i.e. template.yaml's parameters) and the dataset's training
+overrides, and the Estimator is read off that request. So image, hyperparameters, channels,
+checkpoint config, metric definitions, spot settings and the stack's limits are the pipeline's,
+whatever template.yaml says today. ``tests/unit/test_sdk.py`` compares the request the SDK sends
+with the prepare step's, key by key.
+
+The SDK is imported lazily (it takes seconds and is a dev dependency): ``import_sagemaker``
+gives a clear error when it is missing.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+# The v2 API (Predictor, Estimator, TrainingInput); v3 is a different API.
+SDK_REQUIREMENT = "sagemaker>=2.250,<3"
+# The prepare step's code directory (template.yaml's CodeUri functions/<name>/).
+PREPARE_FUNCTION_CODE = "prepare_training"
+# The SDK's own defaults for every session made here:
+# - telemetry off: the SDK's telemetry is an HTTP GET to a public S3 URL (after an STS call) made
+#   with no timeout on every fit/deploy; offline there is no internet to reach, and a tool should
+#   not phone home on its user's behalf;
+# - an explicit config also means no sagemaker config file (admin or user defaults: VPC, KMS keys,
+#   tags) silently changes the job away from the one the pipeline runs.
+SDK_CONFIG: dict[str, Any] = {"SchemaVersion": "1.0",
+                              "SageMaker": {"PythonSDK": {"Modules": {"TelemetryOptOut": True}}}}
+_S3_PREFIX = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<prefix>datasets/"
+                        r"(?P<name>[^/]+)/(?P<version>[^/]+)/)$")
+
+
+class SdkMissing(RuntimeError):
+    """The SageMaker Python SDK (v2) is not installed."""
+
+
+class ExperimentError(ValueError):
+    """An experiment the stack would refuse (bad dataset URI, overrides past the stack's limits ...)."""
+
+
+def import_sagemaker() -> ModuleType:
+    """``import sagemaker`` (v2), quietly: its v2-deprecation banner is noise for a d2ops user."""
+    os.environ.setdefault("SAGEMAKER_SUPPRESS_V2_WARNING", "1")
+    try:
+        module = importlib.import_module("sagemaker")
+        importlib.import_module("sagemaker.estimator")
+    except ImportError as exc:
+        raise SdkMissing(f"the SageMaker Python SDK is not installed ({exc}); "
+                         f"pip install '{SDK_REQUIREMENT}' (d2ops' dev extra has it)") from exc
+    version = str(getattr(module, "__version__", "0"))
+    if not version.startswith("2."):
+        raise SdkMissing(f"sagemaker {version} is installed; d2ops uses the v2 API: pip install '{SDK_REQUIREMENT}'")
+    return module
+
+
+def sagemaker_session(boto_session: Any = None, *, endpoint_url: str | None = None,
+                      default_bucket: str | None = None) -> Any:
+    """A ``sagemaker.session.Session`` on ``boto_session`` (default: the usual boto3 chain).
+
+    ``endpoint_url`` sends SageMaker and SageMaker Runtime calls there (the offline gateway).
+    ``default_bucket`` spares the SDK its own bucket lookup (an STS call and a CreateBucket).
+    """
+    import boto3
+
+    sagemaker = import_sagemaker()
+    boto_session = boto_session or boto3.session.Session()
+    clients: dict[str, Any] = {}
+    if endpoint_url:
+        clients = {"sagemaker_client": boto_session.client("sagemaker", endpoint_url=endpoint_url),
+                   "sagemaker_runtime_client": boto_session.client("sagemaker-runtime", endpoint_url=endpoint_url)}
+    return sagemaker.session.Session(boto_session=boto_session, default_bucket=default_bucket,
+                                     sagemaker_config=SDK_CONFIG, **clients)
+
+
+def offline_boto_session() -> Any:
+    """A boto3 session as the offline stack's one identity, in its region."""
+    import boto3
+
+    from d2ops.offline.runtime import CREDENTIALS
+    from d2ops.offline.stack import REGION
+
+    return boto3.session.Session(aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                                 aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                                 aws_session_token=CREDENTIALS["AWS_SESSION_TOKEN"], region_name=REGION)
+
+
+def _prepare_training() -> tuple[ModuleType, ModuleType, str]:
+    """The prepare step's ``models`` and ``service`` modules and its function's logical id (from template.yaml)."""
+    from d2ops import template
+
+    spec = template.load_template().function_for_code_dir(PREPARE_FUNCTION_CODE)
+    code_dir = str(spec.code_dir)
+    if code_dir not in sys.path:  # as the offline runtime imports the functions (a package per function)
+        sys.path.append(code_dir)
+    models = importlib.import_module(f"{PREPARE_FUNCTION_CODE}.models")
+    service = importlib.import_module(f"{PREPARE_FUNCTION_CODE}.service")
+    return models, service, spec.logical_id
+
+
+def offline_settings(function_env: Mapping[str, Mapping[str, str]] | None = None) -> Any:
+    """The offline stack's prepare-step settings (``PrepareSettings``), resolved from template.yaml."""
+    from d2ops.offline.stack import load_stack
+
+    models, _, logical_id = _prepare_training()
+    stack = load_stack(function_env=function_env)
+    return models.PrepareSettings.from_env(stack.functions[logical_id].environment)
+
+
+def stack_settings(stack_name: str, boto_session: Any = None) -> Any:
+    """A deployed stack's prepare-step settings: its function's environment, as the pipeline reads it."""
+    import boto3
+
+    models, _, logical_id = _prepare_training()
+    boto_session = boto_session or boto3.session.Session()
+    resource = boto_session.client("cloudformation").describe_stack_resource(
+        StackName=stack_name, LogicalResourceId=logical_id)["StackResourceDetail"]
+    config = boto_session.client("lambda").get_function_configuration(FunctionName=resource["PhysicalResourceId"])
+    return models.PrepareSettings.from_env((config.get("Environment") or {}).get("Variables") or {})
+
+
+def experiment_run_id(name: str, version: str, now: _dt.datetime | None = None) -> str:
+    """``experiment-<name>-<version>-<UTC time>``: no ``_``, so it never reads as a pipeline run id."""
+    stamp = (now or _dt.datetime.now(_dt.UTC)).strftime("%Y%m%dT%H%M%S")
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{name}-{version}").strip("-")[:50]
+    return f"experiment-{slug}-{stamp}"
+
+
+@dataclass(frozen=True)
+class ExperimentJob:
+    """An Estimator for the pipeline's training job on one dataset version, with its channels."""
+
+    estimator: Any  # sagemaker.estimator.Estimator
+    inputs: dict[str, Any]  # channel name -> sagemaker.inputs.TrainingInput
+    job_name: str
+    request: dict[str, Any]  # the CreateTrainingJob request the pipeline's prepare step builds for it
+
+    def fit(self, wait: bool = True, logs: str = "None") -> None:
+        """Start the job (``logs="All"`` streams CloudWatch Logs, which a deployed stack has)."""
+        self.estimator.fit(self.inputs, job_name=self.job_name, wait=wait, logs=logs)
+
+
+def experiment_job(settings: Any, dataset_uri: str, *, sagemaker_session: Any, run_id: str | None = None,
+                   training: Mapping[str, Any] | None = None,
+                   task: str = "detection") -> ExperimentJob:
+    """The pipeline's training job for ``dataset_uri`` (``s3://<DataBucket>/datasets/<name>/<version>/``).
+
+    ``settings`` comes from :func:`stack_settings` or :func:`offline_settings`; ``training`` takes
+    the manifest's ``training`` keys (model, max_iter, ims_per_batch, base_lr, seed), checked
+    against the stack's limits as the pipeline checks them.
+    """
+    from pydantic import ValidationError
+
+    sagemaker = import_sagemaker()
+    from sagemaker.inputs import TrainingInput
+
+    models, service, _ = _prepare_training()
+    match = _S3_PREFIX.match(dataset_uri if dataset_uri.endswith("/") else dataset_uri + "/")
+    if match is None:
+        raise ExperimentError(f"dataset {dataset_uri!r}: expected s3://<DataBucket>/datasets/<name>/<version>/")
+    run_id = run_id or experiment_run_id(match["name"], match["version"])
+    try:
+        event = models.PrepareEvent.model_validate({
+            "run_id": run_id,
+            "dataset": {"bucket": match["bucket"], "prefix": match["prefix"], "name": match["name"],
+                        "version": match["version"], "manifest_key": f"{match['prefix']}manifest.json",
+                        "manifest_version": "experiment"},
+            "manifest": {"task": task, "training": dict(training or {})}})
+        request: dict[str, Any] = service.build_plan(settings, event, None).training_job
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ExperimentError(f"experiment {run_id}: {problems}") from exc
+    except service.ManifestExceedsStackLimits as exc:
+        raise ExperimentError(f"experiment {run_id}: {exc}") from exc
+
+    algorithm = request["AlgorithmSpecification"]
+    resources = request["ResourceConfig"]
+    stopping = request["StoppingCondition"]
+    checkpoint = request["CheckpointConfig"]
+    estimator = sagemaker.estimator.Estimator(
+        image_uri=algorithm["TrainingImage"], role=request["RoleArn"],
+        instance_count=resources["InstanceCount"], instance_type=resources["InstanceType"],
+        volume_size=resources["VolumeSizeInGB"], input_mode=algorithm["TrainingInputMode"],
+        max_run=stopping["MaxRuntimeInSeconds"], max_wait=stopping.get("MaxWaitTimeInSeconds"),
+        use_spot_instances=request["EnableManagedSpotTraining"],
+        output_path=request["OutputDataConfig"]["S3OutputPath"],
+        hyperparameters=request["HyperParameters"], metric_definitions=algorithm["MetricDefinitions"],
+        enable_sagemaker_metrics=algorithm["EnableSageMakerMetricsTimeSeries"],
+        enable_network_isolation=request["EnableNetworkIsolation"],
+        encrypt_inter_container_traffic=request["EnableInterContainerTrafficEncryption"],
+        checkpoint_s3_uri=checkpoint["S3Uri"], checkpoint_local_path=checkpoint["LocalPath"],
+        tags=request["Tags"],
+        # The pipeline's job has neither: no Debugger hook or profiler writing next to the model.
+        debugger_hook_config=False, disable_profiler=True,
+        sagemaker_session=sagemaker_session)
+    inputs = {c["ChannelName"]: TrainingInput(s3_data=c["DataSource"]["S3DataSource"]["S3Uri"],
+                                              s3_data_type=c["DataSource"]["S3DataSource"]["S3DataType"],
+                                              distribution=c["DataSource"]["S3DataSource"]["S3DataDistributionType"],
+                                              input_mode=c["InputMode"])
+              for c in request["InputDataConfig"]}
+    return ExperimentJob(estimator=estimator, inputs=inputs, job_name=request["TrainingJobName"], request=request)

@@ -1,0 +1,83 @@
+"""d2ops.sdk: the Estimator sends the very CreateTrainingJob request the pipeline's prepare step builds."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from d2ops import sdk
+from d2ops.offline.stack import load_stack
+
+# The only member the SDK adds to the pipeline's request: it turns its own profiler off explicitly.
+SDK_ONLY = {"ProfilerConfig": {"DisableProfiler": True}}
+# Members the SDK leaves out when they hold the API's default (SageMaker reads a missing one as false).
+SDK_OMITS_DEFAULTS = {"EnableManagedSpotTraining": False}
+
+
+def _sent_request(settings: Any, **kwargs: Any) -> tuple[dict[str, Any], sdk.ExperimentJob]:
+    """Fit the experiment with CreateTrainingJob answered in-process; returns what the SDK sent."""
+    stack = load_stack()
+    session = sdk.sagemaker_session(sdk.offline_boto_session(), endpoint_url="http://127.0.0.1:9",
+                                    default_bucket=stack.artifacts_bucket)
+    sent: dict[str, Any] = {}
+
+    def answer(params: dict[str, Any], **_: Any) -> tuple[Any, dict[str, Any]]:
+        sent.update(json.loads(params["body"]))
+        return SimpleNamespace(status_code=200), {"TrainingJobArn": "arn:aws:sagemaker:us-east-1:123456789012:"
+                                                                    "training-job/x"}
+
+    # Runs after botocore validated (AWS contract included) and serialised the request, in place of sending it.
+    session.sagemaker_client.meta.events.register("before-call.sagemaker.CreateTrainingJob", answer)
+    job = sdk.experiment_job(settings, f"s3://{stack.data_bucket}/datasets/shapes/v1/", sagemaker_session=session,
+                             **kwargs)
+    job.fit(wait=False)
+    return sent, job
+
+
+def test_the_estimator_sends_the_pipelines_training_job_request() -> None:
+    settings = sdk.offline_settings()
+    body, job = _sent_request(settings, run_id="experiment-shapes-v1-1", training={"max_iter": 7, "seed": 3})
+    assert job.job_name == "experiment-shapes-v1-1-train"
+    # Key by key the prepare step's request, plus only what the SDK adds.
+    assert {k: v for k, v in body.items() if k not in SDK_ONLY} == {
+        k: v for k, v in job.request.items() if SDK_OMITS_DEFAULTS.get(k, ...) != v}
+    assert {k: body[k] for k in body if k in SDK_ONLY} == SDK_ONLY
+    assert job.request["HyperParameters"] == {"framework": settings.framework, "max_iter": "7", "seed": "3"}
+    assert job.request["AlgorithmSpecification"]["TrainingImage"] == settings.training_image_uri
+    assert [c["ChannelName"] for c in job.request["InputDataConfig"]] == ["train", "val"]
+
+
+def test_spot_settings_and_checkpoints_follow_the_stack() -> None:
+    settings = sdk.offline_settings().model_copy(update={"use_spot": True, "max_training_seconds": 3600})
+    body, _ = _sent_request(settings, run_id="experiment-spot-1")
+    assert body["EnableManagedSpotTraining"] is True
+    assert body["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 7200}
+    assert body["CheckpointConfig"] == {"S3Uri": f"s3://{settings.artifacts_bucket}/checkpoints/experiment-spot-1/",
+                                        "LocalPath": "/opt/ml/checkpoints"}
+
+
+def test_overrides_past_the_stacks_limits_and_bad_uris_are_refused_by_name() -> None:
+    stack = load_stack()
+    session = sdk.sagemaker_session(sdk.offline_boto_session(), endpoint_url="http://127.0.0.1:9",
+                                    default_bucket=stack.artifacts_bucket)
+    capped = sdk.offline_settings().model_copy(update={"max_training_iterations": 100})
+    uri = f"s3://{stack.data_bucket}/datasets/shapes/v1/"
+    with pytest.raises(sdk.ExperimentError, match="max_iter"):
+        sdk.experiment_job(capped, uri, sagemaker_session=session, training={"max_iter": 1000})
+    with pytest.raises(sdk.ExperimentError, match="max_itr"):  # a typo is named, as in a manifest
+        sdk.experiment_job(capped, uri, sagemaker_session=session, training={"max_itr": 10})
+    with pytest.raises(sdk.ExperimentError, match="datasets/<name>/<version>"):
+        sdk.experiment_job(capped, f"s3://{stack.data_bucket}/shapes/", sagemaker_session=session)
+
+
+def test_experiment_run_ids_never_read_as_pipeline_run_ids() -> None:
+    from datetime import UTC, datetime
+
+    from d2ops_core import runs
+
+    run_id = sdk.experiment_run_id("my shapes", "v_2", datetime(2026, 11, 23, 4, 5, 6, tzinfo=UTC))
+    assert run_id == "experiment-my-shapes-v-2-20261123T040506"
+    assert runs.split_run_id(run_id) is None
