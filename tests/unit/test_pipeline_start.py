@@ -156,3 +156,14 @@ def test_a_hundred_concurrent_duplicate_deliveries_report_one_start() -> None:
     actions = [r.action for r in results]
     assert actions.count("started") == 1 and actions.count("already-started") == 99
     assert len(client.inputs) == 1 and len({r.run_id for r in results}) == 1
+
+
+@pytest.mark.parametrize("detail_type", ["Object Deleted", "Object Restore Completed", "object created", ""])
+def test_an_event_that_is_not_an_upload_starts_nothing(sfn: Any, detail_type: str) -> None:
+    """Only "Object Created" is an upload: a replayed "Object Deleted" of the manifest once started a run."""
+    event = support.load_event("start_pipeline", "manifest_uploaded")
+    event["detail-type"] = detail_type
+    result = deliver(event)
+    assert result["action"] == "ignored" and result["run_id"] is None
+    assert repr(detail_type) in result["reason"] and "Object Created" in result["reason"]
+    assert executions(sfn) == []

@@ -8,13 +8,21 @@ from urllib.parse import unquote_plus
 from d2ops import runs
 from start_pipeline.models import ObjectCreatedEvent, TriggerResult
 
+OBJECT_CREATED = "Object Created"  # EventBridge detail-type of an S3 upload (or copy, multipart completion)
+
 
 def handle_object_created(event: ObjectCreatedEvent, sfn: Any, state_machine_arn: str) -> TriggerResult:
     """Start the run for ``datasets/<name>/<version>/manifest.json``; ignore every other key.
 
-    S3 URL-encodes object keys in its event notifications, so the key is decoded first.
+    S3 URL-encodes object keys in its event notifications, so the key is decoded first. Only
+    "Object Created" starts a run: the rule filters on it, but a replayed or hand-sent event
+    of another type (an "Object Deleted" of the manifest) must not start a run of a dataset
+    that is gone.
     """
     key = unquote_plus(event.detail.object.key)
+    if event.detail_type != OBJECT_CREATED:
+        return TriggerResult(action="ignored", key=key, reason=f"event type {event.detail_type!r} is not "
+                                                               f"{OBJECT_CREATED!r}")
     try:
         dataset = runs.dataset_ref(event.detail.bucket.name, key, event.detail.object.version_id,
                                    event.detail.object.etag)
