@@ -1,6 +1,6 @@
 """A dataset version on disk (a SageMaker channel or a processing input): its manifest and split files.
 
-Shared by training and evaluation. The manifest schema is d2ops.validation.manifest's; this
+Shared by training and evaluation. The manifest schema is d2ops_core.validation.manifest's; this
 module only resolves paths and reads a split's COCO categories into the label order every
 trainer and the artifact use (sorted dataset category ids -> labels 0..K-1).
 """
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from d2ops.validation.manifest import MANIFEST_FILE, parse_manifest
-from d2ops.validation.split import DerivedSplit, SplitError, derive_split, split_seed
+from d2ops_core.validation.manifest import MANIFEST_FILE, parse_manifest
+from d2ops_core.validation.split import DerivedSplit, SplitError, derive_split, split_seed
 
 
 class DatasetError(Exception):
@@ -30,7 +30,7 @@ class DatasetVersion:
     train_json: Path
     val_json: Path
     images_dir: Path
-    derived: DerivedSplit | None = None  # set when val was derived from train (d2ops.validation.split)
+    derived: DerivedSplit | None = None  # set when val was derived from train (d2ops_core.validation.split)
 
     def split(self, split: Literal["train", "val"]) -> Path:
         return self.train_json if split == "train" else self.val_json
@@ -70,7 +70,7 @@ def open_dataset_version(root: Path | str) -> DatasetVersion:
 
 
 def _with_derived_val(version: DatasetVersion, train_rel: str) -> DatasetVersion:
-    """The same split the validator recorded (d2ops.validation.split is deterministic), written to a scratch directory.
+    """The split the validator recorded (d2ops_core.validation.split is deterministic), in a scratch directory.
 
     Channels may be read-only, so the two documents go to a temporary directory; images stay
     where they are (file_name values are relative to images_dir, which does not move).

@@ -18,7 +18,7 @@ from faster_coco_eval import COCO, COCOeval_faster
 from faster_coco_eval.core import mask as mask_utils
 from PIL import Image
 
-from d2ops import images as rule
+from d2ops_core import images as rule
 from model_code.artifact import LoadedDetector
 from model_code.dataset_version import DatasetError
 from model_code.inference import Detections, image_to_tensor, predict

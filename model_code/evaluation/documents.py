@@ -1,6 +1,6 @@
 """The evaluation.json documents: one model's (in the artifact) and the processing job's report.
 
-Their shapes are the pydantic models in :mod:`d2ops.documents.evaluation`, which the readers
+Their shapes are the pydantic models in :mod:`d2ops_core.documents.evaluation`, which the readers
 (``model_code.artifact``, the ``summarize_evaluation`` Lambda) import as well; this module only
 fills them from an :class:`~model_code.evaluation.coco.Evaluation`.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from d2ops.documents.evaluation import EvaluationReport, ModelEvaluation, ModelScores
-from d2ops.metrics import PrimaryMetric, primary_metric
+from d2ops_core.documents.evaluation import EvaluationReport, ModelEvaluation, ModelScores
+from d2ops_core.metrics import PrimaryMetric, primary_metric
 from model_code.evaluation.coco import Evaluation
 
-# The task -> primary-metric rule lives in d2ops.metrics (it raises on an unknown task); this
+# The task -> primary-metric rule lives in d2ops_core.metrics (it raises on an unknown task); this
 # name is the same function, kept for the trainers' export code that imports it from here.
 primary_metric_for = primary_metric
 

@@ -21,7 +21,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-from d2ops.metrics import primary_metric
+from d2ops_core.metrics import primary_metric
 from model_code.artifact import ArtifactError, LoadedDetector, load_artifact, write_json
 from model_code.dataset_version import DatasetError, open_dataset_version, read_coco
 from model_code.evaluation.coco import Evaluation, evaluate_detector, print_progress

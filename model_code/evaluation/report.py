@@ -12,8 +12,8 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
-from d2ops import images as rule
-from d2ops.evaluation_curves import PR_CURVES_NAME, from_precisions
+from d2ops_core import images as rule
+from d2ops_core.evaluation_curves import PR_CURVES_NAME, from_precisions
 from model_code.evaluation.coco import Evaluation
 
 SAMPLE_SCORE_THRESHOLD = 0.5

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from d2ops import images as rule
+from d2ops_core import images as rule
 from model_code.inference import image_to_tensor
 from model_code.serving.errors import RequestError, bad_request, too_large, unsupported_media_type
 from model_code.serving.json_body import describe, parse_json_body
@@ -30,7 +30,7 @@ from model_code.serving.options import (
 MAX_IMAGE_BYTES = 6 * 1024 * 1024
 RAW_IMAGE_TYPES = frozenset({"image/jpeg", "image/jpg", "image/png", "application/x-image", "application/octet-stream"})
 JSON_TYPES = frozenset({"application/json"})
-# d2ops.images' reasons -> the answer: other formats are 415, too many pixels 413, the rest 400.
+# d2ops_core.images' reasons -> the answer: other formats are 415, too many pixels 413, the rest 400.
 _STATUS: dict[str, Callable[[str, str], RequestError]] = {
     "empty": lambda code, message: bad_request("empty_body", f"{message}: send a JPEG or PNG image"),
     "not_an_image": bad_request,
@@ -78,7 +78,7 @@ def as_bytes(body: Any) -> bytes:
 def decode_image(data: bytes, where: str = "request body") -> torch.Tensor:
     """JPEG (MPO included) or PNG bytes -> uint8 [3, H, W] upright RGB, through the one image rule.
 
-    ``d2ops.images`` decides the formats (Pillow tries only its JPEG and PNG openers), the size
+    ``d2ops_core.images`` decides the formats (Pillow tries only its JPEG and PNG openers), the size
     limits (checked from the header, before decoding) and applies the EXIF orientation exactly
     as training and evaluation do; its refusals become 4xx here.
     """

@@ -12,7 +12,7 @@ import torch
 from PIL import Image, ImageDraw
 from torch.utils.data import Dataset, Sampler
 
-from d2ops import images as rule
+from d2ops_core import images as rule
 from model_code.dataset_version import Categories, DatasetError
 
 
@@ -76,7 +76,7 @@ class CocoDetectionSet(Dataset[tuple[torch.Tensor, dict[str, torch.Tensor]]]):  
         info = self.images[index]
         path = self.images_dir / info["file_name"]
         try:
-            # The one image rule (d2ops.images): upright by EXIF orientation, as the validator measured it
+            # The one image rule (d2ops_core.images): upright by EXIF orientation, as the validator measured it
             # against the annotations and as evaluation and the endpoint read it.
             image = rule.load_rgb(path, str(path))
         except (rule.ImageRejected, OSError) as exc:

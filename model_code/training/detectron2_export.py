@@ -159,7 +159,7 @@ def export_detectron2(cfg: Any, model: nn.Module, *, has_masks: bool, device: st
 
 def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None:
     """Trace the trained detectron2 model, write the artifact and evaluate it through the artifact."""
-    from d2ops.metrics import primary_metric
+    from d2ops_core.metrics import primary_metric
     from model_code import artifact
     from model_code.dataset_version import read_coco
     from model_code.evaluation.coco import evaluate_detector, print_progress
@@ -200,7 +200,6 @@ def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None
     write_report(out / artifact.REPORT_DIR, {"challenger": evaluation}, gt, Path(val_reg["image_root"]),
                  sample_images=int(job.get("report_images", 6)))
     artifact.write_json(out / artifact.EVALUATION_FILE, document)
-    from d2ops import metrics as metric_lines
-
+    from d2ops_core import metrics as metric_lines
     for name, value in sorted(evaluation.metrics.items()):
         print(metric_lines.format_metric_line(f"val:{name}", value), flush=True)

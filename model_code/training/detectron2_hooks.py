@@ -43,7 +43,7 @@ from detectron2.engine import DefaultTrainer, HookBase, defaults, hooks
 from detectron2.utils import comm
 from detectron2.utils.events import CommonMetricPrinter, EventWriter, get_event_storage
 
-from d2ops import metrics as metric_lines
+from d2ops_core import metrics as metric_lines
 from model_code.training import detectron2_sampler
 from model_code.training.torchvision_trainer import Interrupted, StopFlag, TrainingError
 
@@ -59,7 +59,7 @@ def log(message: str) -> None:
 
 
 class MetricLineWriter(EventWriter):
-    """detectron2's latest scalars as d2ops metric lines (names and format: d2ops.metrics)."""
+    """detectron2's latest scalars as d2ops metric lines (names and format: d2ops_core.metrics)."""
 
     def __init__(self) -> None:
         self._written: dict[str, int] = {}

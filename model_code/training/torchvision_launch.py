@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping
 from types import FrameType
 
-from d2ops.cpu_profile import TORCHVISION_CPU_PROFILE, unset_profile_values
+from d2ops_core.cpu_profile import TORCHVISION_CPU_PROFILE, unset_profile_values
 from model_code.dataset_version import open_dataset_version
 from model_code.training.config import Hyperparameters, TrainingEnvironment
 from model_code.training.distributed import communication_environment, plan_world, scaled_schedule

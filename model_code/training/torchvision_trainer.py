@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from d2ops import metrics as metric_lines
+from d2ops_core import metrics as metric_lines
 from model_code.artifact import write_json
 from model_code.dataset_version import Categories, DatasetVersion, categories_of, read_coco
 from model_code.training.checkpoints import (

@@ -3,7 +3,7 @@
 ``python -m d2ops.dashboard`` prints the body that template.yaml's ``PipelineDashboard`` holds
 (a ``!Sub`` string: ``${AWS::Region}``, ``${PipelineStateMachine}`` and the endpoint name, as
 the template's ``EndpointName`` output spells it, are filled in by CloudFormation); a test keeps
-the two equal, so a metric renamed in d2ops.pipeline_metrics or d2ops.metrics cannot leave a
+the two equal, so a metric renamed in d2ops_core.pipeline_metrics or d2ops_core.metrics cannot leave a
 widget plotting nothing.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from d2ops import metrics as training_metrics
-from d2ops import pipeline_metrics as pm
+from d2ops_core import metrics as training_metrics
+from d2ops_core import pipeline_metrics as pm
 
 REGION = "${AWS::Region}"
 VARIANT = "AllTraffic"

@@ -4,7 +4,7 @@ A training job gets one ``/opt/ml``-shaped tree per host under ``work_dir/<host>
 (config JSON files, channel links, model/output/checkpoint directories), one process per
 host with the ``SM_*`` variables the SageMaker training toolkit would set, ranks meeting
 over loopback, logs streamed with a ``[host]`` prefix, metric lines parsed with
-``d2ops.metrics``, and the results packed as ``model.tar.gz``/``output.tar.gz``.
+``d2ops_core.metrics``, and the results packed as ``model.tar.gz``/``output.tar.gz``.
 
 Each host runs the command its image declares (``d2ops.container_entry``: the Dockerfile's
 ENTRYPOINT with ``train`` appended, as SageMaker runs it), and sees its tree at ``/opt/ml``
@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from d2ops import container_entry, metrics
+from d2ops import container_entry
+from d2ops_core import metrics
 from model_code.archive import pack_directory  # standard library only: no torch here
 
 Status = Literal["Completed", "Failed", "Stopped"]

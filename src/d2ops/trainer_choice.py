@@ -3,7 +3,7 @@
 ``make demo`` asks for ``auto``: detectron2 when this interpreter (the one local training jobs
 run) imports it with its compiled ops, otherwise torchvision, saying why in one line. Each
 framework brings its own CPU defaults: torchvision's calibrated profile
-(:mod:`d2ops.cpu_profile`); for detectron2 only the loader and log settings, because without a
+(:mod:`d2ops_core.cpu_profile`); for detectron2 only the loader and log settings, because without a
 GPU and without a ``model`` hyperparameter the detectron2 trainer picks its own CPU profile
 (``model_code/training/configs/rcnn_R_18_FPN_cpu.yaml``) with that profile's schedule.
 """
@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from d2ops.cpu_profile import torchvision_cpu_profile, torchvision_job_defaults
+from d2ops_core.cpu_profile import torchvision_cpu_profile, torchvision_job_defaults
 
 FRAMEWORKS = ("auto", "detectron2", "torchvision")
 HOW_TO_INSTALL = "`make setup` installs it from ../shared/wheels (see README)"

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from d2ops import cost
 from d2ops.commands.console import Console, invoke_with
 from d2ops.offline.client import offline_status_api
 from d2ops.offline.pipeline import run_pipeline
 from d2ops.offline.runtime import OfflineRuntime
 from d2ops.offline.stack import cpu_training_profile
+from d2ops_core import cost
 from tests.fixtures.console import browser_page, screenshot
 from tests.fixtures.offline.support import tiny_dataset
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from d2ops import runs
 from d2ops.asl import StateMachine
 from d2ops.asl.interpreter import Execution
-from d2ops.documents.evaluation import EvaluationReport, ModelScores
+from d2ops_core import runs
+from d2ops_core.documents.evaluation import EvaluationReport, ModelScores
 from tests.fixtures.pipeline import support
 from tests.fixtures.pipeline.support import FakeRuntime, entered_states, task_parameters
 from tests.integration.test_pipeline_offline_run import (  # noqa: F401 (stack is a fixture)

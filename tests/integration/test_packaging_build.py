@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from d2ops.layer_build import core_files, core_modules
+from d2ops.layer_build import core_files
 from d2ops.template import REPO_ROOT, TEMPLATE_PATH, FunctionSpec, load_template, resolve
 
 pytestmark = pytest.mark.integration
@@ -166,15 +166,12 @@ def _distributions(root: Path) -> dict[str, str]:
 
 def test_core_layer_holds_the_core_and_its_dependencies(sam_build: Build) -> None:
     layer = sam_build.layer_dir
-    # Exactly the core modules (pyproject's "core" import-linter contract): no ASL interpreter,
-    # offline runtime, CLI or benchmarks in Lambda.
-    shipped = sorted(p.relative_to(layer) for p in (layer / "d2ops").rglob("*")
+    # Exactly the core package: no ASL interpreter, offline runtime, CLI or benchmarks in Lambda.
+    shipped = sorted(p.relative_to(layer) for p in (layer / "d2ops_core").rglob("*")
                      if p.is_file() and "__pycache__" not in p.parts)
-    expected = core_files(REPO_ROOT / "src", core_modules(REPO_ROOT / "pyproject.toml"))
-    assert shipped == expected
-    assert not {"template.py", "cli.py", "asl", "offline", "commands", "bench", "local_jobs.py"} & {
-        p.name for p in (layer / "d2ops").iterdir()}
+    assert shipped == core_files(REPO_ROOT / "src")
     present = set(_top_level(layer))
+    assert "d2ops" not in present
     assert {"pydantic", "pydantic_core", "msgspec", "PIL"} <= present
     # Kept out: training frameworks (never in a Lambda) and what the runtime already provides.
     assert not present & {"torch", "torchvision", "moto", "boto3", "botocore", "model_code"}
@@ -186,10 +183,11 @@ def test_built_function_imports_its_handler_from_the_build_alone(sam_build: Buil
     code = sam_build.function_dir(logical_id)
     assert (code / fn.handler_module.replace(".", "/")).with_suffix(".py").is_file()
     # The shared library has one home, the layer; a copy in a function would shadow it.
-    assert not (code / "d2ops").exists(), f"{logical_id} bundles its own d2ops"
+    assert not (code / "d2ops").exists() and not (code / "d2ops_core").exists(), \
+        f"{logical_id} bundles its own d2ops"
 
     # /var/task precedes /opt/python on Lambda's sys.path: a package in both would make the
-    # layer's d2ops run against the function's copy, so the two must be the same version.
+    # layer's d2ops_core run against the function's copy, so the two must be the same version.
     ours, layer = _distributions(code), _distributions(sam_build.layer_dir)
     differing = {n: (ours[n], layer[n]) for n in ours.keys() & layer.keys() if ours[n] != layer[n]}
     assert differing == {}, f"{logical_id} and CoreLayer install different versions: {differing}"

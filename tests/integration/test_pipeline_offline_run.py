@@ -17,10 +17,11 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from d2ops import runs, synth
+from d2ops import synth
 from d2ops import template as sam
 from d2ops.asl.interpreter import Execution
-from d2ops.champion import CHAMPION_KEY, ChampionRecord
+from d2ops_core import runs
+from d2ops_core.champion import CHAMPION_KEY, ChampionRecord
 from tests.fixtures.pipeline import support
 from tests.fixtures.pipeline.support import Boto3Integrations, FakeRuntime, LambdaInvoker
 
@@ -66,7 +67,7 @@ def upload(stack: dict[str, Any], tmp: Path, version: str, *, drop_image: bool =
            manifest: dict[str, Any] | None = None, without_val: bool = False) -> runs.DatasetRef:
     local = tmp / version
     synth.generate(local, images=8, size=64, version=version, seed=len(version))
-    if without_val:  # a train-only version: val is derived (d2ops.validation.split)
+    if without_val:  # a train-only version: val is derived (d2ops_core.validation.split)
         doc = json.loads((local / "manifest.json").read_text())
         (local / doc.pop("val")).unlink()
         (local / "manifest.json").write_text(json.dumps(doc))

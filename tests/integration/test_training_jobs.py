@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from d2ops import synth
-from d2ops.cpu_profile import CALIBRATION_DATA, TORCHVISION_CPU_PROFILE
-from d2ops.documents.evaluation import EvaluationReport
 from d2ops.local_jobs import JobResult, ProcessingJobSpec, TrainingJobSpec, run_processing_job, run_training_job
+from d2ops_core.cpu_profile import CALIBRATION_DATA, TORCHVISION_CPU_PROFILE
+from d2ops_core.documents.evaluation import EvaluationReport
 from model_code.artifact import load_artifact
 from model_code.inference import image_to_tensor, predict
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from d2ops import synth
-from d2ops.cpu_profile import TORCHVISION_CPU_PROFILE
+from d2ops_core.cpu_profile import TORCHVISION_CPU_PROFILE
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -21,9 +21,9 @@ import pytest
 from moto.server import ThreadedMotoServer
 from PIL import Image
 
-from d2ops import pipeline_metrics as pm
 from d2ops import synth
-from d2ops.validation import Code, DatasetUnreadable, ValidationReport, validate_s3
+from d2ops_core import pipeline_metrics as pm
+from d2ops_core.validation import Code, DatasetUnreadable, ValidationReport, validate_s3
 from tests.fixtures.emf import emf_metrics, total
 
 pytestmark = pytest.mark.integration
@@ -116,7 +116,7 @@ def test_handler_validates_the_sample_event_and_stores_the_report(s3: Any, datas
     report = ValidationReport.model_validate_json(s3.get_object(Bucket=ARTIFACTS, Key=key)["Body"].read())
     assert report.valid and report.images.mode == "sample" and report.images.probed == 5
     assert report.splits["train"].instances == summary["counts"]["train_instances"]
-    # CloudWatch metrics as EMF on stdout (d2ops.pipeline_metrics names).
+    # CloudWatch metrics as EMF on stdout (d2ops_core.pipeline_metrics names).
     out = capsys.readouterr().out
     assert (total(out, pm.DATASETS_VALIDATED), total(out, pm.DATASETS_REJECTED)) == (1, 0)
     assert total(out, pm.IMAGES_VALIDATED, service="validate_dataset") == 16

@@ -1,4 +1,4 @@
-"""Cost per run: SageMaker's reported times x the price table (src/d2ops/cost.py)."""
+"""Cost per run: SageMaker's reported times x the price table (src/d2ops_core/cost.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from d2ops import cost
+from d2ops_core import cost
 
 TABLE = cost.PriceTable(as_of="2026-01-01", region="eu-west-1", source="test", training={"ml.g4dn.xlarge": 0.9},
                         processing={"ml.m5.xlarge": 0.36}, hosting={"ml.g4dn.xlarge": 1.8})

@@ -1,4 +1,4 @@
-"""template.yaml's CloudWatch dashboard against the metric names' homes (d2ops.pipeline_metrics, d2ops.metrics)."""
+"""template.yaml's CloudWatch dashboard against the metric names' homes (d2ops_core's pipeline_metrics, metrics)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import re
 from typing import Any
 
 from d2ops import dashboard
-from d2ops import metrics as training_metrics
-from d2ops import pipeline_metrics as pm
 from d2ops.template import load_template
+from d2ops_core import metrics as training_metrics
+from d2ops_core import pipeline_metrics as pm
 
 TEMPLATE = load_template()
 PLACEHOLDER = re.compile(r"\$\{([^}]+)\}")

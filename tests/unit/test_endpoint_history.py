@@ -1,12 +1,12 @@
-"""The endpoint's history from its append-only records (d2ops.champion), read back through S3 (moto)."""
+"""The endpoint's history from its append-only records (d2ops_core.champion), read back through S3 (moto)."""
 
 from __future__ import annotations
 
 import boto3
 from moto import mock_aws
 
-from d2ops.champion import ChampionRecord, EndpointRollback, build_history, history_prefix, read_endpoint_history
-from d2ops.runs import DatasetRef
+from d2ops_core.champion import ChampionRecord, EndpointRollback, build_history, history_prefix, read_endpoint_history
+from d2ops_core.runs import DatasetRef
 
 BUCKET = "artifacts"
 ENDPOINT = "d2ops-detector"

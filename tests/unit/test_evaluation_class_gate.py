@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from d2ops import synth
-from d2ops.documents.evaluation import EvaluationReport
+from d2ops_core.documents.evaluation import EvaluationReport
 from model_code.dataset_version import read_coco
 from model_code.evaluation.coco import score_results
 from model_code.evaluation.documents import class_instances, job_report

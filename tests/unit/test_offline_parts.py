@@ -9,7 +9,6 @@ from pathlib import Path
 import boto3
 import pytest
 
-from d2ops import metrics
 from d2ops.offline import events
 from d2ops.offline.apigw import _route_regex, http_event
 from d2ops.offline.executors import error_name, json_safe
@@ -17,7 +16,8 @@ from d2ops.offline.gateway import Gateway
 from d2ops.offline.pipeline import state_durations
 from d2ops.offline.sagemaker import final_metrics
 from d2ops.offline.stack import HttpRoute, LocalFunction, OfflineStack, StackError, load_stack
-from d2ops.state_graph import outcomes, render_svg
+from d2ops_core import metrics
+from d2ops_core.state_graph import outcomes, render_svg
 
 REPO = Path(__file__).resolve().parents[2]
 DEFINITION = json.loads((REPO / "statemachine" / "training_pipeline.asl.json").read_text())

@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,34 @@ def test_each_image_installs_the_init_its_entrypoint_names() -> None:
         installs = re.findall(r"apt-get install[^\n]*(?:\\\n[^\n]*)*", dockerfile.read_text())
         assert any(re.search(rf"\b{re.escape(package)}\b", line) for line in installs), \
             f"{dockerfile}: ENTRYPOINT starts {init} but no apt-get install brings {package}"
+
+
+def _copy_like_docker(sources: list[str], target: Path) -> None:
+    """COPY's rules: a directory's contents go into the target; files go into it when it ends in / ."""
+    for source in sources:
+        origin = REPO_ROOT / source
+        if origin.is_dir():
+            shutil.copytree(origin, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(origin, target / origin.name)
+
+
+@pytest.mark.parametrize("image", ["training", "serving"])
+def test_each_image_installs_the_core_and_model_code_but_no_tooling(image: str, tmp_path: Path) -> None:
+    # Rebuild the image's /tmp/d2ops build context from its COPY lines and build the wheel its
+    # `pip install /tmp/d2ops` installs: the folders copied decide what ships.
+    context = tmp_path / "context"
+    copies = re.findall(r"^COPY ((?:\S+ )+)/tmp/d2ops/(\S*)$", dockerfile_for(image).read_text(), re.MULTILINE)
+    assert copies, f"containers/{image}/Dockerfile copies nothing into /tmp/d2ops"
+    for sources, target in copies:
+        assert target == "" or target.endswith("/"), f"COPY ... /tmp/d2ops/{target}: expected a directory"
+        _copy_like_docker(sources.split(), context / target)
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-cache-dir", "-w", str(wheels), str(context)], check=True, timeout=300,
+                   capture_output=True)
+    [wheel] = wheels.glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == {"d2ops_core", "model_code"}
+    assert "d2ops_core/images.py" in names and "model_code/serving/resources/config.properties" in names

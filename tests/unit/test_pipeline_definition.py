@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from d2ops import runs
 from d2ops import template as sam
 from d2ops.asl.substitution import placeholders, substitute
+from d2ops_core import runs
 from tests.fixtures.pipeline import support
 
 support.function_path("prepare_training")
@@ -196,7 +196,7 @@ def test_lambda_tasks_invoke_the_function_built_from_their_directory(state: str,
 
 def test_job_names_fit_sagemaker_for_the_longest_run_ids() -> None:
     name_pattern = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
-    longest = "N" * 64  # d2ops.validation.manifest.SEGMENT_PATTERN allows 64 characters
+    longest = "N" * 64  # d2ops_core.validation.manifest.SEGMENT_PATTERN allows 64 characters
     cases = [(longest, longest, "v" * 1024), ("a_b.c-d", "1.0_rc-1", "null-etag"), ("x", "y", "z")]
     for name, version, token in cases:
         run_id = runs.run_id_for(name, version, token)

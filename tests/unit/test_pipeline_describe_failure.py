@@ -1,6 +1,6 @@
 """What people read about a failed run is one line without a stack trace (issue 10).
 
-d2ops.failures turns any Cause a Catch can hold into one bounded line; the describe_failure
+d2ops_core.failures turns any Cause a Catch can hold into one bounded line; the describe_failure
 Lambda puts it into the run's failure record before the notification goes out.
 """
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from d2ops.failures import MAX_LINE_CHARS, describe, one_line, reason
+from d2ops_core.failures import MAX_LINE_CHARS, describe, one_line, reason
 from tests.fixtures.pipeline import support
 
 support.function_path("describe_failure")

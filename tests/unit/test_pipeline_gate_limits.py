@@ -1,6 +1,6 @@
 """A manifest can only tighten the stack's gate and training limits (issue 10).
 
-The merge rule (d2ops.validation.manifest): validation names every laxer setting with a code
+The merge rule (d2ops_core.validation.manifest): validation names every laxer setting with a code
 that says which limit; the prepare step takes the stricter value of each pair.
 """
 
@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from d2ops import synth
-from d2ops.validation import Code
-from d2ops.validation.dataset import validate_source
-from d2ops.validation.manifest import (
+from d2ops_core.validation import Code
+from d2ops_core.validation.dataset import validate_source
+from d2ops_core.validation.manifest import (
     Gate,
     StackLimits,
     TrainingOverrides,
@@ -26,7 +26,7 @@ from d2ops.validation.manifest import (
     effective_gate,
     stack_limit_problems,
 )
-from d2ops.validation.sources import LocalSource
+from d2ops_core.validation.sources import LocalSource
 
 STACK = StackLimits(min_map=0.3, max_regression=0.01, max_iter=1000, max_ims_per_batch=16)
 fractions = st.floats(min_value=0, max_value=1, allow_nan=False)

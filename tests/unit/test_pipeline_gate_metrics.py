@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from moto import mock_aws
 
-from d2ops import pipeline_metrics as pm
 from d2ops.asl.choice import evaluate_rule
+from d2ops_core import pipeline_metrics as pm
 from tests.fixtures.emf import emf_metrics
 from tests.fixtures.pipeline import support
 

@@ -9,7 +9,7 @@ from datetime import datetime
 import pytest
 
 from d2ops.asl.interpreter import Execution
-from d2ops.champion import ChampionRecord, EndpointRollback
+from d2ops_core.champion import ChampionRecord, EndpointRollback
 from tests.fixtures.pipeline import support
 from tests.fixtures.pipeline.support import entered_states, run_case, state_output, task_parameters
 

@@ -12,8 +12,8 @@ import pytest
 from moto import mock_aws
 from pydantic import ValidationError
 
-from d2ops import metrics
-from d2ops.champion import CHAMPION_KEY
+from d2ops_core import metrics
+from d2ops_core.champion import CHAMPION_KEY
 from tests.fixtures.pipeline import support
 
 support.function_path("prepare_training")

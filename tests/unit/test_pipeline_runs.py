@@ -1,4 +1,4 @@
-"""d2ops.runs: run ids and SageMaker names for any dataset name, version and object version."""
+"""d2ops_core.runs: run ids and SageMaker names for any dataset name, version and object version."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from d2ops import runs
+from d2ops_core import runs
 
 SAGEMAKER_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 EXECUTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
@@ -80,7 +80,7 @@ def test_existence_is_asked_by_listing_the_exact_key(monkeypatch: pytest.MonkeyP
     """A missing champion is None without a GET (which a prefix-scoped role may see as 403)."""
     from botocore.stub import Stubber
 
-    from d2ops.champion import CHAMPION_KEY, read_champion
+    from d2ops_core.champion import CHAMPION_KEY, read_champion
 
     s3 = stubbed_s3(monkeypatch)
     with Stubber(s3) as stub:  # an unexpected GetObject would fail: nothing is stubbed for it

@@ -147,7 +147,7 @@ def test_a_dataset_without_images_cannot_be_smoke_tested(monkeypatch: pytest.Mon
 
 def test_images_are_picked_by_content_not_by_name(s3: Any) -> None:
     """A GIF named .jpg, an image too thin for the detector and a PNG named .dat: only content decides,
-    by the endpoint's own rule (d2ops.images), and the Content-Type follows the content."""
+    by the endpoint's own rule (d2ops_core.images), and the Content-Type follows the content."""
     gif, thin = io.BytesIO(), io.BytesIO()
     Image.new("RGB", (16, 16)).save(gif, format="GIF")
     Image.new("RGB", (400, 10)).save(thin, format="PNG")

@@ -11,7 +11,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from d2ops import runs
+from d2ops_core import runs
 from tests.fixtures.pipeline import support
 
 support.function_path("start_pipeline")

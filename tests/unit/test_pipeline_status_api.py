@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from moto import mock_aws
 from pydantic import BaseModel
 
-from d2ops import runs
 from d2ops.asl.interpreter import Execution
-from d2ops.champion import CHAMPION_KEY
+from d2ops_core import runs
+from d2ops_core.champion import CHAMPION_KEY
 from tests.fixtures.pipeline import support
 
 support.function_path("status_api")

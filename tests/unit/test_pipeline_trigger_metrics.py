@@ -9,7 +9,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from d2ops import pipeline_metrics as pm
+from d2ops_core import pipeline_metrics as pm
 from tests.fixtures.emf import emf_metrics, total
 from tests.fixtures.pipeline import support
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from d2ops import images as rule
+from d2ops_core import images as rule
 from model_code.artifact import load_artifact
 from model_code.inference import image_to_tensor
 from model_code.serving import decode

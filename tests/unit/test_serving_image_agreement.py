@@ -1,5 +1,5 @@
 """Formats agree everywhere (issue 10): the endpoint, the trainer's data loader and evaluation read the
-same bytes into the same upright pixels through d2ops.images, and refuse the same files.
+same bytes into the same upright pixels through d2ops_core.images, and refuse the same files.
 
 A camera photo (an MPO JPEG whose EXIF says "rotate 90 degrees") is the case that used to split:
 the validator measured it upright, training and evaluation read it sideways, the endpoint refused it.

@@ -274,8 +274,7 @@ def test_metric_writer_is_an_event_writer_and_prints_metric_lines(d2_hooks, caps
     from detectron2.engine import hooks
     from detectron2.utils.events import EventStorage
 
-    from d2ops import metrics
-
+    from d2ops_core import metrics
     writer = d2_hooks.MetricLineWriter()
     hooks.PeriodicWriter([writer], period=1)  # asserts every writer is an EventWriter
     with EventStorage(start_iter=9) as storage:

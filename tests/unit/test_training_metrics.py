@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from d2ops import metrics
+from d2ops_core import metrics
 
 
 def test_every_definition_extracts_exactly_its_own_metric() -> None:

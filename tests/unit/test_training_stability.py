@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
 
-from d2ops.cpu_profile import TORCHVISION_CPU_PROFILE, torchvision_cpu_profile
+from d2ops_core.cpu_profile import TORCHVISION_CPU_PROFILE, torchvision_cpu_profile
 from model_code.training.config import CLIP_GRAD_NORM, parse_hyperparameters
 from model_code.training.torchvision_launch import with_cpu_profile
 from model_code.training.torchvision_trainer import build_model

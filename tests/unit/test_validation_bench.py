@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from d2ops.bench.cocogen import write_coco_like
-from d2ops.validation import validate_local
+from d2ops_core.validation import validate_local
 
 
 def test_bench_runs_end_to_end_and_prints_its_figures(tmp_path: Path) -> None:

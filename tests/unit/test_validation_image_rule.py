@@ -1,4 +1,4 @@
-"""d2ops.images: the one rule for which images every part accepts (formats, size, orientation, integrity)."""
+"""d2ops_core.images: the one rule for which images every part accepts (formats, size, orientation, integrity)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from d2ops import images as rule
+from d2ops_core import images as rule
 
 
 def _encode(fmt: str, size: tuple[int, int] = (64, 48), **kwargs: object) -> bytes:

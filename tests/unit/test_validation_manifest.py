@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from d2ops.validation import Code, Manifest, manifest_json_schema
-from d2ops.validation.codes import MEANINGS
-from d2ops.validation.manifest import parse_manifest
+from d2ops_core.validation import Code, Manifest, manifest_json_schema
+from d2ops_core.validation.codes import MEANINGS
+from d2ops_core.validation.manifest import parse_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = {"name": "shapes", "version": "v1", "format": "coco", "train": "annotations/train.json"}
@@ -55,12 +55,12 @@ def test_non_object_and_oversized_manifests() -> None:
 
 def test_published_schema_is_current() -> None:
     published = json.loads((ROOT / "docs/manifest.schema.json").read_text())
-    # regenerate with: python -m d2ops.validation.schema > docs/manifest.schema.json
+    # regenerate with: python -m d2ops_core.validation.schema > docs/manifest.schema.json
     assert published == manifest_json_schema()
 
 
 def test_schema_export_command_prints_the_schema() -> None:
-    proc = subprocess.run([sys.executable, "-m", "d2ops.validation.schema"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "d2ops_core.validation.schema"], capture_output=True, text=True,
                           check=True)
     assert json.loads(proc.stdout) == manifest_json_schema()
 

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 # process would report the parent's size.
 _CHILD = """
 import json, re, sys, time
-from d2ops.validation import validate_local
+from d2ops_core.validation import validate_local
 started = time.perf_counter()
 report = validate_local(sys.argv[1])
 peak_kb = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1))

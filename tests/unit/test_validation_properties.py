@@ -27,13 +27,13 @@ from hypothesis import strategies as st
 from moto import mock_aws
 from PIL import Image
 
-from d2ops import images as rule
 from d2ops import synth
-from d2ops.validation import Code, ValidationReport, validate_local
-from d2ops.validation.coco import check_split
-from d2ops.validation.manifest import parse_manifest
-from d2ops.validation.report import DatasetName, ImageCheck, IssueLog
-from d2ops.validation.sources import _probe
+from d2ops_core import images as rule
+from d2ops_core.validation import Code, ValidationReport, validate_local
+from d2ops_core.validation.coco import check_split
+from d2ops_core.validation.manifest import parse_manifest
+from d2ops_core.validation.report import DatasetName, ImageCheck, IssueLog
+from d2ops_core.validation.sources import _probe
 from tests.fixtures.pipeline import support
 
 support.function_path("validate_dataset")

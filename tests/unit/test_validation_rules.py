@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from d2ops import synth
-from d2ops.validation import Code, Thresholds, ValidationReport, validate_local
+from d2ops_core.validation import Code, Thresholds, ValidationReport, validate_local
 
 Doc = dict[str, Any]
 
@@ -392,8 +392,8 @@ def test_every_code_is_exercised() -> None:
 
 
 def test_a_manifest_naming_another_dataset_than_its_prefix(ds: Path) -> None:
-    from d2ops.validation.dataset import validate_source
-    from d2ops.validation.sources import LocalSource
+    from d2ops_core.validation.dataset import validate_source
+    from d2ops_core.validation.sources import LocalSource
 
     report = validate_source(LocalSource(ds), check_images=False, expected=("shapes", "v2"))
     [issue] = issues(report, Code.MANIFEST_PREFIX_MISMATCH)
@@ -473,7 +473,7 @@ def test_encoding_and_truncation_errors_say_what_is_wrong(ds: Path, breaker: Cal
 
 
 def test_utf8_errors_are_located_across_chunk_boundaries() -> None:
-    from d2ops.validation.encoding import utf8_problem
+    from d2ops_core.validation.encoding import utf8_problem
 
     # a two-byte character split across the 1 MiB decoding chunks is valid; a stray byte after it is found
     text = b'{"k": "' + b"a" * ((1 << 20) - 8) + "\u00e9".encode() + b'x\nyy\xff"}'
@@ -516,7 +516,7 @@ def test_links_out_of_the_dataset_are_refused_not_followed(ds: Path, tmp_path: P
 
 
 def test_a_link_loop_is_listed_once(ds: Path) -> None:
-    from d2ops.validation.sources import LocalSource
+    from d2ops_core.validation.sources import LocalSource
 
     # a link back to an ancestor: os.walk alone lists the tree again at every level until ELOOP
     # (two such links: 2^40 times)
@@ -543,8 +543,7 @@ def test_a_missing_image_names_a_file_that_differs_only_in_case_or_normalization
 
 
 def test_images_over_the_limit_are_refused_without_being_decoded(ds: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from d2ops import images as rule
-
+    from d2ops_core import images as rule
     path = ds / "images/train/000000.jpg"
     Image.new("RGB", (64, 64)).save(path, format="JPEG")
     decoded: list[str] = []
@@ -564,7 +563,7 @@ def test_images_over_the_limit_are_refused_without_being_decoded(ds: Path, monke
 
 def test_a_check_that_crashes_rejects_its_file_and_the_report_is_still_made(ds: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from d2ops.validation import dataset
+    from d2ops_core.validation import dataset
 
     def broken(*_: Any, **__: Any) -> None:
         raise ZeroDivisionError("a bug")
@@ -584,8 +583,8 @@ _DOC = ('{"images": [{"id": 1, "file_name": "NaN.jpg", "width": 64, "height": 48
 
 
 def _check(text: str) -> tuple[Any, dict[str, int], list[Any]]:
-    from d2ops.validation.coco import check_split
-    from d2ops.validation.report import IssueLog
+    from d2ops_core.validation.coco import check_split
+    from d2ops_core.validation.report import IssueLog
 
     log = IssueLog()
     result = check_split(text.encode(), "train", "annotations/train.json", log)
@@ -644,7 +643,7 @@ def test_deep_nesting_is_too_deep_not_a_crash() -> None:
 
 
 def test_only_tokens_outside_strings_are_rewritten() -> None:
-    from d2ops.validation.coco import _patch_non_standard
+    from d2ops_core.validation.coco import _patch_non_standard
 
     strings = ",".join(['"NaN \\\\\\" Infinity 1e999"'] * 5000)  # three backslashes before a quote: escaped
     text = ('{"info": [' + strings + ', NaN, "x", 1e999, ' + "7" * 2000 + ', "-Infinity", -Infinity, '

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from botocore.exceptions import ClientError
 
-from d2ops.validation import DatasetUnreadable
-from d2ops.validation.errors import SourceFileError
-from d2ops.validation.sources import s3_read_error
+from d2ops_core.validation import DatasetUnreadable
+from d2ops_core.validation.errors import SourceFileError
+from d2ops_core.validation.sources import s3_read_error
 
 
 def client_error(code: str) -> ClientError:

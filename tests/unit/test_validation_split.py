@@ -1,4 +1,4 @@
-"""The derived val split (d2ops.validation.split): its properties; how validation, training, evaluation see it."""
+"""The derived val split (d2ops_core.validation.split): its properties; how validation, training, evaluation see it."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from d2ops import synth
-from d2ops.validation import Code, validate_local
-from d2ops.validation.split import VAL_PERCENT, SplitError, assign_val, derive_split
+from d2ops_core.validation import Code, validate_local
+from d2ops_core.validation.split import VAL_PERCENT, SplitError, assign_val, derive_split
 from model_code.dataset_version import DatasetError, open_dataset_version
 
 FAST = settings(max_examples=150, deadline=None, derandomize=True, database=None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from d2ops.failures import describe
+from d2ops_core.failures import describe
 from describe_failure.models import FailedRunDocument
 
 

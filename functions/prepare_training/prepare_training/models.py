@@ -7,9 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from d2ops.documents.evaluation import GateThresholds
-from d2ops.runs import DatasetRef
-from d2ops.validation.manifest import Gate, StackLimits, TrainingOverrides
+from d2ops_core.documents.evaluation import GateThresholds
+from d2ops_core.runs import DatasetRef
+from d2ops_core.validation.manifest import Gate, StackLimits, TrainingOverrides
 
 
 class ManifestSettings(BaseModel):

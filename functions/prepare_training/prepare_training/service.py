@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from d2ops import metrics, runs
-from d2ops.champion import read_champion
-from d2ops.documents.evaluation import GateThresholds
-from d2ops.validation.manifest import effective_class_gate, effective_gate, stack_limit_problems
+from d2ops_core import metrics, runs
+from d2ops_core.champion import read_champion
+from d2ops_core.documents.evaluation import GateThresholds
+from d2ops_core.validation.manifest import effective_class_gate, effective_gate, stack_limit_problems
 from prepare_training.models import (
     ChampionRef,
     EndpointPlan,

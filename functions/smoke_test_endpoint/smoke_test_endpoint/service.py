@@ -10,8 +10,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from d2ops import images as rule
-from d2ops.validation.manifest import MANIFEST_FILE, parse_manifest
+from d2ops_core import images as rule
+from d2ops_core.validation.manifest import MANIFEST_FILE, parse_manifest
 from smoke_test_endpoint.models import InvocationResponse, SmokeTestEvent, SmokeTestResult
 
 # The request Content-Type for each accepted format; which format a file is, its content says.
@@ -70,7 +70,7 @@ def _val_images(s3: Any, bucket: str, prefix: str) -> list[str]:
 def _acceptable(s3: Any, bucket: str, key: str) -> tuple[bytes, str] | None:
     """The image's bytes and Content-Type if the endpoint would accept it, else None.
 
-    The same rule as the endpoint (d2ops.images): JPEG/MPO or PNG by content, within the size
+    The same rule as the endpoint (d2ops_core.images): JPEG/MPO or PNG by content, within the size
     limits, and it decodes completely.
     """
     try:

@@ -11,7 +11,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from d2ops import pipeline_metrics as pm
+from d2ops_core import pipeline_metrics as pm
 from start_pipeline.models import ObjectCreatedEvent
 from start_pipeline.service import handle_object_created
 

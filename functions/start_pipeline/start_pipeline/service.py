@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import unquote_plus
 
-from d2ops import runs
+from d2ops_core import runs
 from start_pipeline.models import ObjectCreatedEvent, TriggerResult
 
 OBJECT_CREATED = "Object Created"  # EventBridge detail-type of an S3 upload (or copy, multipart completion)

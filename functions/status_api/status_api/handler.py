@@ -21,9 +21,9 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import ClientError, ReadTimeoutError
 from botocore.exceptions import ConnectionError as AwsConnectionError
 
-from d2ops.champion import EndpointHistory
-from d2ops.failures import one_line
-from d2ops.validation.report import ValidationReport
+from d2ops_core.champion import EndpointHistory
+from d2ops_core.failures import one_line
+from d2ops_core.validation.report import ValidationReport
 from status_api import service, views
 from status_api.envelope import BadEnvelope, check_event
 from status_api.models import (

@@ -6,10 +6,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from d2ops.champion import ChampionRecord
-from d2ops.cost import RunCost
-from d2ops.evaluation_curves import PrCurves
-from d2ops.runs import DatasetRef
+from d2ops_core.champion import ChampionRecord
+from d2ops_core.cost import RunCost
+from d2ops_core.evaluation_curves import PrCurves
+from d2ops_core.runs import DatasetRef
 
 RunStatus = Literal["RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "PENDING_REDRIVE"]
 RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,80}$"
@@ -127,7 +127,7 @@ class GraphEdge(BaseModel):
 
 
 class RunGraph(BaseModel):
-    """The state machine laid out (d2ops.state_graph), each state with its outcome in this run."""
+    """The state machine laid out (d2ops_core.state_graph), each state with its outcome in this run."""
 
     run_id: str
     width: float

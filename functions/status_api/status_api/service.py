@@ -9,9 +9,9 @@ from typing import Any
 from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 
-from d2ops import cost, runs
-from d2ops.champion import read_champion
-from d2ops.failures import reason
+from d2ops_core import cost, runs
+from d2ops_core.champion import read_champion
+from d2ops_core.failures import reason
 from status_api.models import (
     EndpointInfo,
     ModelsResponse,

@@ -11,10 +11,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from d2ops import runs, state_graph
-from d2ops.champion import EndpointHistory, read_endpoint_history
-from d2ops.evaluation_curves import PR_CURVES_NAME, PrCurves
-from d2ops.validation.report import ValidationReport
+from d2ops_core import runs, state_graph
+from d2ops_core.champion import EndpointHistory, read_endpoint_history
+from d2ops_core.evaluation_curves import PR_CURVES_NAME, PrCurves
+from d2ops_core.validation.report import ValidationReport
 from status_api.models import EvaluationView, GraphEdge, GraphNode, RunGraph
 from status_api.service import NotFound, RunNotFound, execution_history, latest_document, timeline
 
@@ -33,7 +33,7 @@ def _execution(sfn: Any, state_machine_arn: str, run_id: str) -> tuple[str, dict
 
 
 def run_graph(sfn: Any, state_machine_arn: str, run_id: str) -> RunGraph:
-    """The state machine laid out by d2ops.state_graph, coloured by this run's history."""
+    """The state machine laid out by d2ops_core.state_graph, coloured by this run's history."""
     _, execution, events = _execution(sfn, state_machine_arn, run_id)
     definition = json.loads(sfn.describe_state_machine(stateMachineArn=state_machine_arn)["definition"])
     status, taken = state_graph.outcomes(definition, events, execution["status"])

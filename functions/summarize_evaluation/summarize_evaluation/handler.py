@@ -10,7 +10,7 @@ from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from d2ops import pipeline_metrics as pm
+from d2ops_core import pipeline_metrics as pm
 from summarize_evaluation.models import EvaluationSummary, SummarizeEvent
 from summarize_evaluation.service import read_report, summarize
 

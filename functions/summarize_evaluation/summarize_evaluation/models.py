@@ -1,10 +1,10 @@
-"""The summarize Lambda's input and output; the documents it reads are d2ops.documents.evaluation's."""
+"""The summarize Lambda's input and output; the documents it reads are d2ops_core.documents.evaluation's."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from d2ops.documents.evaluation import GateThresholds
+from d2ops_core.documents.evaluation import GateThresholds
 
 
 class SummarizeEvent(BaseModel):

@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from d2ops.documents.evaluation import EvaluationReport, ModelScores
-from d2ops.runs import key_listed, parse_s3_uri
+from d2ops_core.documents.evaluation import EvaluationReport, ModelScores
+from d2ops_core.runs import key_listed, parse_s3_uri
 from summarize_evaluation.models import ClassRegression, EvaluationSummary, SummarizeEvent
 
 MAX_REPORT_BYTES = 10 * 1024 * 1024
@@ -28,7 +28,7 @@ class EvaluationReportInvalid(Exception):
 
 def read_report(s3: Any, uri: str) -> EvaluationReport:
     bucket, key = parse_s3_uri(uri)
-    # Listed first (d2ops.runs.key_listed): a GET of a missing report may answer 403 here.
+    # Listed first (d2ops_core.runs.key_listed): a GET of a missing report may answer 403 here.
     if not key_listed(s3, bucket, key):
         raise EvaluationReportNotFound(f"{uri} does not exist")
     try:

@@ -11,9 +11,9 @@ from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from d2ops import pipeline_metrics as pm
-from d2ops.validation import DEFAULT_IMAGE_SAMPLE
-from d2ops.validation.manifest import StackLimits
+from d2ops_core import pipeline_metrics as pm
+from d2ops_core.validation import DEFAULT_IMAGE_SAMPLE
+from d2ops_core.validation.manifest import StackLimits
 from validate_dataset.models import ValidateDatasetEvent, ValidationSummary
 from validate_dataset.service import validate_dataset
 

@@ -6,9 +6,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from d2ops.validation.codes import Code
-from d2ops.validation.report import DatasetName  # the report's own model: one class for both documents
-from d2ops.validation.split import DerivedSplit
+from d2ops_core.validation.codes import Code
+from d2ops_core.validation.report import DatasetName  # the report's own model: one class for both documents
+from d2ops_core.validation.split import DerivedSplit
 
 
 class ValidateDatasetEvent(BaseModel):

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from d2ops.validation import Code, DatasetNotFound, DatasetUnreadable, ValidationReport, validate_s3
-from d2ops.validation.codes import Severity, severity
-from d2ops.validation.manifest import StackLimits
+from d2ops_core.validation import Code, DatasetNotFound, DatasetUnreadable, ValidationReport, validate_s3
+from d2ops_core.validation.codes import Severity, severity
+from d2ops_core.validation.manifest import StackLimits
 from validate_dataset.models import DatasetName, IssueSummary, ValidateDatasetEvent, ValidationSummary
 
 __all__ = ["DatasetNotFound", "DatasetUnreadable", "report_key", "validate_dataset"]

@@ -2,7 +2,7 @@
 
 Both trainers run through the real local job runner and the training image's entry point on
 the same synthetic shapes dataset (128 px) with the same global batch (4 images), each in its
-own CPU profile: torchvision's calibrated Faster R-CNN resnet18-FPN (d2ops.cpu_profile; the
+own CPU profile: torchvision's calibrated Faster R-CNN resnet18-FPN (d2ops_core.cpu_profile; the
 **baseline**) and detectron2's ``rcnn_R_18_FPN_cpu.yaml`` (what the detectron2 trainer picks
 without a GPU). Throughput has one definition for both: images per second between the first
 and the last ``train:iter_seconds`` metric line as they arrive from the job, so start-up, the
@@ -20,9 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from d2ops import metrics, synth
-from d2ops.cpu_profile import torchvision_cpu_profile
+from d2ops import synth
 from d2ops.local_jobs import TrainingJobSpec, run_training_job
+from d2ops_core import metrics
+from d2ops_core.cpu_profile import torchvision_cpu_profile
 
 GLOBAL_BATCH = 4
 IMAGE_SIZE = 128

@@ -31,7 +31,7 @@ def _peak_rss_mb() -> float:
 
 
 def _measure_ours(dataset: str) -> dict[str, Any]:
-    from d2ops.validation import validate_local
+    from d2ops_core.validation import validate_local
 
     started = time.perf_counter()
     report = validate_local(dataset, check_images=False)

@@ -125,7 +125,7 @@ def gate_line(run: dict[str, Any]) -> str:
 
 def show_refusal(rt: Any, champion: dict[str, Any], refused: dict[str, Any], dataset: Path) -> bool:
     """The refused challenger left the endpoint alone: same config, the champion still answers."""
-    from d2ops.champion import read_champion
+    from d2ops_core.champion import read_champion
 
     endpoint = rt.sagemaker.describe_endpoint({"EndpointName": rt.stack.endpoint_name})
     record = read_champion(rt.client("s3"), rt.stack.artifacts_bucket)

@@ -123,7 +123,7 @@ def _usd(value: float | None) -> str:
 
 
 def format_cost(cost: dict[str, Any]) -> list[str]:
-    """The status API's ``cost`` (d2ops.cost.RunCost) -> readable lines; none when the run has no cost yet."""
+    """The status API's ``cost`` (d2ops_core.cost.RunCost) -> readable lines; none when the run has no cost yet."""
     if not cost:
         return []
     lines = [f"  cost      {_usd(cost.get('total_usd'))} (SageMaker list prices of {cost.get('prices_as_of')}, "

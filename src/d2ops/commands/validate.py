@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _image_sample(args: argparse.Namespace) -> int:
-    from d2ops.validation import DEFAULT_IMAGE_SAMPLE
+    from d2ops_core.validation import DEFAULT_IMAGE_SAMPLE
 
     value = args.image_sample if args.image_sample is not None else os.environ.get("IMAGE_SAMPLE_SIZE")
     if value is None:
@@ -40,7 +40,7 @@ def _image_sample(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from d2ops.validation import DatasetUnreadable, validate_local, validate_s3
+    from d2ops_core.validation import DatasetUnreadable, validate_local, validate_s3
 
     def progress(line: str) -> None:
         if not args.quiet:

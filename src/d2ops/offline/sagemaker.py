@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 from d2ops.offline.errors import ApiError
 from d2ops.offline.store import write_json_atomic
-from d2ops.runs import parse_s3_uri
+from d2ops_core.runs import parse_s3_uri
 
 log = logging.getLogger(__name__)
 

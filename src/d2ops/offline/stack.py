@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from d2ops import template as sam
-from d2ops.cpu_profile import torchvision_job_defaults
+from d2ops_core.cpu_profile import torchvision_job_defaults
 
 REGION = "us-east-1"
 ACCOUNT_ID = "123456789012"

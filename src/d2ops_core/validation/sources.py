@@ -2,7 +2,7 @@
 
 Both list every file once up front (S3: one paginated ListObjectsV2 walk, never one request per
 image), hand large JSON files to the checks as a memory map, and probe image files. A probed
-image is judged by d2ops.images (the one rule: JPEG/MPO or PNG by content, at most MAX_PIXELS,
+image is judged by d2ops_core.images (the one rule: JPEG/MPO or PNG by content, at most MAX_PIXELS,
 EXIF orientation applied) from its header first, so nothing over the limit is ever decoded; then
 it is decoded (JPEGs in draft mode, so the whole entropy-coded stream is read at an eighth of the
 cost; PNG chunk checksums verified too): locally every image, in S3 the sampled ones, each with
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from d2ops import images as rule
-from d2ops.validation.errors import DatasetUnreadable, SourceFileError
+from d2ops_core import images as rule
+from d2ops_core.validation.errors import DatasetUnreadable, SourceFileError
 
 # S3 images up to this size are downloaded whole and decoded; of larger ones this much is read, which
 # holds the header. Bounds a Lambda's memory: 8 probing threads hold at most 8 of these at once.
@@ -90,7 +90,7 @@ class ImageProbe:
     size: tuple[int, int] | None = None  # (width, height) as a loader that applies EXIF orientation sees it
     stored_size: tuple[int, int] | None = None  # (width, height) in the file
     error: str | None = None
-    reason: str | None = None  # d2ops.images.ImageRejected.reason when the rule refused the file
+    reason: str | None = None  # d2ops_core.images.ImageRejected.reason when the rule refused the file
     format: str | None = None  # Pillow's format name (JPEG, MPO, PNG)
     decoded: bool = False
     orientation_known: bool = field(default=True, compare=False)  # False: a PNG whose EXIF was not reached

@@ -28,11 +28,11 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from d2ops.images import MAX_ASPECT_RATIO, MAX_PIXELS
-from d2ops.validation.codes import Code
-from d2ops.validation.encoding import encoding_problem, line_col, utf8_problem
-from d2ops.validation.manifest import unsafe_relative_path
-from d2ops.validation.report import BoxSizes, ClassStats, IssueLog, SplitStats, printable
+from d2ops_core.images import MAX_ASPECT_RATIO, MAX_PIXELS
+from d2ops_core.validation.codes import Code
+from d2ops_core.validation.encoding import encoding_problem, line_col, utf8_problem
+from d2ops_core.validation.manifest import unsafe_relative_path
+from d2ops_core.validation.report import BoxSizes, ClassStats, IssueLog, SplitStats, printable
 
 SMALL_AREA, MEDIUM_AREA = 32.0**2, 96.0**2  # COCO's area ranges (APs / APm / APl)
 

@@ -3,7 +3,7 @@
 The Lambda functions emit them with Powertools ``Metrics`` as embedded metric format (EMF) log
 lines, which CloudWatch turns into metrics without a PutMetricData call; template.yaml's
 dashboard plots them (a test reads its body against these names). The training jobs' own
-metrics (loss, AP) are d2ops.metrics'. Standard library only (the Lambda layer ships it).
+metrics (loss, AP) are d2ops_core.metrics'. Standard library only (the Lambda layer ships it).
 """
 
 from __future__ import annotations

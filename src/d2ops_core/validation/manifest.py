@@ -14,8 +14,8 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from d2ops.validation.codes import Code
-from d2ops.validation.encoding import encoding_problem, utf8_problem
+from d2ops_core.validation.codes import Code
+from d2ops_core.validation.encoding import encoding_problem, utf8_problem
 
 MANIFEST_FILE = "manifest.json"
 MAX_MANIFEST_BYTES = 64 * 1024

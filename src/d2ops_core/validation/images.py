@@ -1,4 +1,4 @@
-"""Checks of the image files a split references: present, non-empty, accepted by d2ops.images, of the declared size."""
+"""Checks of the image files a split references: present, non-empty, accepted by d2ops_core.images, of declared size."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import unicodedata
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from d2ops.images import extension_problem
-from d2ops.validation.coco import ImageRef
-from d2ops.validation.codes import Code
-from d2ops.validation.report import ImageCheck, IssueLog
-from d2ops.validation.sources import ImageProbe, Source
+from d2ops_core.images import extension_problem
+from d2ops_core.validation.coco import ImageRef
+from d2ops_core.validation.codes import Code
+from d2ops_core.validation.report import ImageCheck, IssueLog
+from d2ops_core.validation.sources import ImageProbe, Source
 
 SAMPLE_SEED = 0  # the S3 sample is deterministic: a retried run checks the same images
-# d2ops.images.ImageRejected reasons with a code of their own; every other refusal is IMAGE_UNREADABLE.
+# d2ops_core.images.ImageRejected reasons with a code of their own; every other refusal is IMAGE_UNREADABLE.
 _REASON_CODES = {"unsupported_format": Code.IMAGE_FORMAT_UNSUPPORTED, "too_large": Code.IMAGE_TOO_LARGE,
                  "bad_shape": Code.IMAGE_SHAPE_UNSUPPORTED, "outside": Code.LINK_OUTSIDE_DATASET}
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, model_validator
 
-from d2ops.metrics import PrimaryMetric
+from d2ops_core.metrics import PrimaryMetric
 
 
 class ModelScores(BaseModel):
@@ -60,7 +60,7 @@ class GateThresholds(BaseModel):
     """The thresholds one run is judged by: the stack's parameters, tightened by the manifest."""
 
     primary_metric: PrimaryMetric | None = Field(
-        None, description="the metric the run's task is judged by (d2ops.metrics.primary_metric); "
+        None, description="the metric the run's task is judged by (d2ops_core.metrics.primary_metric); "
                           "None (plans from before it was recorded): the report's")
     min_map: float = Field(ge=0, le=1, description="the challenger's primary AP must reach this")
     max_regression: float = Field(ge=0, le=1, description="allowed primary-AP drop below the champion")

@@ -10,11 +10,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from d2ops.validation.coco import SplitResult, Thresholds, check_split
-from d2ops.validation.codes import Code
-from d2ops.validation.errors import DatasetUnreadable, SourceFileError
-from d2ops.validation.images import check_image_files
-from d2ops.validation.manifest import (
+from d2ops_core.validation.coco import SplitResult, Thresholds, check_split
+from d2ops_core.validation.codes import Code
+from d2ops_core.validation.errors import DatasetUnreadable, SourceFileError
+from d2ops_core.validation.images import check_image_files
+from d2ops_core.validation.manifest import (
     MANIFEST_FILE,
     MAX_MANIFEST_BYTES,
     Manifest,
@@ -22,9 +22,9 @@ from d2ops.validation.manifest import (
     parse_manifest,
     stack_limit_problems,
 )
-from d2ops.validation.report import DatasetName, ImageCheck, IssueLog, SplitStats, ValidationReport, printable
-from d2ops.validation.sources import LocalSource, S3Source, Source
-from d2ops.validation.split import DerivedSplit, SplitError, derive_split, split_seed
+from d2ops_core.validation.report import DatasetName, ImageCheck, IssueLog, SplitStats, ValidationReport, printable
+from d2ops_core.validation.sources import LocalSource, S3Source, Source
+from d2ops_core.validation.split import DerivedSplit, SplitError, derive_split, split_seed
 
 DEFAULT_IMAGE_SAMPLE = 200
 logger = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ def validate_source(source: Source, *, check_images: bool = True, image_sample: 
         log.add(Code.MANIFEST_VALUE_INVALID, f"train and val are the same file {manifest.train!r}", MANIFEST_FILE,
                 "val")
 
-    # No val named and none uploaded: val is derived from train (d2ops.validation.split); a val file
+    # No val named and none uploaded: val is derived from train (d2ops_core.validation.split); a val file
     # the manifest names but that is missing stays an error.
     derive_val = not manifest.val_named and manifest.val not in files
     results: dict[str, SplitResult] = {}

@@ -6,9 +6,9 @@ from collections import Counter
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from d2ops.validation.codes import Code, Severity, severity
-from d2ops.validation.manifest import Manifest
-from d2ops.validation.split import DerivedSplit
+from d2ops_core.validation.codes import Code, Severity, severity
+from d2ops_core.validation.manifest import Manifest
+from d2ops_core.validation.split import DerivedSplit
 
 REPORT_VERSION = 1
 # A broken 800k-annotation file must still make a report of bounded size: keep the first
@@ -111,7 +111,7 @@ class DatasetName(BaseModel):
     """The dataset a validation report is about, as far as it could be read (None: the manifest did not say).
 
     The validate Lambda's summary carries the same object (validate_dataset.models); the run's full
-    reference (bucket, prefix, manifest version) is :class:`d2ops.runs.DatasetRef`.
+    reference (bucket, prefix, manifest version) is :class:`d2ops_core.runs.DatasetRef`.
     """
 
     name: str | None = None

@@ -3,12 +3,12 @@
 Ships in the Lambda layer: no torch, moto or other heavy imports anywhere in this package.
 """
 
-from d2ops.validation.coco import Thresholds
-from d2ops.validation.codes import Code, Severity
-from d2ops.validation.dataset import DEFAULT_IMAGE_SAMPLE, dataset_from_prefix, validate_local, validate_s3
-from d2ops.validation.errors import DatasetNotFound, DatasetUnreadable
-from d2ops.validation.manifest import Manifest, manifest_json_schema
-from d2ops.validation.report import Issue, ValidationReport
+from d2ops_core.validation.coco import Thresholds
+from d2ops_core.validation.codes import Code, Severity
+from d2ops_core.validation.dataset import DEFAULT_IMAGE_SAMPLE, dataset_from_prefix, validate_local, validate_s3
+from d2ops_core.validation.errors import DatasetNotFound, DatasetUnreadable
+from d2ops_core.validation.manifest import Manifest, manifest_json_schema
+from d2ops_core.validation.report import Issue, ValidationReport
 
 __all__ = [
     "DEFAULT_IMAGE_SAMPLE",
