@@ -30,7 +30,7 @@ from botocore import xform_name
 from botocore.exceptions import ClientError
 
 from d2ops.asl import ExecutorRegistry, TaskContext, TaskFailed
-from d2ops.aws_contract import sdk_member_names
+from d2ops.aws_contract import OPTIMISED_ERROR_PREFIX, SDK_ERROR_PREFIX, sdk_member_names
 from d2ops.offline.lambdas import FunctionError, LocalLambdas
 
 _SERVICE_ARN = re.compile(r"^arn:[^:]+:states:::(?:(?P<sdk>aws-sdk):)?(?P<service>[a-z0-9-]+):(?P<action>[A-Za-z0-9]+)"
@@ -38,11 +38,6 @@ _SERVICE_ARN = re.compile(r"^arn:[^:]+:states:::(?:(?P<sdk>aws-sdk):)?(?P<servic
 SYNC_POLL_SECONDS = 2.0
 # Step Functions' service names -> boto3 client names, where they differ.
 _CLIENT_NAMES = {"sfn": "stepfunctions", "states": "stepfunctions"}
-_ERROR_PREFIX = {"sagemaker": "SageMaker", "s3": "S3", "sns": "Sns", "sqs": "Sqs", "stepfunctions": "Sfn",
-                 "dynamodb": "DynamoDB"}
-# Optimised integrations whose errors keep the service's own names (``DynamoDB.ConditionalCheckFailedException``,
-# as the Step Functions DynamoDB integration documents), not ``<Service>.Amazon<Service>Exception``.
-_MODELLED_ERRORS = {"dynamodb"}
 
 ClientFactory = Callable[[str], Any]
 
@@ -62,14 +57,42 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def sdk_error_prefix(service: str) -> str:
+    """The ``<Service>`` of an aws-sdk integration's error names: Step Functions' PascalCase service
+    name (``aws-sdk:cloudwatch`` -> ``CloudWatch``, ``aws-sdk:acmpca`` -> ``AcmPca``), from the one
+    table in d2ops.aws_contract."""
+    return SDK_ERROR_PREFIX.get(service, service.capitalize())
+
+
+def modelled_error(client: Any, code: str) -> str | None:
+    """The error shape a wire error code stands for (the SDK's exception class is named after the
+    shape): query services send codes that differ from it (SNS ``NotFound`` is ``NotFoundException``,
+    CloudWatch ``ValidationError`` is ``ValidationException``); None when the service does not model it."""
+    shapes = list(client.meta.service_model.error_shapes)
+    names = {shape.name for shape in shapes}
+    for candidate in (code, code + "Exception", code.removesuffix("Exception")):
+        if candidate in names:
+            return candidate
+    by_code = [shape.name for shape in shapes if (shape.metadata.get("error") or {}).get("code") == code]
+    return min(by_code, key=lambda name: (not name.startswith(code), name)) if by_code else None
+
+
 def error_name(client: Any, service: str, code: str, sdk: bool) -> str:
-    prefix = _ERROR_PREFIX.get(service, service.capitalize())
-    if not sdk and service not in _MODELLED_ERRORS:
-        return f"{prefix}.Amazon{prefix}Exception"
-    modeled = {shape.name for shape in client.meta.service_model.error_shapes}
-    if code in modeled or code.removesuffix("Exception") in modeled:
-        return f"{prefix}.{code if code.endswith('Exception') else code + 'Exception'}"
-    return f"{prefix}.{prefix}Exception"
+    """The error a Task reports for a service error ``code``; ``service`` as in the resource ARN (``sfn``)."""
+    shape = modelled_error(client, code)
+    is_modelled = shape is not None
+    name = shape or code
+    suffixed = name if name.endswith("Exception") else name + "Exception"
+    if sdk:
+        prefix = sdk_error_prefix(service)
+        return f"{prefix}.{suffixed}" if is_modelled else f"{prefix}.{prefix}Exception"
+    # Optimised integrations: Lambda, SNS and DynamoDB keep modelled names (DynamoDB.ConditionalCheckFailedException);
+    # the rest, and their unmodelled errors, are <Service>.Amazon<Service>Exception (SNS.AmazonSNSException).
+    optimised = OPTIMISED_ERROR_PREFIX.get(service)
+    if optimised is not None and is_modelled:
+        return f"{optimised}.{suffixed}"
+    prefix = optimised or sdk_error_prefix(service)
+    return f"{prefix}.Amazon{prefix}Exception"
 
 
 def pascal_names(value: Any, shape: Any) -> Any:
@@ -159,18 +182,17 @@ class ServiceExecutors:
                                    "reached the service; its response was lost)")
             return json_safe(pascal_names(result, operation.output_shape) if match["sdk"] else result)
         except ResponseLost as exc:  # aws-sdk: the SDK's client error; optimised: the service's catch-all
-            prefix = _ERROR_PREFIX.get(service, service.capitalize())
-            name = f"{prefix}.SdkClientException" if match["sdk"] else error_name(client, service, "InternalFailure",
-                                                                                   False)
+            name = f"{sdk_error_prefix(match['service'])}.SdkClientException" if match["sdk"] else \
+                error_name(client, match["service"], "InternalFailure", False)
             raise TaskFailed(name, str(exc)) from exc
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "Unknown")
             message = exc.response.get("Error", {}).get("Message", str(exc))
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 400)
             cause = f"{message} (Service: {service}, Status Code: {status}, Error Code: {code})"
-            raise TaskFailed(error_name(client, service, code, bool(match["sdk"])), cause) from exc
+            raise TaskFailed(error_name(client, match["service"], code, bool(match["sdk"])), cause) from exc
         except Exception as exc:  # botocore's parameter validation, before any request
-            raise TaskFailed(error_name(client, service, "ValidationException", bool(match["sdk"])),
+            raise TaskFailed(error_name(client, match["service"], "ValidationException", bool(match["sdk"])),
                              str(exc)) from exc
 
     # ----- .sync jobs -------------------------------------------------------------------------
