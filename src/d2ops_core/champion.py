@@ -13,7 +13,7 @@ Standard library and pydantic only: Lambdas import this through the CoreLayer.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -74,11 +74,18 @@ def read_champion(s3: _S3Client, bucket: str) -> ChampionRecord | None:
 # Append-only: the state machine writes one object per event and never rewrites one (keys
 # carry the run id), so the history survives whatever later runs do to champion.json:
 #   endpoint-history/<endpoint>/promoted-<run>.json     a ChampionRecord ("Record endpoint history")
-#   endpoint-history/<endpoint>/rolled-back-<run>.json  an EndpointRollback ("Record rollback in endpoint history")
+#   endpoint-history/<endpoint>/rolled-back-<run>.json  an EndpointRollback ("Record rollback in endpoint history",
+#                                                       after the pipeline's or an alarm's rollback)
+
+
+RolledBackBy = Literal["pipeline", "alarm"]
 
 
 class EndpointRollback(BaseModel):
-    """A deployment the pipeline undid: the run's failure record, as "Record rolled-back deployment" builds it."""
+    """A deployment that was undone: the run's failure record, as "Record rolled-back deployment" (the
+    pipeline's own smoke test or endpoint check failed) or "Record alarm rollback" (SageMaker's
+    deployment guardrails rolled the update back because an AutoRollbackConfiguration alarm fired) builds it.
+    """
 
     model_config = ConfigDict(extra="ignore")
 
@@ -88,6 +95,12 @@ class EndpointRollback(BaseModel):
     model_package_arn: str | None = None
     rolled_back_at: str
     cause: str
+    # Records written before alarm rollbacks were recorded carry neither field: they were the pipeline's.
+    rolled_back_by: RolledBackBy = Field("pipeline", description=(
+        "who decided: 'pipeline' (its smoke test or endpoint check failed) or 'alarm' (SageMaker's auto-rollback)"))
+    alarms: list[str] = Field(default_factory=list, description=(
+        "the AutoRollbackConfiguration alarms in ALARM when the rollback was seen (empty: none was any more)"))
+    kept_serving: str | None = Field(None, description="the endpoint config that went on serving (the old one)")
     rollback: dict[str, Any] | None = Field(None, description="what undoing did (the UpdateEndpoint or its error)")
 
 
@@ -117,6 +130,10 @@ class RolledBackAttempt(BaseModel):
     at: str
     why: str = Field(description="why the deployment was undone")
     action: str | None = Field(None, description="what undoing it did")
+    rolled_back_by: RolledBackBy = "pipeline"
+    alarms: list[str] = Field(default_factory=list, description="the alarms that made SageMaker roll it back")
+    alarm_reasons: list[str] = Field(default_factory=list, description="their StateReason, as CloudWatch gave it")
+    kept_serving: str | None = Field(None, description="the endpoint config that went on serving")
 
 
 class EndpointHistory(BaseModel):
@@ -138,7 +155,8 @@ def build_history(endpoint_name: str, promotions: list[ChampionRecord],
     """Served periods from the promotions in time order: each ends where the next begins."""
     ordered = sorted(promotions, key=lambda p: p.promoted_at)
     served: list[ServedPeriod] = []
-    for record, successor in zip(ordered, [*ordered[1:], None], strict=True):
+    # [:len] : an endpoint with rollbacks only (its first deployment deleted) has no promotion at all.
+    for record, successor in zip(ordered, [*ordered[1:], None][:len(ordered)], strict=True):
         served.append(ServedPeriod(
             run_id=record.run_id, dataset_name=record.dataset.name, dataset_version=record.dataset.version,
             model_package_arn=record.model_package_arn, endpoint_config_name=record.endpoint_config_name,
@@ -149,7 +167,8 @@ def build_history(endpoint_name: str, promotions: list[ChampionRecord],
             why_replaced=successor.gate.reason if successor else None))
     attempts = [RolledBackAttempt(run_id=r.run_id, dataset_name=r.dataset.name, dataset_version=r.dataset.version,
                                   model_package_arn=r.model_package_arn, at=r.rolled_back_at, why=r.cause,
-                                  action=_action(r.rollback))
+                                  action=_action(r.rollback), rolled_back_by=r.rolled_back_by, alarms=r.alarms,
+                                  alarm_reasons=_alarm_reasons(r.rollback), kept_serving=r.kept_serving)
                 for r in sorted(rollbacks, key=lambda r: r.rolled_back_at, reverse=True)]
     return EndpointHistory(endpoint_name=endpoint_name, served=served[::-1], rolled_back=attempts,
                            unreadable=unreadable or [])
@@ -163,6 +182,11 @@ def _action(rollback: dict[str, Any] | None) -> str | None:
     if rollback.get("Error"):  # undoing failed: the Catch's error record
         return f"undoing failed: {rollback['Error']}"
     return None
+
+
+def _alarm_reasons(rollback: dict[str, Any] | None) -> list[str]:
+    reasons = (rollback or {}).get("alarm_reasons") or []
+    return [str(r) for r in reasons] if isinstance(reasons, list) else [str(reasons)]
 
 
 class _S3Lister(_S3Client, Protocol):

@@ -47,6 +47,24 @@ def test_each_promotion_serves_until_the_next_and_rollbacks_are_listed_apart() -
     assert "SmokeTestFailed" in attempt.why
 
 
+def test_an_alarm_rollback_names_its_alarms_and_an_endpoint_with_rollbacks_only_has_a_history() -> None:
+    # A record from before alarm rollbacks were recorded reads as the pipeline's.
+    old = EndpointRollback.model_validate_json(rollback("r3", "2026-03-01T00:00:00Z").model_dump_json(
+        exclude={"rolled_back_by", "alarms", "kept_serving"}))
+    by_alarm = EndpointRollback(
+        run_id="r4", dataset=dataset("v4"), endpoint_name=ENDPOINT, rolled_back_at="2026-04-01T00:00:00Z",
+        cause="deploying model r4-model failed (EndpointRolledBack)", rolled_back_by="alarm",
+        alarms=["d2ops-EndpointErrorAlarm"], kept_serving="r2-config",
+        rollback={"action": "SageMaker rolled the update back", "alarm_reasons": ["Threshold Crossed: 5 errors"]})
+    history = build_history(ENDPOINT, [], [old, by_alarm])  # no promotion at all: the first deploy was undone
+    assert history.served == []
+    newest, oldest = history.rolled_back
+    assert (newest.run_id, newest.rolled_back_by, newest.alarms, newest.kept_serving) == (
+        "r4", "alarm", ["d2ops-EndpointErrorAlarm"], "r2-config")
+    assert newest.alarm_reasons == ["Threshold Crossed: 5 errors"]
+    assert (oldest.rolled_back_by, oldest.alarms, oldest.alarm_reasons) == ("pipeline", [], [])
+
+
 @mock_aws
 def test_read_endpoint_history_reads_the_records_the_state_machine_writes() -> None:
     s3 = boto3.client("s3", region_name="us-east-1")

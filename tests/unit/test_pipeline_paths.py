@@ -9,7 +9,7 @@ from datetime import datetime
 import pytest
 
 from d2ops.asl.interpreter import Execution
-from d2ops_core.champion import ChampionRecord, EndpointRollback
+from d2ops_core.champion import ChampionRecord, EndpointRollback, build_history
 from tests.fixtures.pipeline import support
 from tests.fixtures.pipeline.support import entered_states, run_case, state_output, task_parameters
 
@@ -273,11 +273,43 @@ def test_smoke_test_failure_on_first_deployment_deletes_the_endpoint() -> None:
     assert "Roll back endpoint" not in entered_states(ex)
 
 
-def test_update_rolled_back_by_alarms_is_a_deployment_failure() -> None:
+def test_update_rolled_back_by_alarms_is_a_deployment_failure_recorded_in_the_endpoint_history() -> None:
     ex = run_case("UpdateRolledBackByAlarms")
-    assert_failed(ex, "DeploymentFailed", "Deployment failed")
+    message = assert_failed(ex, "DeploymentFailed", "Deployment failed")
     assert "an alarm rolled the update back" in ex.cause
-    assert "Smoke test endpoint" not in entered_states(ex) and "Roll back endpoint" not in entered_states(ex)
+    states = entered_states(ex)
+    assert "Smoke test endpoint" not in states and "Roll back endpoint" not in states
+    rolled_back = states.index("Endpoint rolled back by alarms")
+    assert states[rolled_back:rolled_back + 5] == ["Endpoint rolled back by alarms", "Find rollback alarms",
+                                                   "Record alarm rollback", "Record rollback in endpoint history",
+                                                   "Describe failure"]
+    (lookup,) = task_parameters(ex, "Find rollback alarms")
+    assert lookup == {"AlarmNames": ["d2ops-EndpointErrorAlarm-1", "d2ops-EndpointLatencyAlarm-1",
+                                     "d2ops-SmokeTestAlarm-1"], "StateValue": "ALARM"}
+    (history,) = task_parameters(ex, "Record rollback in endpoint history")
+    assert history["Key"] == f"endpoint-history/{support.ENDPOINT_NAME}/rolled-back-{support.RUN_ID}.json"
+    # The same record shape as the pipeline's own rollback, read back through the status API's model.
+    record = EndpointRollback.model_validate_json(history["Body"])
+    assert record.rolled_back_by == "alarm" and record.alarms == ["d2ops-EndpointLatencyAlarm-1"]
+    previous = state_output(ex, "Find current endpoint")["previous_endpoint"]["endpoint_config"]
+    assert record.kept_serving == previous
+    assert record.rollback is not None and record.rollback["failure_reason"] == []  # DescribeEndpoint gave none
+    assert record.rollback["alarm_reasons"][0].startswith("Threshold Crossed")
+    attempt = build_history(support.ENDPOINT_NAME, [], [record]).rolled_back[0]
+    assert (attempt.run_id, attempt.alarms, attempt.kept_serving) == (support.RUN_ID, record.alarms, previous)
+    assert message["rolled_back_by"] == "alarm"
+
+
+def test_alarm_rollback_is_recorded_even_when_its_alarms_cannot_be_read() -> None:
+    ex = run_case("UpdateRolledBackAlarmsUnreadable")
+    assert_failed(ex, "DeploymentFailed", "Deployment failed")
+    assert "Rollback alarms unreadable" in entered_states(ex)
+    (history,) = task_parameters(ex, "Record rollback in endpoint history")
+    record = EndpointRollback.model_validate_json(history["Body"])
+    assert record.rolled_back_by == "alarm" and record.alarms == []
+    assert record.rollback is not None
+    assert record.rollback["alarm_reasons"] == [
+        "the rollback alarms could not be read (CloudWatch.CloudWatchException)"]
 
 
 def test_endpoint_wait_is_bounded() -> None:

@@ -402,10 +402,20 @@ async function showHistory(name) {
     {"id": "history-served"}));
   if (history.rolled_back.length) {
     box.append(el("p", {}, "Deployments rolled back:"));
-    box.append(table(["run", "dataset", "model package", "at", "why", "what undoing did"],
+    // rolled_back_by: the pipeline's own check, or SageMaker's auto-rollback on the named alarms.
+    box.append(table(["run", "dataset", "model package", "at", "rolled back by", "why", "what undoing did",
+                      "kept serving"],
       history.rolled_back.map(r => [r.run_id, r.dataset_name + " " + r.dataset_version, r.model_package_arn || "-",
-                                    r.at, r.why, r.action || "-"]), {"id": "history-rolled-back"}));
+                                    r.at, rolledBackBy(r), r.why, r.action || "-", r.kept_serving || "-"]),
+      {"id": "history-rolled-back"}));
   }
+}
+
+function rolledBackBy(r) {
+  if (r.rolled_back_by !== "alarm") return "pipeline";
+  const alarms = (r.alarms || []).join(", ") || "an alarm no longer in ALARM";
+  const reasons = (r.alarm_reasons || []).join("; ");
+  return "alarm: " + alarms + (reasons ? " (" + reasons + ")" : "");
 }
 
 // ----- try an image ----------------------------------------------------------------------
