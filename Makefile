@@ -104,6 +104,11 @@ bench-eval: setup  ## our bbox evaluation (faster-coco-eval) vs pycocotools COCO
 bench-serve: setup  ## TorchServe /invocations (concurrency 1 and 8, batching on/off) vs in-process predict
 	$(BIN)/python -m d2ops.bench.serve
 
+# --- status API (issue 12) --------------------------------------------------------------
+.PHONY: bench-status-api
+bench-status-api: setup  ## status API requests/s in-process against moto: boto3 clients per request vs reused
+	$(BIN)/python -m d2ops.bench.status_api
+
 # --- training (issue 3) -----------------------------------------------------------------
 .PHONY: bench-train test-training-slow
 bench-train: setup  ## CPU training images/s, detectron2 vs torchvision (the baseline) on the same data, and the ratio

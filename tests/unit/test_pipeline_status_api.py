@@ -197,7 +197,7 @@ class Throttled:
                                                    ("TooManyRequestsException", 429)])
 def test_a_throttled_aws_service_is_a_503_with_retry_after(aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
                                                            code: str, http_status: int) -> None:
-    monkeypatch.setattr(api.boto3, "client", lambda *args, **kwargs: Throttled(code, http_status))
+    monkeypatch.setattr(api.clients, "client", lambda service: Throttled(code, http_status))
     for path in ["/runs", "/runs/shapes_v1_0000000000000000", "/models"]:
         event = copy.deepcopy(support.load_event("status_api", "list_runs"))
         event["rawPath"] = event["requestContext"]["http"]["path"] = path
@@ -208,9 +208,33 @@ def test_a_throttled_aws_service_is_a_503_with_retry_after(aws: dict[str, Any], 
 
 
 def test_other_aws_errors_stay_server_errors(aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(api.boto3, "client", lambda *args, **kwargs: Throttled("AccessDeniedException", 400))
+    monkeypatch.setattr(api.clients, "client", lambda service: Throttled("AccessDeniedException", 400))
     with pytest.raises(Exception, match="AccessDenied"):  # Lambda reports it; API Gateway answers 500
         call("GET", "/runs")
+
+
+def test_boto3_clients_are_made_once_per_environment_not_per_request(aws: dict[str, Any],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[str] = []
+    real = api.clients.boto3.client
+
+    def counting(service_name: str, *args: Any, **kwargs: Any) -> Any:
+        made.append(service_name)
+        return real(service_name, *args, **kwargs)
+
+    api.clients.clear()
+    monkeypatch.setattr(api.clients.boto3, "client", counting)
+    for _ in range(3):
+        assert call("GET", "/runs")[0] == 200
+        assert call("GET", "/runs/shapes_v1_0000000000000000")[0] == 404
+    assert sorted(made) == ["sagemaker", "stepfunctions"]
+    # Another endpoint (the offline runtime's next moto server) gets its own client, never the old one.
+    first = api.clients.client("s3")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    moved = api.clients.client("s3")
+    assert moved is not first and moved.meta.endpoint_url == "http://127.0.0.1:1"
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    assert api.clients.client("s3") is first
 
 
 def test_get_run_reads_a_started_run_from_moto(aws: dict[str, Any]) -> None:

@@ -10,7 +10,6 @@ import json
 import os
 from typing import Annotated, Any
 
-import boto3
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
@@ -24,7 +23,7 @@ from botocore.exceptions import ConnectionError as AwsConnectionError
 from d2ops_core.champion import EndpointHistory
 from d2ops_core.failures import one_line
 from d2ops_core.validation.report import ValidationReport
-from status_api import service, views
+from status_api import clients, service, views
 from status_api.envelope import BadEnvelope, check_event
 from status_api.models import (
     ENDPOINT_NAME_PATTERN,
@@ -115,7 +114,7 @@ def list_runs(
                                             min_length=1, max_length=MAX_PAGE_TOKEN)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 25,
 ) -> RunList:
-    return service.list_runs(boto3.client("stepfunctions"), os.environ["STATE_MACHINE_ARN"], dataset=dataset,
+    return service.list_runs(clients.client("stepfunctions"), os.environ["STATE_MACHINE_ARN"], dataset=dataset,
                              status=status, next_token=next_token, limit=limit)
 
 
@@ -124,7 +123,7 @@ def list_runs(
                     404: error("no run with this id"), 503: BUSY})
 @tracer.capture_method
 def get_run(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> RunDetail:  # the route spells it runId
-    return service.get_run(boto3.client("stepfunctions"), boto3.client("sagemaker"),
+    return service.get_run(clients.client("stepfunctions"), clients.client("sagemaker"),
                            os.environ["STATE_MACHINE_ARN"], runId)
 
 
@@ -137,7 +136,7 @@ def _ok(description: str, model: type) -> dict[int, OpenAPIResponse]:
                     404: error("no run with this id"), 503: BUSY})
 @tracer.capture_method
 def get_run_graph(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> RunGraph:
-    return views.run_graph(boto3.client("stepfunctions"), os.environ["STATE_MACHINE_ARN"], runId)
+    return views.run_graph(clients.client("stepfunctions"), os.environ["STATE_MACHINE_ARN"], runId)
 
 
 @app.get("/runs/<runId>/validation", summary="The run's full validation report (errors, warnings, class statistics)",
@@ -145,7 +144,7 @@ def get_run_graph(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> RunGra
                     404: error("no run with this id, or it has no validation report yet"), 503: BUSY})
 @tracer.capture_method
 def get_validation_report(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> ValidationReport:
-    return views.validation_report(boto3.client("stepfunctions"), boto3.client("s3"),
+    return views.validation_report(clients.client("stepfunctions"), clients.client("s3"),
                                    os.environ["STATE_MACHINE_ARN"], os.environ["ARTIFACTS_BUCKET"], runId)
 
 
@@ -155,7 +154,7 @@ def get_validation_report(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -
                     404: error("no run with this id, or it has no evaluation report yet"), 503: BUSY})
 @tracer.capture_method
 def get_evaluation_report(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> EvaluationView:
-    return views.evaluation_report(boto3.client("stepfunctions"), boto3.client("s3"),
+    return views.evaluation_report(clients.client("stepfunctions"), clients.client("s3"),
                                    os.environ["STATE_MACHINE_ARN"], os.environ["ARTIFACTS_BUCKET"], runId)
 
 
@@ -166,7 +165,7 @@ def get_evaluation_report(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -
 @tracer.capture_method
 def get_endpoint_history(
         endpointName: Annotated[str, Path(pattern=ENDPOINT_NAME_PATTERN)]) -> EndpointHistory:  # the route's spelling
-    return views.endpoint_history(boto3.client("s3"), os.environ["ARTIFACTS_BUCKET"], endpointName)
+    return views.endpoint_history(clients.client("s3"), os.environ["ARTIFACTS_BUCKET"], endpointName)
 
 
 @app.post("/runs", summary="Start the run for a dataset version (idempotent, like the S3 trigger)",
@@ -178,7 +177,7 @@ def get_endpoint_history(
                      404: error("the dataset version has no manifest.json"), 503: BUSY})
 @tracer.capture_method
 def start_run(request: StartRunRequest) -> tuple[StartRunResponse, int]:
-    started = service.start_run_for_uri(boto3.client("s3"), boto3.client("stepfunctions"),
+    started = service.start_run_for_uri(clients.client("s3"), clients.client("stepfunctions"),
                                         os.environ["STATE_MACHINE_ARN"], os.environ["DATA_BUCKET"],
                                         request.dataset_uri)
     logger.info("run requested", extra=started.model_dump())
@@ -195,7 +194,7 @@ def list_models(
     next_token: Annotated[str | None, Query(alias="nextToken", min_length=1, max_length=MAX_PAGE_TOKEN)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 25,
 ) -> ModelsResponse:
-    return service.list_models(boto3.client("sagemaker"), boto3.client("s3"),
+    return service.list_models(clients.client("sagemaker"), clients.client("s3"),
                                os.environ["MODEL_PACKAGE_GROUP_NAME"], os.environ["ARTIFACTS_BUCKET"], next_token,
                                limit)
 

@@ -1,0 +1,55 @@
+"""boto3 clients made once per execution environment, not once per request.
+
+Creating a client loads and parses the service model and builds its endpoint resolver: most of a
+small request's time (docs/benchmarks.md, "Status API clients"). AWS's Lambda guidance is to make
+SDK clients outside the handler and reuse them across invocations; clients are thread-safe.
+
+The cache is keyed on the process's ``AWS_*`` environment as well as the service: a client keeps
+the region, endpoint URL (``AWS_ENDPOINT_URL*``) and credentials it was made with, and in Lambda
+those never change within an environment, but the offline runtime and the tests point one process
+at several moto servers in turn. A changed environment therefore gets fresh clients, never a client
+bound to a server that has gone.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Literal
+
+import boto3
+
+# The services the status API calls (boto3's typed overloads need the name as a literal).
+Service = Literal["s3", "sagemaker", "stepfunctions"]
+# One environment at a time in Lambda; a handful in a test session that starts several runtimes.
+MAX_CACHED = 32
+
+_lock = threading.Lock()
+_cache: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+
+
+def _aws_environment() -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+
+
+def client(service: Service) -> Any:
+    """The process's client for ``service`` under the current ``AWS_*`` environment."""
+    key = (service, _aws_environment())
+    cached = _cache.get(key)
+    if cached is not None:
+        return cached
+    # boto3's default session is not safe to create clients from concurrently (the offline gateway
+    # serves requests on threads); using the clients afterwards is.
+    with _lock:
+        cached = _cache.get(key)
+        if cached is None:
+            if len(_cache) >= MAX_CACHED:
+                _cache.pop(next(iter(_cache)))  # the oldest: an environment the process has left
+            cached = _cache[key] = boto3.client(service)
+        return cached
+
+
+def clear() -> None:
+    """Forget every client (tests that swap ``boto3.client`` for a fake)."""
+    with _lock:
+        _cache.clear()
