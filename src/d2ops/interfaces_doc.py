@@ -85,8 +85,8 @@ DOCUMENTS: tuple[Document, ...] = (
     Document(
         "detections", "Endpoint response (detections)",
         "body of `POST /invocations` on the SageMaker endpoint (TorchServe)",
-        "`model_code.serving.response`", "`smoke_test_endpoint`, API clients",
-        "smoke_test_endpoint.models:InvocationResponse"),
+        "`model_code.serving.response`", "`smoke_test_endpoint`, `d2ops predict`, API clients",
+        "d2ops_core.documents.detections:InvocationResponse"),
 )
 
 

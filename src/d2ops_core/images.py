@@ -40,6 +40,8 @@ OPENERS = ("JPEG", "PNG")
 # Extensions a file of each accepted format may have (lower-cased); the smoke test and the
 # validator's warning use them, nothing decides a format by name.
 EXTENSIONS: dict[str, str] = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG"}
+# The Content-Type an image of each accepted format is sent with (its content, not its name, decides).
+CONTENT_TYPES: dict[str, str] = {"JPEG": "image/jpeg", "MPO": "image/jpeg", "PNG": "image/png"}
 # The decoded-size limit, applied from the header before decoding (serving's limit since issue 4).
 MAX_PIXELS = 36_000_000
 # The detectors scale the shorter side up and cap the longer one: past this ratio the shorter

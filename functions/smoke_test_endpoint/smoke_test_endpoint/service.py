@@ -14,8 +14,6 @@ from d2ops_core import images as rule
 from d2ops_core.validation.manifest import MANIFEST_FILE, parse_manifest
 from smoke_test_endpoint.models import InvocationResponse, SmokeTestEvent, SmokeTestResult
 
-# The request Content-Type for each accepted format; which format a file is, its content says.
-CONTENT_TYPES = {"JPEG": "image/jpeg", "MPO": "image/jpeg", "PNG": "image/png"}
 # Real-time endpoints accept at most 6 MB per request.
 MAX_IMAGE_BYTES = 5 * 1024 * 1024
 MAX_LISTED_KEYS = 10_000
@@ -87,7 +85,7 @@ def _acceptable(s3: Any, bucket: str, key: str) -> tuple[bytes, str] | None:
             image_format = str(image.format)
     except (rule.ImageRejected, OSError, ValueError, SyntaxError):  # Pillow's decoders raise these for bad data
         return None
-    return data, CONTENT_TYPES[image_format]
+    return data, rule.CONTENT_TYPES[image_format]
 
 
 def pick_image(s3: Any, bucket: str, prefix: str) -> tuple[str, bytes, str]:
