@@ -36,7 +36,7 @@ FIELDS: dict[str, set[str]] = {
 }
 # Fields of the service the interpreter refuses, with the reason given to the user.
 REFUSED: dict[str, str] = {
-    "QueryLanguage": "only the JSONPath query language is supported",
+    "QueryLanguage": "the JSONata query language is not supported (only JSONPath)",
     "Assign": "workflow variables (Assign) are not supported",
     "Output": "JSONata Output is not supported",
     "Arguments": "JSONata Arguments are not supported",
@@ -111,7 +111,8 @@ class _Validator:
             config = definition["ProcessorConfig"]
             mode = config.get("Mode", "INLINE") if isinstance(config, dict) else None
             if mode != "INLINE" or set(config) - {"Mode"}:
-                self.problem(f"{where}.ProcessorConfig", "only Mode INLINE is supported (Distributed Map is not)")
+                self.problem(f"{where}.ProcessorConfig", "Distributed Map (Mode DISTRIBUTED, ExecutionType) is not "
+                                                         "supported: only Mode INLINE")
         if top_level and "TimeoutSeconds" in definition:
             timeout = definition["TimeoutSeconds"]
             if not _is_int(timeout) or timeout <= 0:
