@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
 from d2ops.commands.errors import UsageError
 
-__all__ = ["COMMAND_MODULES", "UsageError", "build_parser", "main"]
+__all__ = ["COMMAND_MODULES", "UsageError", "build_parser", "describe_os_error", "main"]
 
 # One line per sub-command module, in the order they appear in --help.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -41,6 +42,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def describe_os_error(exc: OSError) -> str:
+    """One line naming the path and the problem; a file where a directory must be is named as such.
+
+    ``mkdir(".d2ops")`` beside a file called ``.d2ops`` fails with "File exists", and creating
+    ``out/hosts/algo-1`` below a file ``out`` with "Not a directory" on the deepest path: neither
+    says which path is in the way.
+    """
+    path = str(exc.filename) if exc.filename is not None else None
+    if path and isinstance(exc, FileExistsError | NotADirectoryError):
+        blocker = path
+        while blocker and not os.path.exists(blocker):
+            blocker = os.path.dirname(blocker.rstrip(os.sep))
+        if blocker and not os.path.isdir(blocker):
+            return f"{blocker} is a file, but a directory is needed there"
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    return f"{path}: {reason}" if path else reason
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -48,6 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except UsageError as exc:
         parser.exit(2, f"d2ops {args.command}: error: {exc}\n")
+    except OSError as exc:  # a path the user named cannot be read or written: say which, without a traceback
+        print(f"d2ops {args.command}: error: {describe_os_error(exc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"d2ops {args.command}: interrupted", file=sys.stderr)
         return 130
