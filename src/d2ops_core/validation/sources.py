@@ -21,6 +21,7 @@ import io
 import mmap
 import os
 import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -175,6 +176,24 @@ def _mapped(path: Path | str, rel: str) -> Iterator[Any]:
                     mm.close()
 
 
+def _not_regular(path: str) -> str | None:
+    """Why ``path`` is not a regular file one can read to its end, or None.
+
+    Opening a FIFO blocks until someone writes to it, and a character device (a copy of /dev/zero)
+    never ends: a dataset holding one under a name the manifest reads would hang the validator.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # open() says why, in the caller's own words
+    if stat.S_ISREG(mode):
+        return None
+    kind = ("a directory" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "not a regular file")
+    return f"it is {kind}, not a regular file"
+
+
 class LocalSource:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -246,6 +265,9 @@ class LocalSource:
         path = self._inside(rel)
         if path is None:
             raise SourceFileError(f"cannot read {rel}: it leads outside the dataset directory")
+        problem = _not_regular(path)
+        if problem:
+            raise SourceFileError(f"cannot read {rel}: {problem}")
         return path
 
     def read_small(self, rel: str, limit: int) -> bytes:
@@ -262,6 +284,9 @@ class LocalSource:
         path = self._inside(rel)
         if path is None:
             return ImageProbe(error=f"{rel} leads outside the dataset directory", reason="outside")
+        problem = _not_regular(path)
+        if problem:
+            return ImageProbe(error=f"cannot read {rel}: {problem}", reason="unreadable")
         try:
             with open(path, "rb") as fh:
                 return _probe(fh, rel, decode=True)
