@@ -474,8 +474,8 @@ class Execution:
                 try:
                     rendered[key[:-2]] = intrinsics.evaluate(parse_intrinsic(value), data, context, self._rng)
                 except intrinsics.IntrinsicError as exc:
-                    raise StatesError(RUNTIME, f"state {state!r}, field {field}.{key}: intrinsic function "
-                                               f"failed: {exc}") from exc
+                    raise StatesError(RUNTIME, f"{self._runtime_prefix(state)} The intrinsic function of the field "
+                                               f"'{field}.{key}' failed: {exc}") from exc
             else:
                 try:
                     rendered[key[:-2]] = select(value, data, context)
@@ -498,7 +498,8 @@ class Execution:
             return None
         value = self._select(state[key + "Path"], data, context, name, key + "Path")
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise StatesError(RUNTIME, f"state {name!r}: {key}Path must select a positive integer, got {_brief(value)}")
+            raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The {key}Path parameter does not reference a "
+                                       f"positive integer: {state[key + 'Path']} == {_brief(value)}")
         return float(value)
 
     # ----- error handling ----------------------------------------------------------------------
@@ -557,11 +558,13 @@ class Execution:
                     try:
                         value = intrinsics.evaluate(parse_intrinsic(expression), raw, context, self._rng)
                     except intrinsics.IntrinsicError as exc:
-                        raise StatesError(RUNTIME, f"state {name!r}, field {key}Path: {exc}") from exc
+                        raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The intrinsic function of the "
+                                                   f"field '{key}Path' failed: {exc}") from exc
                 else:
                     value = self._select(expression, raw, context, name, key + "Path")
                 if not isinstance(value, str):
-                    raise StatesError(RUNTIME, f"state {name!r}: {key}Path must select a string, got {_brief(value)}")
+                    raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The {key}Path field must select a "
+                                               f"string: {expression} == {_brief(value)}")
             texts.append(value)
         raise StatesError(texts[0], texts[1])
 
@@ -684,12 +687,15 @@ class Execution:
             data = self._input_path(state, name, raw, context)
             items = self._select(state.get("ItemsPath", "$"), data, context, name, "ItemsPath")
             if not isinstance(items, list):
-                raise StatesError(RUNTIME, f"state {name!r}: ItemsPath must select an array, got {_brief(items)}")
+                raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The ItemsPath field must select an array: "
+                                           f"{state.get('ItemsPath', '$')} == {_brief(items)}")
             concurrency = state.get("MaxConcurrency", 0)
             if "MaxConcurrencyPath" in state:
                 concurrency = self._select(state["MaxConcurrencyPath"], data, context, name, "MaxConcurrencyPath")
                 if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 0:
-                    raise StatesError(RUNTIME, f"state {name!r}: MaxConcurrencyPath must select a non-negative integer")
+                    raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The MaxConcurrencyPath field must "
+                                               f"select a non-negative integer: {state['MaxConcurrencyPath']} == "
+                                               f"{_brief(concurrency)}")
             self._event(frame, "MapStateStarted", {"length": len(items)})
 
             def iteration(index: int, item: Any, child: _Frame) -> Any:
