@@ -72,7 +72,7 @@ $(D2_STAMP): $(STAMP) containers/training/Dockerfile $(wildcard $(D2OPS_WHEELS)/
 	touch $@
 
 test: setup  ## run the whole test suite (everything but the `slow` marker), with coverage and its floor
-	$(BIN)/pytest -m "not slow" --cov
+	$(BIN)/pytest -m "not slow" --cov --durations=25
 
 test-all: setup  ## the whole suite including `slow` checks
 	$(BIN)/pytest
