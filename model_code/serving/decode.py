@@ -75,6 +75,21 @@ def as_bytes(body: Any) -> bytes:
     raise bad_request("invalid_body", f"request body arrived as {type(body).__name__}, not bytes")
 
 
+def _text(value: Any, where: str) -> str:
+    """A header or query value as text: servers hand over str or bytes (TorchServe's parameters are bytes).
+
+    A bytes header once failed on ``str.replace`` and a bytes query name showed as the very option it
+    named ("unknown option 'score_threshold'"); anything else is refused naming where it came from.
+    """
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8", "replace")
+    raise bad_request("invalid_option", f"{where} arrived as {type(value).__name__} {describe(value)}, not text")
+
+
 def decode_image(data: bytes, where: str = "request body") -> torch.Tensor:
     """JPEG (MPO included) or PNG bytes -> uint8 [3, H, W] upright RGB, through the one image rule.
 
@@ -113,13 +128,15 @@ def decode_request(body: Any, content_type: str | None, query: Mapping[str, Any]
                    headers: Mapping[str, str] | None = None) -> DecodedRequest:
     """Decode one request. ``headers`` keys may be in any case; ``query`` values may be bytes."""
     kind = media_type(content_type)
-    lowered = {k.lower(): v for k, v in (headers or {}).items()}
+    lowered = {_text(k, "a header name").lower(): v for k, v in (headers or {}).items()}
     attributes = lowered.get(CUSTOM_ATTRIBUTES_HEADER)
     sources: list[tuple[str, Mapping[str, Any]]] = []
     if attributes:
-        sources.append(("custom attributes header", parse_custom_attributes(attributes)))
+        sources.append(("custom attributes header", parse_custom_attributes(_text(attributes,
+                                                                                    "the custom attributes header"))))
     if query:
-        sources.append(("query string", {k: as_bytes(v).decode("utf-8", "replace") for k, v in query.items()}))
+        sources.append(("query string", {_text(k, "a query parameter name"): _text(v, f"query parameter {describe(k)}")
+                                         for k, v in query.items()}))
 
     if kind in JSON_TYPES:
         fields = parse_json_body(body)

@@ -138,6 +138,16 @@ def test_bad_options_in_query_and_header_name_their_source():
     assert "is not key=value" in err.message
 
 
+def test_headers_and_query_parameters_may_arrive_as_bytes():
+    """Servers hand over bytes: a bytes header was a TypeError (a generic 400), a bytes query name 'unknown'."""
+    got = decode.decode_request(jpeg_bytes(), "image/jpeg", query={b"max_detections": b"7"},
+                                headers={ATTRS.encode(): b"score_threshold=0.25"})
+    assert (got.options.max_detections, got.options.score_threshold) == (7, 0.25)
+    err = refused(jpeg_bytes(), "image/jpeg", query={"score_threshold": [b"0.3"]})
+    assert (err.status, err.code) == (400, "invalid_option")
+    assert err.message == "query parameter 'score_threshold' arrived as list <a JSON array>, not text"
+
+
 def test_custom_attributes_parsing():
     assert parse_custom_attributes("a=1;b = 2 ,c=x=y;") == {"a": "1", "b": "2", "c": "x=y"}
     with pytest.raises(RequestError, match="longer than 1024"):
