@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from d2ops.offline.runtime import OfflineRuntime
+from tests.fixtures.offline.endpoints import endpoint_config
 from tests.fixtures.pipeline import support
 from tests.fixtures.serving.failing_model import failing_artifact
 from tests.fixtures.serving.support import cached_artifact, png_bytes
@@ -27,8 +28,6 @@ from smoke_test_endpoint.service import SmokeTestFailed, smoke_test  # noqa: E40
 
 # Three TorchServe starts and a bake: minutes, so with the slow checks (`make test-all`).
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
-ROLE = "arn:aws:iam::123456789012:role/d2ops-SageMakerExecutionRole"
-IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/d2ops-serving:offline"
 PREFIX = "datasets/canary/v1/"
 
 
@@ -49,24 +48,6 @@ def deployment_config(rt: OfflineRuntime) -> dict[str, Any]:
         text = text.replace("${" + key + "}", str(value))
     config: dict[str, Any] = json.loads(text)
     return config
-
-
-def endpoint_config(rt: OfflineRuntime, name: str, tar: Path) -> str:
-    key = f"runs/{name}/model.tar.gz"
-    rt.client("s3").upload_file(str(tar), rt.stack.artifacts_bucket, key)
-    sm = rt.client("sagemaker")
-    package = sm.create_model_package(
-        ModelPackageGroupName=rt.stack.model_package_group, ModelApprovalStatus="Approved",
-        InferenceSpecification={"Containers": [{"Image": IMAGE,
-                                                "ModelDataUrl": f"s3://{rt.stack.artifacts_bucket}/{key}"}],
-                                "SupportedContentTypes": ["image/png"],
-                                "SupportedResponseMIMETypes": ["application/json"]})
-    sm.create_model(ModelName=f"{name}-model", ExecutionRoleArn=ROLE,
-                    PrimaryContainer={"ModelPackageName": package["ModelPackageArn"]})
-    sm.create_endpoint_config(EndpointConfigName=f"{name}-config", ProductionVariants=[{
-        "VariantName": "AllTraffic", "ModelName": f"{name}-model", "InstanceType": "ml.m5.large",
-        "InitialInstanceCount": 1}])
-    return f"{name}-config"
 
 
 def wait_for(rt: OfflineRuntime, done: Any, timeout: float = 400) -> dict[str, Any]:

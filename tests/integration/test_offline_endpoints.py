@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 
 from d2ops.offline.runtime import OfflineRuntime
+from tests.fixtures.offline.endpoints import endpoint_config
 from tests.fixtures.serving.support import cached_artifact, png_bytes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
-ROLE = "arn:aws:iam::123456789012:role/d2ops-SageMakerExecutionRole"
-IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/d2ops-serving:offline"
 ENDPOINT = "test-detector"
 
 
@@ -24,25 +23,6 @@ ENDPOINT = "test-detector"
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineRuntime]:
     with OfflineRuntime(tmp_path_factory.mktemp("endpoints") / "work") as rt:
         yield rt
-
-
-def _config(rt: OfflineRuntime, name: str, body: bytes) -> str:
-    """model.tar.gz in S3 -> model package -> model -> endpoint config, as the state machine builds them."""
-    key = f"runs/{name}/model.tar.gz"
-    rt.client("s3").put_object(Bucket=rt.stack.artifacts_bucket, Key=key, Body=body)
-    sm = rt.client("sagemaker")
-    package = sm.create_model_package(
-        ModelPackageGroupName=rt.stack.model_package_group, ModelApprovalStatus="Approved",
-        InferenceSpecification={"Containers": [{"Image": IMAGE,
-                                                "ModelDataUrl": f"s3://{rt.stack.artifacts_bucket}/{key}"}],
-                                "SupportedContentTypes": ["image/png"],
-                                "SupportedResponseMIMETypes": ["application/json"]})
-    sm.create_model(ModelName=f"{name}-model", ExecutionRoleArn=ROLE,
-                    PrimaryContainer={"ModelPackageName": package["ModelPackageArn"]})
-    sm.create_endpoint_config(EndpointConfigName=f"{name}-config", ProductionVariants=[{
-        "VariantName": "AllTraffic", "ModelName": f"{name}-model", "InstanceType": "ml.m5.large",
-        "InitialInstanceCount": 1}])
-    return f"{name}-config"
 
 
 def _settle(rt: OfflineRuntime, timeout: float = 400) -> dict[str, Any]:
@@ -81,7 +61,7 @@ def test_endpoint_lifecycle_blue_green_and_rollback(runtime: OfflineRuntime) -> 
     with pytest.raises(sm.exceptions.ClientError, match="Could not find endpoint"):
         sm.describe_endpoint(EndpointName=ENDPOINT)
 
-    blue = _config(runtime, "blue", model)
+    blue = endpoint_config(runtime, "blue", model)
     sm.create_endpoint(EndpointName=ENDPOINT, EndpointConfigName=blue)
     assert sm.describe_endpoint(EndpointName=ENDPOINT)["EndpointStatus"] == "Creating"
     with pytest.raises(smr.exceptions.ValidationError):  # nothing serves before InService
@@ -97,7 +77,7 @@ def test_endpoint_lifecycle_blue_green_and_rollback(runtime: OfflineRuntime) -> 
     blue_url = runtime.sagemaker.endpoint_url(ENDPOINT)
     assert blue_url is not None
 
-    broken = _config(runtime, "broken", b"this is not a model archive")
+    broken = endpoint_config(runtime, "broken", b"this is not a model archive")
     sm.update_endpoint(EndpointName=ENDPOINT, EndpointConfigName=broken)
     assert sm.describe_endpoint(EndpointName=ENDPOINT)["EndpointStatus"] == "Updating"
     _invoke(runtime)  # blue keeps serving during the update
@@ -107,7 +87,7 @@ def test_endpoint_lifecycle_blue_green_and_rollback(runtime: OfflineRuntime) -> 
     assert runtime.sagemaker.endpoint_url(ENDPOINT) == blue_url
     _invoke(runtime)
 
-    green = _config(runtime, "green", model)
+    green = endpoint_config(runtime, "green", model)
     sm.update_endpoint(EndpointName=ENDPOINT, EndpointConfigName=green)
     described = _settle(runtime)
     assert (described["EndpointStatus"], described["EndpointConfigName"]) == ("InService", green)

@@ -593,9 +593,11 @@ class LocalSageMaker:
                 blue = self._servers.get(name)
                 self._servers[name] = green  # the traffic switch
                 self._server_configs[name] = config
-            finish(EndpointConfigName=config)
+            # The old fleet is gone before the endpoint reads InService again (as SageMaker's update
+            # ends): a caller that sees InService never finds the old server still answering.
             if blue is not None:
                 blue.stop()
+            finish(EndpointConfigName=config)
 
         self._start(f"endpoint-{name}-update", blue_green)
         return {"EndpointArn": endpoint["EndpointArn"]}
