@@ -16,6 +16,7 @@ Expected values come from the documents' own examples and rules:
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -111,6 +112,30 @@ def test_query_paths_always_give_a_list() -> None:
     for path, expected in [("$.a[*].b", [1, 2]), ("$..b", [1, 2]), ("$.a[?(@.b > 1)].b", [2]), ("$.a[0:2].b", [1, 2]),
                            ("$.missing[*]", []), ("$['a'][*]['c']", [3])]:
         assert run(one({"Type": "Pass", "Parameters": {"v.$": path}}), data).output == {"v": expected}, path
+
+
+def test_the_paths_page_examples() -> None:
+    """https://docs.aws.amazon.com/step-functions/latest/dg/amazon-states-language-paths.html"""
+    data = {"foo": 123, "bar": ["a", "b", "c"], "car": {"cdr": True},
+            "jar": [{"a": 1}, {"a": 5}, {"a": 2}, {"a": 7}, {"a": 3}], "abc": {"def ghi": "x"}}
+    for path, expected in [("$.foo", 123), ("$.bar", ["a", "b", "c"]), ("$.car.cdr", True),
+                           ("$.jar[?(@.a >= 5)]", [{"a": 5}, {"a": 7}]), ("$.abc.['def ghi']", "x"),
+                           ("$.bar[?(@ == 'a')]", [])]:  # "@ ... does not match scalar values"
+        assert run(one({"Type": "Pass", "Parameters": {"v.$": path}}), data).output == {"v": expected}, path
+    assert run(one({"Type": "Pass", "Result": 1, "ResultPath": "$.abc.['new key']"}), {"abc": {}}).output == \
+        {"abc": {"new key": 1}}
+
+
+@pytest.mark.parametrize(("path", "reason"), [
+    ("$.bar.length()", "functions such as length() are not supported"),
+    ("$.jar[?(@.a =~ /x.*/)]", "regular expression is not supported"),
+    ("$.jar[?(@.a > $.limit)]", "referencing another value in the JSON structure"),
+])
+def test_what_the_paths_page_says_is_unsupported_is_refused_at_load(path: str, reason: str) -> None:
+    with pytest.raises(AslDefinitionError, match=re.escape(reason)):
+        StateMachine.from_definition(one({"Type": "Pass", "Parameters": {"v.$": path}}))
+    assert run(one({"Type": "Pass", "Parameters": {"v.$": "$.jar[?(@.a == '$.limit')]"}}),
+               {"jar": [{"a": "$.limit"}]}).output == {"v": [{"a": "$.limit"}]}  # a quoted '$' is text
 
 
 @pytest.mark.parametrize("path", ["$.a[", "$['unterminated]", "a.b", "$.a.length(", "States.Array($.a)"])

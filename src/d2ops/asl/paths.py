@@ -13,8 +13,10 @@ import json
 import re
 from typing import Any
 
+from jsonpath_ng import JSONPath
 from jsonpath_ng.exceptions import JsonPathParserError
 from jsonpath_ng.ext import parse as _jsonpath_parse
+from jsonpath_ng.ext.filter import Filter
 
 Step = str | int
 
@@ -56,6 +58,9 @@ def _parse_steps(path: str) -> list[tuple[Step, str]] | None:
     steps: list[tuple[Step, str]] = []
     pos = 1
     while pos < len(path):
+        if path.startswith(".[", pos):  # $.abc.['def ghi'], the guide's own example: the dot is optional
+            pos += 1
+            continue
         if path[pos] == ".":
             match = _NAME.match(path, pos + 1)
             if not match:
@@ -72,12 +77,35 @@ def _parse_steps(path: str) -> list[tuple[Step, str]] | None:
     return steps
 
 
+class _ObjectsOnlyFilter(Filter):
+    """A filter as Step Functions runs it: "The @ operator ... does not match scalar values. It only
+    matches objects." (the paths page), so ``$.tags[?(@ == 'a')]`` selects nothing."""
+
+    def find(self, datum: Any) -> Any:
+        return [match for match in super().find(datum) if isinstance(match.value, dict)]
+
+
+def _objects_only(node: Any, seen: set[int]) -> None:
+    """Give every filter in a compiled query the service's semantics (the tree is walked, not copied)."""
+    if id(node) in seen:
+        return
+    seen.add(id(node))
+    if type(node) is Filter:
+        node.__class__ = _ObjectsOnlyFilter
+    for child in vars(node).values() if hasattr(node, "__dict__") else ():
+        for item in child if isinstance(child, list | tuple) else (child,):
+            if isinstance(item, JSONPath):
+                _objects_only(item, seen)
+
+
 @functools.lru_cache(maxsize=1024)
 def _compile_query(path: str) -> Any:
     try:
-        return _jsonpath_parse(path)
+        query = _jsonpath_parse(path)
     except (JsonPathParserError, Exception) as exc:  # jsonpath-ng's lexer raises plain Exceptions too
         raise PathError(f"invalid JSONPath {path!r}: {exc}") from exc
+    _objects_only(query, set())
+    return query
 
 
 def check_path(path: str) -> None:
@@ -85,7 +113,27 @@ def check_path(path: str) -> None:
     if not isinstance(path, str) or not path.startswith("$"):
         raise PathError(f"a path must be a string starting with '$', got {path!r}")
     if parse_reference_path(path) is None:
+        _check_supported(path)
         _compile_query(path[1:] if path.startswith("$$") else path)
+
+
+# What the Step Functions paths page says its JsonPath does not support.
+_FUNCTION = re.compile(r"\.\s*[A-Za-z_]\w*\s*\(\s*\)\s*$")
+_FILTER = re.compile(r"\[\s*\?\s*\((.*?)\)\s*\]")
+_STRING_LITERAL = re.compile(r"'(?:[^'\\]|\\.)*'" + r'|"(?:[^"\\]|\\.)*"')
+
+
+def _check_supported(path: str) -> None:
+    if _FUNCTION.search(path):
+        raise PathError(f"{path!r}: functions such as length() are not supported in Step Functions paths "
+                        "(States.ArrayLength does that)")
+    for condition in _FILTER.findall(path):
+        condition = _STRING_LITERAL.sub("''", condition)  # a '$' inside a quoted operand is just text
+        if "=~" in condition:
+            raise PathError(f"{path!r}: filtering by regular expression is not supported in Step Functions paths")
+        if "$" in condition:
+            raise PathError(f"{path!r}: a filter referencing another value in the JSON structure ($...) is not "
+                            "supported in Step Functions paths")
 
 
 def check_reference_path(path: str) -> None:
