@@ -118,8 +118,9 @@ class ServiceExecutors:
 
     ``lost_responses`` injects the fault a retried ``Create*`` must survive: ``{"sagemaker:createModelPackage":
     1}`` lets the first such call reach the service and succeed there, then reports it failed as a lost
-    response does (``<Service>.SdkClientException``: the SDK's read timed out), so the state's Retry
-    sends it again.
+    response does (``<Service>.SdkClientException``: the SDK's read timed out; the optimised integrations'
+    ``<Service>.Amazon<Service>Exception``), so the state's Retry sends it again. ``sagemaker:createTrainingJob``
+    and ``sagemaker:createProcessingJob`` cover the ``.sync`` jobs: the job starts and runs on.
     """
 
     def __init__(self, lambdas: LocalLambdas, clients: ClientFactory,
@@ -196,14 +197,22 @@ class ServiceExecutors:
                              str(exc)) from exc
 
     # ----- .sync jobs -------------------------------------------------------------------------
-    def _sync(self, context: TaskContext, create: Callable[[], Any], describe: Callable[[], dict[str, Any]],
-              stop: Callable[[], Any], status_key: str) -> Any:
+    def _sync(self, context: TaskContext, action: str, create: Callable[[], Any],
+              describe: Callable[[], dict[str, Any]], stop: Callable[[], Any], status_key: str) -> Any:
+        # The optimised integration: every SageMaker error of the create call, a name already in use
+        # (ResourceInUse) included, is SageMaker.AmazonSageMakerException with the code in the Cause.
         try:
             submitted = create()
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "Unknown")
-            raise TaskFailed(f"SageMaker.{'ResourceInUse' if code == 'ResourceInUse' else 'AmazonSageMakerException'}",
-                             exc.response.get("Error", {}).get("Message", str(exc))) from exc
+            message = exc.response.get("Error", {}).get("Message", str(exc))
+            http = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 400)
+            raise TaskFailed("SageMaker.AmazonSageMakerException",
+                             f"{message} (Service: sagemaker, Status Code: {http}, Error Code: {code})") from exc
+        if self._lose_response("sagemaker", action):  # the job runs; the state only hears of a failure
+            raise TaskFailed("SageMaker.AmazonSageMakerException",
+                             f"Unable to execute HTTP request: Read timed out (sagemaker {action} reached the service; "
+                             "its response was lost)")
         context.submitted(json_safe(submitted))
         while True:
             if context.cancelled:
@@ -220,13 +229,13 @@ class ServiceExecutors:
     def training_job_sync(self, resource: str, parameters: Any, context: TaskContext) -> Any:
         sm = self.clients("sagemaker")
         name = parameters.get("TrainingJobName")
-        return self._sync(context, lambda: sm.create_training_job(**parameters),
+        return self._sync(context, "createTrainingJob", lambda: sm.create_training_job(**parameters),
                           lambda: sm.describe_training_job(TrainingJobName=name),
                           lambda: sm.stop_training_job(TrainingJobName=name), "TrainingJobStatus")
 
     def processing_job_sync(self, resource: str, parameters: Any, context: TaskContext) -> Any:
         sm = self.clients("sagemaker")
         name = parameters.get("ProcessingJobName")
-        return self._sync(context, lambda: sm.create_processing_job(**parameters),
+        return self._sync(context, "createProcessingJob", lambda: sm.create_processing_job(**parameters),
                           lambda: sm.describe_processing_job(ProcessingJobName=name),
                           lambda: sm.stop_processing_job(ProcessingJobName=name), "ProcessingJobStatus")

@@ -365,7 +365,11 @@ class LocalSageMaker:
             raise ApiError("ValidationException", "ProcessingJobName is required")
         with self._lock:
             if name in self._processing:
-                raise ApiError("ResourceInUse", f"a processing job named {name!r} already exists")
+                # The code botocore models for a taken name (as for CreateTrainingJob); the wording follows
+                # the training job's, which AWS users have quoted.
+                raise ApiError("ResourceInUse", f"Processing job names must be unique within an AWS account and "
+                                                f"region, and a processing job with this name already exists "
+                                                f"({self._arn('processing-job', name)})")
             now = _now()
             record = {**request, "ProcessingJobName": name, "ProcessingJobArn": self._arn("processing-job", name),
                       "ProcessingJobStatus": "InProgress", "CreationTime": now, "LastModifiedTime": now}

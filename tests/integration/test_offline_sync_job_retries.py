@@ -1,0 +1,169 @@
+"""A `.sync` job whose CreateTrainingJob / CreateProcessingJob answer was lost, offline with real jobs.
+
+The offline runtime injects the fault (``lost_responses``): the create reaches LocalSageMaker, the
+job starts, and the task fails as a lost response does. Each retry is then refused with SageMaker's
+own ``ResourceInUse`` ("... names must be unique ..."), and the pipeline's states wait for the job
+the first attempt started. The machine is the pipeline's own training and evaluation states (from
+the substituted definition) with what follows them stubbed; it runs on the interpreter's virtual
+clock, so the Retry backoff (up to 900 s a wait) costs no real time. Jobs finish at once (no model
+is trained here).
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from d2ops.asl import StateMachine
+from d2ops.asl.interpreter import Execution
+from d2ops.offline.executors import ServiceExecutors
+from d2ops.offline.runtime import OfflineRuntime
+from d2ops.offline.sagemaker import JobOutcome
+from tests.fixtures.pipeline import support
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+JOB_STATES = [f"{verb} {what}" for what in ("training job", "evaluation job") for verb in (
+    "Start waiting for created", "Check created", "Wait for created", "Read created")]
+JOB_STATES += ["Train model", "Training job already created?", "Created training job is ours?",
+               "Count created training job check", "Read created training job failure",
+               "Evaluate challenger and champion", "Evaluation job already created?", "Created evaluation job is ours?",
+               "Count created evaluation job check", "Read created evaluation job failure"]
+FAULTS = {"sagemaker:createTrainingJob": 1, "sagemaker:createProcessingJob": 1}
+
+
+class InstantJobs:
+    """Training writes a tiny model.tar.gz (or fails with ``failure``); evaluation writes a report."""
+
+    failure: str | None = None
+
+    def run_training(self, request: dict[str, Any], channels: dict[str, Path], work_dir: Path,
+                     stop: threading.Event) -> JobOutcome:
+        if self.failure is not None:
+            return JobOutcome(failure_reason=self.failure)
+        (work_dir / "model").mkdir(parents=True, exist_ok=True)
+        (work_dir / "model" / "metadata.json").write_text("{}")
+        with tarfile.open(work_dir / "model.tar.gz", "w:gz") as tar:
+            tar.add(work_dir / "model" / "metadata.json", arcname="metadata.json")
+        return JobOutcome(failure_reason=None, model_tar=work_dir / "model.tar.gz", log_lines=[])
+
+    def run_processing(self, request: dict[str, Any], inputs: dict[str, Path], work_dir: Path,
+                       stop: threading.Event) -> JobOutcome:
+        assert "challenger" in inputs  # the model the training job (the one started first) uploaded
+        (work_dir / "out").mkdir(parents=True, exist_ok=True)
+        (work_dir / "out" / "evaluation.json").write_text("{}")
+        outputs = request["ProcessingOutputConfig"]["Outputs"]
+        return JobOutcome(failure_reason=None, processing_outputs={o["OutputName"]: work_dir / "out" for o in outputs})
+
+
+@pytest.fixture(scope="module")
+def rt(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineRuntime]:
+    with OfflineRuntime(tmp_path_factory.mktemp("sync-retries") / "work", lost_responses={}) as runtime:
+        runtime.sagemaker.jobs = InstantJobs()
+        s3 = runtime.client("s3")
+        for bucket in (support.DATA_BUCKET, support.ARTIFACTS_BUCKET):
+            s3.create_bucket(Bucket=bucket)
+        s3.put_object(Bucket=support.DATA_BUCKET, Key="datasets/shapes/v1/annotations/train.json", Body=b"{}")
+        yield runtime
+
+
+@pytest.fixture(scope="module")
+def machine(rt: OfflineRuntime) -> StateMachine:
+    states: dict[str, Any] = {name: rt.machine.definition["States"][name] for name in JOB_STATES}
+    states["Read evaluation report"] = {"Type": "Succeed"}
+    states["Record training failure"] = {"Type": "Fail", "Error": "TrainingFailed", "CausePath": "$.error.Cause"}
+    states["Record evaluation failure"] = {"Type": "Fail", "Error": "EvaluationFailed", "CausePath": "$.error.Cause"}
+    return StateMachine.from_definition({"StartAt": "Train model", "States": states}, name="jobs")
+
+
+def plan(tag: str) -> dict[str, Any]:
+    """The prepare Lambda's plan of the mock cases (tests/unit/test_pipeline_paths.py checks it is what the
+    Lambda builds), with job names of its own: job names stay taken."""
+    mocked = json.loads(support.MOCK_CONFIG.read_text())["MockedResponses"]["PlanFirstRun"]["0"]["Return"]
+    return {"plan": json.loads(json.dumps(mocked["Payload"]).replace("shapes-v1-bf3cc289798108cc", f"shapes-v1-{tag}"))}
+
+
+def run(rt: OfflineRuntime, machine: StateMachine, tag: str, faults: dict[str, int]) -> Execution:
+    return machine.run(plan(tag), executors=ServiceExecutors(rt.lambdas, rt.client, faults).registry())
+
+
+def failures(execution: Execution, state: str) -> list[dict[str, str]]:
+    failed, current = [], None
+    for event in execution.history:
+        if event["type"].endswith("StateEntered"):
+            current = event["stateEnteredEventDetails"]["name"]
+        elif event["type"] == "TaskFailed" and current == state:
+            failed.append(event["taskFailedEventDetails"])
+    return failed
+
+
+def jobs(rt: OfflineRuntime) -> set[str]:
+    return {j["TrainingJobName"] for j in rt.client("sagemaker").list_training_jobs()["TrainingJobSummaries"]}
+
+
+def test_a_run_whose_create_answers_were_lost_waits_for_the_jobs_it_started(rt: OfflineRuntime,
+                                                                            machine: StateMachine) -> None:
+    before = jobs(rt)
+    faults = dict(FAULTS)
+    ex = run(rt, machine, "lost", faults)
+    assert ex.status == "SUCCEEDED", (ex.error, ex.cause)
+    assert faults == {"sagemaker:createTrainingJob": 0, "sagemaker:createProcessingJob": 0}  # both were lost
+    assert jobs(rt) - before == {"shapes-v1-lost-train"}  # one job, the first attempt's
+    for state, noun in (("Train model", "Training"), ("Evaluate challenger and champion", "Processing")):
+        first, *retries = failures(ex, state)
+        assert first["error"] == "SageMaker.AmazonSageMakerException" and "Read timed out" in first["cause"]
+        assert len(retries) == 8  # the Retry's attempts, each told the name is taken
+        for refused in retries:
+            assert refused["error"] == "SageMaker.AmazonSageMakerException"
+            assert refused["cause"].startswith(f"{noun} job names must be unique within an AWS account and region")
+            assert "Error Code: ResourceInUse" in refused["cause"]
+
+    control = run(rt, machine, "control", {})
+    assert control.status == "SUCCEEDED", (control.error, control.cause)
+    assert not failures(control, "Train model") and "Training job already created?" not in [
+        e["stateEnteredEventDetails"]["name"] for e in control.history if e["type"].endswith("StateEntered")]
+    # The same result, in the same place, as the .sync states give.
+    for output, tag in ((ex.output, "lost"), (control.output, "control")):
+        assert output["training"] == {
+            "job_name": f"shapes-v1-{tag}-train", "status": "Completed",
+            "job_arn": f"arn:aws:sagemaker:us-east-1:123456789012:training-job/shapes-v1-{tag}-train",
+            "model_data": f"s3://{support.ARTIFACTS_BUCKET}/runs/shapes_v1_bf3cc289798108cc/training/"
+                          f"shapes-v1-{tag}-train/output/model.tar.gz"}
+        assert output["evaluation_job"] == {"job_name": f"shapes-v1-{tag}-eval", "status": "Completed"}
+    rt.client("s3").head_object(Bucket=support.ARTIFACTS_BUCKET,
+                                Key="runs/shapes_v1_bf3cc289798108cc/training/shapes-v1-lost-train/output/model.tar.gz")
+
+
+def test_a_started_job_that_fails_fails_the_run_as_the_sync_state_does(rt: OfflineRuntime,
+                                                                       machine: StateMachine) -> None:
+    rt.sagemaker.jobs.failure = "AlgorithmError: CUDA out of memory (see /opt/ml/output/failure)"
+    try:
+        ex = run(rt, machine, "lostfail", {"sagemaker:createTrainingJob": 1})
+        control = run(rt, machine, "fail", {})
+    finally:
+        rt.sagemaker.jobs.failure = None
+    for execution in (ex, control):
+        assert (execution.status, execution.error) == ("FAILED", "TrainingFailed")
+    assert "Read created training job failure" in [e["stateEnteredEventDetails"]["name"] for e in ex.history
+                                                    if e["type"].endswith("StateEntered")]
+    # States.TaskFailed with the job's description as the Cause, like the .sync state's.
+    lost, normal = json.loads(ex.cause), json.loads(control.cause)
+    assert lost["FailureReason"] == normal["FailureReason"] == "AlgorithmError: CUDA out of memory (see " \
+                                                               "/opt/ml/output/failure)"
+    assert lost["TrainingJobStatus"] == normal["TrainingJobStatus"] == "Failed" and set(lost) == set(normal)
+
+
+def test_a_name_taken_by_another_job_is_not_waited_for(rt: OfflineRuntime, machine: StateMachine) -> None:
+    request = plan("taken")["plan"]["training_job"]
+    rt.client("sagemaker").create_training_job(**{**request, "OutputDataConfig": {
+        "S3OutputPath": f"s3://{support.ARTIFACTS_BUCKET}/runs/another-run/training/"}})
+    ex = run(rt, machine, "taken", {})
+    assert (ex.status, ex.error) == ("FAILED", "TrainingFailed")
+    assert ex.cause.startswith("Training job names must be unique") and "training-job/shapes-v1-taken-train" in ex.cause
+    assert len(failures(ex, "Train model")) == 9

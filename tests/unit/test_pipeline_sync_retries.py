@@ -1,0 +1,106 @@
+"""A retried ``.sync`` job whose first CreateTrainingJob / CreateProcessingJob answer was lost.
+
+The job started; every retry is refused because its name is taken (``ResourceInUse``, which the
+optimised integration reports as ``SageMaker.AmazonSageMakerException`` with the code in the Cause).
+The run then waits for the job it started and goes on exactly as the ``.sync`` state would have: the
+same result in the same place on success, the same error and Cause on failure. Mock cases in
+tests/fixtures/pipeline/training_pipeline.mock.json; the offline runtime's version with real jobs is
+tests/integration/test_offline_sync_job_retries.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+from d2ops import template as sam
+from tests.fixtures.pipeline import support
+from tests.fixtures.pipeline.support import entered_states, run_case, state_output, task_parameters
+
+STATES = json.loads(support.DEFINITION.read_text())["States"]
+# Step Functions' execution history holds at most 25,000 events.
+HISTORY_LIMIT = 25_000
+# Events one pass of a wait loop writes: Wait (entered, exited), Pass (entered, exited), Task (entered,
+# scheduled, started, succeeded, exited), Choice (entered, exited).
+EVENTS_PER_CHECK = 11
+
+
+def _bound(kind: str) -> tuple[int, int]:
+    """(checks, seconds between checks) of the wait loop for the created job."""
+    (rule,) = [r for r in STATES[f"Created {kind} job is ours?"]["Choices"] if r.get("Next", "").startswith("Wait")]
+    checks = next(c["NumericLessThan"] for c in rule["And"] if "NumericLessThan" in c)
+    return checks, STATES[f"Wait for created {kind} job"]["Seconds"]
+
+
+def test_the_wait_outlasts_the_longest_job_and_fits_the_history() -> None:
+    support.function_path("prepare_training")
+    from prepare_training.service import EVALUATION_MAX_SECONDS
+
+    max_training = int(sam.load_template().document["Parameters"]["MaxTrainingSeconds"]["MaxValue"])
+    checks, seconds = _bound("training")
+    assert checks * seconds >= 2 * max_training  # spot: MaxWaitTimeInSeconds = 2 x MaxRuntimeInSeconds
+    assert checks * EVENTS_PER_CHECK < 0.7 * HISTORY_LIMIT  # room for the rest of the run
+    checks, seconds = _bound("evaluation")
+    assert checks * seconds >= EVALUATION_MAX_SECONDS and checks * EVENTS_PER_CHECK < 0.1 * HISTORY_LIMIT
+
+
+def test_only_a_name_in_use_leads_to_the_created_job() -> None:
+    for sync, choice in (("Train model", "Training job already created?"),
+                         ("Evaluate challenger and champion", "Evaluation job already created?")):
+        catchers = STATES[sync]["Catch"]
+        assert [c["ErrorEquals"] for c in catchers] == [["SageMaker.AmazonSageMakerException"], ["States.ALL"]]
+        assert catchers[0]["Next"] == choice and catchers[0]["ResultPath"] == catchers[1]["ResultPath"] == "$.error"
+        assert STATES[choice]["Default"] == catchers[1]["Next"]  # any other service error fails as before
+        patterns = json.dumps(STATES[choice]["Choices"])
+        assert "*Error Code: ResourceInUse*" in patterns
+
+
+def test_jobs_retried_after_lost_responses_wait_for_the_jobs_they_started() -> None:
+    ex = run_case("JobsRetriedAfterLostResponses")
+    assert ex.status == "SUCCEEDED", (ex.error, ex.cause)
+    normal = run_case("FirstDeployment")
+    states = entered_states(ex)
+    # Lost once, then refused until the Retry gave up: 9 requests, one name.
+    for sync, name in (("Train model", "TrainingJobName"), ("Evaluate challenger and champion", "ProcessingJobName")):
+        sent = task_parameters(ex, sync)
+        assert len(sent) == 9 and len({p[name] for p in sent}) == 1
+    i = states.index("Training job already created?")
+    assert states[i:i + 10] == [
+        "Training job already created?", "Start waiting for created training job", "Check created training job",
+        "Created training job is ours?", "Wait for created training job", "Count created training job check",
+        "Check created training job", "Created training job is ours?", "Read created training job",
+        "Evaluate challenger and champion"]
+    (described,) = {json.dumps(p) for p in task_parameters(ex, "Check created training job")}
+    assert json.loads(described) == {"TrainingJobName": "shapes-v1-bf3cc289798108cc-train"}
+    assert states.count("Check created evaluation job") == 2 and "Read created evaluation job" in states
+    # What later states read is what the .sync states would have given them.
+    assert state_output(ex, "Read created training job")["training"] == state_output(normal, "Train model")["training"]
+    assert (state_output(ex, "Read created evaluation job")["evaluation_job"]
+            == state_output(normal, "Evaluate challenger and champion")["evaluation_job"])
+    assert ex.output["gate"] == normal.output["gate"]
+
+
+def test_a_created_training_job_that_failed_fails_the_run_as_the_sync_state_does() -> None:
+    ex = run_case("CreatedTrainingJobFailed")
+    normal = run_case("TrainingFailed")
+    assert (ex.status, ex.error, ex.cause) == ("FAILED", "TrainingFailed", normal.cause)
+    error = state_output(ex, "Read created training job failure")["error"]
+    assert error["Error"] == "States.TaskFailed"
+    assert json.loads(error["Cause"])["FailureReason"] == json.loads(
+        state_output(normal, "Record training failure")["error"]["Cause"])["FailureReason"]
+    assert "Evaluate challenger and champion" not in entered_states(ex)
+
+
+def test_a_created_evaluation_job_that_failed_fails_the_run_as_the_sync_state_does() -> None:
+    ex = run_case("CreatedEvaluationJobFailed")
+    normal = run_case("EvaluationFailed")
+    assert (ex.status, ex.error, ex.cause) == ("FAILED", "EvaluationFailed", normal.cause)
+    assert "Read evaluation report" not in entered_states(ex)
+
+
+def test_a_name_taken_by_a_job_that_is_not_ours_fails_the_training() -> None:
+    ex = run_case("TrainingJobNameTakenByAnother")
+    assert (ex.status, ex.error) == ("FAILED", "TrainingFailed")
+    # The people-facing cause says why: the name is taken (by what, the ARN).
+    assert "Training job names must be unique" in ex.cause and "training-job/shapes-v1-" in ex.cause
+    states = entered_states(ex)
+    assert "Wait for created training job" not in states and "Read created training job" not in states
