@@ -358,6 +358,23 @@ def test_retriers_and_catchers_match_in_order_and_states_all_comes_last() -> Non
         StateMachine.from_definition(misplaced)
 
 
+@pytest.mark.parametrize(("fields", "problem"), [
+    ({"Retry": [{"ErrorEquals": ["X"], "MaxAttempts": 100_000_000}]}, "Retry[0].MaxAttempts"),
+    ({"Retry": [{"ErrorEquals": ["X"], "IntervalSeconds": 0}]}, "Retry[0].IntervalSeconds"),
+    ({"Retry": [{"ErrorEquals": ["X"], "MaxDelaySeconds": 31_622_401}]}, "Retry[0].MaxDelaySeconds"),
+    ({"Retry": [{"ErrorEquals": ["X"], "BackoffRate": 0.5}]}, "Retry[0].BackoffRate"),
+    ({"Retry": [{"ErrorEquals": ["X"], "JitterStrategy": "HALF"}]}, "Retry[0].JitterStrategy"),
+    ({"TimeoutSeconds": 100_000_000}, "TimeoutSeconds"),
+    ({"TimeoutSeconds": 10, "HeartbeatSeconds": 10}, "HeartbeatSeconds"),
+])
+def test_retrier_and_timeout_bounds_are_checked_at_load(fields: dict[str, Any], problem: str) -> None:
+    with pytest.raises(AslDefinitionError, match=re.escape(f"States.S.{problem}:")):
+        StateMachine.from_definition(one({"Type": "Task", "Resource": LAMBDA, **fields}))
+    bounds = {"Retry": [{"ErrorEquals": ["X"], "MaxAttempts": 99_999_999, "MaxDelaySeconds": 31_622_400}],
+              "TimeoutSeconds": 99_999_999}
+    StateMachine.from_definition(one({"Type": "Task", "Resource": LAMBDA, **bounds}))
+
+
 def test_timeout_and_heartbeat_end_the_task_with_states_timeout() -> None:
     def slow(resource: str, parameters: Any, context: TaskContext) -> Any:
         context.sleep(100)

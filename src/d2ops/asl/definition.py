@@ -67,6 +67,10 @@ COMPARATORS: set[str] = (
     _STRING_OPS | _NUMERIC_OPS | _TIMESTAMP_OPS | {"BooleanEquals", "StringMatches"} | _TYPE_TESTS
     | {op + "Path" for op in _STRING_OPS | _NUMERIC_OPS | _TIMESTAMP_OPS | {"BooleanEquals"}}
 )
+# The service's bounds (the Task and error-handling pages): seconds and attempts up to 99999999,
+# MaxDelaySeconds below 31622401 (a year and a day).
+_MAX_SECONDS = 99_999_999
+_MAX_DELAY = 31_622_400
 _TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
 
 
@@ -257,10 +261,13 @@ class _Validator:
     def retriers(self, retriers: Any, where: str) -> None:
         for at, retrier in self.handlers(retriers, where, "retrier", _RETRIER):
             checks = {
-                "IntervalSeconds": (lambda v: _is_int(v) and v >= 1, "must be a positive integer"),
-                "MaxAttempts": (lambda v: _is_int(v) and v >= 0, "must be a non-negative integer"),
+                "IntervalSeconds": (lambda v: _is_int(v) and 1 <= v <= _MAX_SECONDS,
+                                    f"must be a positive integer up to {_MAX_SECONDS}"),
+                "MaxAttempts": (lambda v: _is_int(v) and 0 <= v <= _MAX_SECONDS,
+                                f"must be an integer from 0 to {_MAX_SECONDS}"),
                 "BackoffRate": (lambda v: _is_number(v) and v >= 1.0, "must be a number >= 1.0"),
-                "MaxDelaySeconds": (lambda v: _is_int(v) and v >= 1, "must be a positive integer"),
+                "MaxDelaySeconds": (lambda v: _is_int(v) and 1 <= v <= _MAX_DELAY,
+                                    f"must be a positive integer up to {_MAX_DELAY}"),
                 "JitterStrategy": (lambda v: v in ("FULL", "NONE"), "must be FULL or NONE"),
             }
             for key, (ok, message) in checks.items():
@@ -278,6 +285,8 @@ class _Validator:
             self.problem(where, f"{value_key} and {path_key} are mutually exclusive")
         if value_key in state and (not _is_int(state[value_key]) or state[value_key] <= 0):
             self.problem(f"{where}.{value_key}", "must be a positive integer")
+        elif value_key in state and state[value_key] > _MAX_SECONDS:
+            self.problem(f"{where}.{value_key}", f"must be at most {_MAX_SECONDS}")
         if path_key in state:
             self.path(state[path_key], f"{where}.{path_key}", reference=True)
 
