@@ -464,6 +464,25 @@ def test_deeply_nested_input_is_refused_cleanly() -> None:
     assert run(one({"Type": "Pass"}), nested(400)).status == "SUCCEEDED"
 
 
+def test_a_deeply_nested_definition_is_refused_at_load() -> None:
+    opened = '{"StartAt": "C", "States": {"C": {"Type": "Choice", "Default": "E", "Choices": [{"Next": "E", '
+    text = opened + '"Not": {' * 5000 + '"Variable": "$.x", "IsPresent": true' + "}" * 5000 + \
+        '}]}, "E": {"Type": "Succeed"}}}'
+    with pytest.raises(AslDefinitionError, match="nested more than 500 levels"):
+        StateMachine.from_definition(text)
+    rule: dict[str, Any] = {"Variable": "$.x", "IsPresent": False}
+    for _ in range(5000):
+        rule = {"Not": rule}
+    with pytest.raises(AslDefinitionError, match="nested more than 500 levels"):
+        StateMachine.from_definition({"StartAt": "C", "States": {
+            "C": {"Type": "Choice", "Default": "E", "Choices": [{**rule, "Next": "E"}]}, "E": {"Type": "Succeed"}}})
+    for _ in range(5000 - 100):  # a hundred levels still run
+        rule = rule["Not"]
+    choice = {"StartAt": "C", "States": {"C": {"Type": "Choice", "Default": "N", "Choices": [{**rule, "Next": "Y"}]},
+                                         "Y": {"Type": "Succeed"}, "N": {"Type": "Fail", "Error": "No"}}}
+    assert run(choice, {}).status == "SUCCEEDED"  # 100 Nots (even) around IsPresent false on {}
+
+
 def test_a_deeply_nested_task_result_or_json_string_is_a_states_runtime_error() -> None:
     deep_result = run(one({"Type": "Task", "Resource": LAMBDA}), {}, lambda *_: nested(50_000))
     assert (deep_result.status, deep_result.error) == ("FAILED", "States.Runtime")

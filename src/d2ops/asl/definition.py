@@ -15,6 +15,7 @@ from typing import Any
 
 from d2ops.asl import intrinsics
 from d2ops.asl.errors import ALL, AslDefinitionError
+from d2ops.asl.jsonvalue import json_problem
 from d2ops.asl.paths import PathError, check_path, check_reference_path
 
 _COMMON = {"Type", "Comment"}
@@ -411,6 +412,9 @@ class _Validator:
 
 def validate(definition: Any, *, source: str | None = None) -> None:
     """Raise AslDefinitionError listing every problem of ``definition``; return None if it can run."""
+    problem = json_problem(definition)
+    if problem is not None:  # the checks below recurse once per level of nesting
+        raise AslDefinitionError(f"not a usable definition: {problem}", source=source)
     validator = _Validator()
     validator.machine(definition, "", top_level=True)
     if validator.problems:

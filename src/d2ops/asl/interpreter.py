@@ -41,7 +41,7 @@ from d2ops.asl.errors import (
     error_matches,
 )
 from d2ops.asl.executors import ExecutorRegistry, TaskContext, TaskDeadline, TaskExecutor
-from d2ops.asl.jsonvalue import json_problem
+from d2ops.asl.jsonvalue import MAX_JSON_DEPTH, json_problem, text_too_deep
 from d2ops.asl.mock import MockTestCase
 from d2ops.asl.paths import PathError, no_results, parse_reference_path, select, set_reference
 from d2ops.asl.substitution import substitute
@@ -160,11 +160,18 @@ class StateMachine:
     def from_definition(cls, definition: str | dict[str, Any], name: str = "StateMachine", *,
                         substitutions: Mapping[str, object] | None = None, source: str | None = None,
                         **options: Any) -> StateMachine:
+        if not isinstance(definition, str):
+            problem = json_problem(definition)
+            if problem is not None:
+                raise AslDefinitionError(f"not a usable definition: {problem}", source=source)
         text = definition if isinstance(definition, str) else json.dumps(definition)
         text = substitute(text, substitutions, source=source)
+        if text_too_deep(text):
+            raise AslDefinitionError(f"not a usable definition: it is nested more than {MAX_JSON_DEPTH} levels deep",
+                                     source=source)
         try:
             parsed = json.loads(text)
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, or an integer of over 4300 digits
             raise AslDefinitionError(f"not valid JSON: {exc}", source=source) from exc
         return cls(parsed, name=name, source=source, **options)
 

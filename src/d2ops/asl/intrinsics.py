@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from d2ops.asl.jsonvalue import MAX_JSON_DEPTH, json_problem
+from d2ops.asl.jsonvalue import MAX_JSON_DEPTH, json_problem, text_too_deep
 from d2ops.asl.paths import PathError, check_path, select
 
 MAX_NESTING = 10
@@ -281,7 +281,7 @@ def _f_format(args: list[Any], rng: random.Random) -> Any:
 def _f_string_to_json(args: list[Any], rng: random.Random) -> Any:
     _argc(args, 1)
     text = _string(args[0])
-    if json_problem_in_text(text):
+    if text_too_deep(text):
         raise IntrinsicError(f"the argument is nested more than {MAX_JSON_DEPTH} levels deep")
     try:
         value = json.loads(text) if text.strip() else None
@@ -292,28 +292,6 @@ def _f_string_to_json(args: list[Any], rng: random.Random) -> Any:
         raise IntrinsicError(f"the argument is not a valid JSON payload: {problem}")
     return value
 
-
-def json_problem_in_text(text: str) -> bool:
-    """Whether a JSON text opens more than MAX_JSON_DEPTH brackets at once (checked before parsing,
-    which would recurse that deep)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in "]}":
-            depth -= 1
-    return deepest > MAX_JSON_DEPTH
 
 
 def _f_json_to_string(args: list[Any], rng: random.Random) -> Any:

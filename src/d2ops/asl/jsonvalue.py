@@ -30,3 +30,26 @@ def json_problem(value: Any) -> str | None:
         elif isinstance(node, float) and not math.isfinite(node):
             return f"it holds {node}, a number JSON cannot represent"
     return None
+
+
+def text_too_deep(text: str) -> bool:
+    """Whether a JSON text opens more than MAX_JSON_DEPTH brackets at once (checked before parsing,
+    which would recurse that deep)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest > MAX_JSON_DEPTH
