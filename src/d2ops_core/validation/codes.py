@@ -110,8 +110,9 @@ MEANINGS: dict[Code, str] = {
                                 "dataset directory; it is not followed (S3 has no links)"),
     Code.CHECK_FAILED: ("a check of this file stopped on an unexpected problem (a validator bug, logged with its "
                         "trace); the file is rejected rather than passed unchecked"),
-    Code.NUMBER_OUT_OF_RANGE: ("an integer (id, size, bbox, area) does not fit in 64 bits, or a number is too long "
-                               "to decode at all"),
+    Code.NUMBER_OUT_OF_RANGE: ("an integer (id, size, bbox, area) does not fit in 64 bits, a number is too long "
+                               "to decode at all, or an integer anywhere in the file (even under a key the validator "
+                               "does not read) has more digits than Python's json reads (4300)"),
     Code.KEY_MISSING: "a required COCO key is absent (top level, image, annotation or category)",
     Code.WRONG_TYPE: "a COCO value has the wrong JSON type (e.g. a string id)",
     Code.DUPLICATE_IMAGE_ID: "two images in one split share an id",

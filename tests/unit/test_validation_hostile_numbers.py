@@ -1,0 +1,62 @@
+"""Integer literals Python's json refuses, wherever they are in a COCO file, reject the file.
+
+msgspec skips the values of keys the validator does not read without converting them, so a
+5000-digit integer under ``info`` used to pass validation; pycocotools and the trainers (Python's
+json, at most sys.int_info.default_max_str_digits digits) then failed on the accepted file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from d2ops_core.validation import Code
+from d2ops_core.validation.coco import _long_integer, check_split
+from d2ops_core.validation.report import IssueLog
+
+LIMIT = sys.int_info.default_max_str_digits
+
+
+def coco(info: str) -> bytes:
+    return ('{"info": ' + info + ', "images": [{"id": 1, "file_name": "a.jpg", "width": 64, "height": 64}], '
+            '"annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [1, 1, 20, 20], "area": 400, '
+            '"iscrowd": 0}], "categories": [{"id": 1, "name": "c"}]}').encode()
+
+
+def codes(document: bytes) -> list[tuple[Code, str]]:
+    log = IssueLog()
+    assert check_split(document, "train", "train.json", log) is not None
+    return [(issue.code, issue.message) for issue in log.kept]
+
+
+def test_a_long_integer_under_an_unread_key_is_out_of_range_with_line_and_column() -> None:
+    found = codes(coco('{"year": 2026,\n "seed": -' + "9" * (LIMIT + 1) + "}"))
+    assert found == [(Code.NUMBER_OUT_OF_RANGE, f"an integer of {LIMIT + 1} digits at line 2, column 11: Python's "
+                      f"json, which pycocotools and training read this file with, refuses integers of more than "
+                      f"{LIMIT} digits")]
+
+
+def test_what_python_reads_is_not_refused() -> None:
+    for info in ("9" * LIMIT, '"' + "9" * 3 * LIMIT + '"', "0." + "9" * 3 * LIMIT, "1e" + "9" * 3 * LIMIT,
+                 "1E-" + "9" * 3 * LIMIT):
+        json.loads(coco(info))
+        assert codes(coco(info)) == [], info[:8]
+
+
+_PARTS = st.tuples(st.sampled_from([1, LIMIT // 2, LIMIT // 2 + 1, LIMIT, LIMIT + 1, 2 * LIMIT + 3]),
+                   st.sampled_from(["{}", "-{}", '"{}"', "0.{}", "1e{}", "1E-{}", '"\\"{}"']))
+
+
+@settings(max_examples=60, deadline=None)
+@given(parts=st.lists(_PARTS, min_size=1, max_size=5), pad=st.integers(0, LIMIT))
+def test_the_scan_refuses_exactly_what_python_json_refuses(parts: list[tuple[int, str]], pad: int) -> None:
+    document = (" " * pad + "[" + ",".join(form.format("7" * n) for n, form in parts) + "]").encode()
+    try:
+        json.loads(document)
+        refused = False
+    except ValueError:
+        refused = True
+    assert (_long_integer(document) is not None) == refused
