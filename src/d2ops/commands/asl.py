@@ -54,9 +54,13 @@ def _read_json(path: str, what: str) -> Any:
         raise UsageError(f"cannot read the {what} {path}: {exc}") from exc
     except UnicodeDecodeError as exc:
         raise UsageError(f"the {what} {path} is not UTF-8 text: {exc}") from exc
+    from d2ops.asl.jsonvalue import MAX_JSON_DEPTH, text_too_deep
+
+    if text_too_deep(text):  # json.loads would recurse once per level
+        raise UsageError(f"the {what} {path} is nested more than {MAX_JSON_DEPTH} levels deep")
     try:
         return json.loads(text)
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, or an integer of over 4300 digits
         raise UsageError(f"the {what} {path} is not valid JSON: {exc}") from exc
 
 
