@@ -152,7 +152,7 @@ class LocalStepFunctions:
         text = request.get("input") or "{}"
         try:
             data = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than json can parse
             raise ApiError("InvalidExecutionInput", f"the input is not valid JSON: {exc}") from exc
         with self._lock:
             arn = f"arn:aws:states:{machine.region}:{machine.account_id}:execution:{machine.name}:{name}"
