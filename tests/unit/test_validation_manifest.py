@@ -11,7 +11,7 @@ import pytest
 
 from d2ops_core.validation import Code, Manifest, manifest_json_schema
 from d2ops_core.validation.codes import MEANINGS
-from d2ops_core.validation.manifest import parse_manifest
+from d2ops_core.validation.manifest import parse_manifest, unsafe_relative_path
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = {"name": "shapes", "version": "v1", "format": "coco", "train": "annotations/train.json"}
@@ -70,3 +70,15 @@ def test_every_code_is_documented_with_its_severity() -> None:
     assert set(MEANINGS) == set(Code)
     for code in Code:
         assert f"`{code}`" in text, f"{code} is not in docs/dataset-format.md"
+
+
+@pytest.mark.parametrize("value", ["s3://bucket/annotations/val.json", "https://example.com/val.json",
+                                   "file:///etc/passwd", "file:/etc/passwd"])
+def test_a_url_is_named_as_a_url_not_told_to_normalise(value: str) -> None:
+    """A URL got "is not normalized (write 's3:/bucket/...')": advice that makes it no better."""
+    manifest, problems = parse_manifest(json.dumps({**BASE, "val": value}).encode())
+    assert manifest is None
+    assert [(code, path) for code, _, path in problems] == [(Code.MANIFEST_VALUE_INVALID, "val")]
+    assert "is a URL; write a path relative to the dataset root" in problems[0][1]
+    assert unsafe_relative_path(value) is not None and "URL" in str(unsafe_relative_path(value))
+    assert unsafe_relative_path("images/c:d.jpg") is None  # a colon later in a name is no scheme

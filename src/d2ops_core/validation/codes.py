@@ -119,8 +119,8 @@ MEANINGS: dict[Code, str] = {
     Code.DUPLICATE_ANNOTATION_ID: "two annotations in one split share an id",
     Code.DUPLICATE_CATEGORY_ID: "two categories in one split share an id",
     Code.IMAGE_DIMENSIONS_INVALID: "an image's width or height is not a positive integer",
-    Code.FILE_NAME_UNSAFE: ("an image file_name is empty, absolute, contains `..`, `.`, `//` or a backslash, or "
-                            "escapes images/"),
+    Code.FILE_NAME_UNSAFE: ("an image file_name is empty, absolute, a URL (s3://, https://), contains `..`, `.`, "
+                            "`//` or a backslash, or escapes images/"),
     Code.ANNOTATION_IMAGE_UNKNOWN: "an annotation's image_id is not an image of its split",
     Code.ANNOTATION_CATEGORY_UNKNOWN: "an annotation's category_id is not a category of its split",
     Code.BBOX_MALFORMED: "a bbox is not a list of four numbers [x, y, width, height]",

@@ -23,6 +23,9 @@ MAX_MANIFEST_BYTES = 64 * 1024
 SEGMENT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
+_URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/")  # s3://, https://, file:/, ...
+
+
 def unsafe_relative_path(value: str) -> str | None:
     """Why ``value`` is not a safe path relative to the dataset root, or None when it is."""
     if not value:
@@ -36,6 +39,8 @@ def unsafe_relative_path(value: str) -> str | None:
             value.encode("utf-8")
         except UnicodeEncodeError:
             return "is not valid Unicode (it has a lone surrogate escape such as \\ud800)"
+    if _URL_SCHEME.match(value):  # "s3://b/x.jpg" would otherwise get "not normalized (write 's3:/b/x.jpg')"
+        return "is a URL; write a path relative to the dataset root (files are read from the dataset version only)"
     if value.startswith("/") or re.match(r"^[A-Za-z]:", value):
         return "is absolute"
     segments = value.split("/")
