@@ -169,3 +169,23 @@ def run_cost(table: PriceTable, training: TrainingCost | None, evaluation: JobCo
     return RunCost(prices_as_of=table.as_of, prices_region=table.region, training=training, evaluation=evaluation,
                    endpoint=endpoint, total_usd=round(sum(priced), 6) if priced else None,
                    unpriced=sorted({p.instance_type for p in parts if p.cost_usd is None}))
+
+
+def price_run(table: PriceTable, training_job: Mapping[str, Any] | None, evaluation_job: Mapping[str, Any] | None,
+              endpoint: Mapping[str, Any] | None, deployed_at: datetime | None, until: datetime) -> RunCost | None:
+    """A run's cost from its DescribeTrainingJob / DescribeProcessingJob answers and its endpoint time.
+
+    ``endpoint`` is the run plan's endpoint settings (``instance_type``, ``instance_count``, ``name``);
+    its instances are billed from ``deployed_at`` (when the run entered its create/update state) to
+    ``until`` (the run's end, or now while it runs). None before any job ran. The status API and the
+    run's notification both price a run through this, so they always agree.
+    """
+    training = training_cost(training_job, table) if training_job else None
+    evaluation = processing_cost(evaluation_job, table, now=until) if evaluation_job else None
+    hosted = None
+    if deployed_at is not None and endpoint and endpoint.get("instance_type"):
+        hosted = endpoint_cost(str(endpoint.get("name") or "endpoint"), str(endpoint["instance_type"]),
+                               int(endpoint.get("instance_count") or 1), (until - deployed_at).total_seconds(), table)
+    if training is None and evaluation is None and hosted is None:
+        return None
+    return run_cost(table, training, evaluation, hosted)

@@ -108,15 +108,23 @@ def test_every_failure_notifies_before_its_fail_state() -> None:
     for name in fails - {"Notification failed"}:
         assert predecessors(name) == {"Route failure"}, name
     assert predecessors("Notification failed") == {"Notify success"}
+    # Each notification is composed first (subject, cost); if that fails it goes out without the cost.
+    for outcome, notify in (("success", "Notify success"), ("failure", "Notify failure")):
+        compose, fallback = f"Compose {outcome} notification", f"{outcome.capitalize()} notification without cost"
+        assert predecessors(notify) == {compose, fallback}, notify
+        assert predecessors(fallback) == {compose} and STATES[fallback]["ResultPath"] == "$.notification"
+        assert [c["Next"] for c in STATES[compose]["Catch"]] == [fallback]
+        assert STATES[notify]["Parameters"]["Subject.$"] == "$.notification.subject"
+    assert predecessors("Compose success notification") == {"Release endpoint lease"}
     # ... after the endpoint lease is released (when the run got as far as taking it).
     assert predecessors("Route failure") == {"Holding endpoint lease?", "Release endpoint lease after failure"}
     assert predecessors("Holding endpoint lease?") == {"Notify failure"}
     # Everything that reaches the failure notification recorded $.failure first (directly, or
     # through "Describe failure", which only rewrites failure.cause as one line).
-    assert predecessors("Notify failure") - {"Describe failure"} == {"Record dataset rejection",
+    assert predecessors("Compose failure notification") - {"Describe failure"} == {"Record dataset rejection",
                                                                       "Record quality gate failure",
                                                                       "Record endpoint busy"}
-    recorders = predecessors("Notify failure") - {"Describe failure"} | predecessors("Describe failure")
+    recorders = predecessors("Compose failure notification") - {"Describe failure"} | predecessors("Describe failure")
     # A rolled-back deployment is appended to the endpoint's history on its way: that Task only reads
     # $.failure (ResultPath null, its own error kept apart), after a Record state wrote it.
     history = "Record rollback in endpoint history"
@@ -136,7 +144,8 @@ def test_every_failure_notifies_before_its_fail_state() -> None:
             assert state["Next"] in ("Describe failure", history), name
     assert STATES[history]["Next"] == "Describe failure"
     describe = STATES["Describe failure"]
-    assert describe["Next"] == "Notify failure" and [c["Next"] for c in describe["Catch"]] == ["Notify failure"]
+    assert describe["Next"] == "Compose failure notification"
+    assert [c["Next"] for c in describe["Catch"]] == ["Compose failure notification"]
 
 
 def test_the_whole_run_has_a_time_limit_that_covers_its_parts() -> None:

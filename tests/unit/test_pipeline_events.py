@@ -16,8 +16,10 @@ from pydantic import BaseModel
 
 from tests.fixtures.pipeline import support
 
-for _directory in ("start_pipeline", "prepare_training", "summarize_evaluation", "smoke_test_endpoint", "status_api"):
+for _directory in ("start_pipeline", "prepare_training", "summarize_evaluation", "smoke_test_endpoint", "status_api",
+                   "compose_notification"):
     support.function_path(_directory)
+from compose_notification.models import NotificationEvent  # noqa: E402
 from prepare_training.models import PrepareEvent  # noqa: E402
 from smoke_test_endpoint.models import SmokeTestEvent  # noqa: E402
 from start_pipeline.models import ObjectCreatedEvent  # noqa: E402
@@ -26,7 +28,8 @@ from summarize_evaluation.models import SummarizeEvent  # noqa: E402
 
 INPUT_MODELS: dict[str, type[BaseModel]] = {"start_pipeline": ObjectCreatedEvent, "prepare_training": PrepareEvent,
                                             "summarize_evaluation": SummarizeEvent,
-                                            "smoke_test_endpoint": SmokeTestEvent}
+                                            "smoke_test_endpoint": SmokeTestEvent,
+                                            "compose_notification": NotificationEvent}
 EVENTS = support.REPO / "events"
 
 

@@ -19,8 +19,8 @@ from prepare_training.service import build_plan  # noqa: E402
 
 # Every run past validation takes the endpoint lease first and gives it back after notifying.
 LEASE_TAKEN = ["Prepare endpoint lease wait", "Acquire endpoint lease"]
-NOTIFIED_RELEASED = ["Notify failure", "Holding endpoint lease?", "Release endpoint lease after failure",
-                     "Route failure"]
+NOTIFIED_RELEASED = ["Compose failure notification", "Notify failure", "Holding endpoint lease?",
+                     "Release endpoint lease after failure", "Route failure"]
 TO_THE_GATE = ["Validate dataset", "Dataset valid?", *LEASE_TAKEN, "Prepare training job", "Train model",
                "Evaluate challenger and champion", "Read evaluation report", "Quality gate"]
 REJECTED_BY_THE_GATE = ["Register model version", "Model approved?", "Record quality gate failure", *NOTIFIED_RELEASED,
@@ -31,7 +31,17 @@ def notified_failure(execution: Execution) -> dict:
     (params,) = task_parameters(execution, "Notify failure")[-1:]
     assert params["TopicArn"] == support.TOPIC_ARN
     message = json.loads(params["Message"])
-    assert params["Subject"] == f"d2ops run failed: {message['error']}"
+    # The real compose_notification handler ran. The mocked jobs do not exist in SageMaker, so only a
+    # deployment's endpoint time is billed; before one, nothing is.
+    cost = message["cost"]
+    price = "nothing billed" if cost is None else f"cost ${cost['total_usd']:,.2f}"
+    assert params["Subject"] == (f"d2ops run failed: {message['error']} "
+                                 f"({message['dataset']['name']} {message['dataset']['version']}, {price})")
+    assert message["cost_unknown"] is None
+    if cost is None:
+        assert message["cost_summary"] == "no SageMaker job ran: nothing billed"
+    else:
+        assert cost["endpoint"]["seconds"] > 0 and cost["training"] is None
     return message
 
 
@@ -41,8 +51,8 @@ def assert_failed(execution: Execution, error: str, fail_state: str) -> dict:
     states = entered_states(execution)
     # The lease is taken right before "Prepare training job": runs that got there give it back.
     released = ["Release endpoint lease after failure"] if "Prepare training job" in states else []
-    assert states[-4 - len(released):] == ["Notify failure", "Holding endpoint lease?", *released, "Route failure",
-                                           fail_state]
+    assert states[-5 - len(released):] == ["Compose failure notification", "Notify failure", "Holding endpoint lease?",
+                                           *released, "Route failure", fail_state]
     if released:  # only the lease this execution holds
         (release,) = task_parameters(execution, released[0])
         assert release["ExpressionAttributeValues"] == {":holder": {"S": execution.arn}}
@@ -58,7 +68,8 @@ def test_first_deployment_creates_the_endpoint_and_promotes_the_champion() -> No
     states = entered_states(ex)
     assert "Create endpoint" in states and "Update endpoint (blue/green)" not in states
     assert states.count("Check endpoint status") == 3  # Creating, Creating, InService
-    assert states[-4:] == ["Promote to champion", "Release endpoint lease", "Notify success", "Run succeeded"]
+    assert states[-5:] == ["Promote to champion", "Release endpoint lease", "Compose success notification",
+                           "Notify success", "Run succeeded"]
 
     (register,) = task_parameters(ex, "Register model version")
     assert register["ModelApprovalStatus"] == "Approved"
@@ -78,7 +89,14 @@ def test_first_deployment_creates_the_endpoint_and_promotes_the_champion() -> No
     assert champion.primary_value == 0.71 and champion.gate.approval_status == "Approved"
     assert champion.model_data.endswith("/output/model.tar.gz") and champion.endpoint_name == support.ENDPOINT_NAME
     (notify,) = task_parameters(ex, "Notify success")
-    assert json.loads(notify["Message"])["dataset"]["version"] == "v1"
+    message = json.loads(notify["Message"])
+    assert message["dataset"]["version"] == "v1" and message["run_id"] == support.RUN_ID
+    # The endpoint's time so far, from entering "Create endpoint" to composing the notification,
+    # priced like GET /runs/{id}; the mocked jobs do not exist in SageMaker, so they are not in it.
+    endpoint = message["cost"]["endpoint"]
+    assert endpoint["instance_type"] == state_output(ex, "Prepare training job")["plan"]["endpoint"]["instance_type"]
+    assert endpoint["seconds"] > 0 and message["cost"]["total_usd"] == endpoint["cost_usd"] > 0
+    assert notify["Subject"] == f"d2ops: shapes v1 deployed (cost ${message['cost']['total_usd']:,.2f})"
     # The whole run's payload stays far below the 256 KB limit: documents travel as S3 URIs.
     assert len(json.dumps(ex.output)) < 32 * 1024
 
@@ -121,8 +139,9 @@ def test_invalid_dataset_is_rejected_with_its_report() -> None:
     assert message["report_uri"].endswith(f"runs/{support.RUN_ID}/validation/report.json")
     assert message["first_errors"][0]["code"] == "BBOX_OUTSIDE_IMAGE"
     assert "failed validation with 2 errors" in ex.cause
-    assert entered_states(ex) == ["Validate dataset", "Dataset valid?", "Record dataset rejection", "Notify failure",
-                                  "Holding endpoint lease?", "Route failure", "Dataset rejected"]
+    assert entered_states(ex) == ["Validate dataset", "Dataset valid?", "Record dataset rejection",
+                                  "Compose failure notification", "Notify failure", "Holding endpoint lease?",
+                                  "Route failure", "Dataset rejected"]
 
 
 def test_missing_manifest_is_rejected_with_the_lambda_error() -> None:

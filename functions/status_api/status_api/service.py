@@ -251,20 +251,12 @@ def run_cost(doc: dict[str, Any], steps: list[StateStep], training_job: dict[str
         except cost.PriceTableError as exc:
             logger.error("run cost left out: %s", exc)
             return None
-    now = datetime.now(UTC)
-    training = cost.training_cost(training_job, table) if training_job else None
-    evaluation = cost.processing_cost(evaluation_job, table, now=stopped or now) if evaluation_job else None
-    endpoint = None
-    plan_endpoint = (doc.get("plan") or {}).get("endpoint") or {}
+    plan = doc.get("plan") or {}
+    endpoint = {**(plan.get("endpoint") or {}), "name": plan.get("names", {}).get("endpoint_config")}
     deployed = next((s for s in steps if s.name in DEPLOY_STATES), None)
-    if deployed is not None and plan_endpoint.get("instance_type"):
-        seconds = ((stopped or now) - datetime.fromisoformat(deployed.entered_at)).total_seconds()
-        name = (doc.get("plan") or {}).get("names", {}).get("endpoint_config") or "endpoint"
-        endpoint = cost.endpoint_cost(name, plan_endpoint["instance_type"],
-                                      int(plan_endpoint.get("instance_count") or 1), seconds, table)
-    if training is None and evaluation is None and endpoint is None:
-        return None
-    return cost.run_cost(table, training, evaluation, endpoint)
+    return cost.price_run(table, training_job, evaluation_job, endpoint,
+                          datetime.fromisoformat(deployed.entered_at) if deployed is not None else None,
+                          stopped or datetime.now(UTC))
 
 
 def _cause(cause: Any) -> str | None:

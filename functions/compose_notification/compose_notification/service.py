@@ -1,0 +1,98 @@
+"""The run's notification subject and its cost, priced by the one cost module (d2ops_core.cost).
+
+The notification must go out whatever happens here: an unreadable price table, an instance type the
+table does not list, or a SageMaker describe that fails makes the cost unknown (saying why), never
+the composition itself fail.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Mapping
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from compose_notification.models import MAX_SUBJECT, Notification, NotificationEvent, NotificationFields
+from d2ops_core import cost
+
+MISSING_PHRASES = ("not found", "could not find", "does not exist")
+
+
+def _describe(sagemaker: Any, kind: str, name: str | None, problems: list[str]) -> dict[str, Any] | None:
+    if not name:
+        return None
+    try:
+        if kind == "training":
+            return dict(sagemaker.describe_training_job(TrainingJobName=name))
+        return dict(sagemaker.describe_processing_job(ProcessingJobName=name))
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        code, message = error.get("Code", "Error"), error.get("Message", "")
+        # SageMaker models no not-found error: a job that was never created is a ValidationException.
+        if code == "ValidationException" and any(p in message.lower() for p in MISSING_PHRASES):
+            return None  # the run failed before creating it: nothing billed
+        problems.append(f"{kind} job {name} could not be described ({code})")
+    except BotoCoreError as exc:
+        problems.append(f"{kind} job {name} could not be described ({type(exc).__name__})")
+    return None
+
+
+def _usd(value: float | None) -> str:
+    return "?" if value is None else f"${value:,.2f}" if value >= 0.01 or value == 0 else f"${value:.4f}"
+
+
+def summary_line(run: cost.RunCost | None, unknown: str | None) -> str:
+    if run is None:
+        return f"cost unknown: {unknown}" if unknown else "no SageMaker job ran: nothing billed"
+    parts = []
+    if run.training is not None:
+        spot = ""
+        if run.training.spot and run.training.spot_savings_usd is not None:
+            spot = f", spot saved {_usd(run.training.spot_savings_usd)} ({run.training.spot_savings_percent:g} %)"
+        parts.append(f"training {_usd(run.training.cost_usd)}{spot}")
+    if run.evaluation is not None:
+        parts.append(f"evaluation {_usd(run.evaluation.cost_usd)}")
+    if run.endpoint is not None:
+        parts.append(f"endpoint {_usd(run.endpoint.cost_usd)} so far")
+    line = f"{_usd(run.total_usd)} ({'; '.join(parts)}; {run.prices_region} prices of {run.prices_as_of})"
+    return f"{line}; incomplete: {unknown}" if unknown else line
+
+
+def subject_line(event: NotificationEvent, run: cost.RunCost | None, unknown: str | None) -> str:
+    """ASCII, one line, at most 100 characters (SNS refuses anything else): dataset names may be neither."""
+    dataset = f"{event.document.dataset.name} {event.document.dataset.version}"
+    price = ("cost unknown" if unknown and (run is None or run.total_usd is None)
+             else "nothing billed" if run is None else f"cost {_usd(run.total_usd)}")
+    if event.outcome == "succeeded":
+        text = f"d2ops: {dataset} deployed ({price})"
+    else:
+        error = event.document.failure.error if event.document.failure else "run failed"
+        text = f"d2ops run failed: {error} ({dataset}, {price})"
+    ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+    flat = " ".join("".join(c if c.isprintable() else " " for c in ascii_text).split())
+    return flat if len(flat) <= MAX_SUBJECT else flat[:MAX_SUBJECT - 3].rstrip() + "..."
+
+
+def compose(event: NotificationEvent, sagemaker: Any, env: Mapping[str, str] | None = None) -> Notification:
+    problems: list[str] = []
+    run: cost.RunCost | None = None
+    try:
+        table = cost.load_price_table(env)
+    except cost.PriceTableError as exc:
+        problems.append(str(exc))
+    else:
+        plan = event.document.plan
+        names = plan.names if plan is not None else None
+        training = _describe(sagemaker, "training", names.training_job if names else None, problems)
+        evaluation = _describe(sagemaker, "processing", names.evaluation_job if names else None, problems)
+        endpoint = None if plan is None else {**plan.endpoint.model_dump(), "name": plan.names.endpoint_config}
+        deployed_at = event.document.deployment.started_at if event.document.deployment else None
+        run = cost.price_run(table, training, evaluation, endpoint, deployed_at, event.at)
+        if run is not None and run.unpriced:
+            problems.append(f"the price table ({table.region}, {table.as_of}) lists no price for "
+                            f"{', '.join(run.unpriced)} (set {cost.PRICE_TABLE_ENV})")
+    unknown = "; ".join(problems) or None
+    return Notification(subject=subject_line(event, run, unknown),
+                        fields=NotificationFields(cost=run, cost_summary=summary_line(run, unknown),
+                                                  cost_unknown=unknown))
