@@ -188,7 +188,14 @@ class Console:
     def _post(self, handler: BaseHTTPRequestHandler) -> None:
         if not self._addressed_to_us(handler):
             return
-        length = int(handler.headers.get("Content-Length") or 0)
+        from d2ops.offline.request_body import BadContentLength, content_length
+
+        try:
+            length = content_length(handler.headers)
+        except BadContentLength as exc:
+            handler.close_connection = True
+            self._json(handler, exc.status, {"message": exc.message})
+            return
         found = INVOKE_ROUTE.match(urlsplit(handler.path).path)
         if found is None:
             handler.close_connection = True

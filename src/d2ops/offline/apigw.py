@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from botocore.credentials import Credentials
 
+from d2ops.offline.request_body import BadContentLength, content_length
 from d2ops.offline.stack import HttpRoute
 from d2ops.sigv4 import SignatureRejected, verify
 
@@ -148,7 +149,13 @@ class HttpApi:
 
     def _handle(self, handler: BaseHTTPRequestHandler) -> None:
         parts = urlsplit(handler.path)
-        length = int(handler.headers.get("Content-Length") or 0)
+        try:
+            length = content_length(handler.headers)
+        except BadContentLength as exc:
+            handler.close_connection = True
+            self._send(handler, exc.status, json.dumps({"message": exc.message}).encode(),
+                       {"Content-Type": "application/json"})
+            return
         if length > MAX_BODY:
             # API Gateway refuses payloads over its limit before the function sees them.
             self._send(handler, 413, b'{"message":"Request Entity Too Large"}', {"Content-Type": "application/json"})

@@ -25,6 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 from d2ops.offline.errors import ApiError
+from d2ops.offline.request_body import BadContentLength, content_length
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,12 @@ class Gateway:
         handler.wfile.write(body)
 
     def _handle(self, handler: BaseHTTPRequestHandler) -> None:
-        length = int(handler.headers.get("Content-Length") or 0)
+        try:
+            length = content_length(handler.headers)
+        except BadContentLength as exc:
+            handler.close_connection = True
+            self._reply(handler, exc.status, json.dumps({"message": exc.message}).encode(), "application/json")
+            return
         if length > MAX_BODY:
             self._reply(handler, 413, json.dumps({"message": f"request body over {MAX_BODY} bytes"}).encode(),
                         "application/json")
