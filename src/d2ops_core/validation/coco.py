@@ -229,6 +229,12 @@ def _decode_once(data: Any, original: Any, shifts: list[tuple[int, int]], file: 
     return None
 
 
+def _digits_end(buffer: Any, pos: int, endpos: int) -> int:
+    """Where the digits from ``pos`` on stop (at most ``endpos``)."""
+    match = _DIGITS.match(buffer, pos, endpos)
+    return pos if match is None else match.end()
+
+
 def _run_start(buffer: Any, pos: int) -> int:
     """Where the run of digits that ``pos`` is in starts (searched backwards in C-speed chunks)."""
     while pos > 0:
@@ -257,10 +263,9 @@ def _long_integer(buffer: Any, limit: int = _PY_INT_DIGITS) -> tuple[int, int] |
     k = samples.find(b"00")
     while k >= 0:
         at = k * step
-        end = _DIGITS.match(buffer, at).end()
+        end = _digits_end(buffer, at, size)
         # longer than ``limit`` only when the ``limit + 1`` bytes before the run's end are all digits
-        if end - at > limit or (end - at > step and end > limit
-                                and _DIGITS.match(buffer, end - limit - 1, at).end() == at):
+        if end - at > limit or (end - at > step and end > limit and _digits_end(buffer, end - limit - 1, at) == at):
             start = _run_start(buffer, min(at, end - limit - 1))
             before = buffer[start - 1] if start > 0 else 0x20
             after = buffer[end] if end < size else 0x20
