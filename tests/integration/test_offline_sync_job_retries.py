@@ -117,13 +117,15 @@ def test_a_run_whose_create_answers_were_lost_waits_for_the_jobs_it_started(rt: 
     assert ex.status == "SUCCEEDED", (ex.error, ex.cause)
     assert faults == {"sagemaker:createTrainingJob": 0, "sagemaker:createProcessingJob": 0}  # both were lost
     assert jobs(rt) - before == {"shapes-v1-lost-train"}  # one job, the first attempt's
-    for state, noun in (("Train model", "Training"), ("Evaluate challenger and champion", "Processing")):
+    for state, refusal in (("Train model", "Training job names must be unique within an AWS account and region"),
+                           ("Evaluate challenger and champion", "Job name must be unique within an AWS account and "
+                                                                "region")):
         first, *retries = failures(ex, state)
         assert first["error"] == "SageMaker.AmazonSageMakerException" and "Read timed out" in first["cause"]
         assert len(retries) == 8  # the Retry's attempts, each told the name is taken
         for refused in retries:
             assert refused["error"] == "SageMaker.AmazonSageMakerException"
-            assert refused["cause"].startswith(f"{noun} job names must be unique within an AWS account and region")
+            assert refused["cause"].startswith(refusal)
             assert "Error Code: ResourceInUse" in refused["cause"]
 
     control = run(rt, machine, "control", {})

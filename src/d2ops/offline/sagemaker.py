@@ -365,10 +365,9 @@ class LocalSageMaker:
             raise ApiError("ValidationException", "ProcessingJobName is required")
         with self._lock:
             if name in self._processing:
-                # The code botocore models for a taken name (as for CreateTrainingJob); the wording follows
-                # the training job's, which AWS users have quoted.
-                raise ApiError("ResourceInUse", f"Processing job names must be unique within an AWS account and "
-                                                f"region, and a processing job with this name already exists "
+                # SageMaker's answer, as a Step Functions execution's CreateProcessingJob failure quoted it.
+                raise ApiError("ResourceInUse", f"Job name must be unique within an AWS account and region, and a "
+                                                f"job with this name already exists "
                                                 f"({self._arn('processing-job', name)})")
             now = _now()
             record = {**request, "ProcessingJobName": name, "ProcessingJobArn": self._arn("processing-job", name),
