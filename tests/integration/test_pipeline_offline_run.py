@@ -151,6 +151,14 @@ def test_first_deployment_then_blue_green_update(stack: dict[str, Any], tmp_path
     assert endpoint["EndpointStatus"] == "InService" and endpoint["EndpointConfigName"] == record.endpoint_config_name
     (message,) = notifications(stack)
     assert message["run_id"] == first.name and message["gate"]["decision"] == "approved"
+    # Priced by the compose_notification function from moto's job records: the endpoint's time so
+    # far is always known; what moto leaves out (training times) is absent, never made up.
+    cost = message["cost"]
+    assert cost["endpoint"]["instance_type"] == first.output["plan"]["endpoint"]["instance_type"]
+    assert cost["endpoint"]["seconds"] >= 0 and message["cost_unknown"] is None
+    assert cost["total_usd"] == pytest.approx(sum(cost[p]["cost_usd"] for p in ("training", "evaluation", "endpoint")
+                                                  if cost[p] is not None), abs=1e-5)
+    assert message["cost_summary"].startswith("$") and " so far; us-east-1 prices of " in message["cost_summary"]
     report = first.output["validation"]["summary"]["report_uri"]
     assert stack["s3"].head_object(**dict(zip(("Bucket", "Key"), runs.parse_s3_uri(report), strict=True)))
     assert FakeRuntime.requests[-1][0] == f"/endpoints/{support.ENDPOINT_NAME}/invocations"
@@ -178,6 +186,7 @@ def test_an_invalid_dataset_is_rejected_by_the_real_validator(stack: dict[str, A
     assert [name for name, _ in aws.calls] == ["sns:publish"]  # nothing trained
     (message,) = notifications(stack)
     assert message["error"] == "DatasetRejected" and message["first_errors"]
+    assert message["cost"] is None and message["cost_summary"] == "no SageMaker job ran: nothing billed"
     bucket, key = runs.parse_s3_uri(message["report_uri"])
     report = json.loads(stack["s3"].get_object(Bucket=bucket, Key=key)["Body"].read())
     assert report  # the full report sits next to the run's artifacts
