@@ -19,6 +19,8 @@ import torch
 import torchvision  # noqa: F401  registers torchvision::nms & co., which exported detectors call
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from d2ops_core.documents.evaluation import ModelEvaluation
+from d2ops_core.runs import DatasetVersion
 from model_code.archive import (  # noqa: F401  re-exported: the artifact's names in one place
     MAX_ARCHIVE_MEMBERS,
     MAX_EXTRACTED_BYTES,
@@ -50,13 +52,6 @@ Task = Literal["detection", "instance_segmentation"]
 Framework = Literal["torchvision", "detectron2"]
 
 
-class DatasetRef(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str
-    version: str
-    uri: str | None = None
-
-
 class NativeCheckpoint(BaseModel):
     """Where the framework-native weights for fine-tuning are: files inside the job's output.tar.gz."""
 
@@ -78,7 +73,7 @@ class ArtifactMetadata(BaseModel):
     category_ids: list[int] = Field(min_length=1, description="dataset COCO category id of each label index")
     input_format: Literal["RGB"] = "RGB"
     training_job: str | None = None
-    dataset: DatasetRef | None = None
+    dataset: DatasetVersion | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
     checkpoint: NativeCheckpoint | None = None
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
@@ -103,7 +98,7 @@ class LoadedDetector:
     module: torch.jit.ScriptModule
     metadata: ArtifactMetadata
     path: Path
-    evaluation: dict[str, Any] | None = None
+    evaluation: ModelEvaluation | None = None
     _tempdir: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
 
     @property
@@ -116,7 +111,7 @@ def save_artifact(
     module: torch.jit.ScriptModule,
     metadata: ArtifactMetadata,
     *,
-    evaluation: dict[str, Any] | None = None,
+    evaluation: ModelEvaluation | None = None,
     cuda_module: torch.jit.ScriptModule | None = None,
 ) -> Path:
     """Write ``model.pt`` and ``metadata.json`` (and ``evaluation.json``, and a detectron2 export's
@@ -136,7 +131,7 @@ def save_artifact(
         os.replace(tmp_cuda, out / CUDA_MODEL_FILE)
     write_json(out / METADATA_FILE, metadata.model_dump(mode="json"))
     if evaluation is not None:
-        write_json(out / EVALUATION_FILE, evaluation)
+        write_json(out / EVALUATION_FILE, evaluation.model_dump(mode="json", exclude_none=True))
     return out
 
 
@@ -157,6 +152,27 @@ def read_metadata(directory: Path | str) -> ArtifactMetadata:
         raise ArtifactError(f"{path}: missing; not a d2ops model artifact") from exc
     except ValidationError as exc:
         raise ArtifactError(f"{path}: invalid metadata: {exc}") from exc
+
+
+def _problems(exc: ValidationError) -> str:
+    """pydantic's errors as one line, each naming the field (``metrics.bbox_AP: ...``)."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'the document'}: {e['msg']}"
+                     for e in exc.errors(include_url=False))
+
+
+def read_evaluation(directory: Path | str) -> ModelEvaluation | None:
+    """The artifact's ``evaluation.json`` (the model on its own val split), or None when it has none.
+
+    An edited or truncated file is an ArtifactError naming the file and each bad field, never a
+    KeyError later in whoever reads the numbers.
+    """
+    path = Path(directory) / EVALUATION_FILE
+    if not path.is_file():
+        return None
+    try:
+        return ModelEvaluation.model_validate_json(path.read_bytes())
+    except ValidationError as exc:
+        raise ArtifactError(f"{path}: not a model evaluation: {_problems(exc)}") from exc
 
 
 def open_artifact(path: Path | str, extract_to: Path | str) -> tuple[Path, ArtifactMetadata]:
@@ -181,6 +197,7 @@ def load_artifact(path: Path | str, *, device: str = "cpu") -> LoadedDetector:
     tempdir = tempfile.TemporaryDirectory(prefix="d2ops-model-") if source.is_file() else None
     try:
         directory, metadata = open_artifact(source, tempdir.name if tempdir else "")
+        evaluation = read_evaluation(directory)  # before the model: a bad file fails fast
     except ArtifactError:
         if tempdir is not None:
             tempdir.cleanup()
@@ -204,8 +221,6 @@ def load_artifact(path: Path | str, *, device: str = "cpu") -> LoadedDetector:
         module.to(target)  # a TorchServe worker on another GPU of the instance
         retarget(module, TRACED_CUDA_DEVICE, target)
     module.eval()
-    evaluation_file = directory / EVALUATION_FILE
-    evaluation = json.loads(evaluation_file.read_text()) if evaluation_file.is_file() else None
     return LoadedDetector(module=module, metadata=metadata, path=directory, evaluation=evaluation,
                           _tempdir=tempdir)
 

@@ -160,6 +160,7 @@ def export_detectron2(cfg: Any, model: nn.Module, *, has_masks: bool, device: st
 def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None:
     """Trace the trained detectron2 model, write the artifact and evaluate it through the artifact."""
     from d2ops_core.metrics import primary_metric
+    from d2ops_core.runs import DatasetVersion
     from model_code import artifact
     from model_code.dataset_version import read_coco
     from model_code.evaluation.coco import evaluate_detector, print_progress
@@ -187,7 +188,7 @@ def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None
     metadata = artifact.ArtifactMetadata(
         framework="detectron2", task=job["task"], model=job["source"]["location"],
         class_names=train_reg["thing_classes"], category_ids=ids, training_job=job["job_name"],
-        dataset=artifact.DatasetRef(name=job["dataset_name"], version=job["dataset_version"]), checkpoint=checkpoint)
+        dataset=DatasetVersion(name=job["dataset_name"], version=job["dataset_version"]), checkpoint=checkpoint)
     model_dir = Path(job["model_dir"])
     artifact.save_artifact(model_dir, module, metadata, cuda_module=cuda_module)
     detector = artifact.load_artifact(model_dir)  # evaluate the file that ships, not the module in memory

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from torch import nn
 
+from d2ops_core.runs import DatasetVersion
 from model_code import artifact
 from model_code.dataset_version import read_coco
 from model_code.evaluation.coco import Evaluation, evaluate_detector, print_progress
@@ -26,7 +27,7 @@ def write_artifact(ctx: RunContext, model: nn.Module, directory: Path, *, iterat
     metadata = artifact.ArtifactMetadata(
         framework="torchvision", task=ctx.dataset.task, model=ctx.model_name, class_names=ctx.categories.names,
         category_ids=ctx.categories.ids, training_job=ctx.env.job_name,
-        dataset=artifact.DatasetRef(name=ctx.dataset.name, version=ctx.dataset.version), checkpoint=checkpoint)
+        dataset=DatasetVersion(name=ctx.dataset.name, version=ctx.dataset.version), checkpoint=checkpoint)
     artifact.save_artifact(directory, export_torchvision(model, ctx.has_masks), metadata)
     detector = artifact.load_artifact(directory)
     gt = read_coco(ctx.val_dataset.val_json)

@@ -57,6 +57,23 @@ class DatasetRef(BaseModel):
         return f"s3://{self.bucket}/{self.prefix}"
 
 
+class DatasetVersion(BaseModel):
+    """The dataset version a model was trained on: ``dataset`` in the model artifact's
+    ``metadata.json`` (docs/interfaces.md, Model artifact metadata).
+
+    The trainers' export writes it (``model_code.training``), ``model_code.artifact`` reads it
+    back. The same version as :class:`DatasetRef` names it, without the run's S3 upload
+    details, which a training job does not see (it gets the name and version as hyperparameters).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    version: str
+    uri: str | None = Field(default=None, description="s3://<bucket>/datasets/<name>/<version>/, where the writer "
+                                                      "knows it")
+
+
 class Trigger(BaseModel):
     """How a run was started. Deterministic for one upload, so identical inputs repeat."""
 

@@ -89,7 +89,7 @@ def test_one_host_trains_the_cpu_profile_to_the_ap50_bar(one_host: tuple[Path, d
     detector = load_artifact(out / "model.tar.gz")
     assert detector.metadata.framework == "detectron2" and detector.metadata.class_names == ["square", "disc",
                                                                                              "triangle"]
-    assert detector.evaluation["metrics"]["bbox_AP50"] == pytest.approx(summary["bbox_AP50"], abs=1e-6)
+    assert detector.evaluation.metrics["bbox_AP50"] == pytest.approx(summary["bbox_AP50"], abs=1e-6)
     # metric lines come from the EventWriter detectron2's PeriodicWriter accepts
     assert any("d2ops-metric train:loss=" in line and f"iter={ITERATIONS}" in line for line in lines)
 
@@ -186,7 +186,7 @@ def test_two_hosts_stop_on_sigterm_resume_and_end_with_identical_weights(
     assert sorted(order) == list(range(1, ITERATIONS + 1))
     assert order == data_order(one_host[2])
     evaluation = load_artifact(second.model_artifact).evaluation
-    assert evaluation["metrics"]["bbox_AP50"] >= MIN_AP50
+    assert evaluation.metrics["bbox_AP50"] >= MIN_AP50
     assert not any((tmp_path / "hosts" / "algo-2" / "model").iterdir())  # only the master host exports
 
 
@@ -215,9 +215,9 @@ def test_instance_segmentation_fine_tunes_from_the_pretrained_channel(
     detector = load_artifact(result.model_artifact)
     assert detector.metadata.task == "instance_segmentation"
     evaluation = detector.evaluation
-    assert evaluation["primary_metric"] == "segm_AP"
+    assert evaluation.primary_metric == "segm_AP"
     # measured 0.80 (segm and bbox AP50) after 30 iterations from a 120-iteration detector: docs/training.md
-    assert evaluation["metrics"]["segm_AP50"] >= MIN_AP50 and evaluation["metrics"]["bbox_AP50"] >= MIN_AP50
-    assert result.metrics["val:segm_AP50"] == pytest.approx(evaluation["metrics"]["segm_AP50"], abs=1e-6)
+    assert evaluation.metrics["segm_AP50"] >= MIN_AP50 and evaluation.metrics["bbox_AP50"] >= MIN_AP50
+    assert result.metrics["val:segm_AP50"] == pytest.approx(evaluation.metrics["segm_AP50"], abs=1e-6)
     with tarfile.open(result.model_artifact) as tar:
         assert "model.pt" in tar.getnames()

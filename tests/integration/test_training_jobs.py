@@ -19,7 +19,7 @@ import pytest
 from d2ops import synth
 from d2ops.local_jobs import JobResult, ProcessingJobSpec, TrainingJobSpec, run_processing_job, run_training_job
 from d2ops_core.cpu_profile import CALIBRATION_DATA, TORCHVISION_CPU_PROFILE
-from d2ops_core.documents.evaluation import EvaluationReport
+from d2ops_core.documents.evaluation import EvaluationReport, ModelEvaluation
 from model_code.artifact import load_artifact
 from model_code.inference import image_to_tensor, predict
 
@@ -60,17 +60,17 @@ def losses(lines: list[str]) -> dict[int, float]:
     return {int(m[1]): float(m[2]) for m in map(_LOSS_LINE.search, lines) if m}
 
 
-def check_artifact(result: JobResult) -> dict:
+def check_artifact(result: JobResult) -> ModelEvaluation:
     assert result.status == "Completed", result.failure_reason
     assert result.model_artifact and result.output_artifact
     detector = load_artifact(result.model_artifact)
     assert detector.metadata.class_names == ["square", "disc", "triangle"]
     assert detector.metadata.category_ids == [1, 2, 3] and detector.metadata.framework == "torchvision"
     evaluation = detector.evaluation
-    assert evaluation is not None and evaluation["primary_metric"] == "bbox_AP" and evaluation["val_images"] == 40
+    assert evaluation is not None and evaluation.primary_metric == "bbox_AP" and evaluation.val_images == 40
     # the metric lines SageMaker would scrape carry the same numbers as the artifact's evaluation
-    assert result.metrics["val:bbox_AP50"] == pytest.approx(evaluation["metrics"]["bbox_AP50"], abs=1e-6)
-    assert detector.metadata.metrics == evaluation["metrics"]
+    assert result.metrics["val:bbox_AP50"] == pytest.approx(evaluation.metrics["bbox_AP50"], abs=1e-6)
+    assert detector.metadata.metrics == evaluation.metrics
     assert "train:loss" in result.metrics
     with tarfile.open(result.model_artifact) as tar:
         names = set(tar.getnames())
@@ -107,8 +107,8 @@ def test_two_hosts_train_one_model_together_and_reach_the_calibrated_ap50(
     assert set(digests) == {"algo-1", "algo-2"}
     assert digests["algo-1"][0] == 0 and digests["algo-2"][0] == 1
     assert digests["algo-1"][1] == digests["algo-2"][1]
-    assert evaluation["metrics"]["bbox_AP50"] >= MIN_AP50, evaluation["metrics"]
-    assert set(evaluation["per_class"]) == {"square", "disc", "triangle"}
+    assert evaluation.metrics["bbox_AP50"] >= MIN_AP50, evaluation.metrics
+    assert set(evaluation.per_class) == {"square", "disc", "triangle"}
     # only the master host writes the artifact and checkpoints
     assert not any((tmp / "hosts" / "algo-2" / "model").iterdir())
 
@@ -129,7 +129,7 @@ def test_train_local_summarises_the_job_as_its_last_line(short_cli_run: tuple[Pa
     out, summary = short_cli_run
     assert summary["status"] == "Completed" and summary["failure_reason"] is None
     detector = load_artifact(out / "model.tar.gz")
-    assert detector.evaluation["metrics"]["bbox_AP50"] == pytest.approx(summary["bbox_AP50"], abs=1e-6)
+    assert detector.evaluation.metrics["bbox_AP50"] == pytest.approx(summary["bbox_AP50"], abs=1e-6)
     assert detector.metadata.model == "fasterrcnn_resnet18_fpn"
 
 
@@ -158,8 +158,8 @@ def test_evaluation_job_scores_challenger_and_champion_separately(
     assert parsed.class_instances == {name: counted[name] for name in names.values()}
     assert parsed.champion is not None and set(parsed.champion.per_class) <= set(parsed.class_instances)
     # each model's numbers are its own: they match what its training job measured on the same split
-    challenger_own = load_artifact(trained.model_artifact).evaluation["metrics"]
-    champion_own = load_artifact(cli_out / "model.tar.gz").evaluation["metrics"]
+    challenger_own = load_artifact(trained.model_artifact).evaluation.metrics
+    champion_own = load_artifact(cli_out / "model.tar.gz").evaluation.metrics
     for name in ("bbox_AP", "bbox_AP50"):
         assert report["challenger"]["metrics"][name] == pytest.approx(challenger_own[name], abs=1e-6)
         assert report["champion"]["metrics"][name] == pytest.approx(champion_own[name], abs=1e-6)
@@ -225,7 +225,7 @@ def test_instance_segmentation_trains_on_the_synthetic_polygons(tmp_path: Path) 
     assert result.status == "Completed", result.failure_reason
     detector = load_artifact(result.model_artifact)
     assert detector.metadata.task == "instance_segmentation" and detector.metadata.model == "maskrcnn_resnet18_fpn"
-    assert detector.evaluation["primary_metric"] == "segm_AP" and "segm_AP" in detector.evaluation["metrics"]
+    assert detector.evaluation.primary_metric == "segm_AP" and "segm_AP" in detector.evaluation.metrics
     from PIL import Image
 
     val = json.loads((dataset / "annotations" / "val.json").read_text())

@@ -1,4 +1,5 @@
 import io
+import json
 import tarfile
 
 import pytest
@@ -6,6 +7,8 @@ import torch
 from torchvision.models.detection import FasterRCNN
 from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
 
+from d2ops_core.documents.evaluation import ModelEvaluation
+from d2ops_core.runs import DatasetVersion
 from model_code import artifact, inference
 from model_code.training.torchvision_export import export_torchvision
 
@@ -26,13 +29,15 @@ def metadata(**overrides):
 
 
 def test_round_trip_through_model_tar_gz(tmp_path, scripted):
-    artifact.save_artifact(tmp_path / "model", scripted, metadata(), evaluation={"bbox_AP": 0.5})
+    evaluation = ModelEvaluation(primary_metric="bbox_AP", val_images=4, metrics={"bbox_AP": 0.5},
+                                 per_class={"disc": {"bbox_AP": 0.25}})
+    artifact.save_artifact(tmp_path / "model", scripted, metadata(), evaluation=evaluation)
     tar = artifact.pack_artifact(tmp_path / "model", tmp_path / "model.tar.gz")
     with tarfile.open(tar) as t:
         assert sorted(t.getnames()) == ["evaluation.json", "metadata.json", "model.pt"]
     loaded = artifact.load_artifact(tar)
     assert loaded.metadata.category_ids == [1, 2, 7]
-    assert loaded.evaluation == {"bbox_AP": 0.5}
+    assert loaded.evaluation == evaluation
     image = torch.randint(0, 256, (3, 80, 120), dtype=torch.uint8)
     small = torch.randint(0, 256, (3, 40, 50), dtype=torch.uint8)
     first, second = inference.predict(loaded, [image, small], score_threshold=0.0, max_detections=7)
@@ -78,6 +83,40 @@ def test_load_errors_name_the_problem(tmp_path):
     with pytest.raises(artifact.ArtifactError, match="not a directory or a tar archive"):
         artifact.load_artifact(tmp_path / "junk.tar.gz")
     with pytest.raises(artifact.ArtifactError, match=r"metadata\.json: missing"):
+        artifact.load_artifact(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("document", "named"),
+    [(b'{"primary_metric": "bbox_AP", "val_images": 4, "metrics": {"bbox_AP": 0.5', "Invalid JSON"),
+     (b'{"primary_metric": "bbox_AP", "val_images": 4}', "metrics: Field required"),
+     (b'{"primary_metric": "bbox_AP", "val_images": 0, "metrics": {"bbox_AP": "high"}}',
+      r"metrics\.bbox_AP: Input should be a valid number.*; val_images: Input should be greater than or equal to 1"),
+     (b'{"primary_metric": "accuracy", "val_images": 4, "metrics": {}}', "primary_metric: Input should be"),
+     (b'[]', "the document: Input should be an object")],
+)
+def test_a_hand_edited_evaluation_is_refused_naming_the_file_and_field(tmp_path, scripted, document, named):
+    artifact.save_artifact(tmp_path / "model", scripted, metadata())
+    (tmp_path / "model" / artifact.EVALUATION_FILE).write_bytes(document)
+    with pytest.raises(artifact.ArtifactError, match=r"evaluation\.json: not a model evaluation: .*" + named):
+        artifact.load_artifact(tmp_path / "model")
+    tar = artifact.pack_artifact(tmp_path / "model", tmp_path / "model.tar.gz")
+    with pytest.raises(artifact.ArtifactError, match=named):
+        artifact.load_artifact(tar)
+
+
+def test_metadata_written_before_the_shared_dataset_model_still_loads(tmp_path, scripted):
+    """Artifacts already in S3 carry ``dataset`` as the old artifact-only model wrote it (uri null)."""
+    artifact.save_artifact(tmp_path, scripted, metadata())
+    document = json.loads((tmp_path / artifact.METADATA_FILE).read_text())
+    document["dataset"] = {"name": "shapes", "version": "v1", "uri": None}
+    (tmp_path / artifact.METADATA_FILE).write_text(json.dumps(document))
+    loaded = artifact.load_artifact(tmp_path)
+    assert loaded.metadata.dataset == DatasetVersion(name="shapes", version="v1")
+    assert loaded.evaluation is None  # an artifact without evaluation.json is still an artifact
+    document["dataset"]["bucket"] = "data"  # a run's reference is not what an artifact records
+    (tmp_path / artifact.METADATA_FILE).write_text(json.dumps(document))
+    with pytest.raises(artifact.ArtifactError, match=r"dataset\.bucket"):
         artifact.load_artifact(tmp_path)
 
 
