@@ -30,6 +30,7 @@ from d2ops.offline.request_body import BadContentLength, content_length
 log = logging.getLogger(__name__)
 
 _INVOKE = re.compile(r"^/endpoints/(?P<name>[A-Za-z0-9-]{1,63})/invocations$")
+CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"  # InvokeEndpoint's CustomAttributes member
 MAX_BODY = 64 * 1024 * 1024  # generous for images; refuses absurd requests before reading them
 # SageMaker operations with an idempotency token (ClientToken) that moto does not honour.
 IDEMPOTENT_OPERATIONS = frozenset({"CreateModelPackage"})
@@ -57,7 +58,7 @@ class JsonService(Protocol):
 
 class Invoker(Protocol):
     def invoke(self, endpoint_name: str, body: bytes, content_type: str | None,
-               accept: str | None) -> tuple[int, bytes, str]: ...
+               accept: str | None, custom_attributes: str | None = None) -> tuple[int, bytes, str]: ...
 
 
 class Gateway:
@@ -229,8 +230,10 @@ class Gateway:
     def _invoke(self, handler: BaseHTTPRequestHandler, name: str, body: bytes) -> None:
         assert self.runtime is not None
         try:
+            # InvokeEndpoint's CustomAttributes reach the container as this header, as SageMaker passes them.
             status, data, content_type = self.runtime.invoke(name, body, handler.headers.get("Content-Type"),
-                                                             handler.headers.get("Accept"))
+                                                             handler.headers.get("Accept"),
+                                                             handler.headers.get(CUSTOM_ATTRIBUTES))
         except ApiError as err:
             self._reply(handler, err.status, json.dumps({"message": err.message}).encode(), "application/json",
                         {"x-amzn-ErrorType": err.code})

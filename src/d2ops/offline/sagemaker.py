@@ -656,7 +656,7 @@ class LocalSageMaker:
 
     # ----- SageMaker Runtime -------------------------------------------------------------------
     def invoke(self, endpoint_name: str, body: bytes, content_type: str | None,
-               accept: str | None) -> tuple[int, bytes, str]:
+               accept: str | None, custom_attributes: str | None = None) -> tuple[int, bytes, str]:
         import urllib.error
         import urllib.request
 
@@ -674,6 +674,8 @@ class LocalSageMaker:
         headers = {"Content-Type": content_type or "application/octet-stream"}
         if accept:
             headers["Accept"] = accept
+        if custom_attributes:
+            headers["X-Amzn-SageMaker-Custom-Attributes"] = custom_attributes
         request = urllib.request.Request(f"{server.url}/invocations", data=body, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(request, timeout=60) as response:
