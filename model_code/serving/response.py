@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,8 @@ def detections_to_json(detections: Detections, metadata: ArtifactMetadata, optio
         rles = encode_masks(detections.masks.detach().cpu().numpy())
     out = []
     for i, (box, score, label) in enumerate(zip(boxes, scores, labels, strict=True)):
+        if not (math.isfinite(score) and all(math.isfinite(v) for v in box)):
+            continue  # NaN/inf (a model diverging on an odd image) is no detection, and no JSON has a NaN
         item: dict[str, Any] = {
             "box": [round(float(v), 2) for v in box],
             "score": round(float(score), 4),

@@ -119,13 +119,22 @@ class DetectionService:
         if decoded:
             started = time.perf_counter()
             for i, result in self._run(decoded).items():
-                responses[i] = (result if isinstance(result, Response) else
-                                json_response(200, detections_to_json(result, self.metadata, decoded[i].options,
-                                                                      decoded[i].width, decoded[i].height), headers))
+                responses[i] = result if isinstance(result, Response) else self._answer(i, result, decoded[i], headers)
             logger.info("batch of %d requests: %d images through the model in %.1f ms", len(requests), len(decoded),
                         (time.perf_counter() - started) * 1000)
         return [r if r is not None else error_response(RequestError(500, "internal_error", "no response"), headers)
                 for r in responses]
+
+    def _answer(self, i: int, result: Detections, request: DecodedRequest, headers: Mapping[str, str]) -> Response:
+        """The 200 answer of one request; a failure to write it fails that request alone (a 500), not the batch."""
+        try:
+            return json_response(200, detections_to_json(result, self.metadata, request.options, request.width,
+                                                          request.height), headers)
+        except Exception:
+            logger.exception("the detections of request %d could not be written as JSON", i + 1)
+            return error_response(RequestError(500, "inference_failed", "the detector's answer for this image could "
+                                                                         "not be written; see the endpoint logs"),
+                                  headers)
 
     def _run(self, decoded: dict[int, DecodedRequest]) -> dict[int, Detections | Response]:
         order = list(decoded)
@@ -146,7 +155,7 @@ class DetectionService:
 
 
 def json_response(status: int, document: Any, headers: Mapping[str, str]) -> Response:
-    return Response(status=status, body=json.dumps(document).encode("utf-8"),
+    return Response(status=status, body=json.dumps(document, allow_nan=False).encode("utf-8"),
                     headers={"Content-Type": JSON_TYPE, **headers})
 
 

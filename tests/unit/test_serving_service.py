@@ -106,3 +106,25 @@ def test_an_empty_batch_and_all_bad_batch_never_call_the_model(service):
     responses = service.handle_batch([RawRequest(b"", "image/png"), RawRequest(b"x", "text/csv")])
     assert [r.status for r in responses] == [400, 415]
     assert all(r.body and r.json()["error"]["message"] for r in responses)
+
+
+def test_non_finite_detections_are_dropped_and_an_unwritable_answer_fails_alone(service, monkeypatch):
+    """A NaN box once went out as the JSON token NaN (no client parses it); a label outside the artifact's
+    classes raised while the batch's answers were written, failing every request of the batch."""
+    import torch
+
+    from model_code.inference import Detections
+
+    def fake_predict(images, options):
+        nan_box = Detections(boxes=torch.tensor([[1.0, 2.0, 3.0, 4.0], [float("nan"), 0.0, 1.0, 1.0]]),
+                             scores=torch.tensor([0.9, 0.8]), labels=torch.tensor([0, 0]))
+        bad_label = Detections(boxes=torch.tensor([[1.0, 2.0, 3.0, 4.0]]), scores=torch.tensor([0.9]),
+                               labels=torch.tensor([len(CLASS_NAMES)]))
+        return [nan_box, bad_label][: len(images)]
+
+    monkeypatch.setattr(service, "_predict", fake_predict)
+    first, second = service.handle_batch([RawRequest(png_bytes(seed=1), "image/png"),
+                                          RawRequest(png_bytes(seed=2), "image/png")])
+    assert first.status == 200 and [d["box"] for d in first.json()["detections"]] == [[1.0, 2.0, 3.0, 4.0]]
+    assert second.status == 500 and second.json()["error"]["code"] == "inference_failed"
+    assert b"NaN" not in first.body + second.body
