@@ -1,4 +1,4 @@
-"""Integer literals Python's json refuses, wherever they are in a COCO file, reject the file.
+"""Numbers and nesting Python's json (what training reads a COCO file with) refuses, wherever they are, reject the file.
 
 msgspec skips the values of keys the validator does not read without converting them, so a
 5000-digit integer under ``info`` used to pass validation; pycocotools and the trainers (Python's
@@ -60,3 +60,16 @@ def test_the_scan_refuses_exactly_what_python_json_refuses(parts: list[tuple[int
     except ValueError:
         refused = True
     assert (_long_integer(document) is not None) == refused
+
+
+def test_nesting_python_json_could_not_read_from_a_trainer_stack_is_too_deep() -> None:
+    """990 levels under ``info`` passed: msgspec stops near the recursion limit counted from the validator's
+    stack, Python's json in training from a stack some 50 frames deeper."""
+    from d2ops_core.validation.coco import MAX_NESTING
+
+    for levels in (MAX_NESTING - 10, MAX_NESTING + 10, 990):
+        log = IssueLog()
+        checked = check_split(coco("[" * levels + "]" * levels), "train", "train.json", log)
+        assert (checked is None) == (levels > MAX_NESTING), levels
+        assert [(i.code, f"deeper than {MAX_NESTING} levels" in i.message) for i in log.kept] == (
+            [(Code.JSON_TOO_DEEP, True)] if levels > MAX_NESTING else [])

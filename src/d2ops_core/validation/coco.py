@@ -11,7 +11,7 @@ Hostile documents stay on that path too: NaN/Infinity (which Python's json write
 rejects) and numbers too large for a float are rewritten, outside strings only, into marker
 strings in one copy of the file and decoded again with msgspec (see ``_patch_non_standard``);
 integers beyond 64 bits get NUMBER_OUT_OF_RANGE instead of overflowing a float conversion;
-nesting deeper than the decoder's limit is JSON_TOO_DEEP. Nothing in a document raises.
+nesting deeper than MAX_NESTING levels is JSON_TOO_DEEP. Nothing in a document raises.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ import math
 import re
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import msgspec
@@ -170,6 +171,34 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+# Deepest nesting accepted. COCO needs 6. msgspec and Python's json both count nesting against the
+# interpreter's recursion limit (1000), from wherever they are called: a document nested 990 deep
+# passed here and then failed json.load in training, called some 50 frames deeper than we are.
+MAX_NESTING = 512
+
+
+def _stack_depth() -> int:
+    frame: FrameType | None = sys._getframe()
+    depth = 0
+    while frame is not None:
+        frame, depth = frame.f_back, depth + 1
+    return depth
+
+
+def _descend(frames: int, call: Callable[[], Any]) -> Any:
+    return call() if frames <= 0 else _descend(frames - 1, call)
+
+
+def _within_nesting(levels: int, call: Callable[[], Any]) -> Any:
+    """Run ``call`` with about ``levels`` of the recursion limit left: deeper nesting is a RecursionError.
+
+    msgspec has no depth option; it stops where the interpreter's recursion budget ends, so the
+    budget is used up first by plain Python frames (microseconds). On an interpreter that keeps
+    C recursion apart from Python frames (3.12+) this tightens nothing and msgspec's own limit holds.
+    """
+    return _descend(sys.getrecursionlimit() - _stack_depth() - levels, call)
+
+
 # The decode met a token msgspec cannot read: patch the file and decode again.
 _RETRY_TOKENS = "NaN/Infinity"  # found with bytes.find, cheap
 _RETRY_NUMBERS = "numbers"  # out-of-range numbers: the regex scan as well
@@ -199,11 +228,11 @@ def _decode_once(data: Any, original: Any, shifts: list[tuple[int, int]], file: 
     """msgspec-decode ``data``: the document, None (the problem is logged) or a _RETRY_* in ``retry``."""
     try:
         with _gc_paused():
-            return msgspec.json.decode(data, type=_Document)
+            return _within_nesting(MAX_NESTING, lambda: msgspec.json.decode(data, type=_Document))
     except UnicodeDecodeError:  # msgspec's offset is inside one string; find the byte in the file
         log.add(Code.JSON_MALFORMED, f"file {utf8_problem(original) or 'is not valid UTF-8'}", file)
     except RecursionError:
-        log.add(Code.JSON_TOO_DEEP, "arrays/objects nest deeper than the JSON decoder's limit (about 1000 levels; a "
+        log.add(Code.JSON_TOO_DEEP, f"arrays/objects nest deeper than {MAX_NESTING} levels (a "
                 "COCO document needs 6); the file was not checked further", file)
     except msgspec.ValidationError as exc:
         if "out of range" not in str(exc):

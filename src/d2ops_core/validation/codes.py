@@ -104,8 +104,9 @@ MEANINGS: dict[Code, str] = {
     Code.TRAINING_IMS_PER_BATCH_ABOVE_STACK: "training.ims_per_batch is above the stack's MaxImagesPerBatch",
     Code.FILE_UNREADABLE: "a file cannot be read (permissions, a dangling link, too large for the scratch disk)",
     Code.JSON_MALFORMED: "a file is not valid JSON (the message gives line and column)",
-    Code.JSON_TOO_DEEP: ("arrays/objects nest deeper than the JSON decoder's limit (about 1000 levels; COCO needs 6), "
-                         "even under a key the validator does not read"),
+    Code.JSON_TOO_DEEP: ("arrays/objects nest deeper than 512 levels (COCO needs 6; Python's json, which training "
+                         "reads the file with, fails near 1000 minus its caller's stack), even under a key the "
+                         "validator does not read"),
     Code.LINK_OUTSIDE_DATASET: ("a file or directory of a local dataset is a symbolic link to somewhere outside the "
                                 "dataset directory; it is not followed (S3 has no links)"),
     Code.CHECK_FAILED: ("a check of this file stopped on an unexpected problem (a validator bug, logged with its "
