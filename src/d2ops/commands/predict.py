@@ -186,6 +186,16 @@ def draw(image: Any, detections: list[dict[str, Any]]) -> Any:
     return canvas
 
 
+def _quiet_sdk_logs() -> None:
+    """The SDK logs (to stdout, by default) which config files it looked for; stdout is the answer here."""
+    import logging
+
+    sdk_log = logging.getLogger("sagemaker")
+    if not sdk_log.handlers:
+        sdk_log.addHandler(logging.StreamHandler(sys.stderr))
+    logging.getLogger("sagemaker.config").setLevel(logging.WARNING)
+
+
 def run(args: argparse.Namespace) -> int:
     from d2ops.sdk import SdkMissing
 
@@ -196,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
     _check_draw_target(args.draw)
     data, where = read_image(args.image)
     content_type, image = check_image(data, where)
+    _quiet_sdk_logs()
     try:
         if args.offline:
             session, endpoint = _offline_target(args)
