@@ -464,6 +464,13 @@ def test_deeply_nested_input_is_refused_cleanly() -> None:
     assert run(one({"Type": "Pass"}), nested(400)).status == "SUCCEEDED"
 
 
+def test_an_endless_loop_ends_at_the_history_quota_of_25000_events() -> None:
+    execution = run({"StartAt": "A", "States": {"A": {"Type": "Pass", "Next": "A"}}}, {})
+    assert (execution.status, execution.error) == ("FAILED", "States.Runtime")
+    assert "maximum number of events in its history (25000)" in (execution.cause or "")
+    assert 25_000 <= len(execution.history) <= 25_002 and execution.history[-1]["type"] == "ExecutionFailed"
+
+
 def test_a_deeply_nested_definition_is_refused_at_load() -> None:
     opened = '{"StartAt": "C", "States": {"C": {"Type": "Choice", "Default": "E", "Choices": [{"Next": "E", '
     text = opened + '"Not": {' * 5000 + '"Variable": "$.x", "IsPresent": true' + "}" * 5000 + \

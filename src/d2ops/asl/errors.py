@@ -51,6 +51,11 @@ class ExecutionAborted(Exception):
     """The execution was stopped from outside (``Execution.abort``) while it was running."""
 
 
+class ExecutionHistoryLimitExceeded(Exception):
+    """The execution recorded the service's maximum number of history events (an endless loop, or an
+    inline Map too large): it fails, uncatchable, as a Standard execution does."""
+
+
 class ExecutionTimedOut(Exception):
     """The state machine's top-level ``TimeoutSeconds`` elapsed."""
 

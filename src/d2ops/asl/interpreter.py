@@ -35,6 +35,7 @@ from d2ops.asl.errors import (
     TIMEOUT,
     AslDefinitionError,
     ExecutionAborted,
+    ExecutionHistoryLimitExceeded,
     ExecutionTimedOut,
     StatesError,
     TaskFailed,
@@ -55,6 +56,10 @@ PAYLOAD_LIMIT_BYTES = 256 * 1024
 # (https://docs.aws.amazon.com/step-functions/latest/dg/service-quotas.html), whatever it waits for.
 MAX_WAIT_SECONDS = 99_999_999
 MAX_EXECUTION_SECONDS = 365 * 24 * 3600
+# A Standard execution's history holds at most 25,000 events; at that point the execution fails
+# (https://docs.aws.amazon.com/step-functions/latest/dg/service-quotas.html). Offline this also ends
+# an endless loop (Pass -> Pass) instead of spinning forever on a virtual clock.
+MAX_HISTORY_EVENTS = 25_000
 _EXECUTION_NAME = re.compile(r"^[^\s<>{}\[\]?*\"#%\\^|~`$&,;:/\x00-\x1f\x7f-\x9f]{1,80}$")
 _LAMBDA_FUNCTION_ARN = re.compile(r"^arn:[^:]+:lambda:[^:]*:[^:]*:function:")
 _SERVICE_ARN = re.compile(r"^arn:[^:]+:states:::(.+):([^:]+)$")
@@ -332,6 +337,11 @@ class Execution:
             error, cause = self._abort_details
             self._finish("ABORTED", error=error, cause=cause)
             self._event(frame, "ExecutionAborted", _error_details(error, cause))
+        except ExecutionHistoryLimitExceeded:
+            cause = (f"The execution reached the maximum number of events in its history ({MAX_HISTORY_EVENTS}), "
+                     "the Standard workflow quota: an endless loop, or a Map with too many iterations")
+            self._finish("FAILED", error=RUNTIME, cause=cause)
+            self._event(frame, "ExecutionFailed", _error_details(RUNTIME, cause))
         except (ExecutionTimedOut, _BranchCancelled):
             limit = self.state_machine.definition.get("TimeoutSeconds")
             cause = (f"the execution ran longer than its TimeoutSeconds ({limit})" if limit and
@@ -381,6 +391,9 @@ class Execution:
             self._timed_out = True
             self._cancel.set()
             raise ExecutionTimedOut()
+        if len(self._events) >= MAX_HISTORY_EVENTS:
+            self._cancel.set()  # every other branch stops too
+            raise ExecutionHistoryLimitExceeded()
         if frame.cancel.is_set():
             raise _BranchCancelled()
 
