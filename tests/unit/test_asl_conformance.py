@@ -505,6 +505,11 @@ def test_numbers_json_cannot_hold_are_states_runtime_errors(text: str, problem: 
     assert execution.error == "States.Runtime" and problem in (execution.cause or "")
 
 
+def test_a_huge_array_range_is_refused_without_being_built() -> None:
+    execution = run(one({"Type": "Pass", "Parameters": {"v.$": "States.ArrayRange(0, 2147483647, 1)"}}), {})
+    assert execution.error == "States.Runtime" and "more than 1000" in (execution.cause or "")
+
+
 def test_big_but_valid_numbers_pass_through_exactly() -> None:
     data = {"big": 10**300, "small": -(10**300), "float": 1.5e308, "tiny": 5e-324}
     assert run(one({"Type": "Pass"}), data).output == data

@@ -333,10 +333,10 @@ def _f_array_range(args: list[Any], rng: random.Random) -> Any:
     start, end, step = (_rounded(v, w) for v, w in zip(args, ("the start", "the end", "the step"), strict=True))
     if step <= 0:
         raise IntrinsicError("the step must be a positive integer")
-    values = list(range(start, end + 1, step))
+    values = range(start, end + 1, step)  # counted before it is built: ArrayRange(0, 2147483647, 1) is cheap
     if len(values) > _MAX_RANGE:
         raise IntrinsicError(f"the range has {len(values)} elements, more than {_MAX_RANGE}")
-    return values
+    return list(values)
 
 
 def _f_array_get_item(args: list[Any], rng: random.Random) -> Any:
