@@ -30,7 +30,7 @@ SUCCESS_STATES = ["Validate dataset", "Prepare training job", "Train model", "Ev
                   "Read evaluation report", "Quality gate", "Quality gate passed", "Register model version",
                   "Create model", "Create endpoint config", "Find current endpoint", "Create endpoint",
                   "Wait for endpoint", "Check endpoint status", "Smoke test endpoint", "Record champion",
-                  "Promote to champion", "Notify success", "Run succeeded"]
+                  "Promote to champion", "Compose success notification", "Notify success", "Run succeeded"]
 ENDPOINT_STATES = {"Create model", "Create endpoint config", "Find current endpoint", "Create endpoint",
                    "Update endpoint (blue/green)", "Smoke test endpoint"}
 
