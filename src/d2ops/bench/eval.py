@@ -23,12 +23,12 @@ import io
 import json
 import random
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from d2ops.bench.child import measure_in_child
 from d2ops.bench.cocogen import HEIGHT, WIDTH, write_coco_like
 
 VAL2017_IMAGES = 5_000
@@ -105,12 +105,7 @@ def _measure_pycocotools(gt_path: str, dt_path: str) -> dict[str, Any]:
 
 
 def _run_measure(kind: str, gt: Path, dt: Path) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-m", "d2ops.bench.eval", "--measure", kind, str(gt), str(dt)],
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"{kind} measurement failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    return measure_in_child("d2ops.bench.eval", kind, gt, dt)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,12 +13,12 @@ import argparse
 import json
 import resource
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from d2ops.bench.child import measure_in_child
 from d2ops.bench.cocogen import TRAIN2017_IMAGES, TRAIN2017_INSTANCES, write_coco_like
 
 TARGET_RATIO = 1.0
@@ -55,12 +55,7 @@ def _measure_pycocotools(annotation_file: str) -> dict[str, Any]:
 
 
 def _run_measure(kind: str, target: Path) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-m", "d2ops.bench.validate", "--measure", kind, str(target)],
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"{kind} measurement failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    return measure_in_child("d2ops.bench.validate", kind, target)
 
 
 def write_dataset(root: Path, *, images: int, instances: int) -> Path:
