@@ -120,12 +120,19 @@ def offline_settings(function_env: Mapping[str, Mapping[str, str]] | None = None
 def stack_settings(stack_name: str, boto_session: Any = None) -> Any:
     """A deployed stack's prepare-step settings: its function's environment, as the pipeline reads it."""
     import boto3
+    from botocore.exceptions import ClientError
 
     models, _, logical_id = _prepare_training()
     boto_session = boto_session or boto3.session.Session()
-    resource = boto_session.client("cloudformation").describe_stack_resource(
-        StackName=stack_name, LogicalResourceId=logical_id)["StackResourceDetail"]
-    config = boto_session.client("lambda").get_function_configuration(FunctionName=resource["PhysicalResourceId"])
+    try:
+        resource = boto_session.client("cloudformation").describe_stack_resource(
+            StackName=stack_name, LogicalResourceId=logical_id)["StackResourceDetail"]
+        config = boto_session.client("lambda").get_function_configuration(
+            FunctionName=resource["PhysicalResourceId"])
+    except ClientError as exc:  # no such stack, not a d2ops stack, no permission
+        error = exc.response.get("Error", {})
+        raise ExperimentError(f"stack {stack_name}: cannot read its {logical_id}'s settings: "
+                              f"{error.get('Code')}: {error.get('Message')}") from None
     return models.PrepareSettings.from_env((config.get("Environment") or {}).get("Variables") or {})
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import zipfile
 from types import SimpleNamespace
 from typing import Any
 
@@ -81,3 +83,26 @@ def test_experiment_run_ids_never_read_as_pipeline_run_ids() -> None:
     run_id = sdk.experiment_run_id("my shapes", "v_2", datetime(2026, 11, 23, 4, 5, 6, tzinfo=UTC))
     assert run_id == "experiment-my-shapes-v-2-20261123T040506"
     assert runs.split_run_id(run_id) is None
+
+
+def test_a_deployed_stacks_settings_are_its_prepare_functions_environment() -> None:
+    import boto3
+    from moto import mock_aws
+
+    logical_id = "PrepareTrainingFunction"
+    environment = load_stack().functions[logical_id].environment
+    with mock_aws():
+        session = boto3.session.Session(region_name="us-east-1")
+        role = session.client("iam").create_role(RoleName="fn", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+        code = io.BytesIO()
+        with zipfile.ZipFile(code, "w") as archive:
+            archive.writestr("handler.py", "def handler(event, context):\n    return event\n")
+        session.client("s3").create_bucket(Bucket="code")
+        session.client("s3").put_object(Bucket="code", Key="fn.zip", Body=code.getvalue())
+        template = {"Resources": {logical_id: {"Type": "AWS::Lambda::Function", "Properties": {
+            "Runtime": "python3.11", "Handler": "handler.handler", "Role": role,
+            "Code": {"S3Bucket": "code", "S3Key": "fn.zip"}, "Environment": {"Variables": environment}}}}}
+        session.client("cloudformation").create_stack(StackName="my-d2ops", TemplateBody=json.dumps(template))
+        assert sdk.stack_settings("my-d2ops", session) == sdk.offline_settings()
+        with pytest.raises(sdk.ExperimentError, match="stack not-deployed: cannot read its PrepareTrainingFunction"):
+            sdk.stack_settings("not-deployed", session)
