@@ -505,6 +505,12 @@ def test_numbers_json_cannot_hold_are_states_runtime_errors(text: str, problem: 
     assert execution.error == "States.Runtime" and problem in (execution.cause or "")
 
 
+@pytest.mark.parametrize("path", ["$" + "[*]" * 3000, "$" + "..a" * 3000])
+def test_a_path_with_thousands_of_steps_is_refused_at_load(path: str) -> None:
+    with pytest.raises(AslDefinitionError, match=r"States\.S\.InputPath: the JSONPath .* has too many steps"):
+        StateMachine.from_definition(one({"Type": "Pass", "InputPath": path}))
+
+
 def test_a_huge_array_range_is_refused_without_being_built() -> None:
     execution = run(one({"Type": "Pass", "Parameters": {"v.$": "States.ArrayRange(0, 2147483647, 1)"}}), {})
     assert execution.error == "States.Runtime" and "more than 1000" in (execution.cause or "")

@@ -102,10 +102,16 @@ def _objects_only(node: Any, seen: set[int]) -> None:
 def _compile_query(path: str) -> Any:
     try:
         query = _jsonpath_parse(path)
+        _objects_only(query, set())
+    except RecursionError as exc:  # the parser and the query tree recurse once per step
+        raise PathError(f"the JSONPath {_shorten(path)} has too many steps") from exc
     except (JsonPathParserError, Exception) as exc:  # jsonpath-ng's lexer raises plain Exceptions too
         raise PathError(f"invalid JSONPath {path!r}: {exc}") from exc
-    _objects_only(query, set())
     return query
+
+
+def _shorten(path: str, limit: int = 80) -> str:
+    return repr(path if len(path) <= limit else path[: limit - 3] + "...")
 
 
 def check_path(path: str) -> None:
@@ -185,7 +191,10 @@ def select(path: str, data: Any, context: Any = None) -> Any:
         return get_reference(root, steps, path)
     if not path.startswith("$"):
         raise PathError(f"a path must start with '$', got {path!r}")
-    return [match.value for match in _compile_query(path).find(root)]
+    try:
+        return [match.value for match in _compile_query(path).find(root)]
+    except RecursionError as exc:  # a query with very many steps over deep data
+        raise PathError(f"the JSONPath {_shorten(path)} has too many steps to evaluate") from exc
 
 
 def set_reference(data: Any, steps: tuple[Step, ...], value: Any, path: str) -> Any:
