@@ -101,3 +101,16 @@ def test_drawing_puts_each_detection_on_a_copy_of_the_image() -> None:
     assert out.size == image.size and image.getpixel((10, 45)) == (0, 0, 0)
     assert out.getpixel((10, 45)) != (0, 0, 0)  # the box's left edge
     assert out.getpixel((35, 50)) == (0, 0, 0)  # inside the box stays the image
+
+
+def test_a_deployed_endpoint_needs_a_region_and_a_known_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    image = str(_png(tmp_path / "ok.png"))
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    code, err = _exit(["predict", image, "--endpoint", "detector"], capsys)
+    assert code == 2 and "no AWS region: pass --region or set AWS_REGION" in err
+    code, err = _exit(["predict", image, "--endpoint", "detector", "--profile", "nobody"], capsys)
+    assert code == 2 and "nobody" in err and err.count("\n") == 1
