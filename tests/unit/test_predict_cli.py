@@ -114,3 +114,13 @@ def test_a_deployed_endpoint_needs_a_region_and_a_known_profile(tmp_path: Path, 
     assert code == 2 and "no AWS region: pass --region or set AWS_REGION" in err
     code, err = _exit(["predict", image, "--endpoint", "detector", "--profile", "nobody"], capsys)
     assert code == 2 and "nobody" in err and err.count("\n") == 1
+
+
+def test_without_the_sagemaker_sdk_the_command_says_how_to_install_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    image = str(_png(tmp_path / "ok.png"))
+    monkeypatch.setitem(sys.modules, "sagemaker", None)  # what `import sagemaker` meets where it is not installed
+    code, err = _exit(["predict", image, "--endpoint", "detector", "--region", "eu-west-1"], capsys)
+    assert code == 2 and "the SageMaker Python SDK is not installed" in err and "sagemaker>=2.250,<3" in err
