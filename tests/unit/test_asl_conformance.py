@@ -219,6 +219,16 @@ def test_every_comparison_operator(operator: dict[str, Any], value: Any, others:
     assert execution.output == ("yes" if matches else "no")
 
 
+def test_string_matches_a_long_value_against_many_stars_in_linear_time() -> None:
+    import time
+
+    started = time.monotonic()
+    rule = {"Variable": "$.v", "StringMatches": "*a" * 500 + "b"}
+    assert choose(rule, {"v": "a" * 200_000}).output == "no"
+    assert choose(rule, {"v": "a" * 200_000 + "b"}).output == "yes"
+    assert time.monotonic() - started < 5  # a backtracking matcher takes minutes here
+
+
 def test_is_present_false_and_nested_and_or_not() -> None:
     assert choose({"Variable": "$.missing", "IsPresent": False}, {}).output == "yes"
     rule = {"And": [{"Not": {"Variable": "$.kind", "StringEquals": "skip"}},

@@ -36,34 +36,40 @@ def _instant(text: str) -> datetime:
 
 
 def string_matches(value: str, pattern: str) -> bool:
-    """``StringMatches``: ``*`` matches any run of characters; ``\\*`` and ``\\\\`` are literal."""
-    tokens: list[str | None] = []  # None stands for a wildcard
+    """``StringMatches``: ``*`` matches any run of characters; ``\\*`` and ``\\\\`` are literal.
+
+    The literal pieces between stars are matched greedily left to right with ``str.find`` (leftmost
+    is always safe when ``*`` is the only wildcard), so a long value and a pattern of many stars
+    cost linear time, not the quadratic backtracking of a naive matcher or a regex.
+    """
+    pieces: list[str] = []  # the literal runs between stars
+    current: list[str] = []
     index = 0
     while index < len(pattern):
         char = pattern[index]
         if char == "\\" and index + 1 < len(pattern) and pattern[index + 1] in "*\\":
-            tokens.append(pattern[index + 1])
+            current.append(pattern[index + 1])
             index += 2
             continue
-        tokens.append(None if char == "*" else char)
-        index += 1
-    # Classic wildcard matching with backtracking over the last star.
-    v = t = 0
-    star_t, star_v = -1, 0
-    while v < len(value):
-        if t < len(tokens) and tokens[t] is not None and tokens[t] == value[v]:
-            v, t = v + 1, t + 1
-        elif t < len(tokens) and tokens[t] is None:
-            star_t, star_v = t, v
-            t += 1
-        elif star_t >= 0:
-            star_v += 1
-            v, t = star_v, star_t + 1
+        if char == "*":
+            pieces.append("".join(current))
+            current = []
         else:
+            current.append(char)
+        index += 1
+    pieces.append("".join(current))
+    if len(pieces) == 1:
+        return value == pieces[0]
+    first, last = pieces[0], pieces[-1]
+    if len(value) < len(first) + len(last) or not value.startswith(first) or not value.endswith(last):
+        return False
+    position, stop = len(first), len(value) - len(last)
+    for piece in pieces[1:-1]:
+        found = value.find(piece, position, stop)
+        if found < 0:
             return False
-    while t < len(tokens) and tokens[t] is None:
-        t += 1
-    return t == len(tokens)
+        position = found + len(piece)
+    return True
 
 
 class ConditionPathError(StatesError):
