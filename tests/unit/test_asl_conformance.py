@@ -21,8 +21,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from d2ops.asl import AslDefinitionError, Execution, StateMachine, TaskContext, TaskFailed, VirtualClock
+from d2ops.asl.choice import string_matches
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 LAMBDA = "arn:aws:states:::lambda:invoke"
@@ -227,6 +230,22 @@ def test_string_matches_a_long_value_against_many_stars_in_linear_time() -> None
     assert choose(rule, {"v": "a" * 200_000}).output == "no"
     assert choose(rule, {"v": "a" * 200_000 + "b"}).output == "yes"
     assert time.monotonic() - started < 5  # a backtracking matcher takes minutes here
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.text("ab*\\", max_size=10), pattern=st.text("ab*\\", max_size=8))
+def test_string_matches_agrees_with_a_regex_of_the_documented_rules(value: str, pattern: str) -> None:
+    """``*`` is any run of characters, ``\\*`` a literal star, ``\\\\`` a literal backslash (the Choice
+    page); any other backslash is itself."""
+    regex, index = [], 0
+    while index < len(pattern):
+        if pattern[index] == "\\" and pattern[index + 1: index + 2] in ("*", "\\"):
+            regex.append(re.escape(pattern[index + 1]))
+            index += 2
+            continue
+        regex.append(".*" if pattern[index] == "*" else re.escape(pattern[index]))
+        index += 1
+    assert string_matches(value, pattern) == (re.fullmatch("".join(regex), value, re.DOTALL) is not None)
 
 
 def test_is_present_false_and_nested_and_or_not() -> None:
