@@ -28,7 +28,7 @@ def server() -> Iterator[tuple[str, list[int]]]:
             pass
 
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()  # fast shutdown()
     try:
         yield f"http://127.0.0.1:{httpd.server_address[1]}/ping", codes
     finally:

@@ -119,7 +119,9 @@ class Console:
         self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
-        self._thread = threading.Thread(target=self.server.serve_forever, name="d2ops-console", daemon=True)
+        # stop() waits for the serve loop to notice: poll every 0.1 s, not socketserver's 0.5
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="d2ops-console", daemon=True)
 
     def start(self) -> Console:
         self._thread.start()

@@ -89,7 +89,9 @@ class Gateway:
         self.server = ThreadingHTTPServer((host, port), Handler)
         self.server.daemon_threads = True
         self.url = f"http://{host}:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, name="offline-gateway", daemon=True)
+        # stop() waits for the serve loop to notice: poll every 0.1 s, not socketserver's 0.5 (each runtime stops it)
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="offline-gateway", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
