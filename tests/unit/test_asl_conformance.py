@@ -169,6 +169,10 @@ CHOICES: list[tuple[dict[str, Any], Any, dict[str, Any], bool]] = [  # (operator
     ({"TimestampEquals": "2026-01-01T00:00:00Z"}, "2026-01-01T01:00:00+01:00", {}, True),
     ({"TimestampLessThan": "2026-01-01T00:00:00Z"}, "2025-12-31T23:59:59.999Z", {}, True),
     ({"TimestampGreaterThan": "2026-01-01T00:00:00Z"}, "not a time", {}, False),
+    ({"TimestampLessThan": "2026-01-01T00:00:00Z"}, "2024-02-30T00:00:00Z", {}, False),  # no such day
+    ({"TimestampLessThan": "2026-01-01T00:00:00Z"}, "2024-13-01T00:00:00Z", {}, False),  # no such month
+    ({"IsTimestamp": True}, "2024-01-01T24:00:00Z", {}, False),
+    ({"TimestampLessThan": "2026-01-01T00:00:00Z"}, "2025-12-31T23:59:59.123456789Z", {}, True),  # nanoseconds
     ({"TimestampLessThanEquals": "2026-01-01T00:00:00Z"}, "2026-01-01T00:00:00Z", {}, True),
     ({"TimestampGreaterThanEquals": "2026-01-01T00:00:00Z"}, "2025-01-01T00:00:00Z", {}, False),
     ({"StringMatches": "log-*.txt"}, "log-2026.txt", {}, True),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from d2ops.asl import intrinsics
@@ -76,7 +77,14 @@ _TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{
 
 
 def is_timestamp(value: Any) -> bool:
-    return isinstance(value, str) and _TIMESTAMP.match(value) is not None
+    """RFC 3339 with an uppercase T and Z or an offset, and a real instant (no 2024-02-30, no month 13)."""
+    if not isinstance(value, str) or _TIMESTAMP.match(value) is None:
+        return False
+    try:
+        datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return True
 
 
 def _is_int(value: Any) -> bool:
