@@ -150,8 +150,10 @@ def read_metadata(directory: Path | str) -> ArtifactMetadata:
         return ArtifactMetadata.model_validate_json(path.read_bytes())
     except FileNotFoundError as exc:
         raise ArtifactError(f"{path}: missing; not a d2ops model artifact") from exc
-    except ValidationError as exc:
-        raise ArtifactError(f"{path}: invalid metadata: {exc}") from exc
+    except OSError as exc:  # a directory, unreadable: one line naming it, not a traceback at start-up
+        raise ArtifactError(f"{path}: cannot read it: {exc.strerror or exc}") from exc
+    except ValidationError as exc:  # one line: the serving start-up log and `d2ops serve` show it as is
+        raise ArtifactError(f"{path}: invalid metadata: {_problems(exc)}") from exc
 
 
 def _problems(exc: ValidationError) -> str:

@@ -86,6 +86,23 @@ def test_load_errors_name_the_problem(tmp_path):
         artifact.load_artifact(tmp_path)
 
 
+@pytest.mark.parametrize(("content", "named"), [
+    (b"{bad", r"metadata\.json: invalid metadata: the document: Invalid JSON: key must be a string"),
+    (b"[" * 100_000 + b"]" * 100_000, r"invalid metadata: the document: Invalid JSON: recursion limit exceeded"),
+    (b'{"schema_version": 1}', r"invalid metadata: framework: Field required; task: Field required"),
+    (None, r"metadata\.json: cannot read it: Is a directory"),
+])
+def test_a_hostile_metadata_file_is_one_line_naming_it(tmp_path, content, named):
+    """pydantic's multi-line report (with its input echoed, 200 KB of brackets) went into the start-up error."""
+    if content is None:
+        (tmp_path / "metadata.json").mkdir()
+    else:
+        (tmp_path / "metadata.json").write_bytes(content)
+    with pytest.raises(artifact.ArtifactError, match=named) as info:
+        artifact.read_metadata(tmp_path)
+    assert "\n" not in str(info.value) and len(str(info.value)) < 600
+
+
 @pytest.mark.parametrize(
     ("document", "named"),
     [(b'{"primary_metric": "bbox_AP", "val_images": 4, "metrics": {"bbox_AP": 0.5', "Invalid JSON"),
