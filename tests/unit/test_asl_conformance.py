@@ -549,6 +549,15 @@ def test_a_huge_array_range_is_refused_without_being_built() -> None:
     assert execution.error == "States.Runtime" and "more than 1000" in (execution.cause or "")
 
 
+def test_lone_surrogates_are_refused_by_name_and_real_pairs_pass() -> None:
+    with pytest.raises(ValueError, match="lone UTF-16 surrogate"):
+        run(one({"Type": "Pass"}), {"key\udc00": 1})
+    parsed = run(one({"Type": "Pass", "Parameters": {"v.$": "States.StringToJson($.s)"}}), {"s": '"\\ud800"'})
+    assert parsed.error == "States.Runtime" and "lone UTF-16 surrogate" in (parsed.cause or "")
+    pair = run(one({"Type": "Pass", "Parameters": {"v.$": "States.StringToJson($.s)"}}), {"s": '"\\ud83d\\ude00"'})
+    assert pair.output == {"v": "\U0001f600"}
+
+
 def test_big_but_valid_numbers_pass_through_exactly() -> None:
     data = {"big": 10**300, "small": -(10**300), "float": 1.5e308, "tiny": 5e-324}
     assert run(one({"Type": "Pass"}), data).output == data
