@@ -408,6 +408,14 @@ def test_retrier_and_timeout_bounds_are_checked_at_load(fields: dict[str, Any], 
     StateMachine.from_definition(one({"Type": "Task", "Resource": LAMBDA, **bounds}))
 
 
+@pytest.mark.parametrize("value", [0, -5, 1.5, True, "60", 100_000_000, 10**40])
+@pytest.mark.parametrize("key", ["TimeoutSecondsPath", "HeartbeatSecondsPath"])
+def test_a_seconds_path_outside_the_service_range_is_states_runtime(key: str, value: Any) -> None:
+    execution = run(one({"Type": "Task", "Resource": LAMBDA, key: "$.v"}), {"v": value}, lambda *_: {})
+    assert (execution.status, execution.error) == ("FAILED", "States.Runtime")
+    assert (execution.cause or "").startswith(f"{PREFIX} The {key} parameter does not reference a positive integer")
+
+
 def test_timeout_and_heartbeat_end_the_task_with_states_timeout() -> None:
     def slow(resource: str, parameters: Any, context: TaskContext) -> Any:
         context.sleep(100)

@@ -517,9 +517,10 @@ class Execution:
         if key + "Path" not in state:
             return None
         value = self._select(state[key + "Path"], data, context, name, key + "Path")
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_WAIT_SECONDS:
             raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The {key}Path parameter does not reference a "
-                                       f"positive integer: {state[key + 'Path']} == {_brief(value)}")
+                                       f"positive integer up to {MAX_WAIT_SECONDS}: {state[key + 'Path']} == "
+                                       f"{_brief(value)}")
         return float(value)
 
     # ----- error handling ----------------------------------------------------------------------
