@@ -373,6 +373,17 @@ def test_retry_timing(retrier: dict[str, Any], failures: int, calls_at: list[flo
     assert failing.calls == calls_at
 
 
+def test_a_huge_backoff_rate_waits_until_the_execution_times_out_instead_of_overflowing() -> None:
+    def boom(resource: str, parameters: Any, context: TaskContext) -> Any:
+        raise TaskFailed("X", "x")
+
+    state = {"Type": "Task", "Resource": LAMBDA, "Retry": [{"ErrorEquals": ["X"], "BackoffRate": 1e300,
+                                                            "IntervalSeconds": 99_999_999, "MaxAttempts": 5}]}
+    execution = run(one(state), {}, boom)
+    assert (execution.status, execution.error) == ("TIMED_OUT", "States.Timeout")
+    assert elapsed(execution) == 365 * 24 * 3600  # a Standard execution's one-year limit
+
+
 def test_retriers_and_catchers_match_in_order_and_states_all_comes_last() -> None:
     failing = Failing("Specific", 5)
     definition = {"StartAt": "S", "States": {

@@ -536,9 +536,12 @@ class Execution:
                 index = next((i for i, r in enumerate(retriers) if error_matches(r["ErrorEquals"], err.error)), None)
                 if index is not None and counts[index] < retriers[index].get("MaxAttempts", 3):
                     retrier = retriers[index]
-                    delay = retrier.get("IntervalSeconds", 1) * retrier.get("BackoffRate", 2.0) ** counts[index]
-                    if "MaxDelaySeconds" in retrier:
-                        delay = min(delay, retrier["MaxDelaySeconds"])
+                    try:
+                        delay = retrier.get("IntervalSeconds", 1) * retrier.get("BackoffRate", 2.0) ** counts[index]
+                    except OverflowError:  # BackoffRate 1e300 on a later attempt
+                        delay = float("inf")
+                    # No wait outlives the execution (one year at most), so no timedelta overflows.
+                    delay = min(delay, retrier.get("MaxDelaySeconds", MAX_EXECUTION_SECONDS), MAX_EXECUTION_SECONDS)
                     if retrier.get("JitterStrategy") == "FULL":
                         delay = self._rng.uniform(0, delay)
                     counts[index] += 1
