@@ -20,6 +20,7 @@ import gc
 import math
 import re
 import sys
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -131,6 +132,16 @@ class SplitResult:
     category_index: dict[int, int] = field(default_factory=dict)  # category id -> position in ``categories``
     instances: Counter[int] = field(default_factory=Counter)
     stats: SplitStats | None = None
+
+
+def loose_name(name: str) -> str:
+    """``name`` as a person (or a normalising, case-blind file system) tells it apart: NFC, case-folded.
+
+    macOS writes NFD, most tools NFC; macOS and Windows ignore case.
+    """
+    if name.isascii():
+        return name.lower()
+    return unicodedata.normalize("NFC", name).casefold()
 
 
 def _is_int(v: Any) -> bool:
@@ -498,6 +509,7 @@ class _SplitChecker:
     def images(self, images: list[_Image]) -> dict[int, tuple[int, int] | None]:
         sizes: dict[int, tuple[int, int] | None] = {}
         seen_names: dict[str, int] = {}
+        seen_loose: dict[str, int] = {}  # loose_name -> first image with it
         for i, im in enumerate(images):
             path = f"images[{i}]"
             has_id = self.field(im.id, path, "id", "integer")
@@ -533,6 +545,12 @@ class _SplitChecker:
                                  f"[{seen_names[im.file_name]}]", self.file, f"{path}.file_name")
                 else:
                     seen_names[im.file_name] = i
+                    loose = loose_name(im.file_name)
+                    twin = seen_loose.setdefault(loose, i)
+                    if twin != i:  # distinct S3 keys, but one file where names are normalised or case-blind
+                        self.log.add(Code.DUPLICATE_FILE_NAME, f"file_name {im.file_name!r} differs from images"
+                                     f"[{twin}]'s only in letter case or Unicode normalization: macOS and Windows "
+                                     "file systems hold them as one file", self.file, f"{path}.file_name")
                     if dims_ok:
                         self.result.images.append(ImageRef(i, im.file_name, im.width, im.height))
         return sizes

@@ -151,7 +151,8 @@ MEANINGS: dict[Code, str] = {
     Code.CLASS_IMBALANCE: "the most frequent train category outnumbers the rarest by more than the ratio (100)",
     Code.CLASS_MISSING_IN_VAL: "a category with train instances has none in val, so its AP cannot be measured",
     Code.BOX_TINY: "a bbox is narrower or shorter than the threshold (4 px)",
-    Code.DUPLICATE_FILE_NAME: "two images in one split share a file_name",
+    Code.DUPLICATE_FILE_NAME: ("two images in one split share a file_name, or their names differ only in letter "
+                               "case or Unicode normalization (one file on macOS and Windows file systems)"),
     Code.SPLIT_OVERLAP: "the same file_name is in train and in val (evaluation would be optimistic)",
     Code.IMAGE_EXTENSION_MISMATCH: ("an image's extension does not match its content (a JPEG named .png) or is not "
                                     ".jpg/.jpeg/.png; every reader goes by content, so it is read correctly"),

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import random
-import unicodedata
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from d2ops_core.images import extension_problem
-from d2ops_core.validation.coco import ImageRef
+from d2ops_core.validation.coco import ImageRef, loose_name
 from d2ops_core.validation.codes import Code
 from d2ops_core.validation.report import ImageCheck, IssueLog
 from d2ops_core.validation.sources import ImageProbe, Source
@@ -19,9 +18,6 @@ _REASON_CODES = {"unsupported_format": Code.IMAGE_FORMAT_UNSUPPORTED, "too_large
                  "bad_shape": Code.IMAGE_SHAPE_UNSUPPORTED, "outside": Code.LINK_OUTSIDE_DATASET}
 
 
-def _loose(name: str) -> str:
-    # Names that look the same to a person: macOS writes NFD, most tools NFC; Windows ignores case.
-    return unicodedata.normalize("NFC", name).casefold()
 
 
 def check_image_files(source: Source, refs: dict[str, list[ImageRef]], files: dict[str, int], images_prefix: str,
@@ -43,8 +39,8 @@ def check_image_files(source: Source, refs: dict[str, list[ImageRef]], files: di
             if size is None:
                 missing += 1
                 if near_names is None:
-                    near_names = {_loose(key): key for key in files if key.startswith(images_prefix)}
-                near = near_names.get(_loose(images_prefix + ref.file_name))
+                    near_names = {loose_name(key): key for key in files if key.startswith(images_prefix)}
+                near = near_names.get(loose_name(images_prefix + ref.file_name))
                 hint = f" ({near} differs only in letter case or Unicode normalization)" if near else ""
                 log.add(Code.IMAGE_MISSING, f"{images_prefix}{ref.file_name} was not uploaded{hint}", split_file, path)
             elif size <= 0:

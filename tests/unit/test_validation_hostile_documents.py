@@ -1,4 +1,5 @@
-"""Numbers and nesting Python's json (what training reads a COCO file with) refuses, wherever they are, reject the file.
+"""Hostile COCO documents: numbers and nesting Python's json (what training reads the file with) refuses, wherever
+they are, reject the file; names that are one file on macOS or Windows are a warning.
 
 msgspec skips the values of keys the validator does not read without converting them, so a
 5000-digit integer under ``info`` used to pass validation; pycocotools and the trainers (Python's
@@ -73,3 +74,17 @@ def test_nesting_python_json_could_not_read_from_a_trainer_stack_is_too_deep() -
         assert (checked is None) == (levels > MAX_NESTING), levels
         assert [(i.code, f"deeper than {MAX_NESTING} levels" in i.message) for i in log.kept] == (
             [(Code.JSON_TOO_DEEP, True)] if levels > MAX_NESTING else [])
+
+
+def test_names_one_file_on_macos_or_windows_are_a_duplicate_file_name_warning() -> None:
+    """'café.jpg' in NFC and NFD, or 'A.jpg' and 'a.jpg', are two S3 keys but one file on APFS and NTFS."""
+    names = ["caf\u00e9.jpg", "cafe\u0301.jpg", "Shapes/A.jpg", "shapes/a.jpg", "b.jpg"]
+    images = [{"id": k + 1, "file_name": n, "width": 64, "height": 64} for k, n in enumerate(names)]
+    document = json.dumps({"images": images, "annotations": [
+        {"id": k + 1, "image_id": k + 1, "category_id": 1, "bbox": [1, 1, 20, 20], "area": 400, "iscrowd": 0}
+        for k in range(len(names))], "categories": [{"id": 1, "name": "c"}]}).encode()
+    log = IssueLog()
+    check_split(document, "train", "train.json", log)
+    assert [(i.code, i.path, "images[0]'s only" in i.message or "images[2]'s only" in i.message)
+            for i in log.kept] == [(Code.DUPLICATE_FILE_NAME, "images[1].file_name", True),
+                                   (Code.DUPLICATE_FILE_NAME, "images[3].file_name", True)]
