@@ -45,7 +45,7 @@ def reason(cause: Any, limit: int = MAX_LINE_CHARS) -> str | None:
     text = cause if isinstance(cause, str) else json.dumps(cause)
     try:
         document = json.loads(text) if text.lstrip().startswith("{") else None
-    except ValueError:  # truncated or not JSON after all: treat as text
+    except (ValueError, RecursionError):  # truncated, not JSON after all, or nested beyond json's reach: text
         document = None
     if isinstance(document, dict):
         for key in _REASON_KEYS:

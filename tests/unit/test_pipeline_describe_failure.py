@@ -51,6 +51,13 @@ def test_the_reason_is_the_message_without_the_trace(cause: str | None, expected
     assert reason(cause) == expected
 
 
+def test_a_cause_nested_beyond_json_is_kept_as_text() -> None:
+    """json.loads raised RecursionError on it, out of the failure-describing step itself."""
+    cause = '{"errorMessage": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    got = reason(cause)
+    assert got is not None and got.startswith('{"errorMessage": [[[') and len(got) <= MAX_LINE_CHARS
+
+
 def test_a_long_message_is_cut_to_one_bounded_line() -> None:
     line = describe("training job j failed (States.TaskFailed)", lambda_cause("x" * 50_000))
     assert len(line) == MAX_LINE_CHARS and line.endswith("…") and line.startswith("training job j failed")

@@ -133,6 +133,8 @@ def test_a_huge_val_split_falls_back_to_the_first_image(s3: Any, monkeypatch: py
 def test_an_error_status_fails_the_smoke_test() -> None:
     with pytest.raises(SmokeTestFailed, match="HTTP 500"):
         check_response(500, "application/json", b'{"message": "model not loaded"}')
+    with pytest.raises(SmokeTestFailed, match="invalid JSON"):  # a RecursionError escaped the Lambda
+        check_response(200, "application/json", b"[" * 100_000 + b"]" * 100_000)
 
 
 def test_a_dataset_without_images_cannot_be_smoke_tested(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -114,7 +114,7 @@ def check_response(status: int, response_type: str, body: bytes) -> InvocationRe
         raise SmokeTestFailed(f"endpoint answered Content-Type {response_type!r}, expected application/json")
     try:
         payload = json.loads(body)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than json reads
         raise SmokeTestFailed(f"endpoint answered invalid JSON ({exc}): {body[:300]!r}") from exc
     try:
         return InvocationResponse.model_validate(payload)
