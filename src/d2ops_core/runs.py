@@ -160,6 +160,35 @@ def sagemaker_name(run_id: str, suffix: str) -> str:
     return name
 
 
+TRAINING_JOB_SUFFIX = "train"
+EVALUATION_JOB_SUFFIX = "eval"
+
+
+def training_output_uri(artifacts_bucket: str, run_id: str) -> str:
+    """The run's training job's ``S3OutputPath``; also how a job of this name is known to be this run's."""
+    return f"s3://{artifacts_bucket}/runs/{run_id}/training/"
+
+
+def evaluation_output_uri(artifacts_bucket: str, run_id: str) -> str:
+    """The run's evaluation (processing) job's output ``S3Uri``; also how that job is known to be this run's."""
+    return f"s3://{artifacts_bucket}/runs/{run_id}/evaluation/"
+
+
+def described_job_output(described: dict[str, Any]) -> str | None:
+    """Where the job of a DescribeTrainingJob/DescribeProcessingJob answer writes (None if it says nothing).
+
+    A job is this run's when this equals the run's output URI above: the rule the state machine's
+    "Created … job is ours?" applies to the same two fields, and the release function before it
+    stops a job. Names alone do not prove it: another stack may use the same SageMaker name.
+    """
+    if "TrainingJobName" in described:
+        uri = (described.get("OutputDataConfig") or {}).get("S3OutputPath")
+    else:
+        outputs = (described.get("ProcessingOutputConfig") or {}).get("Outputs") or [{}]
+        uri = (outputs[0].get("S3Output") or {}).get("S3Uri")
+    return uri if isinstance(uri, str) else None
+
+
 def execution_arn(state_machine_arn: str, run_id: str) -> str:
     """The execution ARN Step Functions gives ``run_id`` (arn:<p>:states:<r>:<a>:execution:<sm>:<name>)."""
     parts = state_machine_arn.split(":")

@@ -1,39 +1,51 @@
-"""A stopped run gives the endpoint lease back: no state of the run runs after StopExecution, so the
-release comes from ReleaseEndpointLeaseFunction on EventBridge's execution status change, which the
-offline runtime delivers to the rules of template.yaml as EventBridge would."""
+"""A stopped run gives the endpoint lease back and leaves no job running: no state of the run runs after
+StopExecution, so both come from ReleaseEndpointLeaseFunction on EventBridge's execution status change,
+which the offline runtime delivers to the rules of template.yaml as EventBridge would. The jobs are the
+offline SageMaker's real local jobs (moto's training jobs are born Completed and cannot be stopped)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
+from botocore.exceptions import ClientError
+from botocore.stub import Stubber
 
 from d2ops.offline.runtime import OfflineRuntime
 from d2ops.offline.sagemaker import JobOutcome
+from d2ops_core import runs
 from tests.fixtures.offline.support import tiny_dataset
+from tests.fixtures.pipeline import support
+
+support.function_path("release_endpoint_lease")
+from release_endpoint_lease.models import ExecutionStatusChange  # noqa: E402
+from release_endpoint_lease.service import handle_status_change, stop_job  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
+RUN_ID = "shapes_v1_0123456789abcdef"
+FAILS = "fail"  # a job with this hyperparameter fails at once instead of running until stopped
 
-class HeldTraining:
-    """A training job that runs until it is stopped (the run is stopped while it trains)."""
 
-    def __init__(self) -> None:
-        self.started = threading.Event()
+class HeldJobs:
+    """Jobs that run until they are stopped (the run is stopped while they run)."""
 
     def run_training(self, request: dict[str, Any], channels: dict[str, Path], work_dir: Path,
                      stop: threading.Event) -> JobOutcome:
-        self.started.set()
+        if (request.get("HyperParameters") or {}).get(FAILS):
+            return JobOutcome(failure_reason="AlgorithmError: failed at once")
         stop.wait(120)
         return JobOutcome(failure_reason="stopped")
 
     def run_processing(self, request: dict[str, Any], inputs: dict[str, Path], work_dir: Path,
                        stop: threading.Event) -> JobOutcome:
-        raise AssertionError("a stopped run evaluates nothing")
+        stop.wait(120)
+        return JobOutcome(failure_reason="stopped")
 
 
 def _until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -46,25 +58,165 @@ def _until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
     raise AssertionError(f"not within {timeout} s: {what}")
 
 
-def test_a_stopped_run_gives_its_endpoint_lease_back(tmp_path: Path) -> None:
-    jobs = HeldTraining()
-    with OfflineRuntime(tmp_path / "work", jobs=jobs) as rt:
-        dynamodb, sfn = rt.client("dynamodb"), rt.client("stepfunctions")
-        (table,) = rt.stack.tables
-        key = {"endpoint_name": {"S": rt.stack.endpoint_name}}
+@pytest.fixture(scope="module")
+def rt(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineRuntime]:
+    # The first CreateTrainingJob's answer is lost: the job runs, the Train model state never learns
+    # of it, so stopping the execution does not stop it (a .sync state that knows its job would).
+    with OfflineRuntime(tmp_path_factory.mktemp("lease") / "work", jobs=HeldJobs(),
+                        lost_responses={"sagemaker:createTrainingJob": 1}) as runtime:
+        yield runtime
 
-        def holder() -> str | None:
-            item = dynamodb.get_item(TableName=table, Key=key, ConsistentRead=True).get("Item")
-            return item["holder"]["S"] if item else None
 
-        dataset = tiny_dataset(tmp_path / "datasets", "tiny", "v1", images=8, size=64)
-        manifest_key, _ = rt.upload_dataset(dataset)
-        started = rt.deliver_event(rt.upload_event(rt.stack.data_bucket, manifest_key))
-        assert started is not None and started["action"] == "started", started
-        arn = started["execution_arn"]
-        assert jobs.started.wait(90), "the run never reached training"
-        assert holder() == arn  # it trains under the lease
+def training_request(rt: OfflineRuntime, run_id: str, output: str | None = None,
+                     hyperparameters: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"TrainingJobName": runs.sagemaker_name(run_id, runs.TRAINING_JOB_SUFFIX),
+            "RoleArn": support.ROLE_ARN, "HyperParameters": hyperparameters or {},
+            "AlgorithmSpecification": {"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/t:1",
+                                       "TrainingInputMode": "File"},
+            "OutputDataConfig": {"S3OutputPath": output or runs.training_output_uri(rt.stack.artifacts_bucket,
+                                                                                    run_id)},
+            "ResourceConfig": {"InstanceType": "ml.m5.large", "InstanceCount": 1, "VolumeSizeInGB": 1},
+            "StoppingCondition": {"MaxRuntimeInSeconds": 600}}
 
-        sfn.stop_execution(executionArn=arn, error="Operator", cause="stopped by the test")
-        assert sfn.describe_execution(executionArn=arn)["status"] == "ABORTED"
-        _until(lambda: holder() is None, 20, "the stopped run's lease released")
+
+def processing_request(rt: OfflineRuntime, run_id: str) -> dict[str, Any]:
+    return {"ProcessingJobName": runs.sagemaker_name(run_id, runs.EVALUATION_JOB_SUFFIX),
+            "RoleArn": support.ROLE_ARN,
+            "AppSpecification": {"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/t:1"},
+            "ProcessingOutputConfig": {"Outputs": [{"OutputName": "evaluation", "S3Output": {
+                "S3Uri": runs.evaluation_output_uri(rt.stack.artifacts_bucket, run_id),
+                "LocalPath": "/opt/ml/processing/output", "S3UploadMode": "EndOfJob"}}]},
+            "ProcessingResources": {"ClusterConfig": {"InstanceCount": 1, "InstanceType": "ml.m5.large",
+                                                      "VolumeSizeInGB": 1}}}
+
+
+def ended(rt: OfflineRuntime, run_id: str, status: str) -> ExecutionStatusChange:
+    arn = runs.execution_arn(rt.stack.state_machine_arn, run_id)
+    return ExecutionStatusChange.model_validate({
+        "source": "aws.states", "detail-type": "Step Functions Execution Status Change",
+        "detail": {"executionArn": arn, "stateMachineArn": rt.stack.state_machine_arn, "name": run_id,
+                   "status": status}})
+
+
+def deliver(rt: OfflineRuntime, run_id: str, status: str, sagemaker: Any = None) -> dict[str, Any]:
+    (table,) = rt.stack.tables
+    result = handle_status_change(ended(rt, run_id, status), rt.client("dynamodb"), table, rt.stack.endpoint_name,
+                                  sagemaker or rt.client("sagemaker"), rt.stack.artifacts_bucket)
+    return {job.kind: (job.action, job.status) for job in result.jobs}
+
+
+def training_status(rt: OfflineRuntime, run_id: str) -> str | None:
+    name = runs.sagemaker_name(run_id, runs.TRAINING_JOB_SUFFIX)
+    try:
+        return str(rt.client("sagemaker").describe_training_job(TrainingJobName=name)["TrainingJobStatus"])
+    except ClientError:
+        return None
+
+
+def processing_status(rt: OfflineRuntime, run_id: str) -> str:
+    name = runs.sagemaker_name(run_id, runs.EVALUATION_JOB_SUFFIX)
+    return str(rt.client("sagemaker").describe_processing_job(ProcessingJobName=name)["ProcessingJobStatus"])
+
+
+def test_a_stopped_run_gives_its_endpoint_lease_back_and_its_job_is_stopped(rt: OfflineRuntime,
+                                                                            tmp_path: Path) -> None:
+    dynamodb, sfn = rt.client("dynamodb"), rt.client("stepfunctions")
+    (table,) = rt.stack.tables
+    key = {"endpoint_name": {"S": rt.stack.endpoint_name}}
+
+    def holder() -> str | None:
+        item = dynamodb.get_item(TableName=table, Key=key, ConsistentRead=True).get("Item")
+        return item["holder"]["S"] if item else None
+
+    dataset = tiny_dataset(tmp_path / "datasets", "tiny", "v1", images=8, size=64)
+    manifest_key, _ = rt.upload_dataset(dataset)
+    started = rt.deliver_event(rt.upload_event(rt.stack.data_bucket, manifest_key))
+    assert started is not None and started["action"] == "started", started
+    arn, run_id = started["execution_arn"], started["run_id"]
+    _until(lambda: training_status(rt, run_id) == "InProgress", 90, "the run's training job running")
+    assert rt.lost_responses["sagemaker:createTrainingJob"] == 0  # the state never heard of its job
+    assert holder() == arn  # it trains under the lease
+
+    sfn.stop_execution(executionArn=arn, error="Operator", cause="stopped by the test")
+    assert sfn.describe_execution(executionArn=arn)["status"] == "ABORTED"
+    _until(lambda: holder() is None, 20, "the stopped run's lease released")
+    _until(lambda: training_status(rt, run_id) == "Stopped", 20, "the stopped run's training job stopped")
+
+
+def test_an_aborted_or_timed_out_runs_running_jobs_are_stopped_once(rt: OfflineRuntime) -> None:
+    for run_id, status in (("shapes_v1_aaaaaaaaaaaaaaaa", "ABORTED"), ("shapes_v1_bbbbbbbbbbbbbbbb", "TIMED_OUT")):
+        sagemaker = rt.client("sagemaker")
+        sagemaker.create_training_job(**training_request(rt, run_id))
+        sagemaker.create_processing_job(**processing_request(rt, run_id))
+        assert deliver(rt, run_id, status) == {"training": ("stopped", "InProgress"),
+                                              "processing": ("stopped", "InProgress")}
+        _until(lambda run_id=run_id: training_status(rt, run_id) == processing_status(rt, run_id) == "Stopped",
+               20, "both jobs stopped")
+        # EventBridge may deliver twice: nothing left to do.
+        assert deliver(rt, run_id, status) == {"training": ("not-running", "Stopped"),
+                                              "processing": ("not-running", "Stopped")}
+
+
+def test_jobs_that_are_not_the_runs_or_not_running_are_left_alone(rt: OfflineRuntime) -> None:
+    sagemaker = rt.client("sagemaker")
+    # Another stack's job of the same name (it writes elsewhere) keeps running.
+    other = "shapes_v1_cccccccccccccccc"
+    sagemaker.create_training_job(**training_request(rt, other, output=f"s3://{support.ARTIFACTS_BUCKET}/runs/x/"))
+    try:
+        assert deliver(rt, other, "FAILED") == {"training": ("not-ours", "InProgress"),
+                                               "processing": ("not-found", None)}
+        assert training_status(rt, other) == "InProgress"
+    finally:
+        sagemaker.stop_training_job(TrainingJobName=runs.sagemaker_name(other, runs.TRAINING_JOB_SUFFIX))
+    # A job that already failed; a run that never created any job; a run that succeeded (not even looked at).
+    failed = "shapes_v1_dddddddddddddddd"
+    sagemaker.create_training_job(**training_request(rt, failed, hyperparameters={FAILS: "1"}))
+    _until(lambda: training_status(rt, failed) == "Failed", 20, "the job failed")
+    assert deliver(rt, failed, "FAILED")["training"] == ("not-running", "Failed")
+    assert deliver(rt, "shapes_v1_eeeeeeeeeeeeeeee", "ABORTED") == {"training": ("not-found", None),
+                                                                    "processing": ("not-found", None)}
+    running = "shapes_v1_ffffffffffffffff"
+    sagemaker.create_training_job(**training_request(rt, running))
+    try:
+        assert deliver(rt, running, "SUCCEEDED") == {}
+        assert training_status(rt, running) == "InProgress"
+    finally:
+        sagemaker.stop_training_job(TrainingJobName=runs.sagemaker_name(running, runs.TRAINING_JOB_SUFFIX))
+
+
+def _stubbed_sagemaker() -> tuple[Any, Stubber]:
+    client = boto3.client("sagemaker", region_name=support.REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    return client, Stubber(client)
+
+
+def test_a_job_that_ends_between_describe_and_stop_is_not_an_error() -> None:
+    client, stubber = _stubbed_sagemaker()
+    name, output = runs.sagemaker_name(RUN_ID, "train"), runs.training_output_uri("bucket", RUN_ID)
+    described = {"TrainingJobName": name,
+                 "TrainingJobArn": f"arn:aws:sagemaker:us-east-1:123456789012:training-job/{name}",
+                 "AlgorithmSpecification": {"TrainingInputMode": "File"},
+                 "ModelArtifacts": {"S3ModelArtifacts": f"{output}{name}/output/model.tar.gz"},
+                 "OutputDataConfig": {"S3OutputPath": output}, "ResourceConfig": {"VolumeSizeInGB": 1},
+                 "StoppingCondition": {}, "CreationTime": "2026-11-23T00:00:00Z", "SecondaryStatus": "Training"}
+    stubber.add_response("describe_training_job", {**described, "TrainingJobStatus": "InProgress"})
+    # SageMaker's answer to stopping a job that has just completed.
+    stubber.add_client_error("stop_training_job", "ValidationException",
+                             "The request was rejected because the training job is in status Completed.", 400)
+    stubber.add_response("describe_training_job", {**described, "TrainingJobStatus": "Completed"})
+    with stubber:
+        job = stop_job(client, "training", name, output)
+    assert (job.action, job.status) == ("not-running", "Completed")
+
+
+def test_other_errors_fail_the_delivery_so_eventbridge_retries_and_the_lease_is_still_released(
+        rt: OfflineRuntime) -> None:
+    client, stubber = _stubbed_sagemaker()
+    stubber.add_client_error("describe_training_job", "AccessDeniedException", "not authorized", 400)
+    dynamodb = rt.client("dynamodb")
+    (table,) = rt.stack.tables
+    arn = runs.execution_arn(rt.stack.state_machine_arn, RUN_ID)
+    dynamodb.put_item(TableName=table, Item={"endpoint_name": {"S": rt.stack.endpoint_name}, "holder": {"S": arn}})
+    with stubber, pytest.raises(ClientError, match="AccessDenied"):
+        deliver(rt, RUN_ID, "TIMED_OUT", sagemaker=client)
+    assert "Item" not in dynamodb.get_item(TableName=table, Key={"endpoint_name": {"S": rt.stack.endpoint_name}},
+                                           ConsistentRead=True)

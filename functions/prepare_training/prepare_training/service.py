@@ -33,8 +33,8 @@ class ManifestExceedsStackLimits(Exception):
 
 
 def job_names(run_id: str) -> JobNames:
-    return JobNames(training_job=runs.sagemaker_name(run_id, "train"),
-                    evaluation_job=runs.sagemaker_name(run_id, "eval"),
+    return JobNames(training_job=runs.sagemaker_name(run_id, runs.TRAINING_JOB_SUFFIX),
+                    evaluation_job=runs.sagemaker_name(run_id, runs.EVALUATION_JOB_SUFFIX),
                     model=runs.sagemaker_name(run_id, "model"),
                     endpoint_config=runs.sagemaker_name(run_id, "config"))
 
@@ -75,7 +75,7 @@ def training_job_request(settings: PrepareSettings, event: PrepareEvent, names: 
                                    "EnableSageMakerMetricsTimeSeries": True},
         "HyperParameters": hyperparameters(settings, event),
         "InputDataConfig": [channel("train"), channel("val")],
-        "OutputDataConfig": {"S3OutputPath": f"{run_prefix(settings, event.run_id)}/training/"},
+        "OutputDataConfig": {"S3OutputPath": runs.training_output_uri(settings.artifacts_bucket, event.run_id)},
         "ResourceConfig": {"InstanceType": settings.training_instance_type,
                            "InstanceCount": settings.training_instance_count, "VolumeSizeInGB": VOLUME_GB},
         "StoppingCondition": stopping,
@@ -114,7 +114,7 @@ def evaluation_job_request(settings: PrepareSettings, event: PrepareEvent, names
         "ProcessingInputs": inputs,
         "ProcessingOutputConfig": {"Outputs": [{
             "OutputName": "evaluation",
-            "S3Output": {"S3Uri": f"{run_prefix(settings, event.run_id)}/evaluation/",
+            "S3Output": {"S3Uri": runs.evaluation_output_uri(settings.artifacts_bucket, event.run_id),
                          "LocalPath": f"{PROCESSING_ROOT}/output", "S3UploadMode": "EndOfJob"}}]},
         "ProcessingResources": {"ClusterConfig": {"InstanceCount": 1, "InstanceType": settings.evaluation_instance_type,
                                                   "VolumeSizeInGB": VOLUME_GB}},

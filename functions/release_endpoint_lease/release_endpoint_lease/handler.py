@@ -1,4 +1,5 @@
-"""EventBridge (Step Functions execution ended) -> release the endpoint lease the execution holds."""
+"""EventBridge (Step Functions execution ended) -> release the endpoint lease the execution holds and,
+when it ended abnormally, stop the run's SageMaker jobs still running."""
 
 from __future__ import annotations
 
@@ -21,7 +22,14 @@ tracer = Tracer()
 @tracer.capture_lambda_handler
 @event_parser(model=ExecutionStatusChange)
 def handler(event: ExecutionStatusChange, context: LambdaContext) -> dict[str, Any]:
-    result = handle_status_change(event, boto3.client("dynamodb"), os.environ["LEASE_TABLE_NAME"],
-                                  os.environ["ENDPOINT_NAME"])
+    try:
+        result = handle_status_change(event, boto3.client("dynamodb"), os.environ["LEASE_TABLE_NAME"],
+                                      os.environ["ENDPOINT_NAME"], boto3.client("sagemaker"),
+                                      os.environ["ARTIFACTS_BUCKET"])
+    except Exception:
+        # Failing the invocation is what makes EventBridge deliver the event again (its retry policy).
+        logger.exception("could not finish after the execution ended",
+                         extra={"execution_arn": event.detail.executionArn, "status": event.detail.status})
+        raise
     logger.info(f"endpoint lease {result.action}", extra=result.model_dump())
     return result.model_dump()

@@ -1,18 +1,25 @@
-"""Release the endpoint lease if, and only if, the ended execution still holds it."""
+"""After a pipeline execution ends: release the endpoint lease if, and only if, the execution still
+holds it; after an abnormal end (stopped, timed out, failed) also stop the run's SageMaker jobs still
+running, as a ``.sync`` state would have."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from botocore.exceptions import ClientError
 
+from d2ops_core import runs
 from release_endpoint_lease.models import (
+    ABNORMAL_END_STATUSES,
     ENDED_STATUSES,
     HOLDER_ATTRIBUTE,
     KEY_ATTRIBUTE,
     ExecutionStatusChange,
+    JobStop,
     ReleaseResult,
 )
+
+JobKind = Literal["training", "processing"]
 
 
 def release_lease(dynamodb: Any, table: str, endpoint_name: str, holder: str) -> bool:
@@ -29,12 +36,83 @@ def release_lease(dynamodb: Any, table: str, endpoint_name: str, holder: str) ->
     return True
 
 
-def handle_status_change(event: ExecutionStatusChange, dynamodb: Any, table: str,
-                         endpoint_name: str) -> ReleaseResult:
+def _is_not_found(exc: ClientError) -> bool:
+    # SageMaker answers a Describe/Stop of a job it does not know with ValidationException ("Requested
+    # resource not found", "Could not find requested job ..."), though its model names ResourceNotFound.
+    error = exc.response.get("Error", {})
+    message = str(error.get("Message", "")).lower()
+    return error.get("Code") == "ResourceNotFound" or (
+        error.get("Code") == "ValidationException" and ("not found" in message or "could not find" in message))
+
+
+def _describe(sagemaker: Any, kind: JobKind, name: str) -> dict[str, Any] | None:
+    try:
+        if kind == "training":
+            return dict(sagemaker.describe_training_job(TrainingJobName=name))
+        return dict(sagemaker.describe_processing_job(ProcessingJobName=name))
+    except ClientError as exc:
+        if _is_not_found(exc):
+            return None
+        raise
+
+
+def _status(kind: JobKind, described: dict[str, Any]) -> str:
+    return str(described.get("TrainingJobStatus" if kind == "training" else "ProcessingJobStatus"))
+
+
+def stop_job(sagemaker: Any, kind: JobKind, name: str, output_uri: str) -> JobStop:
+    """Stop the job ``name`` if it is this run's (it writes to ``output_uri``) and still InProgress.
+
+    Idempotent: a job already Stopping/Stopped/Completed/Failed, or none of that name, is left as it
+    is. Any other error propagates, so EventBridge delivers the event again.
+    """
+    described = _describe(sagemaker, kind, name)
+    if described is None:  # the run never got that far
+        return JobStop(kind=kind, name=name, action="not-found")
+    status = _status(kind, described)
+    if runs.described_job_output(described) != output_uri:  # another stack's job of the same name
+        return JobStop(kind=kind, name=name, action="not-ours", status=status)
+    if status != "InProgress":
+        return JobStop(kind=kind, name=name, action="not-running", status=status)
+    try:
+        if kind == "training":
+            sagemaker.stop_training_job(TrainingJobName=name)
+        else:
+            sagemaker.stop_processing_job(ProcessingJobName=name)
+    except ClientError as exc:
+        # It may have ended between the Describe and the Stop (SageMaker then refuses the stop with
+        # ValidationException): look again rather than fail a delivery that has nothing left to do.
+        if exc.response.get("Error", {}).get("Code") not in ("ValidationException", "ResourceNotFound"):
+            raise
+        again = _describe(sagemaker, kind, name)
+        if again is not None and _status(kind, again) == "InProgress":
+            raise
+        return JobStop(kind=kind, name=name, action="not-running",
+                       status=None if again is None else _status(kind, again))
+    return JobStop(kind=kind, name=name, action="stopped", status=status)
+
+
+def stop_run_jobs(sagemaker: Any, artifacts_bucket: str, run_id: str) -> list[JobStop]:
+    """The run's training and evaluation jobs (names and outputs from d2ops_core.runs), stopped if running."""
+    return [
+        stop_job(sagemaker, "training", runs.sagemaker_name(run_id, runs.TRAINING_JOB_SUFFIX),
+                 runs.training_output_uri(artifacts_bucket, run_id)),
+        stop_job(sagemaker, "processing", runs.sagemaker_name(run_id, runs.EVALUATION_JOB_SUFFIX),
+                 runs.evaluation_output_uri(artifacts_bucket, run_id)),
+    ]
+
+
+def handle_status_change(event: ExecutionStatusChange, dynamodb: Any, table: str, endpoint_name: str,
+                         sagemaker: Any, artifacts_bucket: str) -> ReleaseResult:
     detail = event.detail
     if detail.status not in ENDED_STATUSES:  # RUNNING, PENDING_REDRIVE: the run may still need its lease
         return ReleaseResult(execution_arn=detail.executionArn, endpoint_name=endpoint_name, status=detail.status,
                              action="still-running")
-    released = release_lease(dynamodb, table, endpoint_name, detail.executionArn)
+    jobs: list[JobStop] = []
+    try:
+        if detail.status in ABNORMAL_END_STATUSES:
+            jobs = stop_run_jobs(sagemaker, artifacts_bucket, detail.name)  # the execution name is the run id
+    finally:  # the lease goes back even when a stop failed (that error still fails the delivery)
+        released = release_lease(dynamodb, table, endpoint_name, detail.executionArn)
     return ReleaseResult(execution_arn=detail.executionArn, endpoint_name=endpoint_name, status=detail.status,
-                         action="released" if released else "not-held")
+                         action="released" if released else "not-held", jobs=jobs)
