@@ -314,6 +314,21 @@ def test_parameters_and_result_selector_keys_ending_in_dollar_dot() -> None:
                                                  "code": 200, "fixed": True}}
 
 
+def test_a_path_applied_to_a_null_input_fails_with_aws_cause() -> None:
+    """The console's words when a Lambda returned nothing and the next state reads its input with a path."""
+    null_input: dict[str, Any] = {"StartAt": "Nothing", "States": {
+        "Nothing": {"Type": "Pass", "Result": None, "Next": "S"},
+        "S": {"Type": "Pass", "Parameters": {"Input.$": "$"}, "End": True}}}
+    execution = run(null_input, {})
+    assert (execution.status, execution.error) == ("FAILED", "States.Runtime")
+    assert execution.cause == ("An error occurred while executing the state 'S' (entered at the event id #4). "
+                               "Unable to apply Path transformation to null or empty input.")
+    null_input["States"]["S"] = {"Type": "Pass", "Parameters": {"name.$": "$$.State.Name"}, "End": True}
+    assert run(null_input, {}).output == {"name": "S"}  # the context object is not the input
+    null_input["States"]["S"] = {"Type": "Pass", "End": True}
+    assert run(null_input, {}).status == "SUCCEEDED"  # no path applied: null passes through
+
+
 def test_result_path_into_a_non_object_is_result_path_match_failure() -> None:
     execution = run(one({"Type": "Pass", "Result": 1, "ResultPath": "$.a.b"}), {"a": "text"})
     assert execution.error == "States.ResultPathMatchFailure"

@@ -455,7 +455,15 @@ class Execution:
         return f"An error occurred while executing the state '{state}' (entered at the event id " \
                f"#{getattr(self._entered, 'id', None) or '?'})."
 
+    def _null_input(self, state: str) -> StatesError:
+        # AWS's words when a path is applied to a state input that is JSON null (a Lambda that returned
+        # nothing, passed on whole): quoted from a console error in a public Q&A thread.
+        return StatesError(RUNTIME, f"{self._runtime_prefix(state)} Unable to apply Path transformation to null or "
+                                    "empty input.")
+
     def _select(self, path: str, data: Any, context: Any, state: str, field: str) -> Any:
+        if data is None and path != "$" and not path.startswith("$$"):
+            raise self._null_input(state)
         try:
             return select(path, data, context)
         except PathError as exc:
@@ -497,6 +505,8 @@ class Execution:
                     raise StatesError(RUNTIME, f"{self._runtime_prefix(state)} The intrinsic function of the field "
                                                f"'{field}.{key}' failed: {exc}") from exc
             else:
+                if data is None and not value.startswith("$$"):
+                    raise self._null_input(state)
                 try:
                     rendered[key[:-2]] = select(value, data, context)
                 except PathError as exc:
