@@ -7,6 +7,7 @@ tests/integration/test_predict.py against the offline endpoint.
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,15 @@ def test_what_is_not_an_acceptable_image_is_a_usage_error(tmp_path: Path, capsys
         path.write_bytes(content)
     code, err = _exit(["predict", str(path), "--endpoint", "detector"], capsys)
     assert code == 2 and expected in err and str(path) in err and err.count("\n") == 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_named_pipe_is_refused_not_waited_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pipe = tmp_path / "image.png"
+    os.mkfifo(pipe)
+    code, err = _exit(["predict", str(pipe), "--endpoint", "detector"], capsys)
+    assert code == 2 and f"{pipe}: not a regular file" in err
 
 
 def test_a_truncated_image_is_refused_before_anything_is_sent(tmp_path: Path,

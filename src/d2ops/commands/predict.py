@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,12 @@ def read_image(source: str) -> tuple[bytes, str]:
         path = Path(source)
         where = str(path)
         try:
-            if path.stat().st_size > MAX_IMAGE_BYTES:
-                raise UsageError(f"{where}: {path.stat().st_size} bytes, over SageMaker's "
+            status = path.stat()
+            if not stat.S_ISREG(status.st_mode) and not stat.S_ISDIR(status.st_mode):
+                # a named pipe would block the read until someone writes to it; a device never ends
+                raise UsageError(f"{where}: not a regular file (a pipe or device); use - to read stdin")
+            if status.st_size > MAX_IMAGE_BYTES:
+                raise UsageError(f"{where}: {status.st_size} bytes, over SageMaker's "
                                  f"{MAX_IMAGE_BYTES}-byte InvokeEndpoint limit")
             data = path.read_bytes()
         except FileNotFoundError:
