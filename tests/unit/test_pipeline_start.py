@@ -167,3 +167,12 @@ def test_an_event_that_is_not_an_upload_starts_nothing(sfn: Any, detail_type: st
     assert result["action"] == "ignored" and result["run_id"] is None
     assert repr(detail_type) in result["reason"] and "Object Created" in result["reason"]
     assert executions(sfn) == []
+
+
+def test_a_key_that_is_not_url_encoded_utf8_starts_nothing(sfn: Any) -> None:
+    """'%FF' decoded to U+FFFD and started a run of a key S3 cannot hold (it failed later as DatasetNotFound)."""
+    event = support.load_event("start_pipeline", "manifest_uploaded")
+    event["detail"]["object"]["key"] = "datasets/shapes%FF/v1/manifest.json"
+    result = deliver(event)
+    assert result["action"] == "ignored" and "not URL-encoded UTF-8" in result["reason"]
+    assert executions(sfn) == []

@@ -19,7 +19,12 @@ def handle_object_created(event: ObjectCreatedEvent, sfn: Any, state_machine_arn
     of another type (an "Object Deleted" of the manifest) must not start a run of a dataset
     that is gone.
     """
-    key = unquote_plus(event.detail.object.key)
+    raw_key = event.detail.object.key
+    try:  # S3 keys are UTF-8: an escape that decodes to anything else names no object S3 could hold
+        key = unquote_plus(raw_key, errors="strict")
+    except UnicodeDecodeError:
+        return TriggerResult(action="ignored", key=raw_key, reason=f"{raw_key!r} is not URL-encoded UTF-8, as S3 "
+                                                                   "writes object keys into its events")
     if event.detail_type != OBJECT_CREATED:
         return TriggerResult(action="ignored", key=key, reason=f"event type {event.detail_type!r} is not "
                                                                f"{OBJECT_CREATED!r}")
