@@ -12,7 +12,7 @@ import pytest
 from moto import mock_aws
 from pydantic import ValidationError
 
-from d2ops_core import metrics
+from d2ops_core import metrics, runs
 from d2ops_core.champion import CHAMPION_KEY
 from tests.fixtures.pipeline import support
 
@@ -51,6 +51,9 @@ def test_the_training_request_is_accepted_by_sagemaker(aws: dict[str, Any]) -> N
         assert channel["DataSource"]["S3DataSource"]["S3Uri"] == "s3://d2ops-data-example/datasets/shapes/v1/"
     assert job["ResourceConfig"]["InstanceCount"] == 2 and job["ResourceConfig"]["InstanceType"] == "ml.g4dn.xlarge"
     assert job["HyperParameters"] == {"framework": "detectron2"}
+    # The release function knows the run's job by the same rule ("Created ... job is ours?"): name and output.
+    assert job["TrainingJobName"] == runs.sagemaker_name(run_id, runs.TRAINING_JOB_SUFFIX)
+    assert runs.described_job_output(described) == runs.training_output_uri(support.ARTIFACTS_BUCKET, run_id)
 
 
 def test_spot_training_waits_at_most_twice_the_runtime_and_checkpoints_to_s3(aws: dict[str, Any],
@@ -129,6 +132,10 @@ def test_the_evaluation_request_is_accepted_and_includes_the_champion(aws: dict[
                                              f"{first['names']['training_job']}/output/model.tar.gz")
     assert inputs["val"]["LocalPath"] == "/opt/ml/processing/input/val"
     aws["sagemaker"].create_processing_job(**first["evaluation_job"])
+    described = aws["sagemaker"].describe_processing_job(ProcessingJobName=first["names"]["evaluation_job"])
+    run_id = support.load_event("prepare_training", "defaults")["run_id"]
+    assert described["ProcessingJobName"] == runs.sagemaker_name(run_id, runs.EVALUATION_JOB_SUFFIX)
+    assert runs.described_job_output(described) == runs.evaluation_output_uri(support.ARTIFACTS_BUCKET, run_id)
 
     champion_record = {"run_id": "shapes_v0_0123456789abcdef", "dataset": support.DATASET.model_dump(),
                        "model_package_arn": "arn:aws:sagemaker:us-east-1:123456789012:model-package/d2ops-models/1",
