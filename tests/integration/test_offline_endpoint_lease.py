@@ -140,7 +140,7 @@ def test_a_stopped_run_gives_its_endpoint_lease_back_and_its_job_is_stopped(rt: 
     sfn.stop_execution(executionArn=arn, error="Operator", cause="stopped by the test")
     assert sfn.describe_execution(executionArn=arn)["status"] == "ABORTED"
     _until(lambda: holder() is None, 20, "the stopped run's lease released")
-    _until(lambda: training_status(rt, run_id) == "Stopped", 20, "the stopped run's training job stopped")
+    _until(lambda: training_status(rt, run_id) == "Stopped", 30, "the stopped run's training job stopped")
 
 
 def test_an_aborted_or_timed_out_runs_running_jobs_are_stopped_once(rt: OfflineRuntime) -> None:
