@@ -23,12 +23,16 @@ from tests.fixtures.serving.failing_model import failing_artifact
 from tests.fixtures.serving.support import cached_artifact, png_bytes
 
 support.function_path("smoke_test_endpoint")
+support.function_path("prepare_training")
+from prepare_training.service import traffic_routing  # noqa: E402
 from smoke_test_endpoint.models import SmokeTestEvent  # noqa: E402
 from smoke_test_endpoint.service import SmokeTestFailed, smoke_test  # noqa: E402
 
 # Three TorchServe starts and a bake: minutes, so with the slow checks (`make test-all`).
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
 PREFIX = "datasets/canary/v1/"
+# Four instances: the plan's routing is then a 25 % canary (one instance takes ALL_AT_ONCE).
+INSTANCES = 4
 
 
 @pytest.fixture(scope="module")
@@ -41,12 +45,17 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineRuntime
 
 
 def deployment_config(rt: OfflineRuntime) -> dict[str, Any]:
-    """The Update endpoint state's DeploymentConfig, substituted as the stack substitutes it."""
+    """The Update endpoint state's DeploymentConfig, substituted as the stack substitutes it, with the
+    traffic routing prepare_training plans for INSTANCES."""
     text = json.dumps(json.loads(support.DEFINITION.read_text())["States"]["Update endpoint (blue/green)"]
                       ["Parameters"]["DeploymentConfig"])
     for key, value in rt.stack.substitutions.items():
         text = text.replace("${" + key + "}", str(value))
     config: dict[str, Any] = json.loads(text)
+    policy = config["BlueGreenUpdatePolicy"]
+    assert policy.pop("TrafficRoutingConfiguration.$") == "$.plan.endpoint.traffic_routing"
+    policy["TrafficRoutingConfiguration"] = traffic_routing(INSTANCES).model_dump()
+    assert policy["TrafficRoutingConfiguration"]["Type"] == "CANARY"
     return config
 
 
@@ -82,7 +91,7 @@ def test_a_good_canary_is_promoted_and_a_bad_one_rolled_back_by_its_smoke_test(r
     assert smoke_test(smoke, *clients).requests == 8
 
     # A good model: during the bake a quarter of the requests reach it, then it takes everything.
-    green = endpoint_config(runtime, "green", good)
+    green = endpoint_config(runtime, "green", good, instances=INSTANCES)
     sm.update_endpoint(EndpointName=name, EndpointConfigName=green, DeploymentConfig=deployment_config(runtime))
     wait_for(runtime, baking)
     before = runtime.sagemaker.served(name)
@@ -95,7 +104,7 @@ def test_a_good_canary_is_promoted_and_a_bad_one_rolled_back_by_its_smoke_test(r
     green_url = runtime.sagemaker.endpoint_url(name)
 
     # A model that fails on real images: the smoke test in the bake sees the canary's 5xx.
-    bad = endpoint_config(runtime, "bad", failing_artifact(cached_artifact(), tmp_path))
+    bad = endpoint_config(runtime, "bad", failing_artifact(cached_artifact(), tmp_path), instances=INSTANCES)
     sm.update_endpoint(EndpointName=name, EndpointConfigName=bad, DeploymentConfig=deployment_config(runtime))
     wait_for(runtime, baking)
     with pytest.raises(SmokeTestFailed, match=r"request \d of 8: .* answered 500"):

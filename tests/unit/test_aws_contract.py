@@ -200,3 +200,14 @@ def test_boto3_calls_in_the_suite_are_held_to_the_whole_contract() -> None:
                           endpoint_url="http://127.0.0.1:9")  # never reached: validation comes first
     with pytest.raises(ParamValidationError, match="EndpointName: 'd2ops_detector' does not match the pattern"):
         client.describe_endpoint(EndpointName="d2ops_detector")
+
+
+def test_both_traffic_routings_the_plan_makes_are_rendered_and_checked() -> None:
+    """prepare_training picks ALL_AT_ONCE for a one-instance endpoint and a CANARY for more; the mock
+    cases render both through "Update endpoint (blue/green)", so the model check above covers both."""
+    kinds = {p["DeploymentConfig"]["BlueGreenUpdatePolicy"]["TrafficRoutingConfiguration"]["Type"]
+             for p in rendered_parameters()["Update endpoint (blue/green)"]}
+    assert kinds == {"ALL_AT_ONCE", "CANARY"}
+    bad = {"EndpointName": "d2ops-detector", "EndpointConfigName": "c", "DeploymentConfig": {"BlueGreenUpdatePolicy": {
+        "TrafficRoutingConfiguration": {"Type": "ALL_AT_ONCE", "WaitIntervalInSeconds": 600, "CanarySize": None}}}}
+    assert contract.request_problems("sagemaker", "UpdateEndpoint", bad)  # a null member would be refused

@@ -110,9 +110,12 @@ def test_update_deployment_is_blue_green_with_alarm_rollback() -> None:
     config = update["DeploymentConfig"]
     policy = config["BlueGreenUpdatePolicy"]
     routing = policy["TrafficRoutingConfiguration"]
-    assert routing["Type"] == "CANARY" and routing["CanarySize"] == {"Type": "CAPACITY_PERCENT", "Value": 25}
-    # The bake outlasts a poll plus the smoke test (tests/unit/test_pipeline_canary.py checks the budgets).
+    # The plan's routing, passed on as is: this plan's one instance cannot take a canary (SageMaker
+    # refuses one over 50 % of the variant's instances), so all at once with the same bake.
     plan = state_output(ex, "Prepare training job")["plan"]["endpoint"]
+    assert plan["instance_count"] == 1 and routing == plan["traffic_routing"]
+    assert routing == {"Type": "ALL_AT_ONCE", "WaitIntervalInSeconds": 600}
+    # The bake outlasts a poll plus the smoke test (tests/unit/test_pipeline_canary.py checks the budgets).
     assert routing["WaitIntervalInSeconds"] >= 10 * plan["poll_seconds"]
     assert policy["MaximumExecutionTimeoutInSeconds"] >= routing["WaitIntervalInSeconds"]
     assert [a["AlarmName"] for a in config["AutoRollbackConfiguration"]["Alarms"]] == [
@@ -263,6 +266,11 @@ def test_canary_passing_its_smoke_test_during_the_bake_is_promoted_once_it_serve
     (smoke_params,) = task_parameters(ex, "Smoke test endpoint")
     assert smoke_params["Payload"]["requests"] == 24
     assert "Record champion" in states and "Undo deployment" not in states
+    # A two-instance plan: a 25 % canary, passed on to UpdateEndpoint as planned.
+    (update,) = task_parameters(ex, "Update endpoint (blue/green)")
+    routing = update["DeploymentConfig"]["BlueGreenUpdatePolicy"]["TrafficRoutingConfiguration"]
+    assert routing == state_output(ex, "Prepare training job")["plan"]["endpoint"]["traffic_routing"]
+    assert routing["Type"] == "CANARY" and routing["CanarySize"] == {"Type": "CAPACITY_PERCENT", "Value": 25}
 
 
 def test_canary_failing_its_smoke_test_is_rolled_back_by_the_alarm_and_verified() -> None:

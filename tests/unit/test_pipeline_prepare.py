@@ -173,3 +173,20 @@ def test_settings_cover_the_template_environment() -> None:
     assert ours <= fields, f"template sets variables the Lambda ignores: {sorted(ours - fields)}"
     required = {n.upper() for n, f in PrepareSettings.model_fields.items() if f.is_required()}
     assert required - {"EVALUATION_IMAGE_URI"} <= ours
+
+
+@pytest.mark.parametrize(("instances", "routing"), [
+    (None, {"Type": "ALL_AT_ONCE", "WaitIntervalInSeconds": 600}),  # the stack's default: one instance
+    ("1", {"Type": "ALL_AT_ONCE", "WaitIntervalInSeconds": 600}),
+    ("2", {"Type": "CANARY", "WaitIntervalInSeconds": 600, "CanarySize": {"Type": "CAPACITY_PERCENT", "Value": 25}}),
+])
+def test_the_plan_carries_a_traffic_routing_sagemaker_accepts_for_the_instance_count(
+        aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch, instances: str | None,
+        routing: dict[str, Any]) -> None:
+    """SageMaker refuses a canary over 50 % of the variant's instances, so one instance deploys all at
+    once (with the same bake: the old fleet stays until it ends); the JSON has no null members."""
+    if instances is not None:
+        monkeypatch.setenv("ENDPOINT_INSTANCE_COUNT", instances)
+    endpoint = prepare()["endpoint"]
+    assert endpoint["traffic_routing"] == routing
+    assert endpoint["instance_count"] == int(instances or 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
 from d2ops_core.documents.evaluation import GateThresholds
 from d2ops_core.runs import DatasetRef
@@ -94,11 +94,38 @@ class JobNames(BaseModel):
     endpoint_config: str
 
 
+class CapacitySize(BaseModel):
+    """botocore's sagemaker ``CapacitySize`` (member names as the API spells them)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    Type: Literal["INSTANCE_COUNT", "CAPACITY_PERCENT"]
+    Value: int = Field(ge=1)
+
+
+class TrafficRoutingConfig(BaseModel):
+    """botocore's sagemaker ``TrafficRoutingConfig``: UpdateEndpoint's
+    ``DeploymentConfig.BlueGreenUpdatePolicy.TrafficRoutingConfiguration``, passed on as dumped."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    Type: Literal["ALL_AT_ONCE", "CANARY"]  # LINEAR is not used (nor emulated offline)
+    WaitIntervalInSeconds: int = Field(ge=0, le=3600)
+    CanarySize: CapacitySize | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # SageMaker takes no null members: ALL_AT_ONCE carries no CanarySize key at all.
+        dumped: dict[str, Any] = handler(self)
+        return {key: value for key, value in dumped.items() if value is not None}
+
+
 class EndpointPlan(BaseModel):
     instance_type: str
     instance_count: int
     poll_seconds: int
     max_wait_attempts: int
+    traffic_routing: TrafficRoutingConfig
 
 
 class ChampionRef(BaseModel):

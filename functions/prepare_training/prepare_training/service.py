@@ -9,12 +9,14 @@ from d2ops_core.champion import read_champion
 from d2ops_core.documents.evaluation import GateThresholds
 from d2ops_core.validation.manifest import effective_class_gate, effective_gate, stack_limit_problems
 from prepare_training.models import (
+    CapacitySize,
     ChampionRef,
     EndpointPlan,
     JobNames,
     Plan,
     PrepareEvent,
     PrepareSettings,
+    TrafficRoutingConfig,
 )
 
 CHECKPOINT_DIR = "/opt/ml/checkpoints"
@@ -22,6 +24,10 @@ PROCESSING_ROOT = "/opt/ml/processing"
 EVALUATION_REPORT = "evaluation.json"
 EVALUATION_MAX_SECONDS = 2 * 3600
 VOLUME_GB = 50
+# The blue/green update's bake (docs/pipeline.md#canary-deployment): long enough for two
+# DescribeEndpoint polls and the smoke test (tests/unit/test_pipeline_canary.py checks it).
+BAKE_SECONDS = 600
+CANARY_PERCENT = 25
 
 
 class ManifestExceedsStackLimits(Exception):
@@ -125,6 +131,23 @@ def evaluation_job_request(settings: PrepareSettings, event: PrepareEvent, names
     }
 
 
+def traffic_routing(instance_count: int) -> TrafficRoutingConfig:
+    """How UpdateEndpoint shifts traffic to the new fleet, from the variant's instance count.
+
+    SageMaker's TrafficRoutingConfig.CanarySize "must be less than or equal to 50% of the
+    variant's total instance count", and a canary is whole instances, so a one-instance variant
+    cannot have one. It gets ALL_AT_ONCE with the same bake: the new fleet takes all traffic
+    while the old one stays provisioned, and an alarm during the bake shifts everything back
+    (SageMaker's "all at once traffic shifting" guide), so the smoke test still judges the new
+    model before the old fleet is terminated. Two instances or more: a 25 % canary (at least
+    one instance, at most half of them).
+    """
+    if instance_count >= 2:
+        return TrafficRoutingConfig(Type="CANARY", WaitIntervalInSeconds=BAKE_SECONDS,
+                                    CanarySize=CapacitySize(Type="CAPACITY_PERCENT", Value=CANARY_PERCENT))
+    return TrafficRoutingConfig(Type="ALL_AT_ONCE", WaitIntervalInSeconds=BAKE_SECONDS)
+
+
 def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: ChampionRef | None) -> Plan:
     problems = stack_limit_problems(event.manifest.gate, event.manifest.training, settings.limits)
     if problems:
@@ -143,7 +166,8 @@ def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: Champio
         endpoint=EndpointPlan(instance_type=settings.endpoint_instance_type,
                               instance_count=settings.endpoint_instance_count,
                               poll_seconds=settings.endpoint_poll_seconds,
-                              max_wait_attempts=settings.endpoint_max_wait_attempts),
+                              max_wait_attempts=settings.endpoint_max_wait_attempts,
+                              traffic_routing=traffic_routing(settings.endpoint_instance_count)),
         evaluation_report_uri=f"{run_prefix(settings, event.run_id)}/evaluation/{EVALUATION_REPORT}",
         champion=champion,
     )

@@ -80,11 +80,21 @@ def traffic_share(routing: dict[str, Any], instance_count: int) -> float:
     value = size.get("Value")
     if not isinstance(value, int) or value < 1:
         raise ApiError("ValidationException", "TrafficRoutingConfiguration.CanarySize.Value must be an integer >= 1")
-    share = value / 100 if size.get("Type") == "CAPACITY_PERCENT" else value / max(instance_count, 1)
-    if size.get("Type") not in ("CAPACITY_PERCENT", "INSTANCE_COUNT") or share > 0.5:
-        raise ApiError("ValidationException", f"CanarySize {size} must be INSTANCE_COUNT or CAPACITY_PERCENT and at "
-                                              f"most 50% of the variant's {instance_count} instance(s)")
-    return share
+    if size.get("Type") not in ("CAPACITY_PERCENT", "INSTANCE_COUNT"):
+        raise ApiError("ValidationException", f"CanarySize {size} must be INSTANCE_COUNT or CAPACITY_PERCENT")
+    count = max(instance_count, 1)
+    # A canary is whole instances of the new fleet, at least one: CanarySize "must be less than
+    # or equal to 50% of the variant's total instance count" (SageMaker's TrafficRoutingConfig),
+    # so a one-instance variant can have no canary at all. (Rounding a percentage down to whole
+    # instances is the lenient reading; any reading refuses a canary on one instance.)
+    percent = size.get("Type") == "CAPACITY_PERCENT"
+    canary = max(1, count * value // 100) if percent else value
+    if 2 * canary > count or (percent and value > 50):
+        raise ApiError("ValidationException", f"TrafficRoutingConfiguration.CanarySize {size} is {canary} of the "
+                                              f"variant's {count} instance(s): CanarySize must be less than or equal "
+                                              f"to 50% of the variant's total instance count (at most 50%); use "
+                                              f"ALL_AT_ONCE for a one-instance variant")
+    return value / 100 if percent else canary / count
 
 
 @dataclass
