@@ -343,7 +343,8 @@ def test_notification_email_is_optional() -> None:
 
 EXPECTED_PARAMETERS = {
     "TrainingImageUri", "ServingImageUri", "TrainingInstanceType", "TrainingInstanceCount", "UseSpotTraining",
-    "MaxTrainingSeconds", "EvaluationInstanceType", "EndpointInstanceType", "MinMap", "MaxRegression",
+    "MaxTrainingSeconds", "EvaluationInstanceType", "EndpointInstanceType", "EndpointInstanceCount", "MinMap",
+    "MaxRegression",
     "NotificationEmail", "ImageSampleSize",
 }
 
@@ -435,6 +436,31 @@ def test_manifest_upload_triggers_the_start_function_with_retries_and_a_dead_let
     senders = [st for st in policy["PolicyDocument"]["Statement"] if st["Effect"] == "Allow"]
     assert [st["Principal"] for st in senders] == [{"Service": "events.amazonaws.com"}]
     assert "aws:SourceArn" in senders[0]["Condition"].get("ArnEquals", senders[0]["Condition"].get("ArnLike", {}))
+
+
+@pytest.mark.parametrize("function", sorted(
+    fid for fid, fn in T.functions().items()
+    if any(e["Type"] == "EventBridgeRule" for e in (fn.properties.get("Events") or {}).values())))
+def test_every_eventbridge_invoked_function_keeps_its_failed_events_and_alarms(function: str) -> None:
+    # EventBridge invokes asynchronously: its RetryPolicy covers delivery only; Lambda retries a
+    # failing invocation twice and then drops it unless the function has a DeadLetterQueue.
+    fn = T.functions()[function]
+    dlq = fn.properties["DeadLetterQueue"]["TargetArn"]["Fn::GetAtt"][0]
+    assert fn.properties["DeadLetterQueue"]["Type"] == "SQS" and RESOURCES[dlq]["Type"] == "AWS::SQS::Queue"
+    for name, event in fn.properties["Events"].items():
+        if event["Type"] == "EventBridgeRule":
+            assert event["Properties"]["DeadLetterConfig"]["Arn"] == {"Fn::GetAtt": [dlq, "Arn"]}, name
+    (policy,) = [props(r) for r in resources_of("AWS::SQS::QueuePolicy") if {"Ref": dlq} in props(r)["Queues"]]
+    senders = [st for st in policy["PolicyDocument"]["Statement"] if st["Effect"] == "Allow"]
+    assert [st["Principal"] for st in senders] == [{"Service": "events.amazonaws.com"}]
+    watched = {"Fn::GetAtt": [dlq, "QueueName"]}
+    alarms = [a for a in resources_of("AWS::CloudWatch::Alarm")
+              if props(a)["Namespace"] == "AWS/SQS" and props(a)["Dimensions"][0]["Value"] == watched]
+    assert alarms, f"nothing alarms when {dlq} holds {function}'s failed events"
+    assert props(alarms[0])["MetricName"] == "ApproximateNumberOfMessagesVisible"
+    assert props(alarms[0])["Threshold"] == 0 and props(alarms[0])["ComparisonOperator"] == "GreaterThanThreshold"
+    skips = {s["id"] for s in (RESOURCES[function].get("Metadata") or {}).get("checkov", {}).get("skip", [])}
+    assert "CKV_AWS_116" not in skips, f"{function} has a dead-letter queue: CKV_AWS_116 needs no skip"
 
 
 def test_status_api_requires_iam_auth_throttles_and_logs() -> None:

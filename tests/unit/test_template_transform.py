@@ -129,3 +129,25 @@ def test_state_machine_role_grants_every_integration_the_definition_uses(transfo
         for action in (st["Action"] if isinstance(st["Action"], list) else [st["Action"]])
     }
     assert needed - granted == set(), f"the state machine role lacks {sorted(needed - granted)}"
+
+
+def test_every_eventbridge_dead_letter_queue_admits_its_rule_and_function(transformed: dict[str, Any]) -> None:
+    # The queue policies name the rules SAM generates (<Function><Event>); the function's role gets
+    # sqs:SendMessage for its DeadLetterQueue from SAM, or Lambda cannot put failed events there.
+    resources = transformed["Resources"]
+    rules = {k: v for k, v in resources.items() if v["Type"] == "AWS::Events::Rule"}
+    assert len(rules) >= 2, sorted(rules)
+    for rule_id, rule in rules.items():
+        (target,) = rule["Properties"]["Targets"]
+        function = target["Arn"]["Fn::GetAtt"][0]
+        queue = target["DeadLetterConfig"]["Arn"]["Fn::GetAtt"][0]
+        assert resources[function]["Properties"]["DeadLetterConfig"]["TargetArn"] == {"Fn::GetAtt": [queue, "Arn"]}
+        (policy,) = [v for v in resources.values()
+                     if v["Type"] == "AWS::SQS::QueuePolicy" and {"Ref": queue} in v["Properties"]["Queues"]]
+        allows = [st for st in policy["Properties"]["PolicyDocument"]["Statement"] if st["Effect"] == "Allow"]
+        assert allows[0]["Condition"]["ArnEquals"]["aws:SourceArn"] == {"Fn::GetAtt": [rule_id, "Arn"]}, rule_id
+        role = resources[function]["Properties"]["Role"]["Fn::GetAtt"][0]
+        granted = [st for policy in resources[role]["Properties"].get("Policies", [])
+                   for st in policy["PolicyDocument"]["Statement"]
+                   if "sqs:SendMessage" in (st["Action"] if isinstance(st["Action"], list) else [st["Action"]])]
+        assert any(st["Resource"] == {"Fn::GetAtt": [queue, "Arn"]} for st in granted), f"{role} cannot send to {queue}"

@@ -27,7 +27,8 @@ def handler(event: ExecutionStatusChange, context: LambdaContext) -> dict[str, A
                                       os.environ["ENDPOINT_NAME"], boto3.client("sagemaker"),
                                       os.environ["ARTIFACTS_BUCKET"])
     except Exception:
-        # Failing the invocation is what makes EventBridge deliver the event again (its retry policy).
+        # EventBridge invoked us asynchronously: failing makes Lambda retry the event twice, then put it
+        # on the function's dead-letter queue (template.yaml), whose alarm tells the operator.
         logger.exception("could not finish after the execution ended",
                          extra={"execution_arn": event.detail.executionArn, "status": event.detail.status})
         raise

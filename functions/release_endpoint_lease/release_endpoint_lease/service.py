@@ -32,7 +32,7 @@ def release_lease(dynamodb: Any, table: str, endpoint_name: str, holder: str) ->
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
             return False
-        raise  # throttling or access: fail so EventBridge retries the delivery
+        raise  # throttling or access: fail so Lambda retries the event (then dead-letters it)
     return True
 
 
@@ -64,7 +64,7 @@ def stop_job(sagemaker: Any, kind: JobKind, name: str, output_uri: str) -> JobSt
     """Stop the job ``name`` if it is this run's (it writes to ``output_uri``) and still InProgress.
 
     Idempotent: a job already Stopping/Stopped/Completed/Failed, or none of that name, is left as it
-    is. Any other error propagates, so EventBridge delivers the event again.
+    is. Any other error propagates: Lambda retries the event twice, then dead-letters it.
     """
     described = _describe(sagemaker, kind, name)
     if described is None:  # the run never got that far
