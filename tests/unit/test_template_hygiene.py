@@ -344,8 +344,7 @@ def test_notification_email_is_optional() -> None:
 EXPECTED_PARAMETERS = {
     "TrainingImageUri", "ServingImageUri", "TrainingInstanceType", "TrainingInstanceCount", "UseSpotTraining",
     "MaxTrainingSeconds", "EvaluationInstanceType", "EndpointInstanceType", "EndpointInstanceCount", "MinMap",
-    "MaxRegression",
-    "NotificationEmail", "ImageSampleSize",
+    "MaxRegression", "NotificationEmail", "ImageSampleSize",
 }
 
 
