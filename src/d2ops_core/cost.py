@@ -176,9 +176,11 @@ def price_run(table: PriceTable, training_job: Mapping[str, Any] | None, evaluat
     """A run's cost from its DescribeTrainingJob / DescribeProcessingJob answers and its endpoint time.
 
     ``endpoint`` is the run plan's endpoint settings (``instance_type``, ``instance_count``, ``name``);
-    its instances are billed from ``deployed_at`` (when the run entered its create/update state) to
-    ``until`` (the run's end, or now while it runs). None before any job ran. The status API and the
-    run's notification both price a run through this, so they always agree.
+    its instances are billed from ``deployed_at`` to ``until`` (the run's end, or now while it runs).
+    ``deployed_at`` is the run's ``$.deployment.started_at``, when its create/update endpoint state was
+    entered, which that state records only when its call succeeded: a run whose create/update failed
+    is billed no endpoint time. None before any job ran. The status API and the run's notification
+    both price a run through this, from that same field, so they always agree.
     """
     training = training_cost(training_job, table) if training_job else None
     evaluation = processing_cost(evaluation_job, table, now=until) if evaluation_job else None

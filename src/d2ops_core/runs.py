@@ -163,15 +163,85 @@ def sagemaker_name(run_id: str, suffix: str) -> str:
 TRAINING_JOB_SUFFIX = "train"
 EVALUATION_JOB_SUFFIX = "eval"
 
+# The run's objects in the artifacts bucket (docs/interfaces.md): everything a run writes lives
+# under runs/<run id>/, its spot checkpoints under checkpoints/<run id>/. Writers and readers take
+# these from here, never spell the layout themselves.
+RUNS_ROOT = "runs"
+CHECKPOINTS_ROOT = "checkpoints"
+VALIDATION_REPORT_NAME = "report.json"
+EVALUATION_REPORT_NAME = "evaluation.json"
+
+
+def run_prefix(run_id: str) -> str:
+    """``runs/<run id>/``: the key prefix of everything the run writes to the artifacts bucket."""
+    return f"{RUNS_ROOT}/{run_id}/"
+
+
+def s3_uri(bucket: str, key: str) -> str:
+    return f"s3://{bucket}/{key}"
+
+
+def validation_report_key(run_id: str) -> str:
+    """Where validate_dataset stores the run's full validation report (the status API reads it back)."""
+    return f"{run_prefix(run_id)}validation/{VALIDATION_REPORT_NAME}"
+
+
+def checkpoint_uri(artifacts_bucket: str, run_id: str) -> str:
+    """The training job's ``CheckpointConfig.S3Uri``: a spot restart of the same job resumes from it."""
+    return s3_uri(artifacts_bucket, f"{CHECKPOINTS_ROOT}/{run_id}/")
+
 
 def training_output_uri(artifacts_bucket: str, run_id: str) -> str:
     """The run's training job's ``S3OutputPath``; also how a job of this name is known to be this run's."""
-    return f"s3://{artifacts_bucket}/runs/{run_id}/training/"
+    return s3_uri(artifacts_bucket, f"{run_prefix(run_id)}training/")
 
 
 def evaluation_output_uri(artifacts_bucket: str, run_id: str) -> str:
     """The run's evaluation (processing) job's output ``S3Uri``; also how that job is known to be this run's."""
-    return f"s3://{artifacts_bucket}/runs/{run_id}/evaluation/"
+    return s3_uri(artifacts_bucket, f"{run_prefix(run_id)}evaluation/")
+
+
+def evaluation_report_uri(artifacts_bucket: str, run_id: str) -> str:
+    """The evaluation job's report: ``evaluation.json`` in its output (``model_code.evaluation`` writes it)."""
+    return evaluation_output_uri(artifacts_bucket, run_id) + EVALUATION_REPORT_NAME
+
+
+JobKind = Literal["training", "processing"]
+# SageMaker's API model names no not-found error for Describe/Stop of a job: it answers a name it
+# does not know with ValidationException ("Requested resource not found", "Could not find requested
+# job with name ...", moto: "Could not find training job '...'"); ResourceNotFound where it does.
+_MISSING_PHRASES = ("not found", "could not find", "does not exist")
+
+
+def is_missing_job(exc: BaseException) -> bool:
+    """Whether a SageMaker client error says the job does not exist (and nothing else: throttling,
+    access denied, other validation errors are not "missing").
+
+    Recognised by the botocore ``ClientError``'s ``response["Error"]`` dict, so the core needs no botocore.
+    """
+    response = getattr(exc, "response", None)
+    error = response.get("Error") if isinstance(response, dict) else None
+    if not isinstance(error, dict):
+        return False
+    code, message = error.get("Code"), str(error.get("Message") or "").lower()
+    return code == "ResourceNotFound" or (
+        code == "ValidationException" and any(phrase in message for phrase in _MISSING_PHRASES))
+
+
+def describe_job(sagemaker: Any, kind: JobKind, name: str) -> dict[str, Any] | None:
+    """DescribeTrainingJob / DescribeProcessingJob of ``name``; None when no job of that name exists.
+
+    Every other error (throttling, access denied) propagates: the caller decides whether the answer
+    can do without the job. ``sagemaker`` is a boto3 SageMaker client (or one with the same methods).
+    """
+    try:
+        if kind == "training":
+            return dict(sagemaker.describe_training_job(TrainingJobName=name))
+        return dict(sagemaker.describe_processing_job(ProcessingJobName=name))
+    except Exception as exc:
+        if is_missing_job(exc):
+            return None
+        raise
 
 
 def described_job_output(described: dict[str, Any]) -> str | None:

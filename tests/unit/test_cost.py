@@ -74,19 +74,74 @@ def test_the_status_api_prices_a_run_from_its_jobs_and_its_deployment_time() -> 
     from tests.fixtures.pipeline import support
 
     support.function_path("status_api")
-    from status_api.models import StateStep
-    from status_api.service import DEPLOY_STATES, run_cost
+    from status_api.service import run_cost
 
-    assert set(DEPLOY_STATES) <= set(support.machine().definition["States"])  # names as the ASL spells them
-    doc = {"plan": {"endpoint": {"instance_type": "ml.g4dn.xlarge", "instance_count": 2}, "names": {}}}
-    steps = [StateStep(name="Train model", status="succeeded", entered_at=START.isoformat()),
-             StateStep(name=DEPLOY_STATES[0], status="succeeded", entered_at=(START + timedelta(hours=1)).isoformat())]
+    doc = {"plan": {"endpoint": {"instance_type": "ml.g4dn.xlarge", "instance_count": 2}, "names": {}},
+           # as the create/update state's ResultSelector writes it ($$.State.EnteredTime)
+           "deployment": {"mode": "create", "started_at": "2026-01-01T13:00:00.000Z"}}
     evaluation = {"ProcessingJobName": "e", "ProcessingStartTime": START,
                   "ProcessingEndTime": START + timedelta(hours=1),
                   "ProcessingResources": {"ClusterConfig": {"InstanceType": "ml.m5.xlarge", "InstanceCount": 1}}}
-    priced = run_cost(doc, steps, _training_job(training=3600, billable=1800), evaluation,
+    priced = run_cost(doc, _training_job(training=3600, billable=1800), evaluation,
                       stopped=START + timedelta(hours=1, minutes=30), table=TABLE)
     assert priced is not None and priced.endpoint is not None
     assert priced.endpoint.instance_seconds == 2 * 1800 and priced.endpoint.cost_usd == pytest.approx(1.8)
     assert priced.total_usd == pytest.approx(0.9 + 0.36 + 1.8)  # 2 hosts x 30 billable min, 1 h eval, endpoint
-    assert run_cost({}, [], None, None, stopped=None, table=TABLE) is None  # nothing ran yet
+    assert run_cost({}, None, None, stopped=None, table=TABLE) is None  # nothing ran yet
+    garbled = {**doc, "deployment": {"started_at": "yesterday"}}  # unreadable: no endpoint time, not a 500
+    unpriced = run_cost(garbled, None, evaluation, stopped=START + timedelta(hours=2), table=TABLE)
+    assert unpriced is not None and unpriced.endpoint is None
+
+
+@pytest.mark.parametrize("deployment", [None, "2026-01-01T13:00:00.000Z"], ids=["update call failed", "deployed"])
+def test_the_status_api_and_the_notification_bill_the_same_endpoint_time(deployment: str | None,
+                                                                        tmp_path: Path) -> None:
+    """A run failing at its 'Update endpoint (blue/green)' call has entered the state but has no
+    $.deployment (the Catch writes $.error): neither the status API nor the notification bills endpoint
+    time for it; a deployed run is billed the same in both."""
+    import boto3
+    from botocore.stub import Stubber
+
+    from tests.fixtures.pipeline import support
+
+    support.function_path("status_api")
+    support.function_path("compose_notification")
+    from compose_notification.models import NotificationEvent
+    from compose_notification.service import compose
+    from status_api.service import run_cost
+
+    names = {"training_job": "run-1-train", "evaluation_job": "run-1-eval", "endpoint_config": "run-1-config"}
+    doc: dict[str, object] = {
+        "dataset": {"name": "shapes", "version": "v1"},
+        "plan": {"endpoint": {"instance_type": "ml.g4dn.xlarge", "instance_count": 2}, "names": names}}
+    if deployment is None:
+        doc["error"] = {"Error": "SageMaker.ValidationException", "Cause": "Cannot update in-progress endpoint"}
+    else:
+        doc["deployment"] = {"mode": "update", "started_at": deployment}
+    ended = START + timedelta(hours=1, minutes=30)
+    training = {**_training_job(training=3600, billable=1800), "TrainingJobName": "run-1-train"}
+    status_api = run_cost(doc, training, None, stopped=ended, table=TABLE)
+
+    sagemaker = boto3.client("sagemaker", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    stubber = Stubber(sagemaker)  # the same job, as DescribeTrainingJob answers (checked against botocore's model)
+    stubber.add_response("describe_training_job", {
+        **training, "TrainingJobArn": "arn:aws:sagemaker:us-east-1:123456789012:training-job/run-1-train",
+        "ModelArtifacts": {"S3ModelArtifacts": "s3://a/model.tar.gz"}, "TrainingJobStatus": "Completed",
+        "SecondaryStatus": "Completed", "AlgorithmSpecification": {"TrainingInputMode": "File"},
+        "StoppingCondition": {"MaxRuntimeInSeconds": 7200}, "CreationTime": START}, {"TrainingJobName": "run-1-train"})
+    stubber.add_client_error("describe_processing_job", "ValidationException",
+                             "Could not find processing job 'run-1-eval'.", 400)
+    stubber.activate()
+    (tmp_path / "prices.json").write_text(TABLE.model_dump_json())
+    event = NotificationEvent.model_validate({"outcome": "failed" if deployment is None else "succeeded",
+                                              "run_id": "shapes_v1_0123456789abcdef", "at": ended.isoformat(),
+                                              "document": doc})
+    notified = compose(event, sagemaker, env={cost.PRICE_TABLE_ENV: str(tmp_path / "prices.json")}).fields.cost
+    stubber.assert_no_pending_responses()
+
+    assert status_api is not None and notified is not None
+    assert status_api == notified
+    if deployment is None:
+        assert notified.endpoint is None and notified.total_usd == pytest.approx(0.9)  # training only
+    else:
+        assert notified.endpoint is not None and notified.endpoint.instance_seconds == 2 * 1800

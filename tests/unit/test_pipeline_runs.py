@@ -92,3 +92,72 @@ def test_existence_is_asked_by_listing_the_exact_key(monkeypatch: pytest.MonkeyP
         stub.add_response("list_objects_v2", {"KeyCount": 1, "Contents": [{"Key": CHAMPION_KEY}]}, listing)
         assert runs.key_listed(s3, "artifacts", CHAMPION_KEY)
         stub.assert_no_pending_responses()
+
+
+def test_the_run_layout_in_the_artifacts_bucket() -> None:
+    run_id = runs.run_id_for("shapes", "v1", "abc")
+    assert runs.run_prefix(run_id) == f"runs/{run_id}/"
+    assert runs.validation_report_key(run_id) == f"runs/{run_id}/validation/report.json"
+    assert runs.checkpoint_uri("art", run_id) == f"s3://art/checkpoints/{run_id}/"
+    assert runs.training_output_uri("art", run_id) == f"s3://art/runs/{run_id}/training/"
+    assert runs.evaluation_report_uri("art", run_id) == f"s3://art/runs/{run_id}/evaluation/evaluation.json"
+    # every run URI parses back to the bucket and a key under the run's prefix
+    for uri in (runs.training_output_uri("art", run_id), runs.evaluation_report_uri("art", run_id)):
+        bucket, key = runs.parse_s3_uri(uri)
+        assert bucket == "art" and key.startswith(runs.run_prefix(run_id))
+
+
+# How SageMaker (and its stand-ins) answer a Describe of a job that does not exist.
+MISSING_ANSWERS = [("ValidationException", "Requested resource not found"),  # SageMaker, training
+                   ("ValidationException", "Could not find requested job with name x-eval"),  # processing
+                   ("ValidationException", "Could not find training job 'arn:aws:sagemaker:...'."),  # moto
+                   ("ResourceNotFound", "Resource x does not exist")]
+OTHER_ANSWERS = [("ThrottlingException", "Rate exceeded"), ("AccessDeniedException", "not authorized"),
+                 ("ValidationException", "1 validation error detected: Value 'a_b' at 'trainingJobName' failed to "
+                                         "satisfy constraint")]
+
+
+@pytest.mark.parametrize(("code", "message"), MISSING_ANSWERS + OTHER_ANSWERS)
+def test_describe_job_is_none_only_for_a_job_that_does_not_exist(code: str, message: str) -> None:
+    """Throttling, access and other validation errors propagate: a job that could not be described is not
+    a job that does not exist (the status API answers 503 for throttling, the release function retries)."""
+    import boto3
+    from botocore.exceptions import ClientError
+    from botocore.stub import Stubber
+
+    sagemaker = boto3.client("sagemaker", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    with Stubber(sagemaker) as stub:
+        stub.add_client_error("describe_training_job", code, message, 400, expected_params={"TrainingJobName": "x"})
+        stub.add_client_error("describe_processing_job", code, message, 400,
+                              expected_params={"ProcessingJobName": "x"})
+        for kind in ("training", "processing"):
+            if (code, message) in MISSING_ANSWERS:
+                assert runs.describe_job(sagemaker, kind, "x") is None
+            else:
+                with pytest.raises(ClientError, match=code) as raised:
+                    runs.describe_job(sagemaker, kind, "x")
+                assert not runs.is_missing_job(raised.value)
+        stub.assert_no_pending_responses()
+    assert not runs.is_missing_job(ValueError("not found"))  # not a client error at all
+
+
+def test_describe_job_answers_from_moto(monkeypatch: pytest.MonkeyPatch) -> None:
+    import boto3
+    from moto import mock_aws
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with mock_aws():
+        sagemaker = boto3.client("sagemaker", aws_access_key_id="x", aws_secret_access_key="x")
+        assert runs.describe_job(sagemaker, "training", "never-made-train") is None
+        assert runs.describe_job(sagemaker, "processing", "never-made-eval") is None
+        sagemaker.create_processing_job(
+            ProcessingJobName="made-eval", RoleArn="arn:aws:iam::123456789012:role/r",
+            AppSpecification={"ImageUri": "img"}, StoppingCondition={"MaxRuntimeInSeconds": 60},
+            ProcessingResources={"ClusterConfig": {"InstanceCount": 1, "InstanceType": "ml.m5.large",
+                                                   "VolumeSizeInGB": 1}},
+            ProcessingOutputConfig={"Outputs": [{"OutputName": "o", "S3Output": {
+                "S3Uri": runs.evaluation_output_uri("art", "r"), "LocalPath": "/opt/ml/processing/output",
+                "S3UploadMode": "EndOfJob"}}]})
+        described = runs.describe_job(sagemaker, "processing", "made-eval")
+        assert described is not None and described["ProcessingJobName"] == "made-eval"
+        assert runs.described_job_output(described) == runs.evaluation_output_uri("art", "r")

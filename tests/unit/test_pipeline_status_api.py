@@ -213,6 +213,19 @@ def test_other_aws_errors_stay_server_errors(aws: dict[str, Any], monkeypatch: p
         call("GET", "/runs")
 
 
+def test_a_throttled_job_describe_is_not_a_missing_job() -> None:
+    """GET /runs/{id} used to show a throttled DescribeTrainingJob as "no job yet" (and price the run without
+    it); it now propagates, so the handler answers 503 with Retry-After (test above)."""
+    from botocore.exceptions import ClientError
+
+    doc = {"plan": {"names": {"training_job": "r-train", "evaluation_job": "r-eval"}}}
+    for kind in ("training", "processing"):
+        with pytest.raises(ClientError) as raised:
+            service._describe_job(Throttled("ThrottlingException", 400), doc, kind)
+        assert service.is_throttling(raised.value)
+    assert service._describe_job(Throttled("ThrottlingException", 400), {"plan": {"names": {}}}, "training") is None
+
+
 def test_boto3_clients_are_made_once_per_environment_not_per_request(aws: dict[str, Any],
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[str] = []
@@ -419,4 +432,4 @@ def test_an_unreadable_price_table_leaves_the_cost_out_not_the_run(monkeypatch, 
     monkeypatch.setenv("D2OPS_PRICE_TABLE", str(bad))
     job = {"TrainingJobName": "j", "ResourceConfig": {"InstanceType": "ml.g5.xlarge", "InstanceCount": 1},
            "TrainingTimeInSeconds": 600, "BillableTimeInSeconds": 600}
-    assert service.run_cost({}, [], job, None, None) is None
+    assert service.run_cost({}, job, None, None) is None

@@ -16,6 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from d2ops_core.runs import JobKind
+
 KEY_ATTRIBUTE = "endpoint_name"  # the table's hash key: one lease per endpoint
 HOLDER_ATTRIBUTE = "holder"  # the holding execution's ARN
 ENDED_STATUSES = ("SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED")
@@ -45,7 +47,7 @@ class ExecutionStatusChange(BaseModel):
 class JobStop(BaseModel):
     """What became of one of the run's jobs."""
 
-    kind: Literal["training", "processing"]
+    kind: JobKind
     name: str
     action: Literal["stopped", "not-running", "not-found", "not-ours"]
     status: str | None = Field(default=None, description="the job's status when it was looked at")

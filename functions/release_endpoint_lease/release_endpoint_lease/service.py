@@ -4,7 +4,7 @@ running, as a ``.sync`` state would have."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from botocore.exceptions import ClientError
 
@@ -18,8 +18,6 @@ from release_endpoint_lease.models import (
     JobStop,
     ReleaseResult,
 )
-
-JobKind = Literal["training", "processing"]
 
 
 def release_lease(dynamodb: Any, table: str, endpoint_name: str, holder: str) -> bool:
@@ -36,37 +34,17 @@ def release_lease(dynamodb: Any, table: str, endpoint_name: str, holder: str) ->
     return True
 
 
-def _is_not_found(exc: ClientError) -> bool:
-    # SageMaker answers a Describe/Stop of a job it does not know with ValidationException ("Requested
-    # resource not found", "Could not find requested job ..."), though its model names ResourceNotFound.
-    error = exc.response.get("Error", {})
-    message = str(error.get("Message", "")).lower()
-    return error.get("Code") == "ResourceNotFound" or (
-        error.get("Code") == "ValidationException" and ("not found" in message or "could not find" in message))
-
-
-def _describe(sagemaker: Any, kind: JobKind, name: str) -> dict[str, Any] | None:
-    try:
-        if kind == "training":
-            return dict(sagemaker.describe_training_job(TrainingJobName=name))
-        return dict(sagemaker.describe_processing_job(ProcessingJobName=name))
-    except ClientError as exc:
-        if _is_not_found(exc):
-            return None
-        raise
-
-
-def _status(kind: JobKind, described: dict[str, Any]) -> str:
+def _status(kind: runs.JobKind, described: dict[str, Any]) -> str:
     return str(described.get("TrainingJobStatus" if kind == "training" else "ProcessingJobStatus"))
 
 
-def stop_job(sagemaker: Any, kind: JobKind, name: str, output_uri: str) -> JobStop:
+def stop_job(sagemaker: Any, kind: runs.JobKind, name: str, output_uri: str) -> JobStop:
     """Stop the job ``name`` if it is this run's (it writes to ``output_uri``) and still InProgress.
 
     Idempotent: a job already Stopping/Stopped/Completed/Failed, or none of that name, is left as it
     is. Any other error propagates: Lambda retries the event twice, then dead-letters it.
     """
-    described = _describe(sagemaker, kind, name)
+    described = runs.describe_job(sagemaker, kind, name)
     if described is None:  # the run never got that far
         return JobStop(kind=kind, name=name, action="not-found")
     status = _status(kind, described)
@@ -84,7 +62,7 @@ def stop_job(sagemaker: Any, kind: JobKind, name: str, output_uri: str) -> JobSt
         # ValidationException): look again rather than fail a delivery that has nothing left to do.
         if exc.response.get("Error", {}).get("Code") not in ("ValidationException", "ResourceNotFound"):
             raise
-        again = _describe(sagemaker, kind, name)
+        again = runs.describe_job(sagemaker, kind, name)
         if again is not None and _status(kind, again) == "InProgress":
             raise
         return JobStop(kind=kind, name=name, action="not-running",

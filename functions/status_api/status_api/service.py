@@ -24,9 +24,6 @@ from status_api.models import (
     TrainingInfo,
 )
 
-# The states that create or update the endpoint (statemachine/training_pipeline.asl.json): the run's
-# endpoint instances are billed from when it enters one of them.
-DEPLOY_STATES = ("Create endpoint", "Update endpoint (blue/green)")
 MAX_HISTORY_PAGES = 10  # 10 000 events: far more than one run writes
 MAX_LIST_PAGES = 10  # pages scanned per GET /runs when filtering by dataset
 RETRY_AFTER_SECONDS = 5
@@ -178,17 +175,17 @@ def latest_document(events: list[dict[str, Any]], execution: dict[str, Any]) -> 
     return document if isinstance(document, dict) else {}
 
 
-def _describe_job(sagemaker: Any, document: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    """DescribeTrainingJob / DescribeProcessingJob of the run's job, None when it does not exist (yet)."""
-    name = (document.get("plan") or {}).get("names", {}).get(f"{kind}_job")
-    if not name:
+def _describe_job(sagemaker: Any, document: dict[str, Any], kind: runs.JobKind) -> dict[str, Any] | None:
+    """DescribeTrainingJob / DescribeProcessingJob of the run's job, None when it does not exist (yet).
+
+    Throttling and other errors propagate (the handler answers 503 for throttling): a job that could
+    not be described is not a job that does not exist, and the run's cost would silently drop it.
+    """
+    names = (document.get("plan") or {}).get("names") or {}
+    name = names.get("training_job" if kind == "training" else "evaluation_job")
+    if not name or not isinstance(name, str):
         return None
-    try:
-        if kind == "training":
-            return dict(sagemaker.describe_training_job(TrainingJobName=name))
-        return dict(sagemaker.describe_processing_job(ProcessingJobName=name))
-    except sagemaker.exceptions.ClientError:
-        return None  # not created yet (or throttled): the run is still worth showing
+    return runs.describe_job(sagemaker, kind, name)
 
 
 def training_info(sagemaker: Any, document: dict[str, Any], job: dict[str, Any] | None = None) -> TrainingInfo | None:
@@ -220,6 +217,7 @@ def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str) -> Ru
     except (ValueError, AttributeError):
         dataset = None
     training_job = _describe_job(sagemaker, doc, "training")
+    evaluation_job = _describe_job(sagemaker, doc, "processing")
     endpoint = None
     if doc.get("deployment") or doc.get("endpoint"):
         endpoint = EndpointInfo(name=(doc.get("champion") or {}).get("endpoint_name"),
@@ -236,13 +234,28 @@ def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str) -> Ru
         training=training_info(sagemaker, doc, training_job), evaluation=doc.get("evaluation"), gate=doc.get("gate"),
         model_package_arn=(doc.get("registration") or {}).get("model_package_arn"), endpoint=endpoint,
         failure=_failure(doc.get("failure")), error=execution.get("error"), cause=_cause(execution.get("cause")),
-        cost=run_cost(doc, steps, training_job, _describe_job(sagemaker, doc, "evaluation"),
-                      execution.get("stopDate")))
+        cost=run_cost(doc, training_job, evaluation_job, execution.get("stopDate")))
 
 
-def run_cost(doc: dict[str, Any], steps: list[StateStep], training_job: dict[str, Any] | None,
-             evaluation_job: dict[str, Any] | None, stopped: datetime | None,
-             table: cost.PriceTable | None = None) -> cost.RunCost | None:
+def deployed_at(doc: dict[str, Any]) -> datetime | None:
+    """``$.deployment.started_at``: when the create/update endpoint state that succeeded was entered.
+
+    The state writes it only when its call succeeded, so a run whose create/update call failed is
+    billed no endpoint time: the notification prices from the same field (compose_notification).
+    """
+    deployment = doc.get("deployment")
+    value = deployment.get("started_at") if isinstance(deployment, dict) else None
+    if not isinstance(value, str):
+        return None
+    try:
+        when = datetime.fromisoformat(value)  # $$.State.EnteredTime: 2026-01-01T12:00:00.123Z
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def run_cost(doc: dict[str, Any], training_job: dict[str, Any] | None, evaluation_job: dict[str, Any] | None,
+             stopped: datetime | None, table: cost.PriceTable | None = None) -> cost.RunCost | None:
     """Training, evaluation and endpoint time priced with the stack's table; None before any job ran,
     or when the operator's price table cannot be read (logged: the run itself must still be readable)."""
     if table is None:
@@ -253,9 +266,7 @@ def run_cost(doc: dict[str, Any], steps: list[StateStep], training_job: dict[str
             return None
     plan = doc.get("plan") or {}
     endpoint = {**(plan.get("endpoint") or {}), "name": plan.get("names", {}).get("endpoint_config")}
-    deployed = next((s for s in steps if s.name in DEPLOY_STATES), None)
-    return cost.price_run(table, training_job, evaluation_job, endpoint,
-                          datetime.fromisoformat(deployed.entered_at) if deployed is not None else None,
+    return cost.price_run(table, training_job, evaluation_job, endpoint, deployed_at(doc),
                           stopped or datetime.now(UTC))
 
 
