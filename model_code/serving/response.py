@@ -1,4 +1,8 @@
-"""Detections -> the endpoint's JSON answer (documented with examples in docs/serving.md)."""
+"""Detections -> the endpoint's JSON answer (documented with examples in docs/serving.md).
+
+Built through the response document (d2ops_core.documents.detections) that the smoke test,
+``d2ops predict`` and clients read, so the writer cannot send what its readers refuse.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from typing import Any
 import numpy as np
 from pycocotools import mask as mask_utils
 
+from d2ops_core.documents.detections import Detection, ImageSize, InvocationResponse, RleMask
 from model_code.artifact import ArtifactMetadata
 from model_code.inference import Detections
 from model_code.serving.options import PredictOptions
@@ -21,8 +26,9 @@ def encode_masks(masks: np.ndarray) -> list[dict[str, Any]]:
     return [{"size": [int(s) for s in rle["size"]], "counts": rle["counts"].decode("ascii")} for rle in rles]
 
 
-def detections_to_json(detections: Detections, metadata: ArtifactMetadata, options: PredictOptions,
-                       width: int, height: int) -> dict[str, Any]:
+def build_response(detections: Detections, metadata: ArtifactMetadata, options: PredictOptions,
+                   width: int, height: int) -> InvocationResponse:
+    """The endpoint's answer as the response document; a value its readers would refuse raises here."""
     boxes = detections.boxes.detach().cpu().tolist()
     scores = detections.scores.detach().cpu().tolist()
     labels = detections.labels.detach().cpu().tolist()
@@ -33,13 +39,16 @@ def detections_to_json(detections: Detections, metadata: ArtifactMetadata, optio
     for i, (box, score, label) in enumerate(zip(boxes, scores, labels, strict=True)):
         if not (math.isfinite(score) and all(math.isfinite(v) for v in box)):
             continue  # NaN/inf (a model diverging on an odd image) is no detection, and no JSON has a NaN
-        item: dict[str, Any] = {
-            "box": [round(float(v), 2) for v in box],
-            "score": round(float(score), 4),
-            "class_id": metadata.category_ids[label],
-            "class_name": metadata.class_names[label],
-        }
-        if rles is not None:
-            item["mask"] = rles[i]
-        out.append(item)
-    return {"detections": out, "image": {"width": width, "height": height}}
+        out.append(Detection(box=[round(float(v), 2) for v in box], score=round(float(score), 4),
+                             class_id=metadata.category_ids[label], class_name=metadata.class_names[label],
+                             mask=None if rles is None else RleMask.model_validate(rles[i])))
+    return InvocationResponse(detections=out, image=ImageSize(width=width, height=height))
+
+
+def detections_to_json(detections: Detections, metadata: ArtifactMetadata, options: PredictOptions,
+                       width: int, height: int) -> dict[str, Any]:
+    """The answer as a JSON-ready dict. exclude_none: a detection without a mask has no "mask" key
+    (clients test ``"mask" in d``), exactly as before the document was built through the model."""
+    response = build_response(detections, metadata, options, width, height)
+    document: dict[str, Any] = response.model_dump(mode="json", exclude_none=True)
+    return document

@@ -26,7 +26,8 @@ from smoke_test_endpoint.service import NoSmokeTestImage, SmokeTestFailed, check
 
 EVENT = support.load_event("smoke_test_endpoint", "endpoint")
 GOOD = {"detections": [{"box": [1.0, 2.0, 30.5, 40.0], "score": 0.93, "class_id": 0, "class_name": "square"},
-                       {"box": [5, 5, 9, 9], "score": 0.2, "class_id": 2, "class_name": "triangle", "mask": None}]}
+                       {"box": [5, 5, 9, 9], "score": 0.2, "class_id": 2, "class_name": "triangle", "mask": None}],
+        "image": {"width": 32, "height": 24}}
 
 
 def jpeg() -> bytes:
@@ -89,6 +90,7 @@ def test_a_container_error_fails_the_smoke_test(s3: Any) -> None:
      "not x1 <= x2"),
     ({"detections": [{"box": [1, 2, 3, 4], "score": 1.5, "class_id": 0, "class_name": "a"}]}, "application/json",
      "detections.0.score"),
+    ({"detections": []}, "application/json", "image: Field required"),
     ("<html>oops</html>", "text/html", "Content-Type 'text/html'"),
     ("{truncated", "application/json", "invalid JSON"),
 ])

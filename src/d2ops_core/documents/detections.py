@@ -1,7 +1,8 @@
 """The endpoint's answer: detections as ``POST /invocations`` returns them (docs/serving.md).
 
-Written by the serving code (``model_code.serving.response``); read by the smoke test
-(``smoke_test_endpoint``), ``d2ops predict`` and API clients, all through this one model.
+Written by the serving code (``model_code.serving.response`` builds it and dumps it); read by
+the smoke test (``smoke_test_endpoint``), ``d2ops predict`` and API clients, all through this
+one model.
 """
 
 from __future__ import annotations
@@ -11,15 +12,25 @@ import math
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
+class RleMask(BaseModel):
+    """A COCO RLE (pycocotools.mask.encode) with ``counts`` as an ASCII string."""
+
+    size: list[int] = Field(min_length=2, max_length=2)  # [height, width]
+    counts: str
+
+
 class Detection(BaseModel):
     """One detection as the endpoint returns it (xyxy box in original pixels)."""
 
-    model_config = ConfigDict(extra="allow")  # optional fields such as an RLE mask
+    # Readers accept fields a newer endpoint may add; the writer only sets the declared ones.
+    model_config = ConfigDict(extra="allow")
 
     box: list[float] = Field(min_length=4, max_length=4)
     score: float = Field(ge=0, le=1)
     class_id: int = Field(ge=0)
     class_name: str = Field(min_length=1)
+    # The writer leaves the key out (exclude_none) unless the request asked for masks.
+    mask: RleMask | None = Field(default=None, description="only with masks=true: COCO RLE, counts as ASCII")
 
     @field_validator("box")
     @classmethod
@@ -31,5 +42,14 @@ class Detection(BaseModel):
         return box
 
 
+class ImageSize(BaseModel):
+    """The upright image the boxes refer to (EXIF orientation applied), in pixels."""
+
+    width: int = Field(gt=0)
+    height: int = Field(gt=0)
+
+
 class InvocationResponse(BaseModel):
+    # Field order is the JSON's key order (the writer dumps the model): detections, then image.
     detections: list[Detection]
+    image: ImageSize = Field(description="the upright image the boxes are in")
