@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 
 from d2ops_core.metrics import primary_metric
+from d2ops_core.runs import EVALUATION_REPORT_NAME
 from model_code.artifact import ArtifactError, LoadedDetector, load_artifact, write_json
 from model_code.dataset_version import DatasetError, open_dataset_version, read_coco
 from model_code.evaluation.coco import Evaluation, evaluate_detector, print_progress
@@ -78,7 +79,7 @@ def evaluate(root: Path, sample_images: int = 6) -> dict[str, object]:
     from model_code.evaluation.report import write_report
 
     write_report(output / "report", results, gt, dataset.images_dir, sample_images=sample_images)
-    write_json(output / "evaluation.json", report)  # last: its presence means the job's work is complete
+    write_json(output / EVALUATION_REPORT_NAME, report)  # last: its presence means the job's work is complete
     for who, ev in results.items():
         print(f"{who}: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(ev.metrics.items())), flush=True)
     return report

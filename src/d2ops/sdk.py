@@ -18,12 +18,13 @@ from __future__ import annotations
 import datetime as _dt
 import importlib
 import os
-import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
+
+from d2ops_core import runs
 
 # The v2 API (Predictor, Estimator, TrainingInput); v3 is a different API.
 SDK_REQUIREMENT = "sagemaker>=2.250,<3"
@@ -37,8 +38,6 @@ PREPARE_FUNCTION_CODE = "prepare_training"
 #   tags) silently changes the job away from the one the pipeline runs.
 SDK_CONFIG: dict[str, Any] = {"SchemaVersion": "1.0",
                               "SageMaker": {"PythonSDK": {"Modules": {"TelemetryOptOut": True}}}}
-_S3_PREFIX = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<prefix>datasets/"
-                        r"(?P<name>[^/]+)/(?P<version>[^/]+)/)$")
 
 
 class SdkMissing(RuntimeError):
@@ -139,8 +138,7 @@ def stack_settings(stack_name: str, boto_session: Any = None) -> Any:
 def experiment_run_id(name: str, version: str, now: _dt.datetime | None = None) -> str:
     """``experiment-<name>-<version>-<UTC time>``: no ``_``, so it never reads as a pipeline run id."""
     stamp = (now or _dt.datetime.now(_dt.UTC)).strftime("%Y%m%dT%H%M%S")
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{name}-{version}").strip("-")[:50]
-    return f"experiment-{slug}-{stamp}"
+    return f"experiment-{runs.slug(f'{name}-{version}', 50)}-{stamp}"
 
 
 @dataclass(frozen=True)
@@ -155,6 +153,15 @@ class ExperimentJob:
     def fit(self, wait: bool = True, logs: str = "None") -> None:
         """Start the job (``logs="All"`` streams CloudWatch Logs, which a deployed stack has)."""
         self.estimator.fit(self.inputs, job_name=self.job_name, wait=wait, logs=logs)
+
+
+def _dataset_version(dataset_uri: str) -> runs.DatasetRef:
+    """``s3://<bucket>/datasets/<name>/<version>/`` as the run's dataset (the layout is d2ops_core.runs')."""
+    bucket, key = runs.parse_s3_uri(dataset_uri)
+    name, version = runs.parse_manifest_key(key.rstrip("/") + "/" + runs.MANIFEST_NAME)
+    prefix = runs.dataset_prefix(name, version)
+    return runs.DatasetRef(bucket=bucket, prefix=prefix, name=name, version=version,
+                           manifest_key=prefix + runs.MANIFEST_NAME, manifest_version="experiment")
 
 
 def experiment_job(settings: Any, dataset_uri: str, *, sagemaker_session: Any, run_id: str | None = None,
@@ -172,16 +179,15 @@ def experiment_job(settings: Any, dataset_uri: str, *, sagemaker_session: Any, r
     from sagemaker.inputs import TrainingInput
 
     models, service, _ = _prepare_training()
-    match = _S3_PREFIX.match(dataset_uri if dataset_uri.endswith("/") else dataset_uri + "/")
-    if match is None:
-        raise ExperimentError(f"dataset {dataset_uri!r}: expected s3://<DataBucket>/datasets/<name>/<version>/")
-    run_id = run_id or experiment_run_id(match["name"], match["version"])
+    try:
+        dataset = _dataset_version(dataset_uri)
+    except ValueError as exc:  # not an s3:// URI, or not datasets/<name>/<version>/
+        raise ExperimentError(f"dataset {dataset_uri!r}: expected s3://<DataBucket>/datasets/<name>/<version>/ "
+                              f"({exc})") from None
+    run_id = run_id or experiment_run_id(dataset.name, dataset.version)
     try:
         event = models.PrepareEvent.model_validate({
-            "run_id": run_id,
-            "dataset": {"bucket": match["bucket"], "prefix": match["prefix"], "name": match["name"],
-                        "version": match["version"], "manifest_key": f"{match['prefix']}manifest.json",
-                        "manifest_version": "experiment"},
+            "run_id": run_id, "dataset": dataset.model_dump(),
             "manifest": {"task": task, "training": dict(training or {})}})
         request: dict[str, Any] = service.build_plan(settings, event, None).training_job
     except ValidationError as exc:

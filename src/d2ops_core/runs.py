@@ -27,7 +27,7 @@ MANIFEST_NAME = "manifest.json"
 DATASETS_ROOT = "datasets"
 MAX_RUN_ID_LENGTH = 80  # Step Functions execution name limit
 MAX_SAGEMAKER_NAME_LENGTH = 63  # training/processing job, model, endpoint config names
-RUN_ID_SEPARATOR = "_"  # never produced by _slug, so run ids split back unambiguously
+RUN_ID_SEPARATOR = "_"  # never produced by slug, so run ids split back unambiguously
 _NAME_PART = 30
 _VERSION_PART = 30
 _TOKEN_LENGTH = 16
@@ -115,9 +115,10 @@ def object_version_token(version_id: str | None, etag: str | None) -> str:
     raise ValueError("the manifest object has neither a version id nor an ETag")
 
 
-def _slug(value: str, limit: int) -> str:
-    slug = _SLUG_DROP.sub("-", value).strip("-")[:limit].strip("-")
-    return slug or "x"
+def slug(value: str, limit: int) -> str:
+    """``value`` as at most ``limit`` of [A-Za-z0-9-] (runs of anything else become one ``-``; never empty)."""
+    slugged = _SLUG_DROP.sub("-", value).strip("-")[:limit].strip("-")
+    return slugged or "x"
 
 
 def run_id_for(name: str, version: str, object_version: str) -> str:
@@ -127,7 +128,7 @@ def run_id_for(name: str, version: str, object_version: str) -> str:
     slugging long names never makes two uploads share a run id.
     """
     digest = hashlib.sha256(f"{name}\n{version}\n{object_version}".encode()).hexdigest()[:_TOKEN_LENGTH]
-    run_id = RUN_ID_SEPARATOR.join((_slug(name, _NAME_PART), _slug(version, _VERSION_PART), digest))
+    run_id = RUN_ID_SEPARATOR.join((slug(name, _NAME_PART), slug(version, _VERSION_PART), digest))
     assert len(run_id) <= MAX_RUN_ID_LENGTH
     return run_id
 
@@ -140,7 +141,7 @@ def split_run_id(run_id: str) -> tuple[str, str, str] | None:
 
 def dataset_slug(name: str) -> str:
     """The form a dataset name takes inside run ids (for filtering runs by dataset)."""
-    return _slug(name, _NAME_PART)
+    return slug(name, _NAME_PART)
 
 
 def sagemaker_name(run_id: str, suffix: str) -> str:
@@ -151,7 +152,7 @@ def sagemaker_name(run_id: str, suffix: str) -> str:
     """
     if not re.fullmatch(r"[a-z0-9]{1,12}", suffix):
         raise ValueError(f"suffix must be 1-12 lowercase letters or digits, got {suffix!r}")
-    base = _slug(run_id, MAX_RUN_ID_LENGTH)
+    base = slug(run_id, MAX_RUN_ID_LENGTH)
     name = f"{base}-{suffix}"
     if len(name) > MAX_SAGEMAKER_NAME_LENGTH:
         digest = hashlib.sha256(run_id.encode()).hexdigest()[:12]

@@ -21,7 +21,6 @@ from prepare_training.models import (
 
 CHECKPOINT_DIR = "/opt/ml/checkpoints"
 PROCESSING_ROOT = "/opt/ml/processing"
-EVALUATION_REPORT = "evaluation.json"
 EVALUATION_MAX_SECONDS = 2 * 3600
 VOLUME_GB = 50
 # The blue/green update's bake (docs/pipeline.md#canary-deployment): long enough for two
@@ -43,10 +42,6 @@ def job_names(run_id: str) -> JobNames:
                     evaluation_job=runs.sagemaker_name(run_id, runs.EVALUATION_JOB_SUFFIX),
                     model=runs.sagemaker_name(run_id, "model"),
                     endpoint_config=runs.sagemaker_name(run_id, "config"))
-
-
-def run_prefix(settings: PrepareSettings, run_id: str) -> str:
-    return f"s3://{settings.artifacts_bucket}/runs/{run_id}"
 
 
 def hyperparameters(settings: PrepareSettings, event: PrepareEvent) -> dict[str, str]:
@@ -91,7 +86,7 @@ def training_job_request(settings: PrepareSettings, event: PrepareEvent, names: 
         "EnableNetworkIsolation": True,
         "EnableInterContainerTrafficEncryption": True,
         # Checkpoints sync to S3 so a spot restart (same job) resumes instead of starting over.
-        "CheckpointConfig": {"S3Uri": f"s3://{settings.artifacts_bucket}/checkpoints/{event.run_id}/",
+        "CheckpointConfig": {"S3Uri": runs.checkpoint_uri(settings.artifacts_bucket, event.run_id),
                              "LocalPath": CHECKPOINT_DIR},
         "Tags": [{"Key": "d2ops:run-id", "Value": event.run_id}],
     }
@@ -168,7 +163,7 @@ def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: Champio
                               poll_seconds=settings.endpoint_poll_seconds,
                               max_wait_attempts=settings.endpoint_max_wait_attempts,
                               traffic_routing=traffic_routing(settings.endpoint_instance_count)),
-        evaluation_report_uri=f"{run_prefix(settings, event.run_id)}/evaluation/{EVALUATION_REPORT}",
+        evaluation_report_uri=runs.evaluation_report_uri(settings.artifacts_bucket, event.run_id),
         champion=champion,
     )
 

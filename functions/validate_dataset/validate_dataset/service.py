@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from d2ops_core import runs
 from d2ops_core.validation import Code, DatasetNotFound, DatasetUnreadable, ValidationReport, validate_s3
 from d2ops_core.validation.codes import Severity, severity
 from d2ops_core.validation.manifest import StackLimits
@@ -15,7 +16,8 @@ FIRST_ERRORS = 5
 
 
 def report_key(run_id: str) -> str:
-    return f"runs/{run_id}/validation/report.json"
+    """The run's full validation report in the artifacts bucket (the layout is d2ops_core.runs')."""
+    return runs.validation_report_key(run_id)
 
 
 def summarize(report: ValidationReport, report_uri: str) -> ValidationSummary:
@@ -46,4 +48,4 @@ def validate_dataset(event: ValidateDatasetEvent, s3_client: Any, artifacts_buck
     # Overwriting the same key makes a retried invocation idempotent.
     s3_client.put_object(Bucket=artifacts_bucket, Key=key, Body=report.model_dump_json(indent=1).encode(),
                          ContentType="application/json")
-    return summarize(report, f"s3://{artifacts_bucket}/{key}")
+    return summarize(report, runs.s3_uri(artifacts_bucket, key))
