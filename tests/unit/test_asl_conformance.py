@@ -534,8 +534,10 @@ def test_deeply_nested_input_is_refused_cleanly() -> None:
 def test_an_endless_loop_ends_at_the_history_quota_of_25000_events() -> None:
     execution = run({"StartAt": "A", "States": {"A": {"Type": "Pass", "Next": "A"}}}, {})
     assert (execution.status, execution.error) == ("FAILED", "States.Runtime")
-    assert "maximum number of events in its history (25000)" in (execution.cause or "")
-    assert 25_000 <= len(execution.history) <= 25_002 and execution.history[-1]["type"] == "ExecutionFailed"
+    # The service's cause, word for word, on event 25,000 (the last Pass exit is event 24,999).
+    assert execution.cause == "The execution reached the maximum number of history events (25000)."
+    assert len(execution.history) == 25_000 and execution.history[-1]["type"] == "ExecutionFailed"
+    assert execution.history[-2]["type"] == "PassStateExited"
 
 
 def test_a_deeply_nested_definition_is_refused_at_load() -> None:

@@ -338,8 +338,8 @@ class Execution:
             self._finish("ABORTED", error=error, cause=cause)
             self._event(frame, "ExecutionAborted", _error_details(error, cause))
         except ExecutionHistoryLimitExceeded:
-            cause = (f"The execution reached the maximum number of events in its history ({MAX_HISTORY_EVENTS}), "
-                     "the Standard workflow quota: an endless loop, or a Map with too many iterations")
+            # The service's words (the Standard quota; an endless loop or too large an inline Map gets here).
+            cause = f"The execution reached the maximum number of history events ({MAX_HISTORY_EVENTS})."
             self._finish("FAILED", error=RUNTIME, cause=cause)
             self._event(frame, "ExecutionFailed", _error_details(RUNTIME, cause))
         except (ExecutionTimedOut, _BranchCancelled):
@@ -391,7 +391,9 @@ class Execution:
             self._timed_out = True
             self._cancel.set()
             raise ExecutionTimedOut()
-        if len(self._events) >= MAX_HISTORY_EVENTS:
+        # At 24,999 events only ExecutionSucceeded may still be written, and every _check precedes a
+        # state's event: fail here so that ExecutionFailed is event 25,000, where the service writes it.
+        if len(self._events) >= MAX_HISTORY_EVENTS - 1:
             self._cancel.set()  # every other branch stops too
             raise ExecutionHistoryLimitExceeded()
         if frame.cancel.is_set():

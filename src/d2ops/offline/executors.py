@@ -23,6 +23,7 @@ import datetime as dt
 import json
 import re
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -93,6 +94,19 @@ def error_name(client: Any, service: str, code: str, sdk: bool) -> str:
         return f"{optimised}.{suffixed}"
     prefix = optimised or sdk_error_prefix(service)
     return f"{prefix}.Amazon{prefix}Exception"
+
+
+def sync_create_cause(exc: ClientError) -> str:
+    """The Cause the optimised SageMaker ``.sync`` integration gives a refused create call, in the
+    AWS SDK for Java v1 words Step Functions writes there, e.g. ``Training job names must be unique
+    ... (Service: AmazonSageMaker; Status Code: 400; Error Code: ResourceInUse; Request ID: <uuid>;
+    Proxy: null)``. The pipeline's 'already created?' Choices match ``*Error Code: ResourceInUse*``."""
+    error = exc.response.get("Error", {})
+    meta = exc.response.get("ResponseMetadata", {})
+    code, message = error.get("Code", "Unknown"), error.get("Message", str(exc))
+    request_id = meta.get("RequestId") or str(uuid.uuid4())  # the service always names one
+    return (f"{message} (Service: AmazonSageMaker; Status Code: {meta.get('HTTPStatusCode', 400)}; "
+            f"Error Code: {code}; Request ID: {request_id}; Proxy: null)")
 
 
 def pascal_names(value: Any, shape: Any) -> Any:
@@ -204,11 +218,7 @@ class ServiceExecutors:
         try:
             submitted = create()
         except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "Unknown")
-            message = exc.response.get("Error", {}).get("Message", str(exc))
-            http = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 400)
-            raise TaskFailed("SageMaker.AmazonSageMakerException",
-                             f"{message} (Service: sagemaker, Status Code: {http}, Error Code: {code})") from exc
+            raise TaskFailed("SageMaker.AmazonSageMakerException", sync_create_cause(exc)) from exc
         if self._lose_response("sagemaker", action):  # the job runs; the state only hears of a failure
             raise TaskFailed("SageMaker.AmazonSageMakerException",
                              f"Unable to execute HTTP request: Read timed out (sagemaker {action} reached the service; "
