@@ -22,6 +22,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from d2ops_core import runs
+
+# The run's S3 layout as d2ops_core.runs derives it (placeholders for bucket and run id), never respelled here.
+_ARTIFACTS, _RUN = "<ArtifactsBucket>", "<runId>"
+
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout whose docs/ this writes
 DOC_PATH = REPO_ROOT / "docs" / "interfaces.md"
 
@@ -52,7 +57,7 @@ DOCUMENTS: tuple[Document, ...] = (
         "d2ops_core.runs:DatasetRef"),
     Document(
         "validation-report", "Validation report",
-        "`s3://<ArtifactsBucket>/runs/<runId>/validation/report.json`",
+        f"`{runs.s3_uri(_ARTIFACTS, runs.validation_report_key(_RUN))}`",
         "`validate_dataset` (`d2ops_core.validation.validate_s3`)", "`status_api`, `d2ops validate` (prints it)",
         "d2ops_core.validation.report:ValidationReport"),
     Document(
@@ -68,7 +73,7 @@ DOCUMENTS: tuple[Document, ...] = (
         "d2ops_core.documents.evaluation:ModelEvaluation"),
     Document(
         "evaluation-report", "Evaluation report (challenger and champion)",
-        "`s3://<ArtifactsBucket>/runs/<runId>/evaluation/evaluation.json` (the processing job's output)",
+        f"`{runs.evaluation_report_uri(_ARTIFACTS, _RUN)}` (the processing job's output)",
         "the evaluation processing job (`model_code.evaluation.job`)", "`summarize_evaluation`, `status_api`",
         "d2ops_core.documents.evaluation:EvaluationReport"),
     Document(
