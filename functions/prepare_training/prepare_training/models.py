@@ -48,7 +48,9 @@ class PrepareSettings(BaseModel):
     endpoint_instance_type: str = Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
     endpoint_instance_count: int = Field(1, ge=1, le=10)
     endpoint_poll_seconds: int = Field(30, ge=1, le=3600)
-    endpoint_max_wait_attempts: int = Field(120, ge=1, le=1000)
+    # Each check writes up to 20 history events in the deployment wait and 11 in the rollback wait;
+    # 360 keeps the longest run under Step Functions' 25,000 (tests/unit/test_pipeline_history_budget.py).
+    endpoint_max_wait_attempts: int = Field(120, ge=1, le=360)
     min_map: float = Field(ge=0, le=1)
     max_regression: float = Field(ge=0, le=1)
     max_class_regression: float = Field(ge=0, le=1, description="MaxClassRegression: the per-class gate's margin")
