@@ -46,6 +46,19 @@ def test_an_event_the_resolver_would_raise_on_is_a_400_naming_the_problem(event:
     assert message in body["message"] and "\n" not in body["message"]
 
 
+def test_the_body_is_parsed_once_by_the_resolver(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The door decodes the text but builds no object; the route's parse goes through envelope.json_body.
+    body = json.dumps({"dataset_uri": "not an s3 uri"})
+    parses: list[str] = []
+    loads = json.loads
+    monkeypatch.setattr(json, "loads", lambda text, *a, **k: (parses.append(text) if text == body else None,
+                                                              loads(text, *a, **k))[1])
+    check_event(post("[" * 100_000))  # the door never parses: a deep body passes it
+    response = api.handler(post(body), support.FakeLambdaContext())
+    assert response["statusCode"] == 400 and "dataset_uri" in json.loads(response["body"])["message"]
+    assert parses == [body]
+
+
 def test_well_formed_events_pass_the_door() -> None:
     check_event(GET)
     check_event(POST)

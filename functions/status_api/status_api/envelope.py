@@ -4,8 +4,11 @@ The resolver assumes an HTTP API (payload format 2.0) event and parses a request
 ``json.loads`` on the decoded text. Each of these raised out of the handler, so API Gateway
 answered a bare 500: an event of another shape (a REST API 1.0 event, a console test event:
 ``KeyError``), a base64 body that is not UTF-8 (``UnicodeDecodeError``), a body nested
-100k levels deep (``RecursionError``) or holding a 5000-digit integer (``ValueError``). This
-module finds those problems first and says which, so the answer is a 400 naming it.
+100k levels deep (``RecursionError``) or holding a 5000-digit integer (``ValueError``).
+``check_event`` finds the first two before the resolver runs (no JSON parse: it only decodes
+the text); the body is parsed once, by the resolver, through ``json_body`` (its
+``json_body_deserializer``), which turns the last two into BadEnvelope. Either way the answer
+is a 400 naming the problem.
 """
 
 from __future__ import annotations
@@ -15,9 +18,6 @@ import binascii
 import json
 from collections.abc import Mapping
 from typing import Any
-
-# Methods whose body a route reads (the resolver parses it only for those).
-_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 class BadEnvelope(ValueError):
@@ -60,15 +60,20 @@ def body_text(event: Mapping[str, Any]) -> str | None:
 
 
 def check_event(event: Any) -> None:
-    """Raise BadEnvelope when the resolver would fail on ``event`` instead of answering it."""
+    """Raise BadEnvelope when the resolver would fail on ``event``'s shape or body encoding.
+
+    The body's JSON is not parsed here: a route that reads it parses it once, through ``json_body``.
+    """
     if not isinstance(event, Mapping):
         raise BadEnvelope(400, f"the event is a JSON {type(event).__name__}, not an API Gateway request object")
-    method = _method(event)
-    text = body_text(event)
-    if text is None or method not in _BODY_METHODS:
-        return
+    _method(event)
+    body_text(event)
+
+
+def json_body(text: str) -> Any:
+    """The resolver's ``json_body_deserializer``: ``json.loads``, with every way it fails a BadEnvelope."""
     try:
-        json.loads(text)
+        return json.loads(text)
     except RecursionError as exc:
         raise BadEnvelope(400, "request body is not valid JSON: arrays/objects nest too deeply (the body is "
                                "{\"dataset_uri\": \"s3://...\"})") from exc

@@ -24,7 +24,7 @@ from d2ops_core.champion import EndpointHistory
 from d2ops_core.failures import one_line
 from d2ops_core.validation.report import ValidationReport
 from status_api import clients, service, views
-from status_api.envelope import BadEnvelope, check_event
+from status_api.envelope import BadEnvelope, check_event, json_body
 from status_api.models import (
     ENDPOINT_NAME_PATTERN,
     RUN_ID_PATTERN,
@@ -41,7 +41,8 @@ from status_api.models import (
 
 logger = Logger()
 tracer = Tracer()
-app = APIGatewayHttpResolver(enable_validation=True)
+# The body is parsed once, by the resolver, through envelope.json_body (hostile JSON -> BadEnvelope).
+app = APIGatewayHttpResolver(enable_validation=True, json_body_deserializer=json_body)
 
 OPENAPI_TITLE = "d2ops status API"
 OPENAPI_VERSION = "1.0.0"
@@ -59,6 +60,13 @@ MAX_PAGE_TOKEN = 1024
 def _problem(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
     return Response(status_code=status, content_type=content_types.APPLICATION_JSON,
                     body=json.dumps({"statusCode": status, "message": message}), headers=headers)
+
+
+@app.exception_handler(BadEnvelope)
+def bad_envelope(exc: BadEnvelope) -> Response:
+    """A body json.loads cannot read (nested too deeply, a number too long, malformed): 400 naming why."""
+    logger.warning("refused request", extra={"reason": str(exc)})
+    return _problem(exc.status, one_line(str(exc)))
 
 
 @app.exception_handler(RequestValidationError)
