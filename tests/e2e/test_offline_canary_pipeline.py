@@ -6,6 +6,9 @@ endpoint; the second deploys the same model as a canary and is promoted after it
 in the bake; the third deploys a model that loads and warms up but fails on real images: the
 smoke test in the bake fails, the smoke-test alarm rolls the update back, the run waits until
 the previous config serves again and ends DeploymentFailed, and the old model keeps answering.
+The fourth deploys a good model while the endpoint's error alarm goes into ALARM (traffic the
+pipeline did not send): SageMaker's guardrails roll it back on their own, and the endpoint
+history records the attempt, the alarm and the config that kept serving, as the status API shows.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from d2ops.offline.client import offline_status_api
 from d2ops.offline.pipeline import run_pipeline
 from d2ops.offline.runtime import OfflineRuntime
 from d2ops.offline.sagemaker import JobBackend, JobOutcome, ServedModel, ServingBackend
@@ -42,6 +46,20 @@ class ReuseExportedModel:
     def run_processing(self, request: dict[str, Any], inputs: dict[str, Path], work_dir: Path,
                        stop: threading.Event) -> JobOutcome:
         return self.jobs.run_processing(request, inputs, work_dir, stop)
+
+
+class AlarmOnStart:
+    """Puts ``alarm`` into ALARM as soon as the new fleet has started (an operator's alarm firing
+    during the bake); offline SageMaker then rolls the update back as the real one does."""
+
+    def __init__(self, serving: ServingBackend, cloudwatch: Any, alarm: str) -> None:
+        self.serving, self.cloudwatch, self.alarm = serving, cloudwatch, alarm
+
+    def start(self, model_tar: Path, work_dir: Path, name: str) -> ServedModel:
+        served = self.serving.start(model_tar, work_dir, name)
+        self.cloudwatch.set_alarm_state(AlarmName=self.alarm, StateValue="ALARM",
+                                        StateReason="Threshold Crossed: 5 Invocation5XXErrors in 1 minute")
+        return served
 
 
 class ServeInstead:
@@ -124,4 +142,31 @@ def test_a_good_canary_is_promoted_and_a_bad_one_rolled_back(runtime: OfflineRun
     assert (after["EndpointStatus"], after["EndpointConfigName"]) == ("InService", promoted["EndpointConfigName"])
     assert "SmokeTestAlarm" in after["FailureReason"]
     assert champion(runtime)["run_id"] == second.run_id
+    assert isinstance(answer(runtime, root)["detections"], list)  # the old model still answers
+
+    # An alarm the pipeline did not trip. The smoke-test alarm run 3 tripped has since evaluated back
+    # to OK in CloudWatch (no new failures); moto does not evaluate alarms, so say so for it.
+    cloudwatch, names = runtime.client("cloudwatch"), runtime.stack.substitutions
+    cloudwatch.set_alarm_state(AlarmName=names["SmokeTestAlarmName"], StateValue="OK", StateReason="no failures")
+    runtime.sagemaker.serving = AlarmOnStart(serving.serving, cloudwatch, names["EndpointErrorAlarmName"])
+    try:
+        fourth, lines = run(runtime, root, "v4")
+    finally:
+        runtime.sagemaker.serving = serving.serving
+    assert (fourth.status, fourth.error) == ("FAILED", "DeploymentFailed"), (fourth.cause, lines[-10:])
+    visited = fourth.states_visited
+    assert {"Endpoint rolled back by alarms", "Find rollback alarms", "Record alarm rollback"} <= set(visited)
+    # (The run may smoke-test the canary first, if its poll sees the bake before the rollback: it passes.)
+    assert "Promote to champion" not in visited and "Trip smoke test alarm" not in visited
+    after = sm.describe_endpoint(EndpointName=runtime.stack.endpoint_name)
+    assert (after["EndpointStatus"], after["EndpointConfigName"]) == ("InService", promoted["EndpointConfigName"])
+    history = offline_status_api(runtime.status_api.url).get(f"/endpoints/{runtime.stack.endpoint_name}/history")
+    by_run = {r["run_id"]: r for r in history["rolled_back"]}
+    assert by_run[third.run_id]["rolled_back_by"] == "pipeline"
+    attempt = by_run[fourth.run_id]
+    assert attempt["rolled_back_by"] == "alarm"
+    assert attempt["alarms"] == [names["EndpointErrorAlarmName"]]
+    assert attempt["alarm_reasons"] == ["Threshold Crossed: 5 Invocation5XXErrors in 1 minute"]
+    assert attempt["kept_serving"] == promoted["EndpointConfigName"]
+    assert history["served"][0]["run_id"] == second.run_id and history["served"][0]["served_to"] is None
     assert isinstance(answer(runtime, root)["detections"], list)  # the old model still answers
