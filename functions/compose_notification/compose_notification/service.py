@@ -14,24 +14,17 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from compose_notification.models import MAX_SUBJECT, Notification, NotificationEvent, NotificationFields
-from d2ops_core import cost
-
-MISSING_PHRASES = ("not found", "could not find", "does not exist")
+from d2ops_core import cost, runs
 
 
-def _describe(sagemaker: Any, kind: str, name: str | None, problems: list[str]) -> dict[str, Any] | None:
+def _describe(sagemaker: Any, kind: runs.JobKind, name: str | None, problems: list[str]) -> dict[str, Any] | None:
+    """The job's description; None when it was never created (nothing billed) or cannot be read (said why)."""
     if not name:
         return None
     try:
-        if kind == "training":
-            return dict(sagemaker.describe_training_job(TrainingJobName=name))
-        return dict(sagemaker.describe_processing_job(ProcessingJobName=name))
+        return runs.describe_job(sagemaker, kind, name)
     except ClientError as exc:
-        error = exc.response.get("Error", {})
-        code, message = error.get("Code", "Error"), error.get("Message", "")
-        # SageMaker models no not-found error: a job that was never created is a ValidationException.
-        if code == "ValidationException" and any(p in message.lower() for p in MISSING_PHRASES):
-            return None  # the run failed before creating it: nothing billed
+        code = exc.response.get("Error", {}).get("Code", "Error")
         problems.append(f"{kind} job {name} could not be described ({code})")
     except BotoCoreError as exc:
         problems.append(f"{kind} job {name} could not be described ({type(exc).__name__})")
