@@ -9,8 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from d2ops_core.cost import RunCost
 
-# SNS: a Subject is at most 100 characters, ASCII, with no line breaks (Publish refuses anything else).
-MAX_SUBJECT = 100
+# SNS Publish: a Subject must be "less than 100 characters long", with no line breaks or control
+# characters (botocore's model); we also keep it ASCII for mail clients.
+MAX_SUBJECT = 99
 
 
 class PlanNames(BaseModel):
