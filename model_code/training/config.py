@@ -9,6 +9,7 @@ entry point works under either launcher. ``D2OPS_ML_ROOT`` moves the whole tree 
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from collections.abc import Mapping
@@ -106,6 +107,14 @@ class Hyperparameters(BaseModel):
         return self
 
 
+def _clip(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} chars)"
+
+
+def _clip_value(value: Any) -> str:
+    return repr(_clip(value)) if isinstance(value, str) else _clip(repr(value))
+
+
 def _unquote(value: str) -> str:
     # The SageMaker Python SDK JSON-encodes framework hyperparameters ('"abc"'); accept both forms.
     if len(value) >= 2 and value[0] == value[-1] == '"':
@@ -128,9 +137,12 @@ def parse_hyperparameters(raw: Mapping[str, Any]) -> Hyperparameters:
         for err in exc.errors(include_url=False):
             name = ".".join(str(p) for p in err["loc"]) or "hyperparameters"
             if err["type"] == "extra_forbidden":
-                problems.append(f"unknown hyperparameter {name!r} (see docs/training.md)")
+                close = difflib.get_close_matches(name, Hyperparameters.model_fields, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                problems.append(f"unknown hyperparameter {_clip(name)!r}{hint} (see docs/training.md)")
             else:
-                problems.append(f"hyperparameter {name}={err.get('input')!r}: {err['msg']}")
+                # The input is clipped: a megabyte value must not push the reason out of FailureReason's 1024 chars.
+                problems.append(f"hyperparameter {_clip(name)}={_clip_value(err.get('input'))}: {err['msg']}")
         raise ConfigError("; ".join(problems)) from None
 
 
@@ -179,6 +191,13 @@ def _read_json(path: Path, default: Any) -> Any:
         raise ConfigError(f"{path}: unreadable JSON: {exc}") from exc
 
 
+def _read_object(path: Path) -> dict[str, Any]:
+    document = _read_json(path, {})
+    if not isinstance(document, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(document).__name__}")
+    return document
+
+
 def _json_env(env: Mapping[str, str], name: str) -> Any:
     try:
         return json.loads(env[name])
@@ -190,11 +209,18 @@ def load_environment(environ: Mapping[str, str] | None = None, *, gpu_count: int
     env = os.environ if environ is None else environ
     root = ml_root(env)
     config_dir = Path(env.get("SM_INPUT_CONFIG_DIR") or root / "input" / "config")
-    resource = _read_json(config_dir / "resourceconfig.json", {})
-    data_config = _read_json(config_dir / "inputdataconfig.json", {})
+    resource = _read_object(config_dir / "resourceconfig.json")
+    data_config = _read_object(config_dir / "inputdataconfig.json")
+    for name, channel in data_config.items():
+        mode = channel.get("TrainingInputMode", "File") if isinstance(channel, dict) else None
+        if mode not in ("File", "FastFile"):
+            # Pipe mode streams the channel through FIFOs (<channel>_0, _1...): there is no directory to read.
+            raise ConfigError(f"{config_dir / 'inputdataconfig.json'}: channel {_clip(str(name))!r} has "
+                              f"TrainingInputMode {_clip(repr(mode))}; this trainer reads files: use File or FastFile")
 
     hosts = _json_env(env, "SM_HOSTS") if "SM_HOSTS" in env else resource.get("hosts", ["algo-1"])
-    current = env.get("SM_CURRENT_HOST") or resource.get("current_host", hosts[0] if hosts else "algo-1")
+    current: Any = env.get("SM_CURRENT_HOST") or resource.get(
+        "current_host", hosts[0] if isinstance(hosts, list) and hosts else "algo-1")
     hyperparameters = (_json_env(env, "SM_HPS") if "SM_HPS" in env
                        else _read_json(config_dir / "hyperparameters.json", {}))
     if not isinstance(hyperparameters, dict):
@@ -220,7 +246,9 @@ def load_environment(environ: Mapping[str, str] | None = None, *, gpu_count: int
             hyperparameters=hyperparameters,
         )
     except ValidationError as exc:
-        raise ConfigError(f"training environment: {exc.errors(include_url=False)[0]['msg']}") from None
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"training environment: {where + ': ' if where else ''}{first['msg']}") from None
 
 
 def _cuda_devices() -> int:

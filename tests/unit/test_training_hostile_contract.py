@@ -1,0 +1,73 @@
+"""Hostile /opt/ml trees at the training image's entry: each ends as exit 1 with a one-line reason.
+
+The entry (``model_code.training.train.main``) runs in-process against a tree under
+``D2OPS_ML_ROOT``; every case fails before any model is built, so each costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from model_code.training import train
+
+
+def _tree(root: Path, *, hyperparameters: Any = None, resource: Any = None, data: Any = None) -> Path:
+    config = root / "input" / "config"
+    config.mkdir(parents=True)
+    for name, document in (("hyperparameters.json", hyperparameters), ("resourceconfig.json", resource),
+                           ("inputdataconfig.json", data)):
+        if document is not None:
+            (config / name).write_text(document if isinstance(document, str) else json.dumps(document))
+    for channel in ("train", "val"):
+        (root / "input" / "data" / channel).mkdir(parents=True)
+    return root
+
+
+def _run(root: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
+    for name in ("SM_HPS", "SM_HOSTS", "SM_CURRENT_HOST", "SM_OUTPUT_DIR", "SM_INPUT_CONFIG_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("D2OPS_ML_ROOT", str(root))
+    code = train.main()
+    failure = root / "output" / "failure"
+    return code, failure.read_text() if failure.exists() else ""
+
+
+FILE_MODE = {"train": {"TrainingInputMode": "File"}, "val": {"TrainingInputMode": "File"}}
+CASES: dict[str, tuple[dict[str, Any], str]] = {
+    "inputdataconfig is a list": ({"data": [1]}, "inputdataconfig.json: expected a JSON object, got list"),
+    "resourceconfig is a list": ({"resource": []}, "resourceconfig.json: expected a JSON object, got list"),
+    "resourceconfig hosts not a list": ({"resource": {"hosts": 5}}, "training environment: hosts: Input should be"),
+    "Pipe mode": ({"data": {**FILE_MODE, "val": {"TrainingInputMode": "Pipe"}}},
+                  "channel 'val' has TrainingInputMode 'Pipe'; this trainer reads files: use File or FastFile"),
+    "channel config not an object": ({"data": {"train": None}}, "channel 'train' has TrainingInputMode None"),
+    "typo of a known hyperparameter": ({"hyperparameters": {"max_iters": "5"}},
+                                       "unknown hyperparameter 'max_iters'; did you mean 'max_iter'?"),
+    "current host not listed": ({"resource": {"current_host": "algo-9", "hosts": ["algo-1"]}},
+                                "current host 'algo-9' is not in the host list"),
+    "duplicate hosts": ({"resource": {"current_host": "algo-1", "hosts": ["algo-1", "algo-1"]}},
+                        "host list has duplicates"),
+    "hyperparameters not JSON": ({"hyperparameters": "{max_iter: 5"}, "hyperparameters.json: unreadable JSON"),
+    "NaN learning rate": ({"hyperparameters": {"base_lr": "nan"}}, "hyperparameter base_lr='nan'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_hostile_config_fails_with_one_line_naming_it(case: str, tmp_path: Path, monkeypatch) -> None:
+    documents, expected = CASES[case]
+    code, failure = _run(_tree(tmp_path, **documents), monkeypatch)
+    assert code == train.EXIT_FAILED
+    assert failure.startswith("ConfigError: ") and failure.count("\n") == 1, failure
+    assert expected in failure
+    assert not (tmp_path / "model").exists() or not any((tmp_path / "model").iterdir())
+
+
+def test_a_megabyte_value_keeps_the_reason_within_failure_reasons_limit(tmp_path: Path, monkeypatch) -> None:
+    # Before: the echoed input filled all 1000 characters and the reason itself was cut off.
+    code, failure = _run(_tree(tmp_path, hyperparameters={"max_iter": "9" * 100_000}), monkeypatch)
+    assert code == train.EXIT_FAILED
+    assert len(failure) < 300 and "(100000 chars)" in failure
+    assert failure.rstrip().endswith("exceeded maximum size"), failure
