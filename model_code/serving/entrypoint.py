@@ -22,6 +22,7 @@ Environment (all optional):
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -42,9 +43,24 @@ def _port(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name)
     if not raw:
         return default
-    if not raw.isdigit() or not 0 < int(raw) < 65536:
+    # isascii: str.isdigit() also accepts '²' (int() then raises) and other scripts' digits.
+    if not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) < 65536:
         raise launch.ServingError(f"{name}={raw!r} is not a TCP port")
     return int(raw)
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    # nan or inf would never compare past the waited time: the launcher would wait forever.
+    if not math.isfinite(value) or value <= 0:
+        raise launch.ServingError(f"{name}={raw[:40]!r} is not a positive number of seconds")
+    return value
 
 
 def serve(env: Mapping[str, str]) -> int:
@@ -57,7 +73,7 @@ def serve(env: Mapping[str, str]) -> int:
     metrics = _port(env, "D2OPS_METRICS_PORT", urlsplit(base["metrics_address"]).port or 8082)
     grpc = (_port(env, "D2OPS_GRPC_INFERENCE_PORT", int(base.get("grpc_inference_port", 7070))),
             _port(env, "D2OPS_GRPC_MANAGEMENT_PORT", int(base.get("grpc_management_port", 7071))))
-    timeout = float(env.get("D2OPS_STARTUP_TIMEOUT") or 600)
+    timeout = _seconds(env, "D2OPS_STARTUP_TIMEOUT", 600.0)
     try:
         settings = launch.BatchSettings.from_env(env)
     except ValidationError as exc:

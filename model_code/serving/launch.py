@@ -132,6 +132,12 @@ def prepare_model_dir(model_path: Path | str, workdir: Path | str) -> Path:
         directory, _ = open_artifact(model_path, Path(workdir) / "artifact")
     except ArtifactError as exc:
         raise ServingError(str(exc)) from exc
+    # TorchScript files are zip archives. A truncated or foreign model.pt would otherwise only show as
+    # TorchServe workers failing to load it, over and over, until the start-up timeout (600 s) ends the container.
+    for weights in (directory / MODEL_FILE, directory / CUDA_MODEL_FILE):
+        if weights.exists() and not zipfile.is_zipfile(weights):
+            raise ServingError(f"{weights}: not a TorchScript archive (truncated or not a d2ops model); "
+                               f"re-export the artifact")
     return directory
 
 

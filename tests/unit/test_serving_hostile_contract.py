@@ -1,0 +1,59 @@
+"""Hostile inputs at the serving image's SageMaker contract: each is a clear error before TorchServe starts.
+
+Cheap: nothing here starts TorchServe; a bad model or setting must be refused in the launcher,
+not found 600 s later as a /ping that never turns healthy.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from model_code.serving import entrypoint, launch
+from tests.fixtures.serving.support import cached_artifact
+
+
+@pytest.mark.parametrize("raw", ["\u00b2", "\uff11\uff12\uff13", "\u0668\u0660\u0668\u0660",
+                                 "80a", "0", "65536", "-1", " 8080"])
+def test_a_bind_port_that_is_not_an_ascii_port_number_is_a_serving_error(raw: str) -> None:
+    # Before: "²".isdigit() is True and int("²") raised ValueError (a traceback, not a log line).
+    with pytest.raises(launch.ServingError, match=r"SAGEMAKER_BIND_TO_PORT=.* is not a TCP port"):
+        entrypoint._port({"SAGEMAKER_BIND_TO_PORT": raw}, "SAGEMAKER_BIND_TO_PORT", 8080)
+
+
+def test_a_startup_timeout_that_is_not_a_number_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("D2OPS_MODEL_PATH", str(cached_artifact()))
+    monkeypatch.setenv("D2OPS_SERVING_WORKDIR", str(tmp_path / "work"))
+    for raw in ("soon", "nan", "-5", "inf"):
+        monkeypatch.setenv("D2OPS_STARTUP_TIMEOUT", raw)
+        assert entrypoint.main(["serve"]) == 1
+        err = capsys.readouterr().err
+        assert f"D2OPS_STARTUP_TIMEOUT={raw!r}" in err and "Traceback" not in err
+
+
+def _copy_artifact(tmp_path: Path) -> Path:
+    model = tmp_path / "model"
+    shutil.copytree(cached_artifact(), model)
+    return model
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "text"])
+def test_a_corrupt_model_pt_is_refused_before_torchserve(tmp_path, damage: str) -> None:
+    model = _copy_artifact(tmp_path)
+    weights = model / "model.pt"
+    data = weights.read_bytes()
+    weights.write_bytes({"truncated": data[: len(data) // 2], "empty": b"", "text": b"hello"}[damage])
+    with pytest.raises(launch.ServingError, match=r"model\.pt: not a TorchScript archive"):
+        launch.prepare_model_dir(model, tmp_path / "work")
+
+
+def test_metadata_from_a_future_version_names_the_field(tmp_path) -> None:
+    model = _copy_artifact(tmp_path)
+    metadata = json.loads((model / "metadata.json").read_text())
+    metadata["schema_version"] = 2
+    (model / "metadata.json").write_text(json.dumps(metadata))
+    with pytest.raises(launch.ServingError, match=r"metadata\.json: invalid metadata: .*schema_version"):
+        launch.prepare_model_dir(model, tmp_path / "work")
