@@ -66,9 +66,12 @@ def latest_checkpoint(directory: Path) -> Path | None:
     pointer = directory / POINTER
     if not pointer.is_file():
         return None
-    name = pointer.read_text().strip()
+    try:  # a pointer of binary junk or megabytes is a foreign file, not a reason for a traceback
+        name = pointer.read_bytes()[:200].decode("utf-8", "replace").strip()
+    except OSError as exc:
+        raise CheckpointError(f"{pointer}: unreadable ({exc.strerror or exc}); delete it to start over") from None
     if not _NAME.match(name):
-        raise CheckpointError(f"{pointer}: names {name!r}, not a checkpoint file; delete {pointer} to start over")
+        raise CheckpointError(f"{pointer}: names {name[:40]!r}, not a checkpoint file; delete {pointer} to start over")
     path = directory / name
     if not path.is_file():
         raise CheckpointError(f"{pointer} names {name} but {path} is missing; restore it or delete {pointer}")
@@ -86,4 +89,11 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if missing:
         raise CheckpointError(f"{path}: not a d2ops checkpoint (missing {missing}); "
                               f"delete it and {path.parent / POINTER} to start over")
+    # The right keys with the wrong contents would fail later as a TypeError in int() or set_rng_state.
+    iteration, rng = state["iteration"], state["rng"]
+    if (not isinstance(iteration, int) or isinstance(iteration, bool) or iteration < 0
+            or not isinstance(rng, dict) or not isinstance(rng.get("torch"), torch.Tensor)
+            or not isinstance(rng.get("python"), tuple)):
+        raise CheckpointError(f"{path}: not a d2ops checkpoint (iteration {str(iteration)[:40]!r}, rng of the wrong "
+                              f"form); delete it and {path.parent / POINTER} to start over")
     return state

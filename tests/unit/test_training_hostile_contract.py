@@ -71,3 +71,24 @@ def test_a_megabyte_value_keeps_the_reason_within_failure_reasons_limit(tmp_path
     assert code == train.EXIT_FAILED
     assert len(failure) < 300 and "(100000 chars)" in failure
     assert failure.rstrip().endswith("exceeded maximum size"), failure
+
+
+def test_a_pointer_of_binary_junk_is_a_checkpoint_error_not_a_decode_traceback(tmp_path: Path) -> None:
+    from model_code.training.checkpoints import POINTER, CheckpointError, latest_checkpoint
+
+    (tmp_path / POINTER).write_bytes(b"\xff\xfe\x00model" * 100_000)
+    with pytest.raises(CheckpointError, match="not a checkpoint file; delete"):
+        latest_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("iteration, rng", [("12", None), (-1, None), (True, None), (5, "seeded"), (5, {"torch": 1})])
+def test_a_foreign_checkpoint_with_the_right_keys_is_refused_on_load(tmp_path: Path, iteration: Any, rng: Any) -> None:
+    import torch
+
+    from model_code.training.checkpoints import CheckpointError, load_checkpoint, rng_state
+
+    path = tmp_path / "model_0000005.pth"
+    torch.save({"model": {}, "optimizer": {}, "scheduler": {}, "iteration": iteration,
+                "rng": rng_state() if rng is None else rng}, path)
+    with pytest.raises(CheckpointError, match=r"not a d2ops checkpoint \(iteration"):
+        load_checkpoint(path)
