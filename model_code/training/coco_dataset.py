@@ -13,6 +13,7 @@ from PIL import Image, ImageDraw
 from torch.utils.data import Dataset, Sampler
 
 from d2ops_core import images as rule
+from d2ops_core.validation.manifest import unsafe_relative_path
 from model_code.dataset_version import Categories, DatasetError
 
 
@@ -50,6 +51,14 @@ class CocoDetectionSet(Dataset[tuple[torch.Tensor, dict[str, torch.Tensor]]]):  
         self.with_masks = with_masks
         self.horizontal_flip = horizontal_flip
         self.images = list(coco["images"])
+        for img in self.images:
+            # The validator refuses these upstream, but the image reads the channel as it finds it: a file_name
+            # must not reach outside the images directory (d2ops_core's one rule for dataset-relative paths).
+            problem = unsafe_relative_path(str(img.get("file_name", "")))
+            if problem:
+                raise DatasetError(f"{source}: image {img.get('id')} file_name {str(img.get('file_name'))[:80]!r} "
+                                   f"{problem}")
+        self.images_root = images_dir.resolve()
         label_of = categories.label_of()
         by_image: dict[int, list[dict[str, Any]]] = {int(img["id"]): [] for img in self.images}
         for ann in coco["annotations"]:
@@ -75,6 +84,9 @@ class CocoDetectionSet(Dataset[tuple[torch.Tensor, dict[str, torch.Tensor]]]):  
         index, position = key
         info = self.images[index]
         path = self.images_dir / info["file_name"]
+        if not path.resolve().is_relative_to(self.images_root):
+            raise DatasetError(f"{path}: a symlink to {path.resolve()}, outside the channel's images directory "
+                               f"{self.images_root} (image id {info['id']}); upload the file itself")
         try:
             # The one image rule (d2ops_core.images): upright by EXIF orientation, as the validator measured it
             # against the annotations and as evaluation and the endpoint read it.

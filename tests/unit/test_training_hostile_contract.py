@@ -92,3 +92,42 @@ def test_a_foreign_checkpoint_with_the_right_keys_is_refused_on_load(tmp_path: P
                 "rng": rng_state() if rng is None else rng}, path)
     with pytest.raises(CheckpointError, match=r"not a d2ops checkpoint \(iteration"):
         load_checkpoint(path)
+
+
+def _coco(file_name: str) -> dict[str, Any]:
+    return {"images": [{"id": 1, "file_name": file_name, "width": 8, "height": 8}],
+            "annotations": [{"id": 1, "image_id": 1, "category_id": 3, "bbox": [1, 1, 4, 4]}],
+            "categories": [{"id": 3, "name": "thing"}]}
+
+
+@pytest.mark.parametrize("file_name", ["../outside.jpg", "/etc/hostname", "a/../../b.jpg", ""])
+def test_a_file_name_reaching_outside_the_channel_is_refused(tmp_path: Path, file_name: str) -> None:
+    from model_code.dataset_version import DatasetError, categories_of
+    from model_code.training.coco_dataset import CocoDetectionSet
+
+    coco = _coco(file_name)
+    with pytest.raises(DatasetError, match=r"train\.json: image 1 file_name"):
+        CocoDetectionSet(coco, tmp_path, categories_of(coco), with_masks=False, horizontal_flip=False, seed=0,
+                         source="train.json")
+
+
+def test_a_symlink_pointing_outside_the_channel_is_not_read(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from model_code.dataset_version import DatasetError, categories_of
+    from model_code.training.coco_dataset import CocoDetectionSet
+
+    secret = tmp_path / "elsewhere" / "secret.png"
+    secret.parent.mkdir()
+    Image.new("RGB", (8, 8)).save(secret)
+    images = tmp_path / "channel" / "images"
+    images.mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(images / "inside.png")
+    (images / "a.png").symlink_to(secret)
+    coco = _coco("a.png")
+    dataset = CocoDetectionSet(coco, images, categories_of(coco), with_masks=False, horizontal_flip=False, seed=0,
+                               source="train.json")
+    with pytest.raises(DatasetError, match="outside the channel's images directory"):
+        dataset[0, 0]
+    dataset.images[0] = {**dataset.images[0], "file_name": "inside.png"}
+    assert dataset[0, 0][0].shape == (3, 8, 8)  # a file inside the channel still reads
