@@ -82,6 +82,15 @@ DOCUMENTS: tuple[Document, ...] = (
         "`prepare_training` (stack parameters tightened by the manifest's `gate`)", "`summarize_evaluation`",
         "d2ops_core.documents.evaluation:GateThresholds"),
     Document(
+        "run-state", "Run state document (the state machine's `$`)",
+        "the Step Functions execution's state, passed from state to state; its output (or the last state's) "
+        "when the run ends; each section exists once its state has run",
+        "the execution input (`dataset`), `prepare_training` (`plan`), the ASL's ResultSelectors and Pass "
+        "states (every other section)",
+        "`compose_notification`, `status_api` (`GET /runs/{id}`, its reports), read section by section "
+        "(a malformed section is left out)",
+        "d2ops_core.documents.run_state:RunState"),
+    Document(
         "champion", "Champion record",
         "`s3://<ArtifactsBucket>/champion.json`; each promotion also under `endpoint-history/`",
         "the state machine's *Promote to champion* state (S3 PutObject)",

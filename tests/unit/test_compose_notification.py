@@ -32,9 +32,10 @@ NOW = DEPLOYED + timedelta(minutes=30)
 def event(outcome: str = "succeeded", *, name: str = "shapes",
           failure: dict[str, Any] | None = None) -> NotificationEvent:
     document: dict[str, Any] = {
-        "dataset": {"name": name, "version": "v1"},
-        "plan": {"names": {"training_job": TRAIN, "evaluation_job": EVAL, "endpoint_config": "shapes-v1-config"},
-                 "endpoint": {"instance_type": "ml.g4dn.xlarge", "instance_count": 1}},
+        "dataset": {**support.DATASET.model_dump(), "name": name},
+        "plan": support.plan_document({"training_job": TRAIN, "evaluation_job": EVAL,
+                                       "endpoint_config": "shapes-v1-config"},
+                                      instance_type="ml.g4dn.xlarge", instance_count=1),
         "deployment": {"mode": "update", "started_at": DEPLOYED.isoformat()}}
     if failure:
         document["failure"] = failure

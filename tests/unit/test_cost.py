@@ -76,7 +76,7 @@ def test_the_status_api_prices_a_run_from_its_jobs_and_its_deployment_time() -> 
     support.function_path("status_api")
     from status_api.service import run_cost
 
-    doc = {"plan": {"endpoint": {"instance_type": "ml.g4dn.xlarge", "instance_count": 2}, "names": {}},
+    doc = {"plan": support.plan_document(instance_type="ml.g4dn.xlarge", instance_count=2),
            # as the create/update state's ResultSelector writes it ($$.State.EnteredTime)
            "deployment": {"mode": "create", "started_at": "2026-01-01T13:00:00.000Z"}}
     evaluation = {"ProcessingJobName": "e", "ProcessingStartTime": START,
@@ -112,8 +112,8 @@ def test_the_status_api_and_the_notification_bill_the_same_endpoint_time(deploym
 
     names = {"training_job": "run-1-train", "evaluation_job": "run-1-eval", "endpoint_config": "run-1-config"}
     doc: dict[str, object] = {
-        "dataset": {"name": "shapes", "version": "v1"},
-        "plan": {"endpoint": {"instance_type": "ml.g4dn.xlarge", "instance_count": 2}, "names": names}}
+        "dataset": support.DATASET.model_dump(),
+        "plan": support.plan_document(names, instance_type="ml.g4dn.xlarge", instance_count=2)}
     if deployment is None:
         doc["error"] = {"Error": "SageMaker.ValidationException", "Cause": "Cannot update in-progress endpoint"}
     else:

@@ -218,12 +218,14 @@ def test_a_throttled_job_describe_is_not_a_missing_job() -> None:
     it); it now propagates, so the handler answers 503 with Retry-After (test above)."""
     from botocore.exceptions import ClientError
 
-    doc = {"plan": {"names": {"training_job": "r-train", "evaluation_job": "r-eval"}}}
+    doc = {"plan": support.plan_document({"training_job": "r-train", "evaluation_job": "r-eval"})}
     for kind in ("training", "processing"):
         with pytest.raises(ClientError) as raised:
             service._describe_job(Throttled("ThrottlingException", 400), doc, kind)
         assert service.is_throttling(raised.value)
+    # No plan (the run failed before preparing), or one that does not read: no job to describe.
     assert service._describe_job(Throttled("ThrottlingException", 400), {"plan": {"names": {}}}, "training") is None
+    assert service._describe_job(Throttled("ThrottlingException", 400), {}, "processing") is None
 
 
 def test_boto3_clients_are_made_once_per_environment_not_per_request(aws: dict[str, Any],

@@ -1,74 +1,18 @@
-"""What the "Compose … notification" states pass in (parts of the run's state document) and get back."""
+"""What the "Compose … notification" states pass in (the run's state document) and get back."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field, field_validator
 
 from d2ops_core.cost import RunCost
+from d2ops_core.documents.run_state import RunState
 
 # SNS Publish: a Subject must be "less than 100 characters long", with no line breaks or control
 # characters (botocore's model); we also keep it ASCII for mail clients.
 MAX_SUBJECT = 99
-
-
-class PlanNames(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    training_job: str | None = None
-    evaluation_job: str | None = None
-    endpoint_config: str | None = None
-
-
-class PlanEndpoint(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    instance_type: str | None = None
-    instance_count: int = 1
-
-
-class PlanRef(BaseModel):
-    """``$.plan`` as the prepare Lambda built it: the names and endpoint settings pricing needs."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    names: PlanNames = Field(default_factory=PlanNames)
-    endpoint: PlanEndpoint = Field(default_factory=PlanEndpoint)
-
-
-class DeploymentRef(BaseModel):
-    """``$.deployment``: the create/update state's result; ``started_at`` is when it was entered."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    mode: str | None = None
-    started_at: datetime | None = None
-
-
-class DatasetName(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    name: str = "?"
-    version: str = "?"
-
-
-class FailureRef(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    error: str
-
-
-class RunDocument(BaseModel):
-    """The run's state document (``$``); only what the notification reads is modelled."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    dataset: DatasetName = Field(default_factory=DatasetName)
-    plan: PlanRef | None = None
-    deployment: DeploymentRef | None = None
-    failure: FailureRef | None = None
 
 
 class NotificationEvent(BaseModel):
@@ -76,7 +20,13 @@ class NotificationEvent(BaseModel):
     run_id: str = Field(min_length=1, max_length=80)
     at: datetime = Field(description="when the notification is composed ($$.State.EnteredTime): the endpoint "
                                      "time so far ends here")
-    document: RunDocument
+    document: RunState = Field(description="the run's $ (d2ops_core.documents.run_state), read section by section")
+
+    @field_validator("document", mode="before")
+    @classmethod
+    def _by_section(cls, value: Any) -> RunState:
+        # A malformed section is left out (and said in the cost's reasons), never the notification lost.
+        return RunState.read(value)
 
 
 class NotificationFields(BaseModel):

@@ -54,7 +54,8 @@ def summary_line(run: cost.RunCost | None, unknown: str | None) -> str:
 
 def subject_line(event: NotificationEvent, run: cost.RunCost | None, unknown: str | None) -> str:
     """ASCII, one line, at most 100 characters (SNS refuses anything else): dataset names may be neither."""
-    dataset = f"{event.document.dataset.name} {event.document.dataset.version}"
+    ref = event.document.dataset
+    dataset = f"{ref.name} {ref.version}" if ref is not None else "? ?"
     price = ("cost unknown" if unknown and (run is None or run.total_usd is None)
              else "nothing billed" if run is None else f"cost {_usd(run.total_usd)}")
     if event.outcome == "succeeded":
@@ -68,19 +69,23 @@ def subject_line(event: NotificationEvent, run: cost.RunCost | None, unknown: st
 
 
 def compose(event: NotificationEvent, sagemaker: Any, env: Mapping[str, str] | None = None) -> Notification:
-    problems: list[str] = []
+    document = event.document
+    # A section the cost needs but could not read is part of why the cost is unknown.
+    problems = [f"the run's {why}" for name, why in document.unreadable.items() if name in {"plan", "deployment"}]
     run: cost.RunCost | None = None
     try:
         table = cost.load_price_table(env)
     except cost.PriceTableError as exc:
         problems.append(str(exc))
     else:
-        plan = event.document.plan
+        plan = document.plan
         names = plan.names if plan is not None else None
         training = _describe(sagemaker, "training", names.training_job if names else None, problems)
         evaluation = _describe(sagemaker, "processing", names.evaluation_job if names else None, problems)
-        endpoint = None if plan is None else {**plan.endpoint.model_dump(), "name": plan.names.endpoint_config}
-        deployed_at = event.document.deployment.started_at if event.document.deployment else None
+        endpoint = None if plan is None else {"instance_type": plan.endpoint.instance_type,
+                                              "instance_count": plan.endpoint.instance_count,
+                                              "name": plan.names.endpoint_config}
+        deployed_at = document.deployment.started_at if document.deployment else None
         run = cost.price_run(table, training, evaluation, endpoint, deployed_at, event.at)
         if run is not None and run.unpriced:
             problems.append(f"the price table ({table.region}, {table.as_of}) lists no price for "

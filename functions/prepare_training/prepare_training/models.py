@@ -1,13 +1,21 @@
-"""Input, settings and output of the prepare step (the state machine's ``$.plan``)."""
+"""Input and settings of the prepare step; its output, ``$.plan``, is the run state document's
+:class:`d2ops_core.documents.run_state.Plan` (one model for the writer here and the readers)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from d2ops_core.documents.evaluation import GateThresholds
+from d2ops_core.documents.run_state import (  # re-exported: the prepare step's output
+    CapacitySize,
+    ChampionRef,
+    EndpointPlan,
+    JobNames,
+    Plan,
+    TrafficRoutingConfig,
+)
 from d2ops_core.runs import DatasetRef
 from d2ops_core.validation.manifest import Gate, StackLimits, TrainingOverrides
 
@@ -89,62 +97,5 @@ class PrepareSettings(BaseModel):
         return cls.model_validate(values)
 
 
-class JobNames(BaseModel):
-    training_job: str
-    evaluation_job: str
-    model: str
-    endpoint_config: str
-
-
-class CapacitySize(BaseModel):
-    """botocore's sagemaker ``CapacitySize`` (member names as the API spells them)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    Type: Literal["INSTANCE_COUNT", "CAPACITY_PERCENT"]
-    Value: int = Field(ge=1)
-
-
-class TrafficRoutingConfig(BaseModel):
-    """botocore's sagemaker ``TrafficRoutingConfig``: UpdateEndpoint's
-    ``DeploymentConfig.BlueGreenUpdatePolicy.TrafficRoutingConfiguration``, passed on as dumped."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    Type: Literal["ALL_AT_ONCE", "CANARY"]  # LINEAR is not used (nor emulated offline)
-    WaitIntervalInSeconds: int = Field(ge=0, le=3600)
-    CanarySize: CapacitySize | None = None
-
-    @model_serializer(mode="wrap")
-    def _omit_absent(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # SageMaker takes no null members: ALL_AT_ONCE carries no CanarySize key at all.
-        dumped: dict[str, Any] = handler(self)
-        return {key: value for key, value in dumped.items() if value is not None}
-
-
-class EndpointPlan(BaseModel):
-    instance_type: str
-    instance_count: int
-    poll_seconds: int
-    max_wait_attempts: int
-    traffic_routing: TrafficRoutingConfig
-
-
-class ChampionRef(BaseModel):
-    run_id: str
-    model_data: str
-    model_package_arn: str
-    primary_metric: str
-    primary_value: float
-
-
-class Plan(BaseModel):
-    """Everything later states need; the state machine selects these keys into ``$.plan``."""
-
-    training_job: dict[str, Any]  # a CreateTrainingJob request
-    evaluation_job: dict[str, Any]  # a CreateProcessingJob request
-    names: JobNames
-    gate: GateThresholds
-    endpoint: EndpointPlan
-    evaluation_report_uri: str
-    champion: ChampionRef | None
+__all__ = ["CapacitySize", "ChampionRef", "EndpointPlan", "JobNames", "ManifestSettings", "Plan", "PrepareEvent",
+           "PrepareSettings", "TrafficRoutingConfig"]

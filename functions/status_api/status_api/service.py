@@ -8,9 +8,11 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
+from pydantic import BaseModel
 
 from d2ops_core import cost, runs
 from d2ops_core.champion import read_champion
+from d2ops_core.documents.run_state import RunState
 from d2ops_core.failures import reason
 from status_api.models import (
     EndpointInfo,
@@ -175,24 +177,24 @@ def latest_document(events: list[dict[str, Any]], execution: dict[str, Any]) -> 
     return document if isinstance(document, dict) else {}
 
 
-def _describe_job(sagemaker: Any, document: dict[str, Any], kind: runs.JobKind) -> dict[str, Any] | None:
+def _describe_job(sagemaker: Any, document: RunState | dict[str, Any], kind: runs.JobKind) -> dict[str, Any] | None:
     """DescribeTrainingJob / DescribeProcessingJob of the run's job, None when it does not exist (yet).
 
     Throttling and other errors propagate (the handler answers 503 for throttling): a job that could
     not be described is not a job that does not exist, and the run's cost would silently drop it.
     """
-    names = (document.get("plan") or {}).get("names") or {}
-    name = names.get("training_job" if kind == "training" else "evaluation_job")
-    if not name or not isinstance(name, str):
+    plan = RunState.read(document).plan
+    if plan is None:
         return None
-    return runs.describe_job(sagemaker, kind, name)
+    return runs.describe_job(sagemaker, kind, plan.names.training_job if kind == "training"
+                             else plan.names.evaluation_job)
 
 
-def training_info(sagemaker: Any, document: dict[str, Any], job: dict[str, Any] | None = None) -> TrainingInfo | None:
-    job_name = (document.get("plan") or {}).get("names", {}).get("training_job")
-    if not job_name:
+def training_info(sagemaker: Any, document: RunState, job: dict[str, Any] | None = None) -> TrainingInfo | None:
+    if document.plan is None:
         return None
-    info = TrainingInfo(job_name=job_name, model_data=(document.get("training") or {}).get("model_data"))
+    info = TrainingInfo(job_name=document.plan.names.training_job,
+                        model_data=document.training.model_data if document.training else None)
     job = job if job is not None else _describe_job(sagemaker, document, "training")
     if job is None:
         return info  # the plan's name is still useful
@@ -211,62 +213,59 @@ def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str) -> Ru
         raise RunNotFound(f"no run {run_id!r}") from exc
     events = execution_history(sfn, arn)
     steps, current = timeline(events, execution["status"])
-    doc = latest_document(events, execution)
-    try:
-        dataset = json.loads(execution.get("input") or "{}").get("dataset")
-    except (ValueError, AttributeError):
+    doc = RunState.read(latest_document(events, execution))
+    for section, why in doc.unreadable.items():  # left out of the answer; the rest still shows
+        logger.warning("run %s: section %s unreadable: %s", run_id, section, why)
+    try:  # the input's dataset: the document's own may be missing from a run that failed early
+        dataset = RunState.read(json.loads(execution.get("input") or "{}")).dataset
+    except ValueError:
         dataset = None
     training_job = _describe_job(sagemaker, doc, "training")
     evaluation_job = _describe_job(sagemaker, doc, "processing")
     endpoint = None
-    if doc.get("deployment") or doc.get("endpoint"):
-        endpoint = EndpointInfo(name=(doc.get("champion") or {}).get("endpoint_name"),
-                                mode=(doc.get("deployment") or {}).get("mode"),
+    if doc.deployment or doc.endpoint:
+        endpoint = EndpointInfo(name=doc.champion.endpoint_name if doc.champion else None,
+                                mode=doc.deployment.mode if doc.deployment else None,
                                 # $.endpoint is the run's last DescribeEndpoint answer
-                                status=(doc.get("endpoint") or {}).get("EndpointStatus"),
-                                endpoint_config=(doc.get("plan") or {}).get("names", {}).get("endpoint_config"))
+                                status=doc.endpoint.EndpointStatus if doc.endpoint else None,
+                                endpoint_config=doc.plan.names.endpoint_config if doc.plan else None)
     return RunDetail(
         run_id=run_id, execution_arn=arn, status=execution["status"],
         started_at=execution["startDate"].isoformat(), stopped_at=_iso(execution.get("stopDate")),
-        dataset=runs.DatasetRef.model_validate(dataset) if isinstance(dataset, dict) else None,
+        dataset=dataset,
         current_state=current, timeline=steps,
-        validation=(doc.get("validation") or {}).get("summary"),
-        training=training_info(sagemaker, doc, training_job), evaluation=doc.get("evaluation"), gate=doc.get("gate"),
-        model_package_arn=(doc.get("registration") or {}).get("model_package_arn"), endpoint=endpoint,
-        failure=_failure(doc.get("failure")), error=execution.get("error"), cause=_cause(execution.get("cause")),
+        validation=_shown(doc.validation.summary if doc.validation else None),
+        training=training_info(sagemaker, doc, training_job), evaluation=_shown(doc.evaluation),
+        gate=_shown(doc.gate), model_package_arn=doc.registration.model_package_arn if doc.registration else None,
+        endpoint=endpoint, failure=_failure(doc), error=execution.get("error"), cause=_cause(execution.get("cause")),
         cost=run_cost(doc, training_job, evaluation_job, execution.get("stopDate")))
 
 
-def deployed_at(doc: dict[str, Any]) -> datetime | None:
-    """``$.deployment.started_at``: when the create/update endpoint state that succeeded was entered.
-
-    The state writes it only when its call succeeded, so a run whose create/update call failed is
-    billed no endpoint time: the notification prices from the same field (compose_notification).
-    """
-    deployment = doc.get("deployment")
-    value = deployment.get("started_at") if isinstance(deployment, dict) else None
-    if not isinstance(value, str):
-        return None
-    try:
-        when = datetime.fromisoformat(value)  # $$.State.EnteredTime: 2026-01-01T12:00:00.123Z
-    except ValueError:
-        return None
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+def _shown(section: BaseModel | None) -> dict[str, Any] | None:
+    """A section as the run wrote it (its unmodelled keys kept), for the answer's free-form fields."""
+    return section.model_dump(mode="json", exclude_unset=True) if section is not None else None
 
 
-def run_cost(doc: dict[str, Any], training_job: dict[str, Any] | None, evaluation_job: dict[str, Any] | None,
+def run_cost(doc: RunState | dict[str, Any], training_job: dict[str, Any] | None, evaluation_job: dict[str, Any] | None,
              stopped: datetime | None, table: cost.PriceTable | None = None) -> cost.RunCost | None:
     """Training, evaluation and endpoint time priced with the stack's table; None before any job ran,
-    or when the operator's price table cannot be read (logged: the run itself must still be readable)."""
+    or when the operator's price table cannot be read (logged: the run itself must still be readable).
+
+    Endpoint time is billed from ``$.deployment.started_at``, which the create/update state writes only
+    when its call succeeded (an unreadable one: no endpoint time), as the notification does."""
+    state = RunState.read(doc)
     if table is None:
         try:
             table = cost.load_price_table()
         except cost.PriceTableError as exc:
             logger.error("run cost left out: %s", exc)
             return None
-    plan = doc.get("plan") or {}
-    endpoint = {**(plan.get("endpoint") or {}), "name": plan.get("names", {}).get("endpoint_config")}
-    return cost.price_run(table, training_job, evaluation_job, endpoint, deployed_at(doc),
+    plan = state.plan
+    endpoint = None if plan is None else {"instance_type": plan.endpoint.instance_type,
+                                          "instance_count": plan.endpoint.instance_count,
+                                          "name": plan.names.endpoint_config}
+    return cost.price_run(table, training_job, evaluation_job, endpoint,
+                          state.deployment.started_at if state.deployment else None,
                           stopped or datetime.now(UTC))
 
 
@@ -275,8 +274,9 @@ def _cause(cause: Any) -> str | None:
     return reason(cause) if cause else None
 
 
-def _failure(failure: Any) -> dict[str, Any] | None:
-    if not isinstance(failure, dict):
+def _failure(doc: RunState) -> dict[str, Any] | None:
+    failure = _shown(doc.failure)
+    if failure is None:
         return None
     return {**failure, "cause": _cause(failure.get("cause"))} if "cause" in failure else failure
 

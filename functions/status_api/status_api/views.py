@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from d2ops_core import runs, state_graph
 from d2ops_core.champion import EndpointHistory, read_endpoint_history
+from d2ops_core.documents.run_state import RunState
 from d2ops_core.evaluation_curves import PR_CURVES_NAME, PrCurves
 from d2ops_core.validation.report import ValidationReport
 from status_api.models import EvaluationView, GraphEdge, GraphNode, RunGraph
@@ -60,16 +61,16 @@ def _read_json(s3: Any, artifacts_bucket: str, uri: str, what: str) -> bytes:
         raise ReportNotFound(f"the run's {what} {uri} is gone") from exc
 
 
-def _document(sfn: Any, state_machine_arn: str, run_id: str) -> dict[str, Any]:
+def _document(sfn: Any, state_machine_arn: str, run_id: str) -> RunState:
     _, execution, events = _execution(sfn, state_machine_arn, run_id)
-    return latest_document(events, execution)
+    return RunState.read(latest_document(events, execution))
 
 
 def validation_report(sfn: Any, s3: Any, state_machine_arn: str, artifacts_bucket: str,
                       run_id: str) -> ValidationReport:
     doc = _document(sfn, state_machine_arn, run_id)
-    uri = ((doc.get("validation") or {}).get("summary") or {}).get("report_uri") \
-        or (doc.get("failure") or {}).get("report_uri")
+    summary = doc.validation.summary if doc.validation else None
+    uri = (summary.report_uri if summary else None) or (doc.failure.report_uri if doc.failure else None)
     if not uri:
         raise ReportNotFound(f"run {run_id!r} has no validation report (yet)")
     return ValidationReport.model_validate_json(_read_json(s3, artifacts_bucket, uri, "validation report"))
@@ -78,7 +79,7 @@ def validation_report(sfn: Any, s3: Any, state_machine_arn: str, artifacts_bucke
 def evaluation_report(sfn: Any, s3: Any, state_machine_arn: str, artifacts_bucket: str,
                       run_id: str) -> EvaluationView:
     doc = _document(sfn, state_machine_arn, run_id)
-    uri = (doc.get("evaluation") or {}).get("report_uri")
+    uri = doc.evaluation.report_uri if doc.evaluation else None
     if not uri:
         raise ReportNotFound(f"run {run_id!r} has no evaluation report (yet)")
     report = json.loads(_read_json(s3, artifacts_bucket, uri, "evaluation report"))
