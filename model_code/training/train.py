@@ -34,6 +34,20 @@ def write_failure(path: Path, reason: str) -> None:
     os.replace(tmp, path)
 
 
+def check_writable(env: TrainingEnvironment) -> None:
+    """Fail in the first second, not after hours of training, when an output directory cannot be written."""
+    for what, directory in (("model", env.model_dir), ("output data", env.output_data_dir),
+                            ("checkpoint", env.checkpoint_dir)):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            probe = directory / f".d2ops-write-probe-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(f"{what} directory {directory} is not writable: "
+                              f"{exc.strerror or type(exc).__name__}") from None
+
+
 def run(env: TrainingEnvironment, hp: Hyperparameters) -> None:
     if hp.framework == "detectron2":
         from model_code.training import detectron2_trainer
@@ -57,6 +71,7 @@ def main() -> int:
     try:
         env = load_environment()
         hp = parse_hyperparameters(env.hyperparameters)
+        check_writable(env)
         run(env, hp)
     except Interrupted as exc:
         print(str(exc), flush=True)

@@ -131,3 +131,14 @@ def test_a_symlink_pointing_outside_the_channel_is_not_read(tmp_path: Path) -> N
         dataset[0, 0]
     dataset.images[0] = {**dataset.images[0], "file_name": "inside.png"}
     assert dataset[0, 0][0].shape == (3, 8, 8)  # a file inside the channel still reads
+
+
+def test_an_unwritable_model_directory_fails_before_training(tmp_path: Path, monkeypatch) -> None:
+    # A file where /opt/ml/model should be (chmod does not stop root, which containers often run as).
+    # Before: the run trained to the end and then died in save_artifact with a FileExistsError.
+    root = _tree(tmp_path, data=FILE_MODE)
+    (root / "model").write_text("not a directory")
+    code, failure = _run(root, monkeypatch)
+    assert code == train.EXIT_FAILED
+    assert failure.startswith(f"ConfigError: model directory {root / 'model'} is not writable"), failure
+    assert (root / "model").read_text() == "not a directory"
