@@ -156,3 +156,16 @@ def test_the_subject_fits_sns_whatever_the_dataset_is_called() -> None:
     assert subject.startswith("d2ops: Unicode name xxx")
     received, _ = publish_and_receive(subject, {})
     assert received == subject
+
+
+def test_a_malformed_plan_still_notifies_saying_which_part_of_the_run_could_not_be_read() -> None:
+    """The run state is read section by section (d2ops_core.documents.run_state): a plan the model
+    refuses leaves the jobs out of the cost, named with the field, and the rest of the run still reads."""
+    good = event("failed", failure={"error": "TrainingFailed", "cause": "OOM"})
+    document = {**good.document.model_dump(mode="json", exclude_none=True), "plan": {"names": "not names"}}
+    broken = NotificationEvent.model_validate({"outcome": "failed", "run_id": support.RUN_ID,
+                                               "at": NOW.isoformat(), "document": document})
+    notification = compose(broken, object(), env={})  # no plan: no job to describe, nothing to call
+    assert notification.subject == "d2ops run failed: TrainingFailed (shapes v1, cost unknown)"
+    assert notification.fields.cost_unknown is not None
+    assert notification.fields.cost_unknown.startswith("the run's $.plan.")

@@ -435,3 +435,18 @@ def test_an_unreadable_price_table_leaves_the_cost_out_not_the_run(monkeypatch, 
     job = {"TrainingJobName": "j", "ResourceConfig": {"InstanceType": "ml.g5.xlarge", "InstanceCount": 1},
            "TrainingTimeInSeconds": 600, "BillableTimeInSeconds": 600}
     assert service.run_cost({}, job, None, None) is None
+
+
+def test_a_malformed_section_of_the_run_state_is_left_out_and_the_run_still_answers(aws: dict[str, Any]) -> None:
+    """GET /runs/{id} reads $ section by section (d2ops_core.documents.run_state.RunState.read)."""
+    execution = support.run_case("FirstDeployment")
+    output = json.loads(execution.describe()["output"])
+    output.update(plan={"names": "not names"}, deployment={"mode": "create", "started_at": "yesterday"},
+                  gate=["not", "a", "decision"])
+    execution.output = output
+    detail = service.get_run(InterpreterStepFunctions(execution), aws["sagemaker"], execution.state_machine.arn,
+                             support.RUN_ID)
+    assert detail.status == "SUCCEEDED" and detail.training is None and detail.gate is None
+    assert detail.endpoint is not None and detail.endpoint.endpoint_config is None  # $.endpoint still read
+    assert detail.endpoint.status == "InService" and detail.evaluation["challenger_value"] == 0.71
+    assert detail.cost is None or detail.cost.endpoint is None  # no deployment time: no endpoint billed
