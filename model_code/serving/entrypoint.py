@@ -11,7 +11,8 @@ Environment (all optional):
   SAGEMAKER_BIND_TO_PORT    inference port (default 8080; SageMaker sets it in multi-container endpoints)
   D2OPS_BIND_HOST           inference host (default 0.0.0.0)
   D2OPS_MANAGEMENT_PORT, D2OPS_METRICS_PORT, D2OPS_GRPC_INFERENCE_PORT, D2OPS_GRPC_MANAGEMENT_PORT
-                            loopback ports (default: config.properties)
+                            loopback ports (default: from SAGEMAKER_SAFE_PORT_RANGE when SageMaker sets it,
+                            else config.properties)
   D2OPS_SERVING_WORKDIR     model store, logs, temp files (default /tmp/d2ops-serving)
   D2OPS_STARTUP_TIMEOUT     seconds to wait for /ping before giving up (default 600)
   D2OPS_BATCH_SIZE, D2OPS_MAX_BATCH_DELAY_MS, D2OPS_WORKERS   batching (model_code.serving.launch.BatchSettings)
@@ -49,6 +50,36 @@ def _port(env: Mapping[str, str], name: str, default: int) -> int:
     return int(raw)
 
 
+EXTRA_PORTS = ("D2OPS_MANAGEMENT_PORT", "D2OPS_METRICS_PORT", "D2OPS_GRPC_INFERENCE_PORT", "D2OPS_GRPC_MANAGEMENT_PORT")
+SAFE_RANGE = "SAGEMAKER_SAFE_PORT_RANGE"
+
+
+def extra_ports(env: Mapping[str, str], defaults: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+    """Management, metrics and the two gRPC ports: a D2OPS_* variable, else SageMaker's safe range, else the default.
+
+    In a multi-container endpoint SageMaker sets ``SAGEMAKER_SAFE_PORT_RANGE`` ("lo-hi") to the ports this
+    container may use besides ``SAGEMAKER_BIND_TO_PORT``; TorchServe's own defaults could collide with a
+    neighbour's. Unset ports take the range's ports in order, skipping the bind port.
+    """
+    chosen = [_port(env, name, 0) or None for name in EXTRA_PORTS]
+    raw = env.get(SAFE_RANGE)
+    if raw and None in chosen:
+        lo_text, _, hi_text = raw.partition("-")
+        if not all(t.isascii() and t.isdigit() for t in (lo_text, hi_text)) or \
+                not 0 < int(lo_text) <= int(hi_text) < 65536:
+            raise launch.ServingError(f"{SAFE_RANGE}={raw[:40]!r} is not a port range such as '8000-8100'")
+        bind = _port(env, "SAGEMAKER_BIND_TO_PORT", 0)
+        taken = {bind, *(p for p in chosen if p)}
+        free = (p for p in range(int(lo_text), int(hi_text) + 1) if p not in taken)
+        picked = [p if p else next(free, None) for p in chosen]
+        if None in picked:
+            raise launch.ServingError(f"{SAFE_RANGE}={raw!r} leaves too few ports: TorchServe needs "
+                                      f"{chosen.count(None)} besides the bind port {bind or ''}".rstrip())
+        chosen = picked
+    management, metrics, grpc_inference, grpc_management = (p or d for p, d in zip(chosen, defaults, strict=True))
+    return management, metrics, grpc_inference, grpc_management
+
+
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     raw = env.get(name)
     if not raw:
@@ -69,10 +100,10 @@ def serve(env: Mapping[str, str]) -> int:
     base = launch.read_properties(launch.config_path(env))
     host = env.get("D2OPS_BIND_HOST") or "0.0.0.0"
     port = _port(env, "SAGEMAKER_BIND_TO_PORT", urlsplit(base["inference_address"]).port or 8080)
-    management = _port(env, "D2OPS_MANAGEMENT_PORT", urlsplit(base["management_address"]).port or 8081)
-    metrics = _port(env, "D2OPS_METRICS_PORT", urlsplit(base["metrics_address"]).port or 8082)
-    grpc = (_port(env, "D2OPS_GRPC_INFERENCE_PORT", int(base.get("grpc_inference_port", 7070))),
-            _port(env, "D2OPS_GRPC_MANAGEMENT_PORT", int(base.get("grpc_management_port", 7071))))
+    management, metrics, *grpc_ports = extra_ports(env, (
+        urlsplit(base["management_address"]).port or 8081, urlsplit(base["metrics_address"]).port or 8082,
+        int(base.get("grpc_inference_port", 7070)), int(base.get("grpc_management_port", 7071))))
+    grpc = (grpc_ports[0], grpc_ports[1])
     timeout = _seconds(env, "D2OPS_STARTUP_TIMEOUT", 600.0)
     try:
         settings = launch.BatchSettings.from_env(env)

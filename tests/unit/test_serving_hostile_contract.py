@@ -57,3 +57,20 @@ def test_metadata_from_a_future_version_names_the_field(tmp_path) -> None:
     (model / "metadata.json").write_text(json.dumps(metadata))
     with pytest.raises(launch.ServingError, match=r"metadata\.json: invalid metadata: .*schema_version"):
         launch.prepare_model_dir(model, tmp_path / "work")
+
+
+def test_extra_ports_come_from_sagemaker_safe_port_range() -> None:
+    # Multi-container endpoints: SageMaker says which ports besides the bind port a container may use.
+    env = {"SAGEMAKER_BIND_TO_PORT": "9000", "SAGEMAKER_SAFE_PORT_RANGE": "9000-9004"}
+    assert entrypoint.extra_ports(env, (8081, 8082, 7070, 7071)) == (9001, 9002, 9003, 9004)
+    # An explicit D2OPS_* port still wins; without the range the defaults stay.
+    env["D2OPS_METRICS_PORT"] = "7999"
+    assert entrypoint.extra_ports(env, (8081, 8082, 7070, 7071)) == (9001, 7999, 9002, 9003)
+    assert entrypoint.extra_ports({}, (8081, 8082, 7070, 7071)) == (8081, 8082, 7070, 7071)
+
+
+@pytest.mark.parametrize("raw", ["9000", "9004-9000", "a-b", "0-5", "9000-70000", "9000-9001", "9000 - 9010"])
+def test_a_bad_or_too_small_safe_port_range_is_a_serving_error(raw: str) -> None:
+    env = {"SAGEMAKER_BIND_TO_PORT": "9000", "SAGEMAKER_SAFE_PORT_RANGE": raw}
+    with pytest.raises(launch.ServingError, match="SAGEMAKER_SAFE_PORT_RANGE="):
+        entrypoint.extra_ports(env, (8081, 8082, 7070, 7071))
