@@ -142,3 +142,29 @@ def test_an_unwritable_model_directory_fails_before_training(tmp_path: Path, mon
     assert code == train.EXIT_FAILED
     assert failure.startswith(f"ConfigError: model directory {root / 'model'} is not writable"), failure
     assert (root / "model").read_text() == "not a directory"
+
+
+def test_sigterm_during_start_up_ends_the_job_at_once_with_nothing_written(tmp_path: Path) -> None:
+    # StopTrainingJob or a spot reclaim can come while Python is still importing torch: the image's declared
+    # entry must die by the signal right away (no handler yet, so nothing to hang on) and leave no model.
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from d2ops.container_entry import image_command, python_on_path
+
+    root = _tree(tmp_path, hyperparameters={}, data=FILE_MODE)
+    env = {**os.environ, "D2OPS_ML_ROOT": str(root)}
+    python_on_path(env)
+    proc = subprocess.Popen(image_command("training"), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert code in (-signal.SIGTERM, train.EXIT_STOPPED)
+    assert not (root / "model").exists() or not any((root / "model").iterdir())
