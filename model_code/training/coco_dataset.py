@@ -17,6 +17,30 @@ from d2ops_core.validation.manifest import unsafe_relative_path
 from model_code.dataset_version import Categories, DatasetError
 
 
+def check_file_names(images: list[dict[str, Any]], source: str) -> None:
+    """The validator refuses these upstream, but the image reads the channel as it finds it: a file_name
+    must not reach outside the images directory (d2ops_core's one rule for dataset-relative paths)."""
+    for img in images:
+        problem = unsafe_relative_path(str(img.get("file_name", "")))
+        if problem:
+            raise DatasetError(f"{source}: image {img.get('id')} file_name {str(img.get('file_name'))[:80]!r} "
+                               f"{problem}")
+
+
+def check_image_files(coco: dict[str, Any], images_dir: Path, source: str) -> None:
+    """Every image of a split named safely and, where it exists, resolving inside ``images_dir``.
+
+    For loaders that open the files themselves (detectron2's): one stat per image, before training.
+    """
+    check_file_names(list(coco["images"]), source)
+    root = images_dir.resolve()
+    for img in coco["images"]:
+        path = images_dir / img["file_name"]
+        if path.is_symlink() and not path.resolve().is_relative_to(root):
+            raise DatasetError(f"{path}: a symlink to {path.resolve()}, outside the channel's images directory "
+                               f"{root} (image id {img.get('id')}); upload the file itself")
+
+
 def _polygon_mask(polygons: list[list[float]], height: int, width: int) -> np.ndarray:
     canvas = Image.new("L", (width, height), 0)
     draw = ImageDraw.Draw(canvas)
@@ -51,13 +75,7 @@ class CocoDetectionSet(Dataset[tuple[torch.Tensor, dict[str, torch.Tensor]]]):  
         self.with_masks = with_masks
         self.horizontal_flip = horizontal_flip
         self.images = list(coco["images"])
-        for img in self.images:
-            # The validator refuses these upstream, but the image reads the channel as it finds it: a file_name
-            # must not reach outside the images directory (d2ops_core's one rule for dataset-relative paths).
-            problem = unsafe_relative_path(str(img.get("file_name", "")))
-            if problem:
-                raise DatasetError(f"{source}: image {img.get('id')} file_name {str(img.get('file_name'))[:80]!r} "
-                                   f"{problem}")
+        check_file_names(self.images, source)
         self.images_root = images_dir.resolve()
         label_of = categories.label_of()
         by_image: dict[int, list[dict[str, Any]]] = {int(img["id"]): [] for img in self.images}

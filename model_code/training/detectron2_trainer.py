@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from model_code.dataset_version import Categories, DatasetVersion, open_dataset_version
+from model_code.dataset_version import Categories, DatasetVersion, open_dataset_version, read_coco
 from model_code.training.config import ConfigError, Hyperparameters, TrainingEnvironment
 from model_code.training.detectron2_schedule import (
     Solver,
@@ -216,6 +216,11 @@ def plan_job(env: TrainingEnvironment, hp: Hyperparameters, environ: Mapping[str
     train = open_dataset_version(env.channel("train"))
     val = open_dataset_version(env.channel("val"))
     categories = categories_for(train, val)
+    from model_code.training.coco_dataset import check_image_files  # torch: imported where training starts
+
+    # detectron2's loader opens file_name wherever it points; refuse what reaches outside the channel first.
+    for split_file, images_dir in ((train.train_json, train.images_dir), (val.val_json, val.images_dir)):
+        check_image_files(read_coco(split_file), images_dir, str(split_file))
     plan = plan_world(env, hp, environ)
     source = config_source(hp.model, train.task, use_gpu=plan.use_gpu)
     job = Detectron2Job(source=source,

@@ -168,3 +168,23 @@ def test_sigterm_during_start_up_ends_the_job_at_once_with_nothing_written(tmp_p
         raise
     assert code in (-signal.SIGTERM, train.EXIT_STOPPED)
     assert not (root / "model").exists() or not any((root / "model").iterdir())
+
+
+def test_detectron2_planning_refuses_an_image_symlinked_outside_the_channel(tmp_path: Path) -> None:
+    # detectron2's own loader opens file_name wherever it points, so the check runs when the job is planned.
+    from d2ops import synth
+    from model_code.dataset_version import DatasetError
+    from model_code.training import detectron2_trainer as d2
+    from model_code.training.config import load_environment, parse_hyperparameters
+
+    channel = tmp_path / "ds"
+    synth.generate(channel, images=4, size=32)
+    first = json.loads((channel / "annotations" / "train.json").read_text())["images"][0]["file_name"]
+    outside = tmp_path / "outside.png"
+    (channel / "images" / first).rename(outside)
+    (channel / "images" / first).symlink_to(outside)
+    root = _tree(tmp_path / "ml", hyperparameters={"framework": "detectron2"})
+    environ = {"D2OPS_ML_ROOT": str(root), "SM_CHANNEL_TRAIN": str(channel), "SM_CHANNEL_VAL": str(channel)}
+    env = load_environment(environ, gpu_count=0)
+    with pytest.raises(DatasetError, match="outside the channel's images directory"):
+        d2.plan_job(env, parse_hyperparameters(env.hyperparameters), environ)
