@@ -48,6 +48,19 @@ def check_writable(env: TrainingEnvironment) -> None:
                               f"{exc.strerror or type(exc).__name__}") from None
 
 
+def discard_partial_artifact(model_dir: Path) -> None:
+    """A failed job's model directory must hold no artifact: an export whose evaluation then failed would
+    otherwise leave model.pt with a metrics-less metadata.json that serving accepts (if anything uploads it)."""
+    from model_code.artifact import CUDA_MODEL_FILE, EVALUATION_FILE, METADATA_FILE, MODEL_FILE
+
+    for name in (MODEL_FILE, CUDA_MODEL_FILE, METADATA_FILE, EVALUATION_FILE):
+        for path in (model_dir / name, model_dir / f"{name}.tmp"):
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:  # the failure reason is already written; say it and go on
+                print(f"could not remove {path}: {exc}", file=sys.stderr, flush=True)
+
+
 def run(env: TrainingEnvironment, hp: Hyperparameters) -> None:
     if hp.framework == "detectron2":
         from model_code.training import detectron2_trainer
@@ -68,10 +81,12 @@ def main() -> int:
     from model_code.training.checkpoints import CheckpointError
     from model_code.training.torchvision_trainer import Interrupted, TrainingError
 
+    model_dir: Path | None = None  # set once training may have written into it
     try:
         env = load_environment()
         hp = parse_hyperparameters(env.hyperparameters)
         check_writable(env)
+        model_dir = env.model_dir
         run(env, hp)
     except Interrupted as exc:
         print(str(exc), flush=True)
@@ -86,6 +101,8 @@ def main() -> int:
         return 0
     print(f"training failed: {reason}", file=sys.stderr, flush=True)
     write_failure(failure, reason)
+    if model_dir is not None:
+        discard_partial_artifact(model_dir)
     return EXIT_FAILED
 
 

@@ -188,3 +188,20 @@ def test_detectron2_planning_refuses_an_image_symlinked_outside_the_channel(tmp_
     env = load_environment(environ, gpu_count=0)
     with pytest.raises(DatasetError, match="outside the channel's images directory"):
         d2.plan_job(env, parse_hyperparameters(env.hyperparameters), environ)
+
+
+def test_a_failure_after_export_leaves_no_half_artifact_in_the_model_directory(tmp_path: Path, monkeypatch) -> None:
+    # E.g. the evaluation of the exported model fails: model.pt and a metrics-less metadata.json are on disk.
+    from model_code.training.torchvision_trainer import TrainingError
+
+    def export_then_fail(env: Any, hp: Any) -> None:
+        (env.model_dir / "model.pt").write_bytes(b"PK")
+        (env.model_dir / "metadata.json").write_text("{}")
+        (env.model_dir / "model.pt.tmp").write_bytes(b"")
+        raise TrainingError("evaluation failed")
+
+    monkeypatch.setattr(train, "run", export_then_fail)
+    root = _tree(tmp_path, data=FILE_MODE)
+    code, failure = _run(root, monkeypatch)
+    assert code == train.EXIT_FAILED and failure.startswith("TrainingError: evaluation failed")
+    assert list((root / "model").iterdir()) == []
