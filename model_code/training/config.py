@@ -231,12 +231,13 @@ def load_environment(environ: Mapping[str, str] | None = None, *, gpu_count: int
     channels = {n: Path(env.get(f"SM_CHANNEL_{n.upper()}") or data_dir / n) for n in sorted(names)}
 
     if gpu_count is None:
-        gpu_count = int(env["SM_NUM_GPUS"]) if env.get("SM_NUM_GPUS") else _cuda_devices()
+        gpu_count = _count(env, "SM_NUM_GPUS", 0) if env.get("SM_NUM_GPUS") else _cuda_devices()
+    cpu_count = _count(env, "SM_NUM_CPUS", 1) if env.get("SM_NUM_CPUS") else os.cpu_count() or 1
     try:
         return TrainingEnvironment(
             hosts=hosts, current_host=current,
             network_interface=env.get("SM_NETWORK_INTERFACE_NAME") or resource.get("network_interface_name"),
-            num_gpus=gpu_count, num_cpus=int(env.get("SM_NUM_CPUS") or os.cpu_count() or 1),
+            num_gpus=gpu_count, num_cpus=cpu_count,
             channels=channels,
             model_dir=Path(env.get("SM_MODEL_DIR") or root / "model"),
             output_data_dir=Path(env.get("SM_OUTPUT_DATA_DIR") or root / "output" / "data"),
@@ -249,6 +250,13 @@ def load_environment(environ: Mapping[str, str] | None = None, *, gpu_count: int
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"])
         raise ConfigError(f"training environment: {where + ': ' if where else ''}{first['msg']}") from None
+
+
+def _count(env: Mapping[str, str], name: str, minimum: int) -> int:
+    raw = env[name]
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < minimum:
+        raise ConfigError(f"environment variable {name}={_clip(raw)!r} is not a count (an integer >= {minimum})")
+    return int(raw)
 
 
 def _cuda_devices() -> int:

@@ -205,3 +205,11 @@ def test_a_failure_after_export_leaves_no_half_artifact_in_the_model_directory(t
     code, failure = _run(root, monkeypatch)
     assert code == train.EXIT_FAILED and failure.startswith("TrainingError: evaluation failed")
     assert list((root / "model").iterdir()) == []
+
+
+@pytest.mark.parametrize("name, raw", [("SM_NUM_GPUS", "two"), ("SM_NUM_CPUS", "1.5"), ("SM_NUM_GPUS", "-1")])
+def test_a_count_variable_that_is_not_a_count_is_named(name: str, raw: str) -> None:
+    from model_code.training.config import ConfigError, load_environment
+
+    with pytest.raises(ConfigError, match=f"{name}={raw!r}"):
+        load_environment({"D2OPS_ML_ROOT": "/nonexistent", name: raw})
