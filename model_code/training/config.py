@@ -25,6 +25,10 @@ REQUIRED_CHANNELS = ("train", "val")
 # A safety net against a single bad batch, not a regulator of ordinary steps: measured gradient norms
 # of a converging run stay well below it after the first iterations (docs/training.md, calibration).
 CLIP_GRAD_NORM = 10.0
+# Upper bounds so an astronomical integer is a ConfigError at parse, not an OverflowError in the schedule's
+# float arithmetic hours later; far above any real run.
+MAX_ITERATIONS = 1_000_000
+MAX_PROPOSALS = 1_000_000
 
 
 class ConfigError(Exception):
@@ -49,29 +53,29 @@ class Hyperparameters(BaseModel):
 
     framework: Literal["torchvision", "detectron2"] = "torchvision"
     model: str | None = Field(default=None, min_length=1, description="architecture or config; default per task")
-    max_iter: int = Field(default=1000, ge=1, le=1_000_000)
+    max_iter: int = Field(default=1000, ge=1, le=MAX_ITERATIONS)
     ims_per_batch: int = Field(default=16, ge=1, le=4096, description="global batch at reference_world_size")
     base_lr: float = Field(default=0.02, gt=0, le=10)
     reference_world_size: int = Field(default=0, ge=0, le=4096,
                                       description="0: batch and LR fixed; N: scale linearly from N workers")
-    warmup_iters: int = Field(default=100, ge=0)
+    warmup_iters: int = Field(default=100, ge=0, le=MAX_ITERATIONS)
     lr_steps: tuple[float, ...] = Field(default=(0.8,), description="fractions of max_iter where LR drops x0.1")
     momentum: float = Field(default=0.9, ge=0, lt=1)
     weight_decay: float = Field(default=1e-4, ge=0, lt=1)
     clip_grad_norm: float = Field(default=CLIP_GRAD_NORM, ge=0, le=1e6,
                                   description="clip the gradient's global L2 norm to this (0: no clipping)")
-    eval_period: int = Field(default=0, ge=0, description="0: evaluate only at the end")
-    checkpoint_period: int = Field(default=500, ge=1)
-    log_period: int = Field(default=20, ge=1)
+    eval_period: int = Field(default=0, ge=0, le=MAX_ITERATIONS, description="0: evaluate only at the end")
+    checkpoint_period: int = Field(default=500, ge=1, le=MAX_ITERATIONS)
+    log_period: int = Field(default=20, ge=1, le=MAX_ITERATIONS)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     overrides: str = Field(default="", description="detectron2: JSON object or 'KEY VALUE ...'")
     # torchvision trainer
     min_size: int = Field(default=800, ge=32, le=4096)
     max_size: int = Field(default=1333, ge=32, le=8192)
-    rpn_pre_nms_train: int = Field(default=2000, ge=1)
-    rpn_post_nms_train: int = Field(default=2000, ge=1)
-    rpn_pre_nms_test: int = Field(default=1000, ge=1)
-    rpn_post_nms_test: int = Field(default=1000, ge=1)
+    rpn_pre_nms_train: int = Field(default=2000, ge=1, le=MAX_PROPOSALS)
+    rpn_post_nms_train: int = Field(default=2000, ge=1, le=MAX_PROPOSALS)
+    rpn_pre_nms_test: int = Field(default=1000, ge=1, le=MAX_PROPOSALS)
+    rpn_post_nms_test: int = Field(default=1000, ge=1, le=MAX_PROPOSALS)
     roi_batch_size_per_image: int = Field(default=512, ge=16, le=4096, description="sampled RoIs per image")
     num_workers: int = Field(default=2, ge=0, le=64, description="data loader processes per worker")
     horizontal_flip: bool = True

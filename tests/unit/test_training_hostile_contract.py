@@ -213,3 +213,14 @@ def test_a_count_variable_that_is_not_a_count_is_named(name: str, raw: str) -> N
 
     with pytest.raises(ConfigError, match=f"{name}={raw!r}"):
         load_environment({"D2OPS_ML_ROOT": "/nonexistent", name: raw})
+
+
+@pytest.mark.parametrize("name", ["warmup_iters", "eval_period", "checkpoint_period", "log_period",
+                                  "rpn_pre_nms_train", "rpn_post_nms_test"])
+def test_an_astronomical_integer_is_refused_at_parse_not_as_an_overflow_later(name: str) -> None:
+    # Before: 10**400 parsed, then the schedule's division (hp.warmup_iters / scale) raised OverflowError.
+    from model_code.training.config import ConfigError, parse_hyperparameters
+    from model_code.training.distributed import scaled_schedule
+
+    with pytest.raises(ConfigError, match=f"hyperparameter {name}="):
+        scaled_schedule(parse_hyperparameters({name: "1" + "0" * 400}), 1)
