@@ -53,7 +53,7 @@ def summary_line(run: cost.RunCost | None, unknown: str | None) -> str:
 
 
 def subject_line(event: NotificationEvent, run: cost.RunCost | None, unknown: str | None) -> str:
-    """ASCII, one line, at most 100 characters (SNS refuses anything else): dataset names may be neither."""
+    """ASCII, one line, fewer than 100 characters (SNS refuses anything else): dataset names may be neither."""
     ref = event.document.dataset
     dataset = f"{ref.name} {ref.version}" if ref is not None else "? ?"
     price = ("cost unknown" if unknown and (run is None or run.total_usd is None)
