@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from d2ops.commands.console import Console, invoke_with
 from d2ops.offline.client import offline_status_api
@@ -153,7 +154,11 @@ def test_the_console_shows_the_runs_their_reports_the_endpoint_history_and_detec
         page.goto(f"{server.url}#run={deployed}")
         page.locator("#run-title", has_text=deployed).wait_for(timeout=60_000)
         page.locator("#history-served").wait_for(timeout=60_000)
-        page.locator("#pr-curves svg.pr-curve").first.wait_for(timeout=60_000)
+        try:
+            page.locator("#pr-curves svg.pr-curve").first.wait_for(timeout=60_000)
+        except PlaywrightTimeout as exc:  # say what the page shows instead (an error line, or nothing yet)
+            raise AssertionError(f"no PR curves; #evaluation: {page.locator('#evaluation').inner_text()!r}; "
+                                 f"problems: {page.problems}") from exc
         graph = api.get(f"/runs/{deployed}/graph")
         assert page.locator("#graph-svg g.state").count() == len(graph["nodes"])
         assert page.locator("#graph-svg path.transition.taken").count() == sum(e["taken"] for e in graph["edges"])

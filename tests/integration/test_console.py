@@ -91,6 +91,31 @@ def test_the_page_lists_the_run_and_opens_it_with_graph_and_validation(
         assert page.problems == []
 
 
+def test_a_busy_status_api_is_asked_again_before_the_page_gives_up(
+        console: tuple[Console, OfflineRuntime, RunSummary]) -> None:
+    server, _, summary = console
+    answers: dict[str, list[int]] = {"validation": [], "graph": []}
+
+    def flaky(route: Any) -> None:  # the validation report: 503 once, then the real answer
+        answers["validation"].append(503 if not answers["validation"] else 200)
+        if answers["validation"][-1] == 503:
+            route.fulfill(status=503, content_type="application/json", body='{"message": "busy"}')
+        else:
+            route.continue_()
+
+    def down(route: Any) -> None:  # the graph: 502 every time
+        answers["graph"].append(502)
+        route.fulfill(status=502, content_type="application/json", body='{"message": "bad gateway"}')
+
+    with browser_page() as page:
+        page.route("**/api/runs/*/validation", flaky)
+        page.route("**/api/runs/*/graph", down)
+        page.goto(f"{server.url}#run={summary.run_id}")
+        page.locator("#validation-codes").wait_for(timeout=30_000)
+        page.locator("#graph", has_text="bad gateway").wait_for(timeout=30_000)
+    assert answers == {"validation": [503, 200], "graph": [502, 502, 502]}  # asked three times, then said so
+
+
 def test_the_status_api_answers_the_console_routes_with_4xx_for_what_is_not_there(
         console: tuple[Console, OfflineRuntime, RunSummary]) -> None:
     _, rt, summary = console

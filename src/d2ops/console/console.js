@@ -40,8 +40,19 @@ function say(id, text, isError) {
   node.className = isError ? "error" : "";
 }
 
-async function fetchJson(path) {
-  const response = await fetch("/api" + path, {headers: {"Accept": "application/json"}});
+// A busy or briefly unreachable status API (502/503/504, or no answer) is asked again twice before the
+// page says so: a report view that failed once would otherwise stay empty until the user reloads.
+const TRANSIENT = new Set([502, 503, 504]);
+
+async function fetchJson(path, attempt = 0) {
+  let response;
+  try {
+    response = await fetch("/api" + path, {headers: {"Accept": "application/json"}});
+  } catch (e) {
+    if (attempt < 2) return later(() => fetchJson(path, attempt + 1), attempt);
+    throw e;
+  }
+  if (TRANSIENT.has(response.status) && attempt < 2) return later(() => fetchJson(path, attempt + 1), attempt);
   let body = null;
   try { body = await response.json(); } catch (e) { body = null; }
   if (!response.ok) {
@@ -50,6 +61,10 @@ async function fetchJson(path) {
     throw error;
   }
   return body;
+}
+
+function later(retry, attempt) {
+  return new Promise(resolve => setTimeout(resolve, 1000 * (attempt + 1))).then(retry);
 }
 
 function fmtSeconds(s) {
