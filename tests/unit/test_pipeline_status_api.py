@@ -231,14 +231,14 @@ def test_a_throttled_job_describe_is_not_a_missing_job() -> None:
 def test_boto3_clients_are_made_once_per_environment_not_per_request(aws: dict[str, Any],
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[str] = []
-    real = api.clients.boto3.client
+    real = api.clients.boto3.session.Session.client
 
-    def counting(service_name: str, *args: Any, **kwargs: Any) -> Any:
+    def counting(self: Any, service_name: str, *args: Any, **kwargs: Any) -> Any:
         made.append(service_name)
-        return real(service_name, *args, **kwargs)
+        return real(self, service_name, *args, **kwargs)
 
     api.clients.clear()
-    monkeypatch.setattr(api.clients.boto3, "client", counting)
+    monkeypatch.setattr(api.clients.boto3.session.Session, "client", counting)
     for _ in range(3):
         assert call("GET", "/runs")[0] == 200
         assert call("GET", "/runs/shapes_v1_0000000000000000")[0] == 404

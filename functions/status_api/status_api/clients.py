@@ -38,14 +38,15 @@ def client(service: Service) -> Any:
     cached = _cache.get(key)
     if cached is not None:
         return cached
-    # boto3's default session is not safe to create clients from concurrently (the offline gateway
-    # serves requests on threads); using the clients afterwards is.
+    # Creating clients from boto3's shared default session is not thread-safe, and offline other
+    # handlers in this process (on the runtime's threads) use that session at the same moment: each
+    # client gets a session of its own (boto3's advice for threads). Using a client afterwards is safe.
     with _lock:
         cached = _cache.get(key)
         if cached is None:
             if len(_cache) >= MAX_CACHED:
                 _cache.pop(next(iter(_cache)))  # the oldest: an environment the process has left
-            cached = _cache[key] = boto3.client(service)
+            cached = _cache[key] = boto3.session.Session().client(service)
         return cached
 
 

@@ -40,9 +40,10 @@ function say(id, text, isError) {
   node.className = isError ? "error" : "";
 }
 
-// A busy or briefly unreachable status API (502/503/504, or no answer) is asked again twice before the
-// page says so: a report view that failed once would otherwise stay empty until the user reloads.
-const TRANSIENT = new Set([502, 503, 504]);
+// A read that the status API failed (500), could not serve (502/503/504) or never answered is asked
+// again twice before the page says so: a report view that failed once would otherwise stay empty
+// until the user reloads.
+const TRANSIENT = new Set([500, 502, 503, 504]);
 
 async function fetchJson(path, attempt = 0) {
   let response;
