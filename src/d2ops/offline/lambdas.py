@@ -107,6 +107,14 @@ class LocalLambdas:
         self.log_stream = log_stream
         self._handlers: dict[str, Callable[[Any, Any], Any]] = {}
         self._lock = threading.Lock()
+        # One execution environment per function: Lambda never hands an environment a second request
+        # while it runs one, and handlers rely on that (Powertools' resolver keeps the current route's
+        # arguments on its module-level app; two requests on threads at once failed with a KeyError).
+        self._environments: dict[str, threading.RLock] = {}
+
+    def _environment(self, fn: LocalFunction) -> threading.RLock:
+        with self._lock:
+            return self._environments.setdefault(fn.logical_id, threading.RLock())
 
     def _handler(self, fn: LocalFunction) -> Callable[[Any, Any], Any]:
         with self._lock:
@@ -159,7 +167,7 @@ class LocalLambdas:
                                 timeout_seconds=fn.timeout)
         payload = json.loads(json.dumps(event))  # what the runtime deserialises for the handler
         try:
-            with _stdout_to(self.log_stream):
+            with self._environment(fn), _stdout_to(self.log_stream):
                 result = handler(payload, context)
         except Exception as exc:
             error_type = type(exc).__name__
