@@ -1,6 +1,8 @@
 import os
+import secrets
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -14,11 +16,39 @@ from hypothesis import settings
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # Hypothesis: no per-example deadline (the default 200 ms flakes on the shared, loaded 2-core
-# machine: a slow example is not a failing one; the suite's own time bounds the tests), examples stay
-# random, and a failure prints the blob that reproduces it (@reproduce_failure). A test's own
-# @settings still wins for what it names; HYPOTHESIS_PROFILE picks another registered profile.
-settings.register_profile("d2ops", deadline=None, print_blob=True)
+# machine: a slow example is not a failing one; the suite's own time bounds the tests), and a failure
+# prints the blob that reproduces it (@reproduce_failure). Examples stay random in CI too: Hypothesis'
+# own settings derandomise wherever CI is set, so CI would draw the same examples on every run and never
+# find anything new. Each session draws one seed instead (pytest_configure below), printed in the
+# header and again after a failure. A test's own @settings still wins for what it names;
+# HYPOTHESIS_PROFILE picks another registered profile.
+settings.register_profile("d2ops", deadline=None, print_blob=True, derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "d2ops"))
+HYPOTHESIS_SEED = pytest.StashKey[object]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One random Hypothesis seed per session unless ``--hypothesis-seed`` names one: new examples each run,
+    and the run's seed is known, so a failure found in CI reruns anywhere with ``--hypothesis-seed=N``."""
+    from hypothesis import core
+
+    given = config.getoption("--hypothesis-seed", None)
+    if given is None and not settings.default.derandomize:
+        core.global_force_seed = secrets.randbelow(2**32)
+    config.stash[HYPOTHESIS_SEED] = given if given is not None else core.global_force_seed
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    seed = config.stash.get(HYPOTHESIS_SEED, None)
+    return None if seed is None else f"hypothesis seed: {seed} (rerun with --hypothesis-seed={seed})"
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    seed = config.stash.get(HYPOTHESIS_SEED, None)
+    if seed is not None and exitstatus == pytest.ExitCode.TESTS_FAILED:
+        terminalreporter.write_line(f"hypothesis seed of this run: {seed}; the same examples again: "
+                                    f"pytest --hypothesis-seed={seed} <failed test ids>")
+
 
 # Every in-process boto3 call is checked against AWS's whole request contract (enums, patterns, maximums).
 pytest_plugins = ["tests.fixtures.aws_contract_plugin"]
