@@ -20,30 +20,34 @@ export SAM_CLI_TELEMETRY := 0
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
-setup: $(STAMP) $(D2_STAMP) $(NODE_STAMP) $(CHROMIUM_STAMP)  ## create .venv and install everything (torch, detectron2, dev and test tools, Chromium, d2ops editable)
+setup: $(STAMP) $(D2_STAMP) $(NODE_STAMP) | system-packages  ## create .venv and install everything (torch, detectron2, dev and test tools, Chromium, a JDK, Node tools), then check them
+	@$(BIN)/python -m d2ops.setup_check --wheels $(D2OPS_WHEELS)
 
-# Debian's Chromium for the console's browser tests (Playwright drives it through executable_path:
-# no Playwright browser download). Installed with apt-get where missing (root, as in CI, or sudo);
-# the stamp is written only once a Chromium is there, so a later `make setup` tries again.
-CHROMIUM_STAMP := $(VENV)/.chromium
-$(CHROMIUM_STAMP): $(STAMP)
-	@if [ -n "$$D2OPS_CHROMIUM" ] || command -v chromium >/dev/null 2>&1; then :; \
-	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-	  echo "chromium: installing Debian's package (apt-get)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
-	elif command -v apt-get >/dev/null 2>&1 && command -v sudo >/dev/null 2>&1; then \
-	  echo "chromium: installing Debian's package (sudo apt-get)"; \
-	  sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
-	fi
-	@if [ -n "$$D2OPS_CHROMIUM" ] || command -v chromium >/dev/null 2>&1; then touch $@; \
-	else echo "chromium: not installed; the console tests will fail until it is (or D2OPS_CHROMIUM names one)"; fi
+# Debian's packages the suite needs, installed with apt-get where missing (root, as in CI, or sudo):
+# Chromium for the console's browser tests (Playwright drives it through executable_path: no Playwright
+# browser download), a JDK for TorchServe (javac compiles its /ping plugin once), Node.js for the
+# asl-validator. No stamp: each `make setup` looks again, so a package removed later comes back.
+# `python -m d2ops.setup_check` (the last step of setup) names whatever is still missing and fails.
+.PHONY: system-packages
+system-packages:
+	@missing=""; \
+	[ -n "$$D2OPS_CHROMIUM" ] || command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v javac >/dev/null 2>&1 || missing="$$missing openjdk-17-jdk-headless"; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing nodejs npm"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then sudo=""; elif command -v sudo >/dev/null 2>&1; then sudo="sudo"; \
+	else echo "system packages missing:$$missing (install them as root; the setup check below names them)"; exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "system packages missing:$$missing (no apt-get here: install their equivalents)"; exit 0; fi; \
+	echo "installing Debian's$$missing (apt-get)"; \
+	$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null
 
 # Node tools the tests run (asl-validator checks the substituted state machine definition).
-$(NODE_STAMP): tools/package.json tools/package-lock.json
+$(NODE_STAMP): tools/package.json tools/package-lock.json | system-packages
 	cd tools && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-$(STAMP): pyproject.toml src/requirements.txt
+$(STAMP): pyproject.toml src/requirements.txt | system-packages
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first and alone: pip takes these two from the machine's local wheel cache.
