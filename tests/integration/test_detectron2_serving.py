@@ -15,6 +15,9 @@ server, not two):
 - enlarged and shrunk images: within ``support.RESIZED`` (boxes 2 px, scores 0.03, masks IoU
   0.85 over all of them); tests/unit/test_detectron2_export.py shows that this tolerance is the
   resize alone (PIL vs torch), the rest being exact.
+
+A reference detection may go unmatched only near the score threshold, and at least 90 % of them
+must be matched (``support.compare``): an export or server dropping the low scorers fails.
 """
 
 from __future__ import annotations
@@ -130,8 +133,7 @@ def test_served_detections_match_default_predictor(served, spec, tolerance):
     image = shapes_image(*spec)
     reference = support.reference_detections(predictor, np.asarray(image))
     got = served_detections(endpoint, image, masks, meta.category_ids)
-    worst = support.compare(got, reference, tolerance, support.SCORE_THRESH)
-    assert worst["matched"] >= 0.8 * len(reference)
+    support.compare(got, reference, tolerance, support.SCORE_THRESH)  # >= 90 % of the reference matched
 
 
 def test_masks_false_answers_the_same_detections_without_masks(served):
@@ -149,7 +151,7 @@ def test_masks_false_answers_the_same_detections_without_masks(served):
     assert r.status_code == 200 and r.json()["detections"], r.text
     assert not any("mask" in d for d in r.json()["detections"])
     got = served_detections(endpoint, image, False, meta.category_ids)
-    assert support.compare(got, reference, SERVED_EXACT, support.SCORE_THRESH)["matched"] >= 0.8 * len(reference)
+    support.compare(got, reference, SERVED_EXACT, support.SCORE_THRESH)  # >= 90 % of the reference matched
 
 
 def test_bad_input_is_a_4xx(served):
