@@ -31,10 +31,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-
-pytest.importorskip("detectron2", reason="detectron2 is not installed: `make setup` installs it from "
-                                         "../shared/wheels (or D2OPS_DETECTRON2_WHEELS, or its pinned commit)")
-
 from pycocotools import mask as mask_utils
 
 from d2ops import synth
@@ -44,7 +40,10 @@ from model_code.dataset_version import categories_of, open_dataset_version, read
 from model_code.training.detectron2_export import export_and_evaluate
 from model_code.training.detectron2_trainer import ConfigSource, dataset_registrations
 from tests.fixtures.d2export import support
+from tests.fixtures.frameworks import require_detectron2
 from tests.fixtures.serving.support import png_bytes, shapes_image
+
+require_detectron2()
 
 pytestmark = pytest.mark.integration
 

@@ -28,9 +28,9 @@ import pytest
 from d2ops import synth
 from d2ops.local_jobs import TrainingJobSpec, run_training_job
 from model_code.artifact import load_artifact
+from tests.fixtures.frameworks import require_detectron2
 
-pytest.importorskip("detectron2", reason="detectron2 is not installed: `make setup` installs it from "
-                                          "../shared/wheels (or D2OPS_WHEELS), or from GitHub with internet")
+require_detectron2()
 
 # Each run is minutes on a loaded 2-core machine; the budget on an idle one is in docs/training.md.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]

@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("detectron2", reason="detectron2 is not installed: `make setup` installs it from "
-                                         "../shared/wheels (or D2OPS_DETECTRON2_WHEELS, or its pinned commit)")
-
 from model_code import artifact
 from model_code.inference import image_to_tensor, predict
 from model_code.training.detectron2_export import Detectron2Signature, export_detectron2, resized_shape
 from tests.fixtures.d2export import support
+from tests.fixtures.frameworks import require_detectron2
 from tests.fixtures.serving.support import shapes_image
+
+require_detectron2()
 
 # (width, height, seed): enlarged x1.07 / x2.67, shrunk with the long side capped, exactly at size.
 ENLARGED_A_LITTLE, ENLARGED, SHRUNK_CAPPED, AT_SIZE = (160, 120, 0), (64, 48, 4), (250, 90, 3), (128, 160, 5)

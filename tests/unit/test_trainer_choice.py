@@ -9,6 +9,7 @@ import pytest
 
 from d2ops.offline.stack import load_stack
 from d2ops.trainer_choice import TrainerUnavailable, choose_trainer, detectron2_problem
+from tests.fixtures.frameworks import require_detectron2
 
 
 def test_auto_trains_detectron2_where_it_imports_with_its_own_cpu_profile():
@@ -45,8 +46,7 @@ def test_the_import_check_reports_the_real_error():
 
 
 def test_detectron2_imports_in_this_environment_when_installed():
-    pytest.importorskip("detectron2", reason="detectron2 is not installed: `make setup` installs it from "
-                                             "../shared/wheels")
+    require_detectron2()
     assert detectron2_problem() is None
 
 

@@ -25,6 +25,7 @@ from model_code.training.config import ConfigError, load_environment, parse_hype
 from model_code.training.detectron2_sampler import POSITION_KEY, PositionKeyedDataset, ResumableBatchSampler
 from model_code.training.detectron2_schedule import Solver, images_per_gpu_limit, plan_solver, solver_options
 from model_code.training.distributed import plan_world
+from tests.fixtures.frameworks import require_detectron2
 
 
 def options_dict(opts: list[str]) -> dict[str, str]:
@@ -200,7 +201,7 @@ def test_world_size_that_cannot_split_the_batch_is_a_config_error() -> None:
 
 @pytest.mark.parametrize(("reference", "world"), [(8, 16), (8, 4), (8, 8), (0, 4), (4, 1), (2, 6)])
 def test_reference_world_size_rule_is_detectron2s_own(reference: int, world: int) -> None:
-    defaults = pytest.importorskip("detectron2.engine.defaults")
+    defaults = require_detectron2("detectron2.engine.defaults")
     from detectron2.config import get_cfg
 
     requested = solver(steps=(700, 900), eval_period=250)
@@ -264,7 +265,7 @@ def test_solver_options_hand_detectron2_the_final_schedule() -> None:
 
 @pytest.fixture(scope="module")
 def d2_hooks():  # type: ignore[no-untyped-def]
-    pytest.importorskip("detectron2", reason="detectron2 is not installed: `make setup` with ../shared/wheels")
+    require_detectron2()
     from model_code.training import detectron2_hooks
 
     return detectron2_hooks
