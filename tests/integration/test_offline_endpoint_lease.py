@@ -1,7 +1,11 @@
 """A stopped run gives the endpoint lease back and leaves no job running: no state of the run runs after
 StopExecution, so both come from ReleaseEndpointLeaseFunction on EventBridge's execution status change,
 which the offline runtime delivers to the rules of template.yaml as EventBridge would. The jobs are the
-offline SageMaker's real local jobs (moto's training jobs are born Completed and cannot be stopped)."""
+offline SageMaker's real local jobs (moto's training jobs are born Completed and cannot be stopped).
+
+The stop and the CreateTrainingJob answer race on a real machine; each test decides their order itself: it
+waits for the history event that shows the state recorded the answer, or holds the answer at the service
+(the job exists, the state has not heard back) until after the stop. Never by sleeping."""
 
 from __future__ import annotations
 
@@ -60,10 +64,10 @@ def _until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
 
 @pytest.fixture(scope="module")
 def rt(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineRuntime]:
-    # The first CreateTrainingJob's answer is lost: the job runs, the Train model state never learns
-    # of it, so stopping the execution does not stop it (a .sync state that knows its job would).
-    with OfflineRuntime(tmp_path_factory.mktemp("lease") / "work", jobs=HeldJobs(),
-                        lost_responses={"sagemaker:createTrainingJob": 1}) as runtime:
+    # A test sets rt.lost_responses["sagemaker:createTrainingJob"] = 1 to lose its run's CreateTrainingJob answer:
+    # the job runs, the Train model state never learns of it, so stopping the execution does not stop it (a .sync
+    # state that knows its job would); only the execution's end (ReleaseEndpointLeaseFunction) can.
+    with OfflineRuntime(tmp_path_factory.mktemp("lease") / "work", jobs=HeldJobs(), lost_responses={}) as runtime:
         yield runtime
 
 
@@ -118,29 +122,108 @@ def processing_status(rt: OfflineRuntime, run_id: str) -> str:
     return str(rt.client("sagemaker").describe_processing_job(ProcessingJobName=name)["ProcessingJobStatus"])
 
 
-def test_a_stopped_run_gives_its_endpoint_lease_back_and_its_job_is_stopped(rt: OfflineRuntime,
-                                                                            tmp_path: Path) -> None:
-    dynamodb, sfn = rt.client("dynamodb"), rt.client("stepfunctions")
-    (table,) = rt.stack.tables
-    key = {"endpoint_name": {"S": rt.stack.endpoint_name}}
+class HeldAnswers:
+    """The local SageMaker creates the training job at once and holds its answer until ``release``: the
+    job exists and runs while the state that asked for it has not heard back (a slow network, ordered by
+    the test). ``stops`` counts StopTrainingJob calls, whoever makes them."""
 
-    def holder() -> str | None:
-        item = dynamodb.get_item(TableName=table, Key=key, ConsistentRead=True).get("Item")
-        return item["holder"]["S"] if item else None
+    def __init__(self, rt: OfflineRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.holding, self.release, self.stops = threading.Event(), threading.Event(), 0
+        create, stop = rt.sagemaker.create_training_job, rt.sagemaker.stop_training_job
 
-    dataset = tiny_dataset(tmp_path / "datasets", "tiny", "v1", images=8, size=64)
+        def held_create(request: dict[str, Any]) -> dict[str, Any]:
+            answer = create(request)
+            self.holding.set()
+            self.release.wait(60)
+            return answer
+
+        def counted_stop(request: dict[str, Any]) -> dict[str, Any]:
+            self.stops += 1
+            return stop(request)
+
+        monkeypatch.setattr(rt.sagemaker, "create_training_job", held_create)
+        monkeypatch.setattr(rt.sagemaker, "stop_training_job", counted_stop)
+
+
+def start_run(rt: OfflineRuntime, datasets: Path, version: str) -> tuple[str, str]:
+    """Upload a dataset version and deliver its event: the run starts. -> (execution ARN, run id)."""
+    dataset = tiny_dataset(datasets, "tiny", version, images=8, size=64)
     manifest_key, _ = rt.upload_dataset(dataset)
     started = rt.deliver_event(rt.upload_event(rt.stack.data_bucket, manifest_key))
     assert started is not None and started["action"] == "started", started
-    arn, run_id = started["execution_arn"], started["run_id"]
-    _until(lambda: training_status(rt, run_id) == "InProgress", 90, "the run's training job running")
-    assert rt.lost_responses["sagemaker:createTrainingJob"] == 0  # the state never heard of its job
-    assert holder() == arn  # it trains under the lease
+    return started["execution_arn"], started["run_id"]
 
-    sfn.stop_execution(executionArn=arn, error="Operator", cause="stopped by the test")
-    assert sfn.describe_execution(executionArn=arn)["status"] == "ABORTED"
-    _until(lambda: holder() is None, 20, "the stopped run's lease released")
+
+def history(rt: OfflineRuntime, arn: str) -> list[dict[str, Any]]:
+    return list(rt.client("stepfunctions").get_execution_history(executionArn=arn, maxResults=1000)["events"])
+
+
+def task_events(events: list[dict[str, Any]], state: str) -> list[dict[str, Any]]:
+    """The Task* events of ``state``, in order."""
+    found, current = [], None
+    for event in events:
+        if event["type"].endswith("StateEntered"):
+            current = event["stateEnteredEventDetails"]["name"]
+        elif current == state and event["type"].startswith("Task"):
+            found.append(event)
+    return found
+
+
+def lease_holder(rt: OfflineRuntime) -> str | None:
+    (table,) = rt.stack.tables
+    item = rt.client("dynamodb").get_item(TableName=table, Key={"endpoint_name": {"S": rt.stack.endpoint_name}},
+                                          ConsistentRead=True).get("Item")
+    return item["holder"]["S"] if item else None
+
+
+def test_a_stopped_run_gives_its_endpoint_lease_back_and_its_job_is_stopped(rt: OfflineRuntime,
+                                                                            tmp_path: Path) -> None:
+    # The stop comes after the Train model state recorded its create's (lost) answer.
+    rt.lost_responses["sagemaker:createTrainingJob"] = 1
+    arn, run_id = start_run(rt, tmp_path / "datasets", "v1")
+    failed = _until(lambda: [e for e in task_events(history(rt, arn), "Train model") if e["type"] == "TaskFailed"],
+                    90, "the Train model state recording its create's lost answer")
+    assert "Read timed out" in failed[0]["taskFailedEventDetails"]["cause"]
+    assert rt.lost_responses["sagemaker:createTrainingJob"] == 0
+    # The state never heard of its job, which runs.
+    assert "TaskSubmitted" not in [e["type"] for e in task_events(history(rt, arn), "Train model")]
+    assert training_status(rt, run_id) == "InProgress"
+    assert lease_holder(rt) == arn  # it trains under the lease
+
+    rt.client("stepfunctions").stop_execution(executionArn=arn, error="Operator", cause="stopped by the test")
+    assert rt.client("stepfunctions").describe_execution(executionArn=arn)["status"] == "ABORTED"
+    _until(lambda: lease_holder(rt) is None, 20, "the stopped run's lease released")
     _until(lambda: training_status(rt, run_id) == "Stopped", 30, "the stopped run's training job stopped")
+
+
+@pytest.mark.parametrize("lost", [True, False], ids=["answer-lost", "answer-arrives"])
+def test_a_run_stopped_before_its_creates_answer_gives_its_lease_back_and_its_job_is_stopped(
+        rt: OfflineRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lost: bool) -> None:
+    rt.lost_responses["sagemaker:createTrainingJob"] = 1 if lost else 0
+    answers = HeldAnswers(rt, monkeypatch)
+    try:
+        arn, run_id = start_run(rt, tmp_path / "datasets", "v2-lost" if lost else "v2")
+        assert answers.holding.wait(90), "the run's CreateTrainingJob never reached the service"
+        assert training_status(rt, run_id) == "InProgress"
+        assert [e["type"] for e in task_events(history(rt, arn), "Train model")] == ["TaskScheduled", "TaskStarted"]
+        assert lease_holder(rt) == arn
+
+        rt.client("stepfunctions").stop_execution(executionArn=arn, error="Operator", cause="stopped by the test")
+        assert rt.client("stepfunctions").describe_execution(executionArn=arn)["status"] == "ABORTED"
+    finally:
+        answers.release.set()
+    _until(lambda: lease_holder(rt) is None, 20, "the stopped run's lease released")
+    _until(lambda: training_status(rt, run_id) == "Stopped", 30, "the stopped run's training job stopped")
+    if lost:  # the abandoned task got its answer, lost: only the execution's end stopped the job
+        _until(lambda: rt.lost_responses["sagemaker:createTrainingJob"] == 0, 30, "the held answer delivered")
+        assert answers.stops == 1
+    else:  # the abandoned .sync task got its answer and stops its job too (SageMaker: nothing left to stop)
+        _until(lambda: answers.stops == 2, 30, "the abandoned task stopping its job")
+    # Whatever the abandoned task heard after the stop, the run's history ends where the run did.
+    events = history(rt, arn)
+    assert [e["type"] for e in events[-2:]] == ["TaskStateAborted", "ExecutionAborted"], events[-3:]
+    assert [e["type"] for e in task_events(events, "Train model")] == ["TaskScheduled", "TaskStarted",
+                                                                       "TaskStateAborted"]
 
 
 def test_an_aborted_or_timed_out_runs_running_jobs_are_stopped_once(rt: OfflineRuntime) -> None:

@@ -288,6 +288,33 @@ def test_abort_from_another_thread() -> None:
     assert [e["type"] for e in execution.history][-2:] == ["WaitStateAborted", "ExecutionAborted"]
 
 
+def test_a_task_answer_that_arrives_after_the_abort_is_not_recorded() -> None:
+    # StopExecution while a .sync create is in flight: the create's answer reaches a worker the state has
+    # abandoned. The test holds the answer until the execution has ended.
+    called, answer, answered = threading.Event(), threading.Event(), threading.Event()
+    cancelled: list[bool] = []
+
+    def create(resource: str, parameters: Any, context: TaskContext) -> Any:
+        called.set()
+        answer.wait(30)
+        context.submitted({"TrainingJobArn": "arn:aws:sagemaker:us-east-1:123456789012:training-job/late"})
+        cancelled.append(context.cancelled)
+        answered.set()
+        return None
+
+    definition = {"StartAt": "Train", "States": {"Train": {
+        "Type": "Task", "Resource": "arn:aws:states:::sagemaker:createTrainingJob.sync", "End": True}}}
+    execution = StateMachine.from_definition(definition, name="Late").start(
+        {}, executors={"arn:*": create}, clock=Clock(), execution_name="stop-mid-create")
+    assert called.wait(30)
+    execution.abort(error="Stopped", cause="by the test")
+    assert execution.wait(30)
+    answer.set()
+    assert answered.wait(30) and cancelled == [True]
+    assert [e["type"] for e in execution.history] == ["ExecutionStarted", "TaskStateEntered", "TaskScheduled",
+                                                      "TaskStarted", "TaskStateAborted", "ExecutionAborted"]
+
+
 def test_context_object_fields() -> None:
     seen: dict[str, Any] = {}
 

@@ -364,8 +364,14 @@ class Execution:
             self.cause = cause or None
             self.stop_date = self.clock.now()
 
-    def _event(self, frame: _Frame, event_type: str, details: dict[str, Any] | None) -> int:
+    def _event(self, frame: _Frame, event_type: str, details: dict[str, Any] | None,
+               abandoned: Cancel | None = None) -> int:
+        """Record one history event. An event of a worker its state has ``abandoned`` (abort, timeout, failed
+        sibling) is dropped: checked under the lock the state's own TaskStateAborted/TaskTimedOut/... takes, so
+        it lands before that event or not at all, never after the execution's end."""
         with self._lock:
+            if abandoned is not None and abandoned.is_set():
+                return frame.last_event
             event_id = len(self._events) + 1
             event: dict[str, Any] = {"timestamp": self.clock.now(), "type": event_type, "id": event_id,
                                      "previousEventId": frame.last_event}
@@ -832,8 +838,10 @@ class Execution:
                        context: dict[str, Any], frame: _Frame, timeout: float | None, heartbeat: float | None,
                        retry_count: int, service_details: dict[str, str]) -> Any:
         def submitted(output: Any) -> None:
+            # Called on the worker thread: a .sync create whose answer arrives after the state gave up on
+            # it (StopExecution while the create was in flight) must not add to the history.
             self._event(frame, "TaskSubmitted", dict(service_details, output=_dumps(output),
-                                                     outputDetails={"truncated": False}))
+                                                     outputDetails={"truncated": False}), abandoned=task.cancel)
 
         task = TaskContext(state_name=name, resource=resource, execution_arn=self.arn, execution_name=self.name,
                            state_machine_name=self.state_machine.name, retry_count=retry_count,
