@@ -49,7 +49,8 @@ from model_code.training.torchvision_trainer import Interrupted, StopFlag, Train
 
 EXIT_STOPPED = 143
 _CHECKPOINT = re.compile(r"^model_(\d{7})\.pth$")
-_TRAIN_METRICS = (("train:loss", "total_loss"), ("train:lr", "lr"), ("train:iter_seconds", "time"))
+_TRAIN_METRICS = (("train:loss", "total_loss"), ("train:lr", "lr"), ("train:iter_seconds", "time"),
+                  ("train:images_per_second", "images_per_second"))  # the last: computed by the writer
 _EVAL_METRICS = tuple((f"val:{kind}_{suffix}", f"{kind}/{suffix}")
                       for kind in ("bbox", "segm") for suffix in metric_lines.AP_SUFFIXES)
 
@@ -59,14 +60,40 @@ def log(message: str) -> None:
 
 
 class MetricLineWriter(EventWriter):
-    """detectron2's latest scalars as d2ops metric lines (names and format: d2ops_core.metrics)."""
+    """detectron2's latest scalars as d2ops metric lines (names and format: d2ops_core.metrics).
 
-    def __init__(self) -> None:
+    ``train:iter_seconds`` is the mean of detectron2's per-step ``time`` over the steps since the
+    previous line (one step's time is noisy), and ``train:images_per_second`` the global batch
+    over it; training lines carry the run's total iterations, so a follower can tell progress
+    and time left.
+    """
+
+    def __init__(self, max_iter: int | None = None, images_per_batch: int | None = None) -> None:
         self._written: dict[str, int] = {}
+        self.max_iter = max_iter
+        self.images_per_batch = images_per_batch
+        self._timed_until = -1  # the last step whose time went into a printed mean
+
+    def _mean_step_seconds(self) -> float | None:
+        storage = get_event_storage()
+        try:
+            steps = [(float(v), int(it)) for v, it in storage.history("time").values() if it > self._timed_until]
+        except KeyError:  # detectron2 times no step before its warm-up ones are done
+            return None
+        if not steps:
+            return None
+        self._timed_until = steps[-1][1]
+        return sum(v for v, _ in steps) / len(steps)
 
     def write(self) -> None:
         storage = get_event_storage()
-        latest = storage.latest()
+        latest = dict(storage.latest())
+        if "time" in latest and self._written.get("train:iter_seconds") != latest["time"][1]:
+            mean = self._mean_step_seconds()
+            if mean is not None:
+                latest["time"] = (mean, latest["time"][1])
+                if self.images_per_batch and mean > 0:
+                    latest["images_per_second"] = (self.images_per_batch / mean, latest["time"][1])
         for ours, theirs in _TRAIN_METRICS + _EVAL_METRICS:
             if theirs not in latest:
                 continue
@@ -77,7 +104,8 @@ class MetricLineWriter(EventWriter):
             # detectron2 reports AP in percent; ours are fractions, as in the evaluation report
             value = float(value) / 100 if ours.startswith("val:") else float(value)
             if value == value and abs(value) != float("inf"):  # COCO leaves undefined APs as NaN
-                log(metric_lines.format_metric_line(ours, value, iteration + 1))
+                total = self.max_iter if ours.startswith("train:") and self.max_iter else None
+                log(metric_lines.format_metric_line(ours, value, iteration + 1, total))
 
 
 class NewestCheckpoints(hooks.PeriodicCheckpointer):
@@ -214,7 +242,8 @@ class Trainer(DefaultTrainer):
 
     def build_writers(self) -> list[EventWriter]:
         # No TensorBoard/JSON files: OUTPUT_DIR is the checkpoint directory, synced to S3.
-        return [CommonMetricPrinter(self.max_iter), MetricLineWriter()]
+        return [CommonMetricPrinter(self.max_iter),
+                MetricLineWriter(self.max_iter, images_per_batch=int(self.cfg.SOLVER.IMS_PER_BATCH))]
 
     def build_hooks(self) -> list[HookBase]:
         built: list[HookBase] = []

@@ -221,8 +221,9 @@ def train_worker(local_rank: int, ctx: RunContext) -> None:
             log(f"iter {iteration}/{schedule.max_iter} loss {loss.item():.4f} lr {lr:.5f} "
                 f"grad_norm {grad_norm:.2f} {seconds:.2f} s/iter, eta {eta:.0f} s")
             for name, value in (("train:loss", loss.item()), ("train:lr", lr), ("train:grad_norm", grad_norm),
-                                ("train:iter_seconds", seconds)):
-                log(metric_lines.format_metric_line(name, value, iteration))
+                                ("train:iter_seconds", seconds),
+                                ("train:images_per_second", schedule.global_batch / max(seconds, 1e-9))):
+                log(metric_lines.format_metric_line(name, value, iteration, schedule.max_iter))
             window_start, window_iters = time.monotonic(), 0
         stop = _all_agree(StopFlag.requested, world)
         if rank == 0 and (stop or iteration % schedule.checkpoint_period == 0):

@@ -276,17 +276,26 @@ def test_metric_writer_is_an_event_writer_and_prints_metric_lines(d2_hooks, caps
     from detectron2.utils.events import EventStorage
 
     from d2ops_core import metrics
-    writer = d2_hooks.MetricLineWriter()
+    writer = d2_hooks.MetricLineWriter(max_iter=100, images_per_batch=4)
     hooks.PeriodicWriter([writer], period=1)  # asserts every writer is an EventWriter
-    with EventStorage(start_iter=9) as storage:
-        storage.put_scalars(total_loss=0.75, lr=0.02, time=1.5)
+    with EventStorage(start_iter=7) as storage:
+        for seconds in (1.0, 2.0):  # steps 8 and 9, not logged
+            storage.put_scalars(time=seconds)
+            storage.step()
+        storage.put_scalars(total_loss=0.75, lr=0.02, time=3.0)
         storage.put_scalar("bbox/AP50", 81.5, smoothing_hint=False)
         storage.put_scalar("bbox/APl", float("nan"), smoothing_hint=False)  # COCO's undefined AP: left out
         writer.write()
         writer.write()  # the same iteration is not printed twice
-    parsed = [metrics.parse_metric_line(line) for line in capsys.readouterr().out.splitlines()]
-    assert parsed == [("train:loss", 0.75, 10), ("train:lr", 0.02, 10), ("train:iter_seconds", 1.5, 10),
-                      ("val:bbox_AP50", 0.815, 10)]
+        storage.step()
+        storage.put_scalars(total_loss=0.5, time=5.0)
+        writer.write()  # the step time since the previous line only
+    parsed = [metrics.parse_metric(line) for line in capsys.readouterr().out.splitlines()]
+    # seconds per iteration: the mean of the steps since the last line (1, 2, 3); images/s: the batch over it
+    assert parsed == [("train:loss", 0.75, 10, 100), ("train:lr", 0.02, 10, 100), ("train:iter_seconds", 2.0, 10, 100),
+                      ("train:images_per_second", 2.0, 10, 100), ("val:bbox_AP50", 0.815, 10, None),
+                      ("train:loss", 0.5, 11, 100), ("train:iter_seconds", 5.0, 11, 100),
+                      ("train:images_per_second", 0.8, 11, 100)]
 
 
 def test_checkpointer_keeps_the_newest_across_restarts(d2_hooks, tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ from d2ops_core import metrics
 
 
 def test_every_definition_extracts_exactly_its_own_metric() -> None:
-    lines = [metrics.format_metric_line(name, 0.5 + i / 100, 40) for i, name in enumerate(metrics.METRIC_NAMES)]
+    lines = [metrics.format_metric_line(name, 0.5 + i / 100, 40, 250 if name.startswith("train:") else None)
+             for i, name in enumerate(metrics.METRIC_NAMES)]
     log = "\n".join(["[algo-1] some other output", *lines])
     for i, definition in enumerate(metrics.METRIC_DEFINITIONS):
         found = re.findall(definition["Regex"], log)  # SageMaker takes the first group of each match
@@ -28,3 +29,18 @@ def test_round_trip_and_rejections() -> None:
         metrics.format_metric_line("val:bbox_mAP", 0.1)
     with pytest.raises(ValueError, match="finite"):
         metrics.format_metric_line("train:loss", float("nan"))
+
+
+def test_training_lines_carry_the_total_and_a_throughput_for_progress() -> None:
+    line = metrics.format_metric_line("train:images_per_second", 10.4, 120, 250)
+    assert line == "d2ops-metric train:images_per_second=10.400000 iter=120/250"
+    assert metrics.parse_metric(line) == ("train:images_per_second", pytest.approx(10.4), 120, 250)
+    assert metrics.parse_metric_line(line) == ("train:images_per_second", pytest.approx(10.4), 120)
+    assert metrics.parse_metric("d2ops-metric train:loss=0.5 iter=7") == ("train:loss", 0.5, 7, None)
+    with pytest.raises(ValueError, match="total"):
+        metrics.format_metric_line("train:loss", 0.5, None, 250)
+    with pytest.raises(ValueError, match="total"):
+        metrics.format_metric_line("train:loss", 0.5, 3, 0)
+    # a hostile iteration count is not a metric line (int() refuses over 4300 digits: no traceback)
+    assert metrics.parse_metric("d2ops-metric train:loss=0.5 iter=" + "9" * 5000) is None
+    assert metrics.parse_metric("d2ops-metric train:loss=0.5 iter=1/" + "9" * 5000) is None
