@@ -9,6 +9,7 @@ a laxer gate is rejected before anything trains.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,6 +62,15 @@ def test_a_tiny_dataset_goes_through_every_state_to_a_served_model(runtime: Offl
     job = sagemaker.describe_training_job(TrainingJobName=summary.output["plan"]["names"]["training_job"])
     assert job["TrainingJobStatus"] == "Completed"
     assert {m["MetricName"] for m in job["FinalMetricDataList"]} >= {"train:loss"}
+    # While "Train model" waited, the job's progress from its own metric lines, the last where it ended
+    entered = next(i for i, line in enumerate(lines) if line.endswith("-> Train model"))
+    left = next(i for i, line in enumerate(lines) if " ok Train model (" in line)
+    progress = [(i, line) for i, line in enumerate(lines) if "Train model: iter " in line]
+    assert progress and all(entered < i < left for i, _ in progress), lines
+    last = re.search(r"Train model: iter 6/6 \(100%\)  loss (\S+)  (\S+) img/s$", progress[-1][1])
+    final = {m["MetricName"]: m["Value"] for m in job["FinalMetricDataList"]}
+    assert last and float(last[1]) == pytest.approx(final["train:loss"], abs=6e-4), progress
+    assert float(last[2]) == pytest.approx(final["train:images_per_second"], rel=1e-2, abs=6e-3)
     # What the run cost, from the times SageMaker reports (offline: no spot, billable == training).
     assert 0 < job["BillableTimeInSeconds"] == job["TrainingTimeInSeconds"]
     run_cost = offline_status_api(runtime.status_api.url).get(f"/runs/{summary.run_id}")["cost"]

@@ -27,6 +27,7 @@ import pytest
 
 from d2ops import synth
 from d2ops.local_jobs import TrainingJobSpec, run_training_job
+from d2ops.training_progress import ProgressParser
 from model_code.artifact import load_artifact
 from tests.fixtures.frameworks import require_detectron2
 
@@ -92,6 +93,21 @@ def test_one_host_trains_the_cpu_profile_to_the_ap50_bar(one_host: tuple[Path, d
     assert detector.evaluation.metrics["bbox_AP50"] == pytest.approx(summary["bbox_AP50"], abs=1e-6)
     # metric lines come from the EventWriter detectron2's PeriodicWriter accepts
     assert any("d2ops-metric train:loss=" in line and f"iter={ITERATIONS}" in line for line in lines)
+
+
+def test_the_job_lines_read_as_training_progress(one_host: tuple[Path, dict, list[str]]) -> None:
+    """What `d2ops demo` prints while detectron2 trains comes from these lines (d2ops.training_progress)."""
+    _, _, lines = one_host
+    parser = ProgressParser()
+    for line in lines:
+        parser.feed(line)
+    progress = parser.progress
+    assert progress is not None and (progress.iteration, progress.total) == (ITERATIONS, ITERATIONS)
+    last = {name: float(value) for name, value in re.findall(r"d2ops-metric (train:\w+)=(\S+)", "\n".join(lines))}
+    assert progress.loss == last["train:loss"] and progress.seconds_per_iteration == last["train:iter_seconds"]
+    # the global batch (the CPU profile's) over the mean step time
+    batch = int(re.findall(r"global batch (\d+)", "\n".join(lines))[0])
+    assert progress.images_per_second == pytest.approx(batch / last["train:iter_seconds"], rel=1e-4)
 
 
 def test_only_the_newest_checkpoints_are_kept(one_host: tuple[Path, dict, list[str]]) -> None:

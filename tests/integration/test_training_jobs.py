@@ -18,6 +18,7 @@ import pytest
 
 from d2ops import synth
 from d2ops.local_jobs import JobResult, ProcessingJobSpec, TrainingJobSpec, run_processing_job, run_training_job
+from d2ops.training_progress import ProgressParser
 from d2ops_core.cpu_profile import CALIBRATION_DATA, TORCHVISION_CPU_PROFILE
 from d2ops_core.documents.evaluation import EvaluationReport, ModelEvaluation
 from model_code.artifact import load_artifact
@@ -111,6 +112,19 @@ def test_two_hosts_train_one_model_together_and_reach_the_calibrated_ap50(
     assert set(evaluation.per_class) == {"square", "disc", "triangle"}
     # only the master host writes the artifact and checkpoints
     assert not any((tmp / "hosts" / "algo-2" / "model").iterdir())
+
+
+def test_two_hosts_logs_read_as_training_progress(two_hosts: tuple[Path, JobResult, list[str]]) -> None:
+    """What `d2ops run` prints while it trains comes from these lines, both hosts' interleaved."""
+    _, result, lines = two_hosts
+    progress = ProgressParser()
+    seen = [progress.progress.iteration for line in lines if progress.feed(line) and progress.progress]
+    total = int(CALIBRATED["max_iter"])
+    assert seen[0] == int(CALIBRATED["log_period"]) and max(seen) == total  # from the first logged iteration
+    assert progress.host == "algo-1" and progress.progress.total == total
+    assert progress.progress.loss == pytest.approx(result.metrics["train:loss"])
+    assert progress.progress.images_per_second == pytest.approx(
+        int(CALIBRATED["ims_per_batch"]) / result.metrics["train:iter_seconds"], rel=1e-4)
 
 
 @pytest.fixture(scope="module")

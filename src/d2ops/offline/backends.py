@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from d2ops import container_entry, local_jobs, local_serving
-from d2ops.offline.sagemaker import JobOutcome, ServedModel
+from d2ops.offline.sagemaker import JOB_LOG, JobOutcome, ServedModel
 
 PROCESSING_OUTPUT_ROOT = PurePosixPath("/opt/ml/processing/output")
 ENDPOINT_STARTUP_SECONDS = 300.0
@@ -55,7 +55,7 @@ class LocalJobBackend:
             output_dir=work_dir / "output", hyperparameters=dict(request.get("HyperParameters") or {}),
             instance_count=int(resources.get("InstanceCount", 1)),
             max_runtime_seconds=stopping.get("MaxRuntimeInSeconds"))
-        tee = _LogTee(work_dir / "job.log")
+        tee = _LogTee(work_dir / JOB_LOG)
         try:
             result = local_jobs.run_training_job(spec, stop=stop, log=tee)
         except local_jobs.LocalJobError as exc:
@@ -81,7 +81,7 @@ class LocalJobBackend:
             job_name=request["ProcessingJobName"], inputs=inputs, work_dir=work_dir / "root", output_dir=output_dir,
             command=command,
             environment=dict(request.get("Environment") or {}), max_runtime_seconds=stopping.get("MaxRuntimeInSeconds"))
-        tee = _LogTee(work_dir / "job.log")
+        tee = _LogTee(work_dir / JOB_LOG)
         try:
             result = local_jobs.run_processing_job(spec, stop=stop, log=tee)
         except local_jobs.LocalJobError as exc:

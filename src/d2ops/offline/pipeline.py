@@ -2,12 +2,16 @@
 
 Upload a dataset version (manifest.json last), let the S3 "Object Created" event reach the
 trigger function (optionally several times, as EventBridge's at-least-once delivery may),
-follow the execution with per-state progress lines, and summarise it from its history.
+follow the execution with per-state progress lines (and, while a training job runs, its
+iterations, loss, images/s and time left, read from the job's log), and summarise it from its
+history.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from d2ops.offline.runtime import OfflineRuntime
+from d2ops.training_progress import DEFAULT_MIN_INTERVAL, LineSplitter, ProgressReporter
 
 Printer = Callable[[str], None]
 
@@ -81,11 +86,15 @@ class ProgressPrinter:
         self._current: str | None = None
         self._visits: dict[str, int] = {}
 
+    def stamp(self) -> str:
+        """Seconds since the run began, as each progress line starts."""
+        return f"[{time.monotonic() - self.started:7.1f}s]"
+
     def __call__(self, execution_name: str, event: dict[str, Any]) -> None:
         if self.run_id is not None and execution_name != self.run_id:
             return
         kind = event["type"]
-        clock = f"[{time.monotonic() - self.started:7.1f}s]"
+        clock = self.stamp()
         if kind.endswith("StateEntered"):
             name = event["stateEnteredEventDetails"]["name"]
             self._entered[name] = event["timestamp"]
@@ -114,6 +123,122 @@ class ProgressPrinter:
             self.out(f"{clock} run ABORTED")
 
 
+class _LogTail:
+    """What a growing log file gained since the last read, as whole lines (a new file starts over)."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.inode: int | None = None
+        self.splitter = LineSplitter()
+
+    def read(self, *, to_end: bool = False) -> list[str]:
+        try:
+            with self.path.open("rb") as log:
+                stat = os.fstat(log.fileno())
+                if self.inode is not None and (stat.st_ino != self.inode or stat.st_size < self.offset):
+                    self.offset, self.splitter = 0, LineSplitter()  # replaced or truncated: a new log
+                self.inode = stat.st_ino
+                log.seek(self.offset)
+                lines: list[str] = []
+                while True:
+                    chunk = log.read(self.CHUNK)
+                    self.offset += len(chunk)
+                    lines += self.splitter.feed(chunk)
+                    if not chunk or not to_end:
+                        break
+        except OSError:  # not created yet (the job is still downloading its channels), or gone
+            return []
+        return lines + self.splitter.flush() if to_end else lines
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _is_training_job(details: dict[str, Any]) -> bool:
+    return details.get("resourceType") == "sagemaker" and \
+        str(details.get("resource", "")).startswith("createTrainingJob")
+
+
+class TrainingProgressFollower:
+    """While a ``createTrainingJob.sync`` state waits: progress lines from the job's own metric lines.
+
+    As a history listener it learns which job the state created (TaskScheduled's parameters) and
+    when the state's task ended; :meth:`poll` (the run's wait loop, every half second) reads what
+    the job's log gained and prints a progress line at most every ``min_interval`` seconds. When the
+    task ends, what is left of the log is read at once, so the last progress line (where the job
+    ended) comes before the state's own ``ok``/``!!`` line. Nothing is printed for a job whose log
+    holds no metric line.
+    """
+
+    def __init__(self, job_log: Callable[[str], Path], out: Printer, stamp: Callable[[], str], *,
+                 run_id: str | None = None, min_interval: float = DEFAULT_MIN_INTERVAL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.job_log = job_log
+        self.out = out
+        self.stamp = stamp
+        self.run_id = run_id
+        self.min_interval = min_interval
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._state: str | None = None
+        self._job: tuple[_LogTail, ProgressReporter] | None = None
+
+    def __call__(self, execution_name: str, event: dict[str, Any]) -> None:
+        if self.run_id is not None and execution_name != self.run_id:
+            return
+        kind = event["type"]
+        if kind.endswith("StateEntered"):
+            self._state = event["stateEnteredEventDetails"]["name"]
+        elif kind == "TaskScheduled":
+            details = event.get("taskScheduledEventDetails") or {}
+            if not _is_training_job(details):
+                return
+            try:
+                name = json.loads(details.get("parameters") or "{}").get("TrainingJobName")
+            except (ValueError, AttributeError):
+                return
+            if isinstance(name, str) and name:
+                label, log = self._state or name, self.job_log(name)
+                with self._lock:
+                    self._job = (_LogTail(log), ProgressReporter(label, min_interval=self.min_interval,
+                                                                 clock=self.clock))
+                    # the job starts (imports, data, model) before it logs an iteration: say where to look
+                    self._print(f"{label}: training job {name}, log {_shown(log)}")
+        elif kind in ("TaskSucceeded", "TaskFailed", "TaskTimedOut"):
+            details = next((v for k, v in event.items() if k.endswith("EventDetails")), None) or {}
+            if _is_training_job(details):
+                self.finish()
+        elif kind.startswith("Execution") and kind != "ExecutionStarted":
+            self.finish()
+
+    def poll(self) -> None:
+        with self._lock:
+            if self._job is not None:
+                tail, reporter = self._job
+                self._print(reporter.feed(tail.read()))
+
+    def finish(self) -> None:
+        """Read the rest of the job's log, print where it ended, stop following it."""
+        with self._lock:
+            if self._job is None:
+                return
+            tail, reporter = self._job
+            self._job = None
+            self._print(reporter.feed(tail.read(to_end=True)))
+            self._print(reporter.finish())
+
+    def _print(self, line: str | None) -> None:
+        if line is not None:
+            self.out(f"{self.stamp()}      {line}")
+
+
 def upload_and_trigger(rt: OfflineRuntime, dataset_dir: Path, deliveries: int, out: Printer) -> list[dict[str, Any]]:
     key, version = rt.upload_dataset(dataset_dir)
     out(f"uploaded {dataset_dir} to s3://{rt.stack.data_bucket}/{key.rpartition('/')[0]}/ (manifest.json last, "
@@ -135,10 +260,13 @@ def upload_and_trigger(rt: OfflineRuntime, dataset_dir: Path, deliveries: int, o
     return results
 
 
-def wait_for_run(rt: OfflineRuntime, execution_arn: str, timeout: float) -> dict[str, Any]:
+def wait_for_run(rt: OfflineRuntime, execution_arn: str, timeout: float,
+                 tick: Callable[[], None] | None = None) -> dict[str, Any]:
     sfn = rt.client("stepfunctions")
     deadline = time.monotonic() + timeout
     while True:
+        if tick is not None:
+            tick()
         described: dict[str, Any] = sfn.describe_execution(executionArn=execution_arn)
         if described["status"] != "RUNNING":
             return described
@@ -180,13 +308,17 @@ def summarize(rt: OfflineRuntime, described: dict[str, Any], results: list[dict[
 
 def run_pipeline(rt: OfflineRuntime, dataset_dir: Path, *, deliveries: int = 1, out: Printer = print,
                  timeout: float = 1800.0) -> RunSummary:
-    """Upload, trigger, follow and summarise one run."""
+    """Upload, trigger, follow (training progress included) and summarise one run."""
     progress = ProgressPrinter(out)
+    training = TrainingProgressFollower(rt.sagemaker.job_log, out, progress.stamp)
+    rt.sfn.add_listener(training)
     rt.sfn.add_listener(progress)
     try:
         results = upload_and_trigger(rt, dataset_dir, deliveries, out)
-        progress.run_id = results[0]["run_id"]
-        described = wait_for_run(rt, results[0]["execution_arn"], timeout)
+        progress.run_id = training.run_id = results[0]["run_id"]
+        described = wait_for_run(rt, results[0]["execution_arn"], timeout, tick=training.poll)
+        training.finish()
     finally:
         rt.sfn.remove_listener(progress)
+        rt.sfn.remove_listener(training)
     return summarize(rt, described, results)

@@ -50,6 +50,8 @@ ALARM_POLL_SECONDS = 0.5
 # is 600 s. Should the bake end first, the state machine smoke-tests the endpoint in service
 # and a failure updates it back instead.
 DEFAULT_MAX_BAKE_SECONDS = 30.0
+# A job's log (what CloudWatch Logs keeps under /aws/sagemaker/TrainingJobs), in the job's directory.
+JOB_LOG = "job.log"
 
 
 @dataclass
@@ -226,6 +228,14 @@ class LocalSageMaker:
         result: dict[str, Any] = getattr(self, method)(request)
         return result
 
+    def job_dir(self, name: str) -> Path:
+        """Where a training or processing job runs: its channels, /opt/ml trees and :data:`JOB_LOG`."""
+        return self.work_dir / "jobs" / name
+
+    def job_log(self, name: str) -> Path:
+        """The job's log lines as they come (every host's, ``[host] `` first), the job's CloudWatch log here."""
+        return self.job_dir(name) / JOB_LOG
+
     def _arn(self, kind: str, name: str) -> str:
         return f"arn:aws:sagemaker:{self.region}:{self.account_id}:{kind}/{name.lower()}"
 
@@ -273,7 +283,7 @@ class LocalSageMaker:
 
     def _run_training(self, name: str) -> None:
         record = self._training[name]
-        job_dir = self.work_dir / "jobs" / name
+        job_dir = self.job_dir(name)
         stop = self._stops[name]
         try:
             shutil.rmtree(job_dir, ignore_errors=True)
@@ -391,7 +401,7 @@ class LocalSageMaker:
 
     def _run_processing(self, name: str) -> None:
         record = self._processing[name]
-        job_dir = self.work_dir / "jobs" / name
+        job_dir = self.job_dir(name)
         stop = self._stops[name]
         try:
             shutil.rmtree(job_dir, ignore_errors=True)

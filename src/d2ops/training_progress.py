@@ -1,0 +1,183 @@
+"""A training job's progress, read from its own metric lines: what `d2ops run` and `d2ops demo` print
+while the ``.sync`` training state waits.
+
+Pure: log text in, one short line out. The lines are the job's ``d2ops-metric`` lines, parsed by
+``d2ops_core.metrics`` (the module whose regexes SageMaker applies through the job's
+MetricDefinitions); ``iter=N/TOTAL`` gives the progress, ``train:loss`` the loss,
+``train:images_per_second`` the throughput and ``train:iter_seconds`` the time left. Anything
+else in the log (other output, other hosts, half-written or hostile lines) leaves it as it was.
+
+The offline runtime's follower (``d2ops.offline.pipeline``) reads the job's log as it grows
+and prints what :class:`ProgressReporter` hands it, at most one line every few seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+from d2ops_core import metrics
+
+# The local job runner's prefix on every line of a host's output (d2ops.local_jobs: "[algo-1] ...").
+_HOST = re.compile(r"\[(?P<host>[^\]\n]{0,64})\] ")
+DEFAULT_MIN_INTERVAL = 5.0
+_MAX_SECONDS_SHOWN = 100 * 3600
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where the job is: the newest training iteration its lines named, and the newest of each value."""
+
+    iteration: int
+    total: int | None = None
+    loss: float | None = None
+    images_per_second: float | None = None
+    seconds_per_iteration: float | None = None
+
+    @property
+    def fraction(self) -> float | None:
+        if not self.total:
+            return None
+        return min(1.0, max(0.0, self.iteration / self.total))
+
+    @property
+    def seconds_left(self) -> float | None:
+        """Iterations still to run times the job's own seconds per iteration (None where unknown)."""
+        seconds = self.seconds_per_iteration
+        if not self.total or seconds is None or not math.isfinite(seconds) or seconds <= 0:
+            return None
+        return max(0, self.total - self.iteration) * seconds
+
+
+class ProgressParser:
+    """Log lines in, :class:`Progress` out.
+
+    Only ``train:*`` lines with an iteration count. The first host that prints one is followed
+    (rank 0 prints them; in a multi-host job another host's lines never make progress jump), and
+    an iteration earlier than the one reached is taken as it comes (a resumed job restarts there).
+    """
+
+    def __init__(self) -> None:
+        self.progress: Progress | None = None
+        self.host: str | None = None
+
+    def feed(self, line: str) -> bool:
+        """One log line; True when it changed the progress."""
+        prefix = _HOST.match(line)
+        host = prefix["host"] if prefix else ""
+        parsed = metrics.parse_metric(line[prefix.end():] if prefix else line)
+        if parsed is None or not parsed.name.startswith("train:") or parsed.iteration is None:
+            return False
+        if self.host is None:
+            self.host = host
+        elif host != self.host:
+            return False
+        before = self.progress
+        current = before or Progress(parsed.iteration)
+        if parsed.iteration != current.iteration:
+            current = replace(current, iteration=parsed.iteration)
+        if parsed.total is not None:
+            current = replace(current, total=parsed.total)
+        field = {"train:loss": "loss", "train:images_per_second": "images_per_second",
+                 "train:iter_seconds": "seconds_per_iteration"}.get(parsed.name)
+        if field is not None:
+            current = replace(current, **{field: parsed.value})
+        self.progress = current
+        return current != before
+
+
+def _number(value: float, decimals: int) -> str:
+    """Fixed decimals where they read well (0.812, 10.40), three significant digits beyond (1.23e+05)."""
+    if not math.isfinite(value):
+        return str(value)
+    if value == 0 or 10 ** -decimals <= abs(value) < 1000:
+        return f"{value:.{decimals}f}"
+    return f"{value:.3g}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= _MAX_SECONDS_SHOWN:
+        return f"{_MAX_SECONDS_SHOWN // 3600}+ h"
+    whole = math.ceil(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def format_progress(label: str, progress: Progress) -> str:
+    """``Train model: iter 120/250 (48%)  loss 0.812  10.4 img/s  ~0:38 left`` (what is known of it)."""
+    head = f"{label}: iter {progress.iteration}"
+    fraction = progress.fraction
+    if progress.total and fraction is not None:
+        head += f"/{progress.total} ({math.floor(fraction * 100)}%)"
+    parts = [head]
+    if progress.loss is not None:
+        parts.append(f"loss {_number(progress.loss, 3)}")
+    speed = progress.images_per_second
+    if speed is not None and math.isfinite(speed) and speed > 0:
+        parts.append(f"{_number(speed, 2 if speed < 10 else 1)} img/s")
+    left = progress.seconds_left
+    if left is not None and progress.total is not None and progress.iteration < progress.total:
+        parts.append(f"~{_duration(left)} left")
+    return "  ".join(parts)
+
+
+class LineSplitter:
+    """Bytes of a growing log in, whole lines out: a line still being written waits for its newline."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> list[str]:
+        data = self._pending + chunk
+        *complete, self._pending = data.split(b"\n")
+        return [line.decode("utf-8", "replace").rstrip("\r") for line in complete]
+
+    def flush(self) -> list[str]:
+        """The last line of a log that ended without a newline."""
+        rest, self._pending = self._pending, b""
+        return [rest.decode("utf-8", "replace").rstrip("\r")] if rest else []
+
+
+class ProgressReporter:
+    """A job's log lines in; progress lines to print out, at most one per ``min_interval`` seconds.
+
+    :meth:`feed` answers a line when the job reached a new iteration and the last line printed is
+    ``min_interval`` old (the first at once, the job's last iteration at once);
+    :meth:`finish` answers the newest progress if it was held back, so the last thing printed is
+    where the job ended.
+    """
+
+    def __init__(self, label: str, *, min_interval: float = DEFAULT_MIN_INTERVAL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.label = label
+        self.min_interval = min_interval
+        self.clock = clock
+        self.parser = ProgressParser()
+        self._printed: Progress | None = None
+        self._printed_at: float | None = None
+
+    def feed(self, lines: Iterable[str]) -> str | None:
+        for line in lines:
+            self.parser.feed(line)
+        progress = self.parser.progress
+        if progress is None or (self._printed is not None and progress.iteration == self._printed.iteration):
+            return None
+        now = self.clock()
+        done = progress.total is not None and progress.iteration >= progress.total
+        if self._printed_at is not None and now - self._printed_at < self.min_interval and not done:
+            return None
+        return self._print(progress, now)
+
+    def finish(self) -> str | None:
+        progress = self.parser.progress
+        if progress is None or progress == self._printed:
+            return None
+        return self._print(progress, self.clock())
+
+    def _print(self, progress: Progress, now: float) -> str:
+        self._printed, self._printed_at = progress, now
+        return format_progress(self.label, progress)
