@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +36,28 @@ def _arn(rt: OfflineRuntime) -> str:
     return next(arn for arn in rt.sfn.machines if arn.endswith(":wait"))
 
 
+HOLD = "arn:aws:states:::test:hold"
+# A run the test ends: it stays RUNNING in "Hold" until the test sets the gate (or stops it), then
+# echoes its tag. Unlike a Wait of N seconds, no busy machine can end it before the test is done with it.
+HELD_DEFINITION = {"StartAt": "Hold", "States": {
+    "Hold": {"Type": "Task", "Resource": HOLD, "ResultPath": None, "Next": "Done"},
+    "Done": {"Type": "Pass", "Parameters": {"echo.$": "$.tag"}, "End": True}}}
+
+
+def _held_machine(rt: OfflineRuntime) -> tuple[str, threading.Event]:
+    """A state machine whose runs hold until the returned gate is set. -> (its ARN, the gate)."""
+    gate = threading.Event()
+
+    def hold(resource: str, parameters: Any, context: Any) -> None:
+        while not (gate.is_set() or context.cancelled):
+            gate.wait(0.05)
+
+    rt.sfn.executors.register(HOLD, hold)
+    machine = StateMachine.from_definition(HELD_DEFINITION, name="held")
+    rt.sfn.add_state_machine(machine)
+    return machine.arn, gate
+
+
 def _wait_done(sfn: Any, arn: str, timeout: float = 20) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -47,14 +70,16 @@ def _wait_done(sfn: Any, arn: str, timeout: float = 20) -> dict[str, Any]:
 
 def test_start_execution_is_idempotent_only_while_running_with_identical_input(runtime: OfflineRuntime) -> None:
     sfn = runtime.client("stepfunctions")
-    machine = _arn(runtime)
-    body = json.dumps({"seconds": 1, "tag": "a"})
+    machine, gate = _held_machine(runtime)  # RUNNING until the test opens the gate
+    body = json.dumps({"tag": "a"})
     first = sfn.start_execution(stateMachineArn=machine, name="same-name", input=body)
     again = sfn.start_execution(stateMachineArn=machine, name="same-name", input=body)
     assert again["executionArn"] == first["executionArn"]
     assert again["startDate"] == first["startDate"]
     with pytest.raises(sfn.exceptions.ExecutionAlreadyExists):
-        sfn.start_execution(stateMachineArn=machine, name="same-name", input=json.dumps({"seconds": 1, "tag": "b"}))
+        sfn.start_execution(stateMachineArn=machine, name="same-name", input=json.dumps({"tag": "b"}))
+    assert sfn.describe_execution(executionArn=first["executionArn"])["status"] == "RUNNING"
+    gate.set()
     done = _wait_done(sfn, first["executionArn"])
     assert done["status"] == "SUCCEEDED" and json.loads(done["output"]) == {"echo": "a"}
     with pytest.raises(sfn.exceptions.ExecutionAlreadyExists):  # finished: the name stays used
@@ -78,7 +103,8 @@ def test_list_filters_and_paginates_and_history_pages(runtime: OfflineRuntime) -
     machine = _arn(runtime)
     for i in range(3):
         sfn.start_execution(stateMachineArn=machine, name=f"quick-{i}", input=json.dumps({"seconds": 0, "tag": i}))
-    slow = sfn.start_execution(stateMachineArn=machine, name="slow", input=json.dumps({"seconds": 30, "tag": "s"}))
+    # Stopped by the test at its end: RUNNING until then, however long a busy machine takes to get there.
+    slow = sfn.start_execution(stateMachineArn=machine, name="slow", input=json.dumps({"seconds": 600, "tag": "s"}))
     for i in range(3):
         _wait_done(sfn, f"{machine.replace('stateMachine', 'execution')}:quick-{i}")
     running = sfn.list_executions(stateMachineArn=machine, statusFilter="RUNNING")["executions"]
@@ -129,7 +155,15 @@ KILLED_RUNTIME = textwrap.dedent("""
     rt.client("stepfunctions").start_execution(stateMachineArn=machine.arn, name="interrupted",
                                                  input=json.dumps({"seconds": 600, "tag": 0}))
     child = subprocess.Popen(["sleep", "600"], start_new_session=True)  # like a detached TorchServe
-    time.sleep(2.5)  # the warden records its descendants every second
+    table = Path(sys.argv[1]) / "processes.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the warden records its descendants every second, if it gets the CPU
+        try:
+            if child.pid in [p["pid"] for p in json.loads(table.read_text())["processes"]]:
+                break
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.1)
     print(child.pid, flush=True)
     time.sleep(600)
 """)
