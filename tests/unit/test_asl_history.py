@@ -158,7 +158,7 @@ def test_history_and_describe_can_be_read_while_running() -> None:
     release = threading.Event()
 
     def slow(resource: str, parameters: Any, context: TaskContext) -> Any:
-        release.wait(5)
+        release.wait(60)  # the test releases it once it has read the running execution (not a time)
         return "ok"
 
     definition = {"StartAt": "T", "States": {"T": {"Type": "Task", "Resource": RESOURCES["Invoke"], "End": True}}}
@@ -171,7 +171,7 @@ def test_history_and_describe_can_be_read_while_running() -> None:
     running = execution.describe()
     assert running["status"] == "RUNNING" and "stopDate" not in running and "output" not in running
     release.set()
-    assert execution.wait(5)
+    assert execution.wait(30)
     done = execution.describe()
     assert done["status"] == "SUCCEEDED" and json.loads(done["output"]) == "ok"
     assert done["executionArn"] == "arn:aws:states:us-east-1:123456789012:execution:Live:live"

@@ -277,13 +277,19 @@ def test_map_max_concurrency_bounds_parallelism_on_a_real_clock() -> None:
 def test_abort_from_another_thread() -> None:
     machine = StateMachine.from_definition(
         {"StartAt": "W", "States": {"W": {"Type": "Wait", "Seconds": 3600, "End": True}}}, name="Long")
-    execution = machine.start({}, clock=Clock(), execution_name="stop-me")
-    deadline = time.monotonic() + 2
-    while not any(e["type"] == "WaitStateEntered" for e in execution.history) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    waiting = threading.Event()
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event["type"] == "WaitStateEntered":
+            waiting.set()
+
+    execution = machine.start({}, clock=Clock(), execution_name="stop-me", on_event=on_event)
+    # The abort must find the execution in its Wait state (an abort before it is entered ends the run
+    # without a WaitStateAborted): wait for that event, however busy the machine.
+    assert waiting.wait(30)
     assert execution.status == "RUNNING" and not execution.done
     execution.abort(error="Stopped", cause="by the test")
-    assert execution.wait(2)
+    assert execution.wait(30)
     assert (execution.status, execution.error, execution.cause) == ("ABORTED", "Stopped", "by the test")
     assert [e["type"] for e in execution.history][-2:] == ["WaitStateAborted", "ExecutionAborted"]
 
