@@ -132,10 +132,10 @@ def test_heartbeats_keep_a_long_task_alive_and_missing_ones_time_it_out() -> Non
 def test_a_blocking_executor_is_timed_out_in_real_time() -> None:
     release = threading.Event()
     started = time.monotonic()
-    execution = run(task(TimeoutSeconds=1), tasks=Recorder(lambda c: release.wait(10)), clock=Clock())
+    execution = run(task(TimeoutSeconds=1), tasks=Recorder(lambda c: release.wait(60)), clock=Clock())
     release.set()
     assert execution.error == "States.Timeout"
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 15  # not the executor's 60 s; slack for a loaded machine
 
 
 def test_state_machine_timeout_ends_the_execution_timed_out() -> None:
@@ -240,7 +240,7 @@ def test_parallel_branches_run_concurrently_on_a_real_clock_and_a_failure_cancel
         if context.state_name == "Fails":
             time.sleep(0.1)
             raise TaskFailed("Boom", "fast failure")
-        context.sleep(5)  # cooperative: returns early when the branch is cancelled
+        context.sleep(60)  # cooperative: returns early when the branch is cancelled
         if context.cancelled:
             cancelled.set()
         return "slow"
@@ -250,19 +250,22 @@ def test_parallel_branches_run_concurrently_on_a_real_clock_and_a_failure_cancel
     started = time.monotonic()
     execution = run(definition, tasks=Recorder(work), clock=Clock())
     assert (execution.status, execution.error) == ("FAILED", "Boom")
-    assert time.monotonic() - started < 2
-    assert cancelled.wait(2)
+    assert time.monotonic() - started < 15  # not the slow branch's 60 s; slack for a loaded machine
+    assert cancelled.wait(30)
 
 
 def test_map_max_concurrency_bounds_parallelism_on_a_real_clock() -> None:
     lock = threading.Lock()
     running: list[int] = [0, 0]  # now, peak
+    # Iterations meet in pairs while they run: two must overlap (a 50 ms sleep relied on the second
+    # starting in time), and one alone would break the barrier (after 30 s) and fail the Map.
+    pair = threading.Barrier(2, timeout=30)
 
     def work(context: TaskContext) -> Any:
         with lock:
             running[0] += 1
             running[1] = max(running[1], running[0])
-        time.sleep(0.05)
+        pair.wait()
         with lock:
             running[0] -= 1
         return context.context_object["State"]["Name"]
