@@ -125,10 +125,11 @@ def processing_status(rt: OfflineRuntime, run_id: str) -> str:
 class HeldAnswers:
     """The local SageMaker creates the training job at once and holds its answer until ``release``: the
     job exists and runs while the state that asked for it has not heard back (a slow network, ordered by
-    the test). ``stops`` counts StopTrainingJob calls, whoever makes them."""
+    the test). ``stops`` records StopTrainingJob calls, whoever makes them (appended: gateway threads)."""
 
     def __init__(self, rt: OfflineRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.holding, self.release, self.stops = threading.Event(), threading.Event(), 0
+        self.holding, self.release = threading.Event(), threading.Event()
+        self.stops: list[str] = []
         create, stop = rt.sagemaker.create_training_job, rt.sagemaker.stop_training_job
 
         def held_create(request: dict[str, Any]) -> dict[str, Any]:
@@ -138,7 +139,7 @@ class HeldAnswers:
             return answer
 
         def counted_stop(request: dict[str, Any]) -> dict[str, Any]:
-            self.stops += 1
+            self.stops.append(str(request.get("TrainingJobName")))
             return stop(request)
 
         monkeypatch.setattr(rt.sagemaker, "create_training_job", held_create)
@@ -216,9 +217,9 @@ def test_a_run_stopped_before_its_creates_answer_gives_its_lease_back_and_its_jo
     _until(lambda: training_status(rt, run_id) == "Stopped", 30, "the stopped run's training job stopped")
     if lost:  # the abandoned task got its answer, lost: only the execution's end stopped the job
         _until(lambda: rt.lost_responses["sagemaker:createTrainingJob"] == 0, 30, "the held answer delivered")
-        assert answers.stops == 1
+        assert len(answers.stops) == 1
     else:  # the abandoned .sync task got its answer and stops its job too (SageMaker: nothing left to stop)
-        _until(lambda: answers.stops == 2, 30, "the abandoned task stopping its job")
+        _until(lambda: len(answers.stops) == 2, 30, "the abandoned task stopping its job")
     # Whatever the abandoned task heard after the stop, the run's history ends where the run did.
     events = history(rt, arn)
     assert [e["type"] for e in events[-2:]] == ["TaskStateAborted", "ExecutionAborted"], events[-3:]
