@@ -8,8 +8,6 @@ state machine trips it, and the old model serves again (and the bad server is go
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,14 +15,13 @@ from typing import Any
 import pytest
 
 from d2ops.offline.runtime import OfflineRuntime
-from tests.fixtures.offline.endpoints import endpoint_config
+from tests.fixtures.offline import endpoints
+from tests.fixtures.offline.endpoints import baking, endpoint_config, in_service, wait_for
 from tests.fixtures.pipeline import support
 from tests.fixtures.serving.failing_model import failing_artifact
 from tests.fixtures.serving.support import cached_artifact, png_bytes
 
 support.function_path("smoke_test_endpoint")
-support.function_path("prepare_training")
-from prepare_training.service import traffic_routing  # noqa: E402
 from smoke_test_endpoint.models import SmokeTestEvent  # noqa: E402
 from smoke_test_endpoint.service import SmokeTestFailed, smoke_test  # noqa: E402
 
@@ -45,38 +42,9 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineRuntime
 
 
 def deployment_config(rt: OfflineRuntime) -> dict[str, Any]:
-    """The Update endpoint state's DeploymentConfig, substituted as the stack substitutes it, with the
-    traffic routing prepare_training plans for INSTANCES."""
-    text = json.dumps(json.loads(support.DEFINITION.read_text())["States"]["Update endpoint (blue/green)"]
-                      ["Parameters"]["DeploymentConfig"])
-    for key, value in rt.stack.substitutions.items():
-        text = text.replace("${" + key + "}", str(value))
-    config: dict[str, Any] = json.loads(text)
-    policy = config["BlueGreenUpdatePolicy"]
-    assert policy.pop("TrafficRoutingConfiguration.$") == "$.plan.endpoint.traffic_routing"
-    policy["TrafficRoutingConfiguration"] = traffic_routing(INSTANCES).model_dump()
-    assert policy["TrafficRoutingConfiguration"]["Type"] == "CANARY"
+    config = endpoints.deployment_config(rt, INSTANCES)
+    assert config["BlueGreenUpdatePolicy"]["TrafficRoutingConfiguration"]["Type"] == "CANARY"
     return config
-
-
-def wait_for(rt: OfflineRuntime, done: Any, timeout: float = 400) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        described: dict[str, Any] = rt.client("sagemaker").describe_endpoint(EndpointName=rt.stack.endpoint_name)
-        if done(described):
-            return described
-        time.sleep(0.5)
-    raise AssertionError(f"endpoint still {described['EndpointStatus']} after {timeout} s")
-
-
-def baking(described: dict[str, Any]) -> bool:
-    stages = [s["Status"] for v in described.get("PendingDeploymentSummary", {}).get("ProductionVariants", [])
-              for s in v.get("VariantStatus", [])]
-    return described["EndpointStatus"] == "Updating" and stages == ["Baking"]
-
-
-def in_service(described: dict[str, Any]) -> bool:
-    return bool(described["EndpointStatus"] == "InService")
 
 
 def test_a_good_canary_is_promoted_and_a_bad_one_rolled_back_by_its_smoke_test(runtime: OfflineRuntime,
