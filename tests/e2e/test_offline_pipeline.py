@@ -12,8 +12,12 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+import torch
+from PIL import Image
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from d2ops.commands.console import Console, invoke_with
@@ -22,6 +26,8 @@ from d2ops.offline.pipeline import run_pipeline
 from d2ops.offline.runtime import OfflineRuntime
 from d2ops.offline.stack import cpu_training_profile
 from d2ops_core import cost
+from d2ops_core.documents.detections import InvocationResponse
+from model_code import artifact
 from tests.fixtures.console import browser_page, screenshot
 from tests.fixtures.offline.support import tiny_dataset
 
@@ -49,7 +55,45 @@ def datasets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("datasets")
 
 
-def test_a_tiny_dataset_goes_through_every_state_to_a_served_model(runtime: OfflineRuntime, datasets: Path) -> None:
+def assert_served_by(answer: dict[str, Any], detector: artifact.LoadedDetector, image_path: Path) -> int:
+    """``answer`` (the endpoint's JSON at score_threshold 0) is the response document (docs/serving.md)
+    and what ``detector``'s own TorchScript module finds in the image's pixels: the artifact's classes,
+    boxes inside the image, scores in [0, 1], best first. Returns how many detections it has."""
+    response = InvocationResponse.model_validate(answer)  # scores in [0, 1], boxes x1 <= x2 and y1 <= y2
+    # Only the document's fields: readers accept a detection's extra fields (a newer endpoint's), the writer
+    # sets none, and a top-level one the model would drop.
+    assert [d.model_extra for d in response.detections if d.model_extra] == [], "undeclared detection fields"
+    assert response.model_dump(mode="json", exclude_none=True) == answer, "fields beside the response document's"
+    with Image.open(image_path) as image:
+        rgb = image.convert("RGB")
+    width, height = rgb.size
+    detections = response.detections
+    labels = dict(zip(detector.metadata.category_ids, detector.metadata.class_names, strict=True))
+    for d in detections:
+        assert labels.get(d.class_id) == d.class_name, f"{d.class_id} {d.class_name!r}: not the artifact's {labels}"
+        x1, y1, x2, y2 = d.box
+        assert 0 <= x1 <= x2 <= width and 0 <= y1 <= y2 <= height, f"{d.box} is not inside {width}x{height}"
+    scores = [d.score for d in detections]
+    assert scores == sorted(scores, reverse=True), f"not best first: {scores}"
+
+    # The artifact's own answer for these pixels (its module, RGB uint8 [3, H, W], no serving code).
+    with torch.inference_mode():
+        raw = detector.module([torch.from_numpy(np.array(rgb, dtype=np.uint8)).permute(2, 0, 1).contiguous()])[0]
+    order = torch.argsort(raw["scores"], descending=True).tolist()
+    expected = [(detector.metadata.category_ids[int(raw["labels"][i])], float(raw["scores"][i]),
+                 [float(v) for v in raw["boxes"][i]]) for i in order]
+    served = [(d.class_id, d.score, d.box) for d in detections]
+    assert len(served) == len(expected), f"served {len(served)} detections, the artifact finds {len(expected)}"
+    for rank, (got, want) in enumerate(zip(served, expected, strict=True)):
+        # The JSON rounds scores to 1e-4 and boxes to 0.01 px.
+        assert got[0] == want[0] and abs(got[1] - want[1]) <= 1.1e-4 and max(
+            abs(a - b) for a, b in zip(got[2], want[2], strict=True)) <= 0.011, (
+            f"{image_path.name}: detection {rank}: served {got}, the run's artifact finds {want}")
+    return len(detections)
+
+
+def test_a_tiny_dataset_goes_through_every_state_to_a_served_model(runtime: OfflineRuntime, datasets: Path,
+                                                                   tmp_path: Path) -> None:
     dataset = tiny_dataset(datasets, "tiny", "v1", images=16, size=64, training=TRAINING, gate={"min_map": 0.0})
     lines: list[str] = []
     summary = run_pipeline(runtime, dataset, deliveries=5, out=lines.append, timeout=1200)
@@ -93,12 +137,24 @@ def test_a_tiny_dataset_goes_through_every_state_to_a_served_model(runtime: Offl
                                                           Key="champion.json")["Body"].read())
     assert champion["run_id"] == summary.run_id
 
-    image = next((dataset / "images").rglob("*.png"), None) or next((dataset / "images").rglob("*.jpg"))
+    # What the endpoint answers is this run's artifact (the training job's model data), with its classes:
+    # the dataset's categories.
+    model_tar = tmp_path / "model.tar.gz"
+    runtime.client("s3").download_file(bucket, key, str(model_tar))
+    detector = artifact.load_artifact(model_tar)
+    categories = json.loads((dataset / "annotations" / "train.json").read_text())["categories"]
+    assert set(zip(detector.metadata.category_ids, detector.metadata.class_names, strict=True)) == {
+        (c["id"], c["name"]) for c in categories}
+    images = sorted(p for p in (dataset / "images").rglob("*") if p.suffix in (".png", ".jpg"))
     smr = runtime.client("sagemaker-runtime")
-    answer = json.loads(smr.invoke_endpoint(EndpointName=runtime.stack.endpoint_name, Body=image.read_bytes(),
-                                            ContentType="image/png" if image.suffix == ".png" else "image/jpeg")
-                        ["Body"].read())
-    assert isinstance(answer, dict | list)
+    found = []
+    for image in images:  # a six-iteration model finds something (above its 0.05) in some of them only
+        answer = json.loads(smr.invoke_endpoint(EndpointName=runtime.stack.endpoint_name, Body=image.read_bytes(),
+                                                ContentType="image/png" if image.suffix == ".png" else "image/jpeg",
+                                                CustomAttributes="score_threshold=0;max_detections=1000")
+                            ["Body"].read())
+        found.append(assert_served_by(answer, detector, image))
+    assert max(found) >= 2, f"detections per image {found}: too few for the checks to prove anything"
     with pytest.raises(smr.exceptions.ModelError) as bad:
         smr.invoke_endpoint(EndpointName=runtime.stack.endpoint_name, Body=b"not an image", ContentType="image/png")
     assert 400 <= bad.value.response["OriginalStatusCode"] < 500
