@@ -90,7 +90,7 @@ class TrainingJobSpec:
     command: tuple[str, ...] | None = None  # default: the training image's declared entry + "train"
     environment: Mapping[str, str] = field(default_factory=dict)
     code_dir: Path | None = None  # extra code on PYTHONPATH (like /opt/ml/code); model_code is installed
-    cpus_per_host: int | None = None  # default: this machine's cores split over the hosts
+    cpus_per_host: int | None = None  # default: local_cpus(), this machine's cores less one split over the hosts
     max_runtime_seconds: float | None = None
 
     def hosts(self) -> list[str]:
@@ -200,6 +200,20 @@ def _link(target: Path, link: Path) -> None:
     link.symlink_to(target.resolve(), target_is_directory=target.is_dir())
 
 
+def local_cpus(hosts: int = 1, cores: int | None = None) -> int:
+    """Cores one process of a local job may use: this machine's less one, split over the job's hosts.
+
+    A local job shares the machine with the offline runtime and whatever else the user runs (a
+    SageMaker instance is the job's own). A training step is thousands of OpenMP parallel regions,
+    each ending at a barrier that waits for its slowest thread: with a thread on every core, any
+    other busy process holds every region up. On 2 cores (docs/training.md, "Threads"), the
+    detectron2 CPU profile's second thread gained at most 1.35x on an idle machine and cost up to
+    10x under other work (0.30 vs 0.41 s a step idle; 3.6-11.3 vs 1.2 s at load average 7-11).
+    """
+    cores = cores or os.cpu_count() or 1
+    return max(1, (cores - 1) // max(1, hosts))
+
+
 def _base_environment(code_dir: Path | None, cpus: int, extra: Mapping[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("D2OPS_CHECKPOINT_DIR", None)
@@ -208,8 +222,11 @@ def _base_environment(code_dir: Path | None, cpus: int, extra: Mapping[str, str]
     if code_dir is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(code_dir), *filter(None, [env.get("PYTHONPATH")])])
     env["PYTHONUNBUFFERED"] = "1"
-    # One BLAS/OpenMP pool per process sized to its share of the cores, not all of them each.
+    # One BLAS/OpenMP pool per process sized to its share of the cores (local_cpus), not all of them each.
     env["OMP_NUM_THREADS"] = str(cpus)
+    # OpenMP threads that wait for the others sleep instead of spinning (libgomp's default spins first):
+    # on a shared machine spinning takes the core from the thread being waited for. A value set wins.
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env.update(extra)
     return env
 
@@ -248,7 +265,7 @@ def prepare_training_host(spec: TrainingJobSpec, host: str, master_port: int,
         (root / sub).mkdir(parents=True, exist_ok=True)
     (root / "output" / "failure").unlink(missing_ok=True)
 
-    cpus = spec.cpus_per_host or max(1, (os.cpu_count() or 1) // len(hosts))
+    cpus = spec.cpus_per_host or local_cpus(len(hosts))
     env = _base_environment(spec.code_dir, cpus, spec.environment)
     if not mount.namespace:
         env["D2OPS_ML_ROOT"] = str(root)
@@ -434,7 +451,7 @@ def prepare_processing(spec: ProcessingJobSpec, mount: MlMount | None = None) ->
             raise LocalJobError(f"processing input {name!r}: {source} does not exist")
     (processing / "output").mkdir(parents=True, exist_ok=True)
     (root / "output" / "message").unlink(missing_ok=True)
-    env = _base_environment(spec.code_dir, max(1, os.cpu_count() or 1), spec.environment)
+    env = _base_environment(spec.code_dir, local_cpus(), spec.environment)
     if not mount.namespace:
         env["D2OPS_ML_ROOT"] = str(root)
     env["PROCESSING_JOB_NAME"] = spec.job_name

@@ -49,6 +49,27 @@ def test_missing_channel_directory_is_refused(tmp_path: Path) -> None:
         local_jobs.prepare_training_host(spec, "algo-1", 1)
 
 
+def test_local_jobs_leave_a_core_to_the_machine_and_their_threads_sleep_while_waiting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # this machine's cores less one, split over the hosts, at least one each
+    assert [local_jobs.local_cpus(1, cores) for cores in (1, 2, 4, 16)] == [1, 1, 3, 15]
+    assert [local_jobs.local_cpus(hosts, 8) for hosts in (1, 2, 3, 7, 8)] == [7, 3, 2, 1, 1]
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)  # tests/conftest.py sets it for the whole session
+    data = tmp_path / "data"
+    data.mkdir()
+    spec = local_jobs.TrainingJobSpec(job_name="j", channels={"train": data, "val": data}, work_dir=tmp_path / "w",
+                                      output_dir=tmp_path / "o")
+    _, env = local_jobs.prepare_training_host(spec, "algo-1", 41000)
+    assert env["OMP_NUM_THREADS"] == env["SM_NUM_CPUS"] == str(local_jobs.local_cpus(1))
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+    processing = local_jobs.ProcessingJobSpec(job_name="e", inputs={"val": data}, work_dir=tmp_path / "root",
+                                              output_dir=tmp_path / "out")
+    _, env = local_jobs.prepare_processing(processing)
+    assert (env["OMP_NUM_THREADS"], env["OMP_WAIT_POLICY"]) == (str(local_jobs.local_cpus()), "PASSIVE")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # a policy the user chose wins
+    assert local_jobs.prepare_training_host(spec, "algo-1", 41000)[1]["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
 def test_processing_layout_mounts_files_and_directories(tmp_path: Path) -> None:
     tar = tmp_path / "model.tar.gz"
     tar.write_bytes(b"x")
