@@ -23,6 +23,7 @@ from d2ops_core.cpu_profile import CALIBRATION_DATA, TORCHVISION_CPU_PROFILE
 from d2ops_core.documents.evaluation import EvaluationReport, ModelEvaluation
 from model_code.artifact import load_artifact
 from model_code.inference import image_to_tensor, predict
+from tests.fixtures.weights import saved_model_state, tensors_digest
 
 # On an idle 2-core machine the calibrated run takes a few minutes; shared with other heavy work
 # (load average 8-13) the same run took over 20, hence the generous limit.
@@ -103,15 +104,26 @@ def test_two_hosts_train_one_model_together_and_reach_the_calibrated_ap50(
     assert result.exit_codes == {"algo-1": 0, "algo-2": 0}
     assert any("world 2 (2 hosts x 1), global batch 4 (2/worker)" in line for line in lines)
     # Each host saw its own half of every batch, yet both end with the same weights: the gradients were
-    # averaged every step. Without DDP the replicas would drift apart and the digests differ.
+    # averaged every step. Only the master host saves weights (one model, one checkpoint prefix), so the
+    # test hashes what it saved with its own code (every tensor, names and bytes) and holds each host's
+    # printed digest of what it ended with to that hash: a host that trained apart (no DDP), or a digest
+    # that stopped depending on the weights, fails here.
+    checkpoints = tmp / "hosts" / "algo-1" / "checkpoints"
+    saved = tensors_digest(saved_model_state(checkpoints / "model_final.pth"))
     digests = {m[1]: (int(m[2]), m[3]) for m in map(_DIGEST.match, lines) if m}
-    assert set(digests) == {"algo-1", "algo-2"}
-    assert digests["algo-1"][0] == 0 and digests["algo-2"][0] == 1
-    assert digests["algo-1"][1] == digests["algo-2"][1]
+    assert digests == {"algo-1": (0, saved), "algo-2": (1, saved)}, (digests, saved)
+    # the last checkpoint and the fine-tuning checkpoint the job delivered (output.tar.gz) hold them too
+    assert tensors_digest(saved_model_state(checkpoints / f"model_{int(CALIBRATED['max_iter']):07d}.pth")) == saved
+    with tarfile.open(result.output_artifact) as tar:
+        delivered = tar.extractfile("checkpoint/model_final.pth")
+        assert delivered is not None
+        (tmp / "delivered.pth").write_bytes(delivered.read())
+    assert tensors_digest(saved_model_state(tmp / "delivered.pth")) == saved
     assert evaluation.metrics["bbox_AP50"] >= MIN_AP50, evaluation.metrics
     assert set(evaluation.per_class) == {"square", "disc", "triangle"}
     # only the master host writes the artifact and checkpoints
     assert not any((tmp / "hosts" / "algo-2" / "model").iterdir())
+    assert not any((tmp / "hosts" / "algo-2" / "checkpoints").iterdir())
 
 
 def test_two_hosts_logs_read_as_training_progress(two_hosts: tuple[Path, JobResult, list[str]]) -> None:
