@@ -36,7 +36,9 @@ def test_ci_is_any_value_but_empty_false_no_or_zero() -> None:
 @pytest.mark.parametrize("module", ["detectron2", "detectron2.engine.defaults"])
 def test_a_missing_detectron2_skips_with_the_reason_here_and_fails_in_ci(
         module: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "detectron2", None)  # None in sys.modules: its import raises ImportError
+    # None in sys.modules: importing it raises ImportError; its modules too, in case a test imported them already
+    for name in ["detectron2", *(n for n in sys.modules if n.startswith("detectron2."))]:
+        monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setenv("CI", "true")
     # BaseException: pytest's skip and fail outcomes both are; a skip where a failure is due must not skip this test
     with pytest.raises(BaseException, match=r"CI requires detectron2.*not installed.*make setup") as failed:
