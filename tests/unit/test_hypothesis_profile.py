@@ -44,13 +44,14 @@ def _probe(tmp_path: Path, name: str, *args: str, fail: bool = False) -> tuple[s
 
 def test_ci_draws_new_examples_each_run_and_prints_the_seed_that_repeats_them(tmp_path: Path) -> None:
     # Hypothesis derandomises wherever CI is set: without the profile's derandomize=False and the session
-    # seed, both runs below would draw the very same examples.
+    # seed, the two runs below would draw the very same examples.
     first_output, first = _probe(tmp_path, "first")
-    _, second = _probe(tmp_path, "second")
-    assert first and second and first != second
+    failed_output, second = _probe(tmp_path, "second", fail=True)
+    assert len(set(first)) > 1 and first != second[:len(first)]
     seed = re.search(r"hypothesis seed: (\d+) \(rerun with --hypothesis-seed=\1\)", first_output)
     assert seed, first_output
-    # The printed seed gives the first run's examples back, and a failing run says its seed again at the end.
-    failed_output, again = _probe(tmp_path, "again", f"--hypothesis-seed={seed[1]}", fail=True)
-    assert again[0] == first[0]
-    assert f"hypothesis seed of this run: {seed[1]}" in failed_output
+    # A failing run says its seed again at the end; the printed seed gives that run's examples back, all of them.
+    second_seed = re.search(r"hypothesis seed: (\d+) ", failed_output)
+    assert second_seed and f"hypothesis seed of this run: {second_seed[1]};" in failed_output, failed_output
+    _, again = _probe(tmp_path, "again", f"--hypothesis-seed={seed[1]}")
+    assert again == first
