@@ -27,6 +27,7 @@ Choices, and why:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import multiprocessing
 import os
@@ -77,13 +78,16 @@ class MetricLineWriter(EventWriter):
     def _mean_step_seconds(self) -> float | None:
         storage = get_event_storage()
         try:
-            steps = [(float(v), int(it)) for v, it in storage.history("time").values() if it > self._timed_until]
+            history = storage.history("time").values()  # detectron2's list itself, up to 1e6 steps: no copy
         except KeyError:  # detectron2 times no step before its warm-up ones are done
             return None
+        # Only the steps since the last line, walked back from the newest: a write costs what is new,
+        # not the whole run's history (on the training thread, every log period of a 90k-iteration run).
+        steps = list(itertools.takewhile(lambda step: step[1] > self._timed_until, reversed(history)))
         if not steps:
             return None
-        self._timed_until = steps[-1][1]
-        return sum(v for v, _ in steps) / len(steps)
+        self._timed_until = int(steps[0][1])
+        return sum(float(seconds) for seconds, _ in steps) / len(steps)
 
     def write(self) -> None:
         storage = get_event_storage()

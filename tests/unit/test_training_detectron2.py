@@ -298,6 +298,52 @@ def test_metric_writer_is_an_event_writer_and_prints_metric_lines(d2_hooks, caps
                       ("train:images_per_second", 0.8, 11, 100)]
 
 
+class _CountedSteps(list):
+    """detectron2's step-time history (a list of (seconds, iteration)), counting the entries read from it."""
+
+    read = 0
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def]
+        item = super().__getitem__(index)
+        self.read += len(item) if isinstance(index, slice) else 1
+        return item
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for item in super().__iter__():
+            self.read += 1
+            yield item
+
+    def __reversed__(self):  # type: ignore[no-untyped-def]
+        for item in super().__reversed__():
+            self.read += 1
+            yield item
+
+
+def test_each_metric_line_reads_only_the_step_times_since_the_previous_one(d2_hooks, capsys) -> None:
+    from detectron2.utils.events import EventStorage
+
+    from d2ops_core import metrics
+    writer = d2_hooks.MetricLineWriter(max_iter=90_000, images_per_batch=4)
+    with EventStorage() as storage:
+        for _ in range(5000):  # a long run's history: the writer reads it at most once
+            storage.put_scalars(time=1.0)
+            storage.step()
+        storage.put_scalars(total_loss=0.5, time=1.0)
+        writer.write()
+        history = storage.history("time")
+        history._data = steps = _CountedSteps(history.values())
+        for seconds in (2.0, 3.0, 4.0):
+            storage.step()
+            storage.put_scalars(total_loss=0.5, time=seconds)
+        steps.read = 0
+        writer.write()
+    # the three new steps and the one before them that says where to stop, however long the run
+    assert steps.read <= 4
+    parsed = [metrics.parse_metric(line) for line in capsys.readouterr().out.splitlines()]
+    assert parsed[-2:] == [("train:iter_seconds", 3.0, 5004, 90_000),
+                           ("train:images_per_second", 1.333333, 5004, 90_000)]
+
+
 def test_checkpointer_keeps_the_newest_across_restarts(d2_hooks, tmp_path: Path) -> None:
     from types import SimpleNamespace
 
