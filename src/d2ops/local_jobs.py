@@ -3,7 +3,7 @@
 A training job gets one ``/opt/ml``-shaped tree per host under ``work_dir/<host>/``
 (config JSON files, channel links, model/output/checkpoint directories), one process per
 host with the ``SM_*`` variables the SageMaker training toolkit would set, ranks meeting
-over loopback, logs streamed with a ``[host]`` prefix, metric lines parsed with
+over loopback, logs streamed with a ``[host]`` prefix (``d2ops.job_log``), metric lines parsed with
 ``d2ops_core.metrics``, and the results packed as ``model.tar.gz``/``output.tar.gz``.
 
 Each host runs the command its image declares (``d2ops.container_entry``: the Dockerfile's
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from d2ops import container_entry
+from d2ops.job_log import host_line
 from d2ops_core import metrics
 from model_code.archive import pack_directory  # standard library only: no torch here
 
@@ -294,7 +295,7 @@ class _Streams:
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
 
-    def follow(self, prefix: str, stream: Any) -> None:
+    def follow(self, host: str, stream: Any) -> None:
         def pump() -> None:
             for raw in stream:
                 line = raw.rstrip("\n")
@@ -302,7 +303,7 @@ class _Streams:
                 with self.lock:
                     if parsed:
                         self.metrics[parsed[0]] = parsed[1]
-                    self.log(f"[{prefix}] {line}")
+                    self.log(host_line(host, line))
             stream.close()
 
         thread = threading.Thread(target=pump, daemon=True)

@@ -14,15 +14,13 @@ and prints what :class:`ProgressReporter` hands it, at most one line every few s
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
+from d2ops.job_log import split_host_line
 from d2ops_core import metrics
 
-# The local job runner's prefix on every line of a host's output (d2ops.local_jobs: "[algo-1] ...").
-_HOST = re.compile(r"\[(?P<host>[^\]\n]{0,64})\] ")
 DEFAULT_MIN_INTERVAL = 5.0
 _MAX_SECONDS_SHOWN = 100 * 3600
 
@@ -66,9 +64,9 @@ class ProgressParser:
 
     def feed(self, line: str) -> bool:
         """One log line; True when it changed the progress."""
-        prefix = _HOST.match(line)
-        host = prefix["host"] if prefix else ""
-        parsed = metrics.parse_metric(line[prefix.end():] if prefix else line)
+        host, text = split_host_line(line)
+        host = host or ""  # a line without a host prefix: a job's output read as it is
+        parsed = metrics.parse_metric(text)
         if parsed is None or not parsed.name.startswith("train:") or parsed.iteration is None:
             return False
         if self.host is None:

@@ -8,6 +8,7 @@ the offline pipeline end to end (tests/e2e/test_offline_pipeline.py).
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -16,6 +17,8 @@ from pathlib import Path
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from d2ops import local_jobs
+from d2ops.job_log import host_line, split_host_line
 from d2ops.offline.pipeline import TrainingProgressFollower, _LogTail
 from d2ops.training_progress import LineSplitter, Progress, ProgressParser, ProgressReporter, format_progress
 from d2ops_core import metrics
@@ -78,6 +81,24 @@ def test_a_huge_loss_is_shown_as_it_is_and_a_zero_step_time_or_endless_speed_are
              "[algo-1] d2ops-metric train:iter_seconds=0 iter=10/250",
              "[algo-1] d2ops-metric train:images_per_second=1e999 iter=10/250"]
     assert format_progress("T", parse(lines)) == "T: iter 10/250 (4%)  loss inf"
+
+
+def test_the_job_runner_writes_the_host_prefix_the_progress_reader_splits_off() -> None:
+    written: list[str] = []
+    streams = local_jobs._Streams(written.append)
+    for host, iteration in (("algo-1", 20), ("algo-2", 90)):
+        lines = [metrics.format_metric_line(name, value, iteration, TOTAL)
+                 for name, value in (("train:loss", 0.5), ("train:images_per_second", 16.0))]
+        streams.follow(host, io.StringIO("".join(f"{line}\n" for line in lines)))
+        streams.join()  # one host after the other: algo-1 prints first, so it is the one followed
+    assert split_host_line(written[0]) == ("algo-1", "d2ops-metric train:loss=0.500000 iter=20/250")
+    assert parse(written) == Progress(20, TOTAL, loss=0.5, images_per_second=16.0)
+    assert split_host_line("local runner: stopping the job") == (None, "local runner: stopping the job")
+
+
+@given(st.from_regex(r"algo-[1-9][0-9]{0,3}", fullmatch=True), st.text().filter(lambda t: "\n" not in t))
+def test_a_hosts_line_splits_back_into_the_host_and_the_line_it_printed(host: str, line: str) -> None:
+    assert split_host_line(host_line(host, line)) == (host, line)
 
 
 # ----- Hypothesis: hostile, partial, interleaved lines ------------------------------------------------

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from d2ops import synth
+from d2ops.job_log import split_host_line
 from d2ops.local_jobs import TrainingJobSpec, run_training_job
 from d2ops_core import metrics
 from d2ops_core.cpu_profile import torchvision_cpu_profile
@@ -47,7 +48,7 @@ def measure(framework: str, dataset: Path, work: Path, iterations: int, processe
     arrivals: list[tuple[float, int]] = []  # (when the line arrived, iteration)
 
     def log(line: str) -> None:
-        parsed = metrics.parse_metric_line(line.split("] ", 1)[-1])
+        parsed = metrics.parse_metric_line(split_host_line(line)[1])
         if parsed and parsed[0] == "train:iter_seconds" and parsed[2] is not None:
             arrivals.append((time.perf_counter(), parsed[2]))
         print(line, flush=True)
