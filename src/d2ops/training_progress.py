@@ -22,6 +22,9 @@ from d2ops.job_log import split_host_line
 from d2ops_core import metrics
 
 DEFAULT_MIN_INTERVAL = 5.0
+# Both trainers print an iteration's lines in one order, this one last (torchvision_trainer's training
+# loop; detectron2_hooks.MetricLineWriter, where it follows train:iter_seconds): with it, the iteration is whole.
+_LAST_LINE_OF_AN_ITERATION = "train:images_per_second"
 _MAX_SECONDS_SHOWN = 100 * 3600
 
 
@@ -56,11 +59,18 @@ class ProgressParser:
     Only ``train:*`` lines with an iteration count. The first host that prints one is followed
     (rank 0 prints them; in a multi-host job another host's lines never make progress jump), and
     an iteration earlier than the one reached is taken as it comes (a resumed job restarts there).
+
+    :attr:`progress` is the newest iteration whose lines have all arrived: its last line
+    (``train:images_per_second``) or a line of another iteration (detectron2 times no step in its
+    first iterations, so they end without one). A log read while an iteration's lines are being
+    written so never shows that iteration with the previous one's speed; :meth:`flush` takes the
+    iteration as it is when the log ends.
     """
 
     def __init__(self) -> None:
         self.progress: Progress | None = None
         self.host: str | None = None
+        self._arriving: Progress | None = None  # the iteration whose lines are coming in
 
     def feed(self, line: str) -> bool:
         """One log line; True when it changed the progress."""
@@ -73,9 +83,10 @@ class ProgressParser:
             self.host = host
         elif host != self.host:
             return False
-        before = self.progress
-        current = before or Progress(parsed.iteration)
+        changed = False
+        current = self._arriving or Progress(parsed.iteration)
         if parsed.iteration != current.iteration:
+            changed = self.flush()  # the previous iteration printed all it had
             current = replace(current, iteration=parsed.iteration)
         if parsed.total is not None:
             current = replace(current, total=parsed.total)
@@ -83,8 +94,17 @@ class ProgressParser:
                  "train:iter_seconds": "seconds_per_iteration"}.get(parsed.name)
         if field is not None:
             current = replace(current, **{field: parsed.value})
-        self.progress = current
-        return current != before
+        self._arriving = current
+        if parsed.name == _LAST_LINE_OF_AN_ITERATION:
+            changed = self.flush() or changed
+        return changed
+
+    def flush(self) -> bool:
+        """Take the iteration whose lines were coming in as whole (the log ended); True when that changed it."""
+        if self._arriving is None or self._arriving == self.progress:
+            return False
+        self.progress = self._arriving
+        return True
 
 
 def _number(value: float, decimals: int) -> str:
@@ -145,8 +165,8 @@ class ProgressReporter:
 
     :meth:`feed` answers a line when the job reached a new iteration and the last line printed is
     ``min_interval`` old (the first at once, the job's last iteration at once);
-    :meth:`finish` answers the newest progress if it was held back, so the last thing printed is
-    where the job ended.
+    :meth:`finish` answers the newest progress if it was held back (or its lines had not all come),
+    so the last thing printed is where the job ended.
     """
 
     def __init__(self, label: str, *, min_interval: float = DEFAULT_MIN_INTERVAL,
@@ -171,6 +191,7 @@ class ProgressReporter:
         return self._print(progress, now)
 
     def finish(self) -> str | None:
+        self.parser.flush()
         progress = self.parser.progress
         if progress is None or progress == self._printed:
             return None

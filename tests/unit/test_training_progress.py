@@ -35,9 +35,11 @@ def step(iteration: int, *, loss: float = 0.5, seconds: float = 0.25, batch: int
 
 
 def parse(lines: list[str]) -> Progress | None:
+    """Where a log that holds these lines, and ended there, says the job is."""
     parser = ProgressParser()
     for line in lines:
         parser.feed(line)
+    parser.flush()
     return parser.progress
 
 
@@ -210,6 +212,28 @@ def test_finish_says_where_the_job_ended_when_that_was_held_back() -> None:
     assert reporter.feed(step(40)) is None
     assert reporter.finish().startswith("Train model: iter 40/250 (16%)")
     assert ProgressReporter("Train model").finish() is None  # a job that never printed a metric line
+
+
+def test_an_iteration_whose_lines_are_still_coming_is_not_printed_with_the_last_ones_speed() -> None:
+    clock = Clock()
+    reporter = ProgressReporter("Train model", min_interval=5.0, clock=clock)
+    assert reporter.feed(step(20)) == "Train model: iter 20/250 (8%)  loss 0.500  16.0 img/s  ~0:58 left"
+    clock.now = 10.0
+    slower = step(40, loss=0.25, seconds=0.5)
+    assert reporter.feed(slower[:3]) is None  # loss, lr, seconds per iteration: images/s not read yet
+    # the same iteration, once whole: its own speed and time left (210 iterations at 0.5 s)
+    assert reporter.feed(slower[3:]) == "Train model: iter 40/250 (16%)  loss 0.250  8.00 img/s  ~1:45 left"
+
+
+def test_an_iteration_without_speed_lines_is_whole_when_the_next_one_starts_or_the_log_ends() -> None:
+    def untimed(iteration: int) -> list[str]:  # detectron2 times no step in its first iterations
+        return [f"[algo-1] {metrics.format_metric_line(name, value, iteration, TOTAL)}"
+                for name, value in (("train:loss", 0.5), ("train:lr", 0.02))]
+
+    reporter = ProgressReporter("Train model", min_interval=0.0, clock=Clock())
+    assert reporter.feed(untimed(20)) is None  # its speed may still come
+    assert reporter.feed(untimed(40)) == "Train model: iter 20/250 (8%)  loss 0.500"
+    assert reporter.finish() == "Train model: iter 40/250 (16%)  loss 0.500"
 
 
 # ----- the follower, on history events and a log that grows ---------------------------------------
