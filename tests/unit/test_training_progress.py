@@ -245,9 +245,20 @@ def _events(job: str, resource: str = "createTrainingJob.sync", state: str = "Tr
             "succeeded": {"type": "TaskSucceeded", "taskSucceededEventDetails": {**details, "output": "{}"}}}
 
 
-def _follower(tmp_path: Path, printed: list[str], clock: Clock) -> TrainingProgressFollower:
-    return TrainingProgressFollower(lambda name: tmp_path / name / "job.log", printed.append, lambda: "[t]",
-                                    run_id="run-1", min_interval=5.0, clock=clock)
+def _follower(tmp_path: Path, run_id: str | None = "run-1") -> tuple[TrainingProgressFollower, list[str], Clock]:
+    """A follower of run-1's (or a run not known yet's) jobs, whose logs are tmp_path/<job>/job.log; what it printed."""
+    clock, printed = Clock(), []
+    follower = TrainingProgressFollower(lambda name: tmp_path / name / "job.log", printed.append, lambda: "[t]",
+                                        run_id=run_id, min_interval=5.0, clock=clock)
+    return follower, printed, clock
+
+
+def _schedule(follower: TrainingProgressFollower, job: str, run: str = "run-1", **kwargs: str) -> dict[str, dict]:
+    """What the follower hears when a run's state starts a job: the state entered, the job scheduled."""
+    events = _events(job, **kwargs)
+    follower(run, events["entered"])
+    follower(run, events["scheduled"])
+    return events
 
 
 def _append(path: Path, lines: list[str], tail: str = "") -> None:
@@ -257,11 +268,8 @@ def _append(path: Path, lines: list[str], tail: str = "") -> None:
 
 
 def test_the_follower_prints_progress_while_the_state_waits_and_where_the_job_ended(tmp_path: Path) -> None:
-    clock, printed = Clock(), []
-    follower = _follower(tmp_path, printed, clock)
-    events = _events("shapes-v1-train")
-    follower("run-1", events["entered"])
-    follower("run-1", events["scheduled"])
+    follower, printed, clock = _follower(tmp_path)
+    events = _schedule(follower, "shapes-v1-train")
     follower.poll()  # the job is still downloading its channels: no log yet
     log = tmp_path / "shapes-v1-train" / "job.log"
     assert len(printed) == 1
@@ -296,22 +304,15 @@ def test_the_follower_prints_progress_while_the_state_waits_and_where_the_job_en
 
 
 def test_the_follower_ignores_other_runs_other_jobs_and_logs_without_metric_lines(tmp_path: Path) -> None:
-    clock, printed = Clock(), []
-    follower = _follower(tmp_path, printed, clock)
-    other = _events("other-run-train")
-    follower("run-2", other["entered"])
-    follower("run-2", other["scheduled"])
+    follower, printed, _ = _follower(tmp_path)
+    _schedule(follower, "other-run-train", run="run-2")
     _append(tmp_path / "other-run-train" / "job.log", step(20))
     follower.poll()
-    evaluation = _events("shapes-v1-eval", resource="createProcessingJob.sync", state="Evaluate")
-    follower("run-1", evaluation["entered"])
-    follower("run-1", evaluation["scheduled"])
+    _schedule(follower, "shapes-v1-eval", resource="createProcessingJob.sync", state="Evaluate")
     _append(tmp_path / "shapes-v1-eval" / "job.log", step(20))
     follower.poll()
     assert printed == []
-    silent = _events("shapes-v1-train")  # a job that fails before its first logged iteration
-    follower("run-1", silent["entered"])
-    follower("run-1", silent["scheduled"])
+    _schedule(follower, "shapes-v1-train")  # a job that fails before its first logged iteration
     _append(tmp_path / "shapes-v1-train" / "job.log", ["[algo-1] Traceback ...", "[algo-1] ConfigError: ..."])
     follower.poll()
     follower("run-1", {"type": "TaskFailed", "taskFailedEventDetails": {
@@ -321,11 +322,8 @@ def test_the_follower_ignores_other_runs_other_jobs_and_logs_without_metric_line
 
 
 def test_a_run_that_ends_while_its_job_runs_stops_the_follower(tmp_path: Path) -> None:
-    clock, printed = Clock(), []
-    follower = _follower(tmp_path, printed, clock)
-    events = _events("shapes-v1-train")
-    follower("run-1", events["entered"])
-    follower("run-1", events["scheduled"])
+    follower, printed, clock = _follower(tmp_path)
+    _schedule(follower, "shapes-v1-train")
     log = tmp_path / "shapes-v1-train" / "job.log"
     _append(log, step(20))
     follower.poll()
