@@ -337,6 +337,52 @@ def test_a_run_that_ends_while_its_job_runs_stops_the_follower(tmp_path: Path) -
     assert len(printed) == 3
 
 
+def test_a_follower_that_learns_its_run_late_follows_that_runs_job_and_no_other(tmp_path: Path) -> None:
+    follower, printed, clock = _follower(tmp_path, run_id=None)  # the trigger has not answered yet
+    other = _schedule(follower, "other-run-train", run="run-2")  # another run live in the same work directory
+    _append(tmp_path / "other-run-train" / "job.log", step(20))
+    follower.poll()
+    assert printed == []  # whose job it is is not known yet: nothing said
+    follower.run_id = "run-1"
+    _append(tmp_path / "other-run-train" / "job.log", step(40))
+    follower.poll()
+    follower("run-2", other["succeeded"])  # run-2's events no longer reach it: it must not be following run-2's job
+    assert printed == []
+    # run-1's job, scheduled before the follower knew run-1 was its run; meanwhile run-2 starts a job and
+    # ends, and run-3 fails: none of that is run-1's job's end
+    late, printed, clock = _follower(tmp_path, run_id=None)
+    _schedule(late, "shapes-v1-train")
+    _schedule(late, "other-run-train", run="run-2", state="Train other")
+    late("run-2", other["succeeded"])
+    late("run-2", {"type": "ExecutionSucceeded", "executionSucceededEventDetails": {}})
+    late("run-3", {"type": "ExecutionFailed", "executionFailedEventDetails": {"error": "DatasetRejected"}})
+    late.run_id = "run-1"
+    log = tmp_path / "shapes-v1-train" / "job.log"
+    _append(log, step(20))
+    late.poll()
+    clock.now = 10.0
+    _append(log, step(40))
+    late.poll()
+    assert printed == [f"[t]      Train model: training job shapes-v1-train, log {log}",
+                       "[t]      Train model: iter 20/250 (8%)  loss 0.500  16.0 img/s  ~0:58 left",
+                       "[t]      Train model: iter 40/250 (16%)  loss 0.500  16.0 img/s  ~0:53 left"]
+
+
+def test_a_job_that_ended_before_the_follower_learnt_its_run_is_told_where_it_ended(tmp_path: Path) -> None:
+    follower, printed, _ = _follower(tmp_path, run_id=None)
+    events = _schedule(follower, "shapes-v1-train")
+    log = tmp_path / "shapes-v1-train" / "job.log"
+    _append(log, step(20))
+    follower("run-1", events["succeeded"])
+    assert printed == []
+    follower.run_id = "run-1"
+    follower.poll()
+    _append(log, step(40))
+    follower.poll()  # the job ended: no longer following it
+    assert printed == [f"[t]      Train model: training job shapes-v1-train, log {log}",
+                       "[t]      Train model: iter 20/250 (8%)  loss 0.500  16.0 img/s  ~0:58 left"]
+
+
 def test_the_log_tail_hands_out_each_line_once_and_starts_over_on_a_new_log(tmp_path: Path) -> None:
     log = tmp_path / "job.log"
     tail = _LogTail(log)
@@ -353,3 +399,17 @@ def test_the_log_tail_hands_out_each_line_once_and_starts_over_on_a_new_log(tmp_
     assert tail.read() == ["cut"]
     _append(log, [], tail="no newline at the end")
     assert tail.read(to_end=True) == ["no newline at the end"]
+    tail.close()
+
+
+def test_a_new_log_in_the_old_ones_place_is_read_from_its_start_even_with_the_old_inode_number(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    _append(log, ["the first job's line"])
+    tail = _LogTail(log)
+    assert tail.read() == ["the first job's line"]
+    # A job of the same name started again: its log deleted and written anew, longer than the old one.
+    # ext4 (this machine's /tmp) gives the new file the number just freed unless something holds the old one open.
+    log.unlink()
+    _append(log, ["a new job's first line", "its second line"])
+    assert tail.read() == ["a new job's first line", "its second line"]
+    tail.close()

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from d2ops.offline.runtime import OfflineRuntime
 from d2ops.training_progress import DEFAULT_MIN_INTERVAL, LineSplitter, ProgressReporter
@@ -124,34 +124,50 @@ class ProgressPrinter:
 
 
 class _LogTail:
-    """What a growing log file gained since the last read, as whole lines (a new file starts over)."""
+    """What a growing log file gained since the last read, as whole lines (a new or truncated file starts over).
+
+    The file stays open while it is followed: a file put in its place (a job of the same name started
+    again) then has another inode number than the open one, even on file systems that reuse the numbers
+    of deleted files (ext4 does, at once), which a number saved from an earlier read could not tell.
+    """
 
     CHUNK = 1 << 20
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.offset = 0
-        self.inode: int | None = None
+        self._log: BinaryIO | None = None
         self.splitter = LineSplitter()
 
     def read(self, *, to_end: bool = False) -> list[str]:
         try:
-            with self.path.open("rb") as log:
-                stat = os.fstat(log.fileno())
-                if self.inode is not None and (stat.st_ino != self.inode or stat.st_size < self.offset):
-                    self.offset, self.splitter = 0, LineSplitter()  # replaced or truncated: a new log
-                self.inode = stat.st_ino
-                log.seek(self.offset)
-                lines: list[str] = []
-                while True:
-                    chunk = log.read(self.CHUNK)
-                    self.offset += len(chunk)
-                    lines += self.splitter.feed(chunk)
-                    if not chunk or not to_end:
-                        break
-        except OSError:  # not created yet (the job is still downloading its channels), or gone
+            if self._log is not None and self._replaced(self._log):
+                self.close()
+            if self._log is None:
+                self._log = self.path.open("rb", buffering=0)
+                self.splitter = LineSplitter()
+            lines: list[str] = []
+            while True:
+                chunk = self._log.read(self.CHUNK)
+                lines += self.splitter.feed(chunk)
+                if not chunk or not to_end:
+                    break
+        except OSError:  # not created yet (the job is still downloading its channels)
             return []
         return lines + self.splitter.flush() if to_end else lines
+
+    def _replaced(self, log: BinaryIO) -> bool:
+        """Another file at the path, or this one truncated (a gone path: the open file still holds the log)."""
+        try:
+            on_path = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            return False
+        opened = os.fstat(log.fileno())
+        return on_path != opened.st_ino or opened.st_size < log.tell()
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
 
 def _shown(path: Path) -> str:
@@ -166,6 +182,15 @@ def _is_training_job(details: dict[str, Any]) -> bool:
         str(details.get("resource", "")).startswith("createTrainingJob")
 
 
+@dataclass
+class _FollowedJob:
+    execution: str  # the execution whose state created the job
+    tail: _LogTail
+    reporter: ProgressReporter
+    announcement: str | None  # where to look, said once (once the follower knows the execution is its run)
+    ended: bool = False  # its task ended before the follower knew that
+
+
 class TrainingProgressFollower:
     """While a ``createTrainingJob.sync`` state waits: progress lines from the job's own metric lines.
 
@@ -175,6 +200,12 @@ class TrainingProgressFollower:
     task ends, what is left of the log is read at once, so the last progress line (where the job
     ended) comes before the state's own ``ok``/``!!`` line. Nothing is printed for a job whose log
     holds no metric line.
+
+    It follows one execution, ``run_id``: other executions' events are ignored. The run id is known
+    only once the trigger answered, so until then the training jobs executions schedule are held,
+    silent, one per execution, and those of executions other than ``run_id`` (other runs live in
+    the same work directory) dropped when it is set: it never follows a job whose end it would not
+    hear of.
     """
 
     def __init__(self, job_log: Callable[[str], Path], out: Printer, stamp: Callable[[], str], *,
@@ -183,19 +214,30 @@ class TrainingProgressFollower:
         self.job_log = job_log
         self.out = out
         self.stamp = stamp
-        self.run_id = run_id
+        self._run_id = run_id
         self.min_interval = min_interval
         self.clock = clock
         self._lock = threading.Lock()
-        self._state: str | None = None
-        self._job: tuple[_LogTail, ProgressReporter] | None = None
+        self._states: dict[str, str] = {}  # the state each execution entered last
+        self._jobs: dict[str, _FollowedJob] = {}  # by execution; the followed one's alone once run_id is set
+
+    @property
+    def run_id(self) -> str | None:
+        return self._run_id
+
+    @run_id.setter
+    def run_id(self, run_id: str) -> None:
+        with self._lock:
+            self._run_id = run_id
+            for execution in [e for e in self._jobs if e != run_id]:
+                self._drop(execution)
 
     def __call__(self, execution_name: str, event: dict[str, Any]) -> None:
-        if self.run_id is not None and execution_name != self.run_id:
+        if self._run_id is not None and execution_name != self._run_id:
             return
         kind = event["type"]
         if kind.endswith("StateEntered"):
-            self._state = event["stateEnteredEventDetails"]["name"]
+            self._states[execution_name] = event["stateEnteredEventDetails"]["name"]
         elif kind == "TaskScheduled":
             details = event.get("taskScheduledEventDetails") or {}
             if not _is_training_job(details):
@@ -205,34 +247,70 @@ class TrainingProgressFollower:
             except (ValueError, AttributeError):
                 return
             if isinstance(name, str) and name:
-                label, log = self._state or name, self.job_log(name)
+                label, log = self._states.get(execution_name, name), self.job_log(name)
                 with self._lock:
-                    self._job = (_LogTail(log), ProgressReporter(label, min_interval=self.min_interval,
-                                                                 clock=self.clock))
+                    self._drop(execution_name)
                     # the job starts (imports, data, model) before it logs an iteration: say where to look
-                    self._print(f"{label}: training job {name}, log {_shown(log)}")
+                    job = self._jobs[execution_name] = _FollowedJob(execution_name, _LogTail(log), ProgressReporter(
+                        label, min_interval=self.min_interval, clock=self.clock),
+                        f"{label}: training job {name}, log {_shown(log)}")
+                    if execution_name == self._run_id:
+                        self._announce(job)
         elif kind in ("TaskSucceeded", "TaskFailed", "TaskTimedOut"):
             details = next((v for k, v in event.items() if k.endswith("EventDetails")), None) or {}
             if _is_training_job(details):
-                self.finish()
+                self._ended(execution_name)
         elif kind.startswith("Execution") and kind != "ExecutionStarted":
-            self.finish()
+            self._ended(execution_name)
 
     def poll(self) -> None:
         with self._lock:
-            if self._job is not None:
-                tail, reporter = self._job
-                self._print(reporter.feed(tail.read()))
+            job = self._followed()
+            if job is None:
+                return
+            self._announce(job)
+            if job.ended:
+                self._finish(job)
+            else:
+                self._print(job.reporter.feed(job.tail.read()))
 
     def finish(self) -> None:
         """Read the rest of the job's log, print where it ended, stop following it."""
         with self._lock:
-            if self._job is None:
+            job = self._followed()
+            if job is not None:
+                self._announce(job)
+                self._finish(job)
+            for execution in list(self._jobs):
+                self._drop(execution)
+
+    def _followed(self) -> _FollowedJob | None:
+        return self._jobs.get(self._run_id) if self._run_id is not None else None
+
+    def _ended(self, execution: str) -> None:
+        with self._lock:
+            job = self._jobs.get(execution)
+            if job is None:
                 return
-            tail, reporter = self._job
-            self._job = None
-            self._print(reporter.feed(tail.read(to_end=True)))
-            self._print(reporter.finish())
+            if execution == self._run_id:
+                self._announce(job)
+                self._finish(job)
+            else:
+                job.ended = True  # said once run_id names its execution
+
+    def _announce(self, job: _FollowedJob) -> None:
+        self._print(job.announcement)
+        job.announcement = None
+
+    def _finish(self, job: _FollowedJob) -> None:
+        self._print(job.reporter.feed(job.tail.read(to_end=True)))
+        self._print(job.reporter.finish())
+        self._drop(job.execution)
+
+    def _drop(self, execution: str) -> None:
+        job = self._jobs.pop(execution, None)
+        if job is not None:
+            job.tail.close()
 
     def _print(self, line: str | None) -> None:
         if line is not None:
