@@ -45,7 +45,10 @@ from detectron2.utils import comm
 from detectron2.utils.events import CommonMetricPrinter, EventWriter, get_event_storage
 
 from d2ops_core import metrics as metric_lines
-from model_code.training import detectron2_sampler
+from model_code.training import (
+    detectron2_backbones,  # noqa: F401 (registers the CPU profile's backbone)
+    detectron2_sampler,
+)
 from model_code.training.torchvision_trainer import Interrupted, StopFlag, TrainingError
 
 EXIT_STOPPED = 143

@@ -267,8 +267,8 @@ def run(env: TrainingEnvironment, hp: Hyperparameters, environ: Mapping[str, str
 
     if hp.model is None and env.num_gpus == 0:
         # First thing the job says: which config it trains, and how to ask for another.
-        log(f"no GPU and no `model` hyperparameter: training the CPU profile {CPU_PROFILE} (R-18 FPN, 128 px); "
-            "set model= to a model-zoo name or a shipped config for another")
+        log(f"no GPU and no `model` hyperparameter: training the CPU profile {CPU_PROFILE} (R-18 to res4 with an "
+            "FPN, 128 px); set model= to a model-zoo name or a shipped config for another")
     job, plan = plan_job(env, hp, environ)
     from detectron2.engine import launch
 

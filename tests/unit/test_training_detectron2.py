@@ -362,6 +362,45 @@ def test_checkpointer_keeps_the_newest_across_restarts(d2_hooks, tmp_path: Path)
     assert (tmp_path / "last_checkpoint").read_text() == "model_0000044.pth"
 
 
+def test_the_cpu_profile_builds_a_resnet_that_ends_at_res4_and_trains(d2_hooks) -> None:
+    import torch
+    from detectron2.config import get_cfg
+    from detectron2.layers import ShapeSpec
+    from detectron2.modeling import BACKBONE_REGISTRY, build_model
+    from detectron2.modeling.backbone.fpn import build_resnet_fpn_backbone
+    from detectron2.structures import Boxes, Instances
+    from detectron2.utils.events import EventStorage
+
+    cfg = get_cfg()
+    cfg.merge_from_file(str(d2.SHIPPED_CONFIG_DIR / d2.CPU_PROFILE))
+    cfg.merge_from_list(["MODEL.DEVICE", "cpu", "MODEL.ROI_HEADS.NUM_CLASSES", "3"])
+    model = build_model(cfg)
+    assert [name for name, _ in model.backbone.bottom_up.named_children()] == ["stem", "res2", "res3", "res4"]
+    assert {k: v.stride for k, v in model.backbone.output_shape().items()} == {"p2": 4, "p3": 8, "p4": 16, "p5": 32}
+
+    def sample() -> dict:
+        instances = Instances((128, 128), gt_boxes=Boxes(torch.tensor([[20.0, 30.0, 60.0, 70.0]])),
+                              gt_classes=torch.tensor([1]))
+        return {"image": torch.rand(3, 128, 128) * 255, "instances": instances, "height": 128, "width": 128}
+
+    torch.manual_seed(0)
+    model.train()
+    with EventStorage():
+        losses = model([sample(), sample()])
+    sum(losses.values()).backward()
+    assert all(torch.isfinite(v) for v in losses.values())
+    assert all(p.grad is not None for p in model.backbone.parameters())  # every stage and FPN level learns
+
+    # With res5 it is detectron2's own builder: same levels, same weights (a checkpoint of one loads into the other).
+    full = cfg.clone()
+    full.merge_from_list(["MODEL.RESNETS.OUT_FEATURES", '["res2", "res3", "res4", "res5"]',
+                          "MODEL.FPN.IN_FEATURES", '["res2", "res3", "res4", "res5"]'])
+    ours = BACKBONE_REGISTRY.get("build_truncated_resnet_fpn_backbone")(full, ShapeSpec(channels=3))
+    theirs = build_resnet_fpn_backbone(full, ShapeSpec(channels=3))
+    assert ours.output_shape() == theirs.output_shape() and set(ours.output_shape()) == {"p2", "p3", "p4", "p5", "p6"}
+    assert ({n: p.shape for n, p in ours.state_dict().items()} == {n: p.shape for n, p in theirs.state_dict().items()})
+
+
 def test_worker_failures_map_to_the_entry_points_exceptions(d2_hooks) -> None:
     from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
