@@ -52,7 +52,8 @@ def detectron2_problem(python: str = sys.executable, timeout: float = 180.0) -> 
 
 
 def detectron2_choice(reason: str) -> TrainerChoice:
-    # 150 iterations measured bbox AP 0.35 in the demo (2 min 42 s in all), too near MinMap 0.30.
+    # 250 iterations: bbox AP 0.79-0.82 for seeds 0-2 with the CPU profile, 200 gave 0.64-0.75 (docs/training.md);
+    # with the earlier profile, 150 measured 0.35 in the demo, too near MinMap 0.30.
     return TrainerChoice("detectron2", reason, training_defaults={"num_workers": "0", "log_period": "10"},
                          demo_iterations=250)
 
