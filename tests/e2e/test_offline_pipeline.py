@@ -29,6 +29,7 @@ from d2ops_core import cost
 from d2ops_core.documents.detections import InvocationResponse
 from model_code import artifact
 from tests.fixtures.console import browser_page, screenshot
+from tests.fixtures.d2export import support
 from tests.fixtures.offline.support import tiny_dataset
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
@@ -55,10 +56,24 @@ def datasets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("datasets")
 
 
-def assert_served_by(answer: dict[str, Any], detector: artifact.LoadedDetector, image_path: Path) -> int:
+# The endpoint's answer against the artifact's own module in this process: the same model on the same pixels,
+# but another process and maybe another CPU kernel path (thread counts differ), so not bit for bit. Boxes
+# within 0.1 px and scores within 5e-4 (the JSON rounds them to 0.01 px and 1e-4); a detection may be on
+# one side only within 1e-3 of the model's score cut, where such a difference can move it across.
+SERVED_ARTIFACT = support.Tolerance(box_px=0.1, score=5e-4, mask_iou=0.0, mask_iou_total=0.0, threshold_margin=1e-3)
+
+
+def model_cut(detector: artifact.LoadedDetector) -> tuple[float, int]:
+    """The torchvision detector's own score cut and detection cap (box_score_thresh, box_detections_per_img)."""
+    assert detector.metadata.framework == "torchvision", detector.metadata.framework
+    heads = detector.module.model.roi_heads
+    return float(heads.score_thresh), int(heads.detections_per_img)
+
+
+def assert_served_by(answer: dict[str, Any], detector: artifact.LoadedDetector, image_path: Path) -> support.Matching:
     """``answer`` (the endpoint's JSON at score_threshold 0) is the response document (docs/serving.md)
     and what ``detector``'s own TorchScript module finds in the image's pixels: the artifact's classes,
-    boxes inside the image, scores in [0, 1], best first. Returns how many detections it has."""
+    boxes inside the image, scores in [0, 1], best first. Returns how its detections matched the module's."""
     response = InvocationResponse.model_validate(answer)  # scores in [0, 1], boxes x1 <= x2 and y1 <= y2
     # Only the document's fields: readers accept a detection's extra fields (a newer endpoint's), the writer
     # sets none, and a top-level one the model would drop.
@@ -68,7 +83,8 @@ def assert_served_by(answer: dict[str, Any], detector: artifact.LoadedDetector, 
         rgb = image.convert("RGB")
     width, height = rgb.size
     detections = response.detections
-    labels = dict(zip(detector.metadata.category_ids, detector.metadata.class_names, strict=True))
+    category_ids = detector.metadata.category_ids
+    labels = dict(zip(category_ids, detector.metadata.class_names, strict=True))
     for d in detections:
         assert labels.get(d.class_id) == d.class_name, f"{d.class_id} {d.class_name!r}: not the artifact's {labels}"
         x1, y1, x2, y2 = d.box
@@ -76,20 +92,22 @@ def assert_served_by(answer: dict[str, Any], detector: artifact.LoadedDetector, 
     scores = [d.score for d in detections]
     assert scores == sorted(scores, reverse=True), f"not best first: {scores}"
 
-    # The artifact's own answer for these pixels (its module, RGB uint8 [3, H, W], no serving code).
+    # The artifact's own answer for these pixels (its module, RGB uint8 [3, H, W], no serving code), matched
+    # detection by detection (class, box, score), not rank by rank: a near-tie may come out in either order.
     with torch.inference_mode():
         raw = detector.module([torch.from_numpy(np.array(rgb, dtype=np.uint8)).permute(2, 0, 1).contiguous()])[0]
-    order = torch.argsort(raw["scores"], descending=True).tolist()
-    expected = [(detector.metadata.category_ids[int(raw["labels"][i])], float(raw["scores"][i]),
-                 [float(v) for v in raw["boxes"][i]]) for i in order]
-    served = [(d.class_id, d.score, d.box) for d in detections]
-    assert len(served) == len(expected), f"served {len(served)} detections, the artifact finds {len(expected)}"
-    for rank, (got, want) in enumerate(zip(served, expected, strict=True)):
-        # The JSON rounds scores to 1e-4 and boxes to 0.01 px.
-        assert got[0] == want[0] and abs(got[1] - want[1]) <= 1.1e-4 and max(
-            abs(a - b) for a, b in zip(got[2], want[2], strict=True)) <= 0.011, (
-            f"{image_path.name}: detection {rank}: served {got}, the run's artifact finds {want}")
-    return len(detections)
+    expected = support.detections_from_output(raw)
+    served = [support.Detection(box=np.array(d.box, dtype=np.float32), score=d.score,
+                                label=category_ids.index(d.class_id)) for d in detections]
+    cut, cap = model_cut(detector)
+    # A list the cap filled was cut at its lowest score too: the next one down may be on the other side.
+    threshold = max([cut, *(min(d.score for d in side) for side in (served, expected) if len(side) >= cap)])
+    try:
+        return support.match(served, expected, SERVED_ARTIFACT, threshold)
+    except AssertionError as exc:
+        theirs = [(category_ids[d.label], round(d.score, 4), d.box.round(2).tolist()) for d in expected]
+        raise AssertionError(f"{image_path.name}: {exc}; served {[(d.class_id, d.score, d.box) for d in detections]}"
+                             f", the run's artifact finds {theirs}") from exc
 
 
 def test_a_tiny_dataset_goes_through_every_state_to_a_served_model(runtime: OfflineRuntime, datasets: Path,
@@ -147,14 +165,16 @@ def test_a_tiny_dataset_goes_through_every_state_to_a_served_model(runtime: Offl
         (c["id"], c["name"]) for c in categories}
     images = sorted(p for p in (dataset / "images").rglob("*") if p.suffix in (".png", ".jpg"))
     smr = runtime.client("sagemaker-runtime")
-    found = []
+    found, matchings = [], []
     for image in images:  # a six-iteration model finds something (above its 0.05) in some of them only
         answer = json.loads(smr.invoke_endpoint(EndpointName=runtime.stack.endpoint_name, Body=image.read_bytes(),
                                                 ContentType="image/png" if image.suffix == ".png" else "image/jpeg",
                                                 CustomAttributes="score_threshold=0;max_detections=1000")
                             ["Body"].read())
-        found.append(assert_served_by(answer, detector, image))
+        matchings.append(assert_served_by(answer, detector, image))
+        found.append(len(answer["detections"]))
     assert max(found) >= 2, f"detections per image {found}: too few for the checks to prove anything"
+    support.assert_enough_matched(matchings)  # few go missing near the cut, over all the images together
     with pytest.raises(smr.exceptions.ModelError) as bad:
         smr.invoke_endpoint(EndpointName=runtime.stack.endpoint_name, Body=b"not an image", ContentType="image/png")
     assert 400 <= bad.value.response["OriginalStatusCode"] < 500

@@ -12,12 +12,13 @@ server, not two):
 
 - an image at the test size (no resize): boxes, scores, classes and masks as detectron2 gives
   them, up to the JSON's rounding (boxes to 0.01 px, scores to 1e-4), masks pixel-identical;
-- enlarged and shrunk images: within ``support.RESIZED`` (boxes 2 px, scores 0.03, masks IoU
-  0.85 over all of them); tests/unit/test_detectron2_export.py shows that this tolerance is the
-  resize alone (PIL vs torch), the rest being exact.
+- sets of enlarged and of shrunk images: within ``support.RESIZED`` (boxes 2 px, scores 0.03,
+  masks IoU 0.85 over all of an image's); tests/unit/test_detectron2_export.py shows that this
+  tolerance is the resize alone (PIL vs torch), the rest being exact.
 
 A reference detection may go unmatched only near the score threshold, and at least 90 % of them
-must be matched (``support.compare``): an export or server dropping the low scorers fails.
+must be matched, over each set of images together (``support.assert_enough_matched``): an export
+or server dropping the low scorers fails, one or two borderline detections do not.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ pytestmark = pytest.mark.integration
 
 # JSON answers round boxes to 2 decimals and scores to 4; otherwise exact.
 SERVED_EXACT = dataclasses.replace(support.EXACT, box_px=0.006, score=6e-5)
-IMAGES = [((128, 160, 5), SERVED_EXACT), ((64, 48, 4), support.RESIZED), ((250, 90, 3), support.RESIZED)]
+AT_SIZE = (128, 160, 5)
+IMAGE_SETS = [([AT_SIZE], SERVED_EXACT), (support.ENLARGED_SET, support.RESIZED),
+              (support.SHRUNK_CAPPED_SET, support.RESIZED)]
 
 
 def export_job(tmp: Path, masks: bool) -> dict:
@@ -124,21 +127,24 @@ def served_detections(endpoint: LocalEndpoint, image, masks: bool, category_ids:
         if masks else None) for d in body["detections"]]
 
 
-@pytest.mark.parametrize(("spec", "tolerance"), IMAGES, ids=["at-size", "enlarged", "shrunk-capped"])
-def test_served_detections_match_default_predictor(served, spec, tolerance):
+@pytest.mark.parametrize(("specs", "tolerance"), IMAGE_SETS, ids=["at-size", "enlarged", "shrunk-capped"])
+def test_served_detections_match_default_predictor(served, specs, tolerance):
     predictor, job, endpoint = served
     masks = job["task"] == "instance_segmentation"
     meta = artifact.read_metadata(job["model_dir"])
-    image = shapes_image(*spec)
-    reference = support.reference_detections(predictor, np.asarray(image))
-    got = served_detections(endpoint, image, masks, meta.category_ids)
-    support.compare(got, reference, tolerance, support.SCORE_THRESH)  # >= 90 % of the reference matched
+    matchings = []
+    for spec in specs:
+        image = shapes_image(*spec)
+        reference = support.reference_detections(predictor, np.asarray(image))
+        got = served_detections(endpoint, image, masks, meta.category_ids)
+        matchings.append(support.match(got, reference, tolerance, support.SCORE_THRESH))
+    support.assert_enough_matched(matchings)  # >= 90 % of the reference matched, over the set
 
 
 def test_masks_false_answers_the_same_detections_without_masks(served):
     predictor, job, endpoint = served
     meta = artifact.read_metadata(job["model_dir"])
-    image = shapes_image(*IMAGES[0][0])
+    image = shapes_image(*AT_SIZE)
     reference = support.reference_detections(predictor, np.asarray(image))
     for detection in reference:
         detection.mask = None

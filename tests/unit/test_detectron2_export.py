@@ -62,13 +62,15 @@ def test_equals_default_predictor_when_both_resize_alike(exported, width, height
     assert worst["matched"] == len(reference) == len(got)
 
 
-@pytest.mark.parametrize(("width", "height", "seed"), [ENLARGED, SHRUNK_CAPPED])
-def test_matches_unmodified_default_predictor_within_tolerance(exported, width, height, seed):
+@pytest.mark.parametrize("images", [support.ENLARGED_SET, support.SHRUNK_CAPPED_SET], ids=["enlarged", "shrunk-capped"])
+def test_matches_unmodified_default_predictor_within_tolerance(exported, images):
     predictor, detector = exported
-    image = shapes_image(width, height, seed)
-    reference = support.reference_detections(predictor, np.asarray(image))
-    got = ours(detector, image)
-    support.compare(got, reference, support.RESIZED, support.SCORE_THRESH)
+    matchings = []
+    for width, height, seed in images:
+        image = shapes_image(width, height, seed)
+        reference = support.reference_detections(predictor, np.asarray(image))
+        matchings.append(support.match(ours(detector, image), reference, support.RESIZED, support.SCORE_THRESH))
+    support.assert_enough_matched(matchings)  # over the set: one image's 10-20 detections are too few for a share
 
 
 def test_resize_follows_pil_and_detectron2_shapes():

@@ -6,6 +6,7 @@ The suite's detectron2 tests run in a pytest of their own with detectron2 hidden
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -17,12 +18,52 @@ import pytest
 from tests.fixtures.frameworks import in_ci, require_detectron2
 
 REPO = Path(__file__).resolve().parents[2]
-# Every place the suite needs detectron2: three files at their top, three tests (one through a fixture).
-MODULE_LEVEL = ["tests/unit/test_detectron2_export.py", "tests/integration/test_detectron2_serving.py",
-                "tests/integration/test_detectron2_training.py"]
-TEST_LEVEL = ["tests/unit/test_trainer_choice.py::test_detectron2_imports_in_this_environment_when_installed",
-              "tests/unit/test_training_detectron2.py::test_metric_writer_is_an_event_writer_and_prints_metric_lines",
-              "tests/unit/test_training_detectron2.py::test_reference_world_size_rule_is_detectron2s_own[8-16]"]
+DEFINITION = "tests/fixtures/frameworks.py"
+THIS = "tests/unit/test_detectron2_required.py"  # calls it too, on modules it hides itself
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _require_calls(node: ast.AST) -> int:
+    return sum(isinstance(n, ast.Call) and "require_detectron2" in (getattr(n.func, "id", None),
+                                                                    getattr(n.func, "attr", None))
+               for n in ast.walk(node))
+
+
+def _is_fixture(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    return any("fixture" in ast.unparse(decorator) for decorator in function.decorator_list)
+
+
+def detectron2_places() -> tuple[list[str], list[str]]:
+    """Every place the suite needs detectron2, found by scanning tests/ for ``require_detectron2(``: the files
+    that call it at their top (skipped or failed whole), and the tests (every parametrization) of the other
+    files that call it themselves, through a fixture (an argument) or through a helper (a call) of their file."""
+    modules, tests = [], []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        name = path.relative_to(REPO).as_posix()
+        source = path.read_text()
+        if name in (DEFINITION, THIS) or "require_detectron2(" not in source:
+            continue
+        tree = ast.parse(source)
+        functions = {node.name: node for node in tree.body if isinstance(node, FUNCTIONS)}
+        at_top = sum(_require_calls(node) for node in tree.body if not isinstance(node, (*FUNCTIONS, ast.ClassDef)))
+        placed = at_top + sum(_require_calls(function) for function in functions.values())
+        assert placed == _require_calls(tree), f"{name}: a require_detectron2 call in a class: teach this scan"
+        if at_top:
+            modules.append(name)
+            continue
+        needs = {f for f, function in functions.items() if _require_calls(function)}
+        while more := {f for f, function in functions.items() if f not in needs and (
+                {a.arg for a in function.args.args} & {n for n in needs if _is_fixture(functions[n])}
+                or {c.func.id for c in ast.walk(function) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+                & needs)}:
+            needs |= more
+        here = [f"{name}::{f}" for f in functions if f in needs and f.startswith("test_")]
+        assert here, f"{name} calls require_detectron2, but in none of its tests: through a conftest fixture?"
+        tests += here
+    return modules, tests
+
+
+MODULE_LEVEL, TEST_LEVEL = detectron2_places()
 
 
 def test_ci_is_any_value_but_empty_false_no_or_zero() -> None:
@@ -67,8 +108,8 @@ def test_in_ci_the_detectron2_tests_fail_without_detectron2() -> None:
     done = _run_hidden("true")
     output = done.stdout + done.stderr
     assert done.returncode == pytest.ExitCode.TESTS_FAILED, output
-    reported = set(re.findall(r"^(?:FAILED|ERROR) (\S+) - Failed: CI requires detectron2", output, re.MULTILINE))
-    assert reported == {*MODULE_LEVEL, *TEST_LEVEL}, output
+    reported = re.findall(r"^(?:FAILED|ERROR) (\S+) - Failed: CI requires detectron2", output, re.MULTILINE)
+    assert {re.sub(r"\[.*\]$", "", r) for r in reported} == {*MODULE_LEVEL, *TEST_LEVEL}, output  # less parameters
     assert " skipped" not in output, output
 
 
@@ -77,7 +118,9 @@ def test_elsewhere_they_skip_and_say_why(ci: str | None) -> None:
     done = _run_hidden(ci)
     output = done.stdout + done.stderr
     assert done.returncode == pytest.ExitCode.OK, output
-    assert re.search(rf"^{len(MODULE_LEVEL) + len(TEST_LEVEL)} skipped in ", output, re.MULTILINE), output
+    # Every place skipped (a parametrized test once per parameter set), nothing passed, failed or errored
+    skipped = re.search(r"^(\d+) skipped in ", output, re.MULTILINE)
+    assert skipped and int(skipped[1]) >= len(MODULE_LEVEL) + len(TEST_LEVEL), output
     assert "detectron2 is not installed (ModuleNotFoundError" in output and "make setup" in output, output
 
 
@@ -86,5 +129,11 @@ def test_no_test_skips_on_detectron2_by_itself() -> None:
     offenders = [str(path.relative_to(REPO)) for path in (REPO / "tests").rglob("*.py")
                  if re.search(r"importorskip\(\s*[\"']detectron2", path.read_text())]
     assert offenders == []
-    for name in MODULE_LEVEL + sorted({test.split("::")[0] for test in TEST_LEVEL}):
-        assert "require_detectron2(" in (REPO / name).read_text(), name
+
+
+def test_the_scan_finds_the_places_at_a_files_top_in_a_test_and_through_a_fixture() -> None:
+    assert "tests/unit/test_detectron2_export.py" in MODULE_LEVEL
+    assert "tests/unit/test_trainer_choice.py::test_detectron2_imports_in_this_environment_when_installed" in TEST_LEVEL
+    assert ("tests/unit/test_training_weights_digest.py::"  # through its d2_hooks fixture
+            "test_detectron2_digest_hashes_the_parameters_not_the_batch_norm_statistics") in TEST_LEVEL
+    assert not any(test.startswith(tuple(f"{m}::" for m in MODULE_LEVEL)) for test in TEST_LEVEL)

@@ -21,6 +21,7 @@ from moto import mock_aws
 
 from d2ops.offline.errors import ApiError
 from d2ops.offline.sagemaker import LocalSageMaker
+from tests.fixtures.offline.endpoints import baking
 from tests.fixtures.pipeline import support
 
 support.function_path("prepare_training")
@@ -109,11 +110,6 @@ def wait_until(local: LocalSageMaker, done: Any, timeout: float = 30) -> dict[st
             return described
         time.sleep(0.05)
     raise AssertionError(f"endpoint still {described['EndpointStatus']} after {timeout} s: {described}")
-
-
-def baking(described: dict[str, Any]) -> bool:
-    variants = described.get("PendingDeploymentSummary", {}).get("ProductionVariants", [])
-    return [s["Status"] for v in variants for s in v["VariantStatus"]] == ["Baking"]
 
 
 def answers(local: LocalSageMaker, n: int) -> list[bytes]:
