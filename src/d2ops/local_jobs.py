@@ -202,7 +202,7 @@ def _link(target: Path, link: Path) -> None:
 
 
 def local_cpus(hosts: int = 1, cores: int | None = None) -> int:
-    """Cores one process of a local job may use: this machine's less one, split over the job's hosts.
+    """Cores one process of a local job may use: this machine's (usable_cores) less one, split over the job's hosts.
 
     A local job shares the machine with the offline runtime and whatever else the user runs (a
     SageMaker instance is the job's own). A training step is thousands of OpenMP parallel regions,
@@ -211,8 +211,15 @@ def local_cpus(hosts: int = 1, cores: int | None = None) -> int:
     detectron2 CPU profile's second thread gained at most 1.35x on an idle machine and cost up to
     10x under other work (0.30 vs 0.41 s a step idle; 3.6-11.3 vs 1.2 s at load average 7-11).
     """
-    cores = cores or os.cpu_count() or 1
+    cores = cores or usable_cores()
     return max(1, (cores - 1) // max(1, hosts))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (a container's cpuset), not the host's count."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 def _base_environment(code_dir: Path | None, cpus: int, extra: Mapping[str, str]) -> dict[str, str]:

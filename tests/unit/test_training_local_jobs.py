@@ -70,6 +70,13 @@ def test_local_jobs_leave_a_core_to_the_machine_and_their_threads_sleep_while_wa
     assert local_jobs.prepare_training_host(spec, "algo-1", 41000)[1]["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
+def test_local_jobs_count_the_cores_this_process_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A 2-CPU cpuset on a 64-core host: one thread, not 63.
+    monkeypatch.setattr(local_jobs.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(local_jobs.os, "sched_getaffinity", lambda pid: {4, 5}, raising=False)
+    assert local_jobs.usable_cores() == 2 and local_jobs.local_cpus() == 1
+
+
 def test_processing_layout_mounts_files_and_directories(tmp_path: Path) -> None:
     tar = tmp_path / "model.tar.gz"
     tar.write_bytes(b"x")
