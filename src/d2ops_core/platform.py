@@ -88,3 +88,15 @@ def parse_quota_refusal(message: str) -> QuotaRefusal | None:
 
     return QuotaRefusal(name=match["name"], value=float(match["value"]), used=number("used"),
                         requested=number("delta"))
+
+
+# ------------------------------------------------------------------------------ model registry
+# CreateModelPackage's ModelPackageDescription (botocore shape EntityDescription): at most 1,024
+# characters, each of the Unicode categories letter, mark, separator, symbol, number or punctuation
+# (pattern [\p{L}\p{M}\p{Z}\p{S}\p{N}\p{P}]*): no control, format or unassigned characters. A request
+# outside it is a ValidationException, so the run would end RegistrationFailed instead of with the
+# gate's verdict. tests/unit/test_registry_description.py reads both from botocore's model.
+MODEL_PACKAGE_DESCRIPTION_SOURCE = Source(
+    "https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_CreateModelPackage.html")
+MODEL_PACKAGE_DESCRIPTION_MAX = 1024
+MODEL_PACKAGE_DESCRIPTION_CATEGORIES = frozenset("LMZSNP")  # first letters of unicodedata.category
