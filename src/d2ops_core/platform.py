@@ -90,6 +90,42 @@ def parse_quota_refusal(message: str) -> QuotaRefusal | None:
                         requested=number("delta"))
 
 
+_QUOTA_NAME = re.compile(r"^(?P<type>ml\.[a-z0-9]+\.[a-z0-9]+) (?P<suffix>for .+)$")
+
+
+def parse_quota_name(name: str) -> tuple[str, QuotaUsage] | None:
+    """``"ml.g4dn.xlarge for spot training job usage"`` -> ``("ml.g4dn.xlarge", "spot training")``; None for a
+    quota that is not one of the per-instance-type limits :func:`quota_name` names."""
+    match = _QUOTA_NAME.match(name)
+    if match is None:
+        return None
+    usage = next((u for u, suffix in _QUOTA_SUFFIX.items() if suffix == match["suffix"]), None)
+    return (match["type"], usage) if usage is not None else None  # type: ignore[return-value]
+
+
+def _instances(value: float) -> str:
+    return f"{value:g} Instances"  # SageMaker's plural, "1 Instances" too
+
+
+def quota_refusal_message(name: str, value: float, used: float, requested: float) -> str:
+    """SageMaker's ResourceLimitExceeded message for a request over a per-instance-type quota, in the words
+    :func:`parse_quota_refusal` reads (the offline SageMaker answers with it)."""
+    return (f"The account-level service limit '{name}' is {_instances(value)}, with current utilization of "
+            f"{_instances(used)} and a request delta of {_instances(requested)}. Please use AWS Service Quotas to "
+            "request an increase for this quota.")
+
+
+# How a quota is raised: Service Quotas, in its console (service "Amazon SageMaker") or with the AWS CLI. The
+# quota code is per instance type and usage, so it is found by name first. Sources: the Service Quotas user
+# guide, "Requesting a quota increase"; the AWS CLI reference of list-service-quotas and
+# request-service-quota-increase.
+QUOTA_INCREASE_SOURCE = Source("https://docs.aws.amazon.com/servicequotas/latest/userguide/request-quota-increase.html")
+QUOTA_CONSOLE_SERVICE = "Amazon SageMaker"
+QUOTA_FIND_CODE = f"aws service-quotas list-service-quotas --service-code {QUOTA_SERVICE_CODE}"
+QUOTA_REQUEST_INCREASE = ("aws service-quotas request-service-quota-increase --service-code "
+                          f"{QUOTA_SERVICE_CODE} --quota-code CODE --desired-value {{desired}}")
+
+
 # ------------------------------------------------------------------------------ model registry
 # CreateModelPackage's ModelPackageDescription (botocore shape EntityDescription): at most 1,024
 # characters, each of the Unicode categories letter, mark, separator, symbol, number or punctuation
@@ -100,3 +136,211 @@ MODEL_PACKAGE_DESCRIPTION_SOURCE = Source(
     "https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_CreateModelPackage.html")
 MODEL_PACKAGE_DESCRIPTION_MAX = 1024
 MODEL_PACKAGE_DESCRIPTION_CATEGORIES = frozenset("LMZSNP")  # first letters of unicodedata.category
+
+
+# ------------------------------------------------------------------------------ GPU hosts, CUDA
+# Whether an image's CUDA build can run on a host depends on the NVIDIA driver the host carries,
+# which nothing here can observe. SageMaker documents it for real-time endpoints only (per instance
+# family, and per InferenceAmiVersion); the images and the job/endpoint requests are tested against
+# this section (tests/unit/test_platform_gpu.py).
+
+Version = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Driver:
+    """An NVIDIA driver branch and the newest CUDA it runs natively."""
+
+    branch: int  # 470, 535, 550, 580
+    cuda: Version  # (11, 4) ...
+    source: Source
+
+
+ENDPOINT_DRIVERS_SOURCE = Source("https://docs.aws.amazon.com/sagemaker/latest/dg/inference-gpu-drivers.html")
+_R470 = Driver(470, (11, 4), ENDPOINT_DRIVERS_SOURCE)
+_R535 = Driver(535, (12, 2), ENDPOINT_DRIVERS_SOURCE)
+_R550 = Driver(550, (12, 4), ENDPOINT_DRIVERS_SOURCE)
+
+
+@dataclass(frozen=True)
+class GpuFamily:
+    """A SageMaker GPU instance family: its GPU, and the driver a real-time endpoint gets by default
+    ("SageMaker AI does not apply AMI overrides automatically": without InferenceAmiVersion, this one)."""
+
+    family: str
+    gpu: str
+    compute_capability: Version  # NVIDIA's "CUDA GPUs" table
+    endpoint_default: Driver
+
+
+GPU_SOURCE = Source("https://developer.nvidia.com/cuda-gpus")
+GPU_FAMILIES: dict[str, GpuFamily] = {f.family: f for f in (
+    GpuFamily("g4dn", "NVIDIA T4", (7, 5), _R470),
+    GpuFamily("g5", "NVIDIA A10G", (8, 6), _R470),
+    GpuFamily("p4d", "NVIDIA A100", (8, 0), _R470),
+    GpuFamily("p4de", "NVIDIA A100 80GB", (8, 0), _R470),
+    GpuFamily("g6", "NVIDIA L4", (8, 9), _R535),
+    GpuFamily("p5", "NVIDIA H100", (9, 0), _R535),
+    GpuFamily("p5e", "NVIDIA H200", (9, 0), _R550),
+    GpuFamily("p5en", "NVIDIA H200", (9, 0), _R550),
+)}
+
+# Families with no accelerator the images need: both run there on CPU (x86_64 images, so no
+# Graviton families). Source: SageMaker's instance types for training, processing and hosting.
+CPU_FAMILIES_SOURCE = Source("https://aws.amazon.com/sagemaker/pricing/")
+CPU_FAMILIES: frozenset[str] = frozenset({
+    "t2", "t3", "m4", "m5", "m5d", "m6i", "m7i", "c4", "c5", "c5d", "c6i", "c7i", "r5", "r5d", "r6i", "r7i"})
+
+# Families SageMaker offers that these images cannot use, and why (a stack parameter naming one is
+# refused by the template's pattern, and prepare_training says why).
+UNSUPPORTED_FAMILIES: dict[str, str] = {
+    "p2": "NVIDIA K80 (compute capability 3.7): no current torch build has kernels for it",
+    "p3": "NVIDIA V100 (compute capability 7.0): below the images' floor of 7.5 (torch's CUDA 13 "
+          "builds already dropped Volta)",
+    "p3dn": "NVIDIA V100 (compute capability 7.0): see p3",
+    "g4ad": "AMD Radeon GPU: the images are CUDA builds",
+    "g6e": "not yet in this table (its endpoint driver is not documented on the page this table reads)",
+    "inf1": "AWS Inferentia: needs a Neuron-compiled model, the images serve TorchScript on CUDA or CPU",
+    "inf2": "AWS Inferentia2: needs a Neuron-compiled model, the images serve TorchScript on CUDA or CPU",
+    "trn1": "AWS Trainium: needs Neuron-compiled training, the training image is a CUDA build",
+    "trn1n": "AWS Trainium: needs Neuron-compiled training, the training image is a CUDA build",
+    "trn2": "AWS Trainium2: needs Neuron-compiled training, the training image is a CUDA build",
+}
+# The lowest compute capability the images are checked for (torch's CUDA 12.x wheels and the
+# training image's TORCH_CUDA_ARCH_LIST start here; see UNSUPPORTED_FAMILIES for what that excludes).
+MIN_COMPUTE_CAPABILITY: Version = (7, 5)
+
+
+@dataclass(frozen=True)
+class InferenceAmi:
+    """A ProductionVariant.InferenceAmiVersion value: the driver it brings and the families it is
+    documented for (only what a source names; an AMI is never chosen for a family it does not list)."""
+
+    name: str
+    driver: Driver
+    families: frozenset[str]
+    cuda_compat_mounting: bool  # False: "NVIDIA Container Toolkit with disabled CUDA-compat mounting"
+
+
+# botocore's model (ProductionVariant.InferenceAmiVersion; botocore 1.43 in this repository's venv)
+# gives each version's driver and CUDA; its February 2025 wording (botocore 1.36.20, as synced into
+# aws/sagemaker-core#245) listed al2-ami-sagemaker-inference-gpu-2's instance types. The others'
+# families are only those the driver page names as their defaults.
+AMI_SOURCE = Source("https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_ProductionVariant.html")
+AMI_FAMILIES_SOURCE = Source("https://github.com/aws/sagemaker-core/pull/245")
+INFERENCE_AMIS: dict[str, InferenceAmi] = {a.name: a for a in (
+    InferenceAmi("al2-ami-sagemaker-inference-gpu-2", Driver(535, (12, 2), AMI_SOURCE),
+                 frozenset({"g4dn", "g5", "g6", "p3", "p4d", "p4de", "p5"}), cuda_compat_mounting=True),
+    InferenceAmi("al2-ami-sagemaker-inference-gpu-2-1", Driver(535, (12, 2), AMI_SOURCE),
+                 frozenset({"g6", "p5"}), cuda_compat_mounting=False),
+    InferenceAmi("al2-ami-sagemaker-inference-gpu-3-1", Driver(550, (12, 4), AMI_SOURCE),
+                 frozenset({"p5e", "p5en"}), cuda_compat_mounting=False),
+    InferenceAmi("al2023-ami-sagemaker-inference-gpu-4-1", Driver(580, (13, 0), AMI_SOURCE),
+                 frozenset(), cuda_compat_mounting=False),
+)}
+
+# CUDA's minor-version compatibility: a build for CUDA <major>.x runs on any driver of at least this
+# branch (with no PTX JIT: the wheels must carry machine code for the GPU). CUDA 11: 450, 12: 525,
+# 13: 580.
+CUDA_SOURCE = Source("https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html")
+MINOR_VERSION_COMPAT_DRIVER: dict[int, int] = {11: 450, 12: 525, 13: 580}
+# Forward compatibility: the cuda-compat-<major>-<minor> package's user-mode driver, put first on
+# LD_LIBRARY_PATH, runs a newer CUDA on an older kernel driver, on data-center GPUs (every
+# family above), from the R470 branch on. NVIDIA Container Toolkit 1.17.4 and later no longer
+# mount it: the container must point the loader at it itself.
+FORWARD_COMPAT_SOURCE = Source("https://docs.nvidia.com/deploy/cuda-compatibility/forward-compatibility.html")
+FORWARD_COMPAT_MIN_DRIVER = 470
+
+# Training and processing hosts: SageMaker documents no driver table for them. AWS's own training
+# images (aws/deep-learning-containers, start_cuda_compat.sh, run from every GPU image's entry "for
+# older drivers (e.g., g5 instances)") enable forward compatibility when the host's driver is older
+# than their CUDA. So a job is assumed to get the oldest driver SageMaker documents for any GPU
+# family, and an image must run there.
+JOB_DRIVER_SOURCE = Source("https://github.com/aws/deep-learning-containers")
+JOB_HOST_DRIVER = Driver(470, (11, 4), JOB_DRIVER_SOURCE)
+
+# The CUDA build of both images' torch: ARG TORCH_INDEX_URL (.../whl/cu126) in containers/training and
+# containers/serving's Dockerfiles. prepare_training chooses InferenceAmiVersion for it (a Lambda
+# cannot read a Dockerfile); tests/unit/test_platform_gpu.py fails when the Dockerfiles say otherwise.
+IMAGE_CUDA: Version = (12, 6)
+
+Usage = Literal["training", "processing", "endpoint"]
+
+
+class UnsupportedInstanceType(ValueError):
+    """An instance type the images cannot run on, or that this table does not know."""
+
+
+def gpu_family(instance_type: str, usage: Usage) -> GpuFamily | None:
+    """The GPU family of ``instance_type``; None for a CPU family. Raises UnsupportedInstanceType
+    (one line, naming the type, its use and why) for anything the images cannot run on."""
+    try:
+        family = instance_family(instance_type)
+    except ValueError as exc:
+        raise UnsupportedInstanceType(f"{usage} instance type {exc}") from None
+    if family in GPU_FAMILIES:
+        return GPU_FAMILIES[family]
+    if family in CPU_FAMILIES:
+        return None
+    reason = UNSUPPORTED_FAMILIES.get(family, "not in d2ops_core.platform's table of instance families "
+                                              "(add it there, with its source, once its driver is known)")
+    raise UnsupportedInstanceType(f"{usage} instance type {instance_type}: {reason}")
+
+
+def known_families() -> frozenset[str]:
+    """Every family a stack may name (the template's instance-type patterns list exactly these)."""
+    return frozenset(GPU_FAMILIES) | CPU_FAMILIES
+
+
+def runs_natively(cuda: Version, driver: Driver) -> bool:
+    """A CUDA ``cuda`` build runs on ``driver`` without forward compatibility: the driver's own CUDA
+    is as new, or minor-version compatibility covers it (same major, branch new enough)."""
+    if driver.cuda >= cuda:
+        return True
+    floor = MINOR_VERSION_COMPAT_DRIVER.get(cuda[0])
+    return driver.cuda[0] == cuda[0] and floor is not None and driver.branch >= floor
+
+
+def endpoint_ami(instance_type: str, cuda: Version) -> InferenceAmi | None:
+    """The InferenceAmiVersion a real-time endpoint of ``instance_type`` needs to run a CUDA ``cuda``
+    build: None where the default driver already runs it (and always for CPU families); otherwise the
+    documented AMI for that family with the oldest driver that runs it. UnsupportedInstanceType when
+    no documented AMI does."""
+    family = gpu_family(instance_type, "endpoint")
+    if family is None or runs_natively(cuda, family.endpoint_default):
+        return None
+    for ami in sorted(INFERENCE_AMIS.values(), key=lambda a: (a.driver.branch, a.name)):
+        if family.family in ami.families and runs_natively(cuda, ami.driver):
+            return ami
+    raise UnsupportedInstanceType(
+        f"endpoint instance type {instance_type}: its default NVIDIA driver {family.endpoint_default.branch} "
+        f"cannot run the serving image's CUDA {cuda[0]}.{cuda[1]}, and no documented InferenceAmiVersion "
+        "for it can")
+
+
+def endpoint_driver(instance_type: str, ami: str | None) -> Driver | None:
+    """The driver a real-time endpoint variant really gets: the AMI's when the variant names one
+    (refused for a family the AMI is not documented for), else the family's default; None on CPU."""
+    family = gpu_family(instance_type, "endpoint")
+    if family is None:
+        return None
+    if ami is None:
+        return family.endpoint_default
+    chosen = INFERENCE_AMIS[ami]
+    if family.family not in chosen.families:
+        raise UnsupportedInstanceType(f"endpoint instance type {instance_type}: {ami} is not documented for it")
+    return chosen.driver
+
+
+def job_can_run(cuda: Version, instance_type: str, usage: Usage, forward_compat: bool) -> bool:
+    """Whether a training or processing job's image (CUDA ``cuda`` build, forward compatibility
+    enabled at its entry or not) can use the GPU of ``instance_type`` on the driver jobs are assumed
+    to get. True on CPU families."""
+    family = gpu_family(instance_type, usage)
+    if family is None:
+        return True
+    if family.compute_capability < MIN_COMPUTE_CAPABILITY:
+        return False
+    if runs_natively(cuda, JOB_HOST_DRIVER):
+        return True
+    return forward_compat and JOB_HOST_DRIVER.branch >= FORWARD_COMPAT_MIN_DRIVER
