@@ -127,6 +127,11 @@ class ResponseLost(Exception):
     """The service did the call, but its answer never arrived (the injected fault of ``lost_responses``)."""
 
 
+# The throttling answer the injected fault of ``throttles`` gives: SageMaker's words for its API rate limit.
+THROTTLED = ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
+                         "ResponseMetadata": {"HTTPStatusCode": 400}}, "Throttled")  # type: ignore[typeddict-item]
+
+
 class ServiceExecutors:
     """Builds the executor registry for the interpreter.
 
@@ -135,22 +140,35 @@ class ServiceExecutors:
     response does (``<Service>.SdkClientException``: the SDK's read timed out; the optimised integrations'
     ``<Service>.Amazon<Service>Exception``), so the state's Retry sends it again. ``sagemaker:createTrainingJob``
     and ``sagemaker:createProcessingJob`` cover the ``.sync`` jobs: the job starts and runs on.
+
+    ``throttles`` injects the fault a bounded retry must outlast: ``{"sagemaker:createTrainingJob": 2}`` refuses
+    the next two such calls with ``ThrottlingException`` ("Rate exceeded") before they reach the service, as the
+    integration reports a call its SDK retries could not get through (the ``.sync`` create's Cause names the
+    code; an aws-sdk call is ``<Service>.<Service>Exception``, throttling being unmodelled).
     """
 
     def __init__(self, lambdas: LocalLambdas, clients: ClientFactory,
-                 lost_responses: dict[str, int] | None = None) -> None:
+                 lost_responses: dict[str, int] | None = None, throttles: dict[str, int] | None = None) -> None:
         self.lambdas = lambdas
         self.clients = clients
         # Shared, not copied: a test may inject the fault again between executions.
         self.lost_responses = lost_responses if lost_responses is not None else {}
+        self.throttles = throttles if throttles is not None else {}
         self._lost_lock = threading.Lock()
 
-    def _lose_response(self, service: str, action: str) -> bool:
+    def _take_fault(self, faults: dict[str, int], service: str, action: str) -> bool:
         with self._lost_lock:
-            left = self.lost_responses.get(f"{service}:{action}", 0)
+            left = faults.get(f"{service}:{action}", 0)
             if left > 0:
-                self.lost_responses[f"{service}:{action}"] = left - 1
+                faults[f"{service}:{action}"] = left - 1
             return left > 0
+
+    def _lose_response(self, service: str, action: str) -> bool:
+        return self._take_fault(self.lost_responses, service, action)
+
+    def _throttle(self, service: str, action: str) -> None:
+        if self._take_fault(self.throttles, service, action):
+            raise THROTTLED
 
     def registry(self) -> ExecutorRegistry:
         return ExecutorRegistry([
@@ -191,6 +209,7 @@ class ServiceExecutors:
         if match["sdk"]:
             parameters = sdk_member_names(parameters or {}, operation.input_shape)
         try:
+            self._throttle(match["service"], match["action"])
             result = method(**(parameters or {}))
             if self._lose_response(match["service"], match["action"]):
                 raise ResponseLost(f"Unable to execute HTTP request: Read timed out ({service} {match['action']} "
@@ -216,6 +235,7 @@ class ServiceExecutors:
         # The optimised integration: every SageMaker error of the create call, a name already in use
         # (ResourceInUse) included, is SageMaker.AmazonSageMakerException with the code in the Cause.
         try:
+            self._throttle("sagemaker", action)
             submitted = create()
         except ClientError as exc:
             raise TaskFailed("SageMaker.AmazonSageMakerException", sync_create_cause(exc)) from exc

@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -37,6 +38,7 @@ from d2ops.offline.executors import ServiceExecutors
 from d2ops.offline.gateway import Gateway
 from d2ops.offline.lambdas import LocalLambdas
 from d2ops.offline.processes import ProcessWarden
+from d2ops.offline.quotas import AccountQuotas
 from d2ops.offline.sagemaker import JobBackend, LocalSageMaker, ServingBackend
 from d2ops.offline.sfn import LocalStepFunctions
 from d2ops.offline.stack import ACCOUNT_ID, REGION, OfflineStack, load_stack
@@ -68,7 +70,8 @@ class OfflineRuntime:
                  jobs: JobBackend | None = None, serving: ServingBackend | None = None,
                  fresh: bool = False, training_defaults: dict[str, str] | None = None,
                  function_env: dict[str, dict[str, str]] | None = None,
-                 lost_responses: dict[str, int] | None = None) -> None:
+                 lost_responses: dict[str, int] | None = None, quotas: Mapping[str, float] | None = None,
+                 throttles: dict[str, int] | None = None) -> None:
         self.work_dir = work_dir.resolve()
         self.stack: OfflineStack = load_stack(parameters=parameters, function_env=function_env)
         self.fresh = fresh
@@ -76,6 +79,9 @@ class OfflineRuntime:
         self._serving = serving
         self.training_defaults = dict(training_defaults or {})
         self.lost_responses = dict(lost_responses or {})  # injected faults (ServiceExecutors)
+        self.throttles = dict(throttles or {})  # injected ThrottlingExceptions (ServiceExecutors)
+        # The offline account's SageMaker quotas by Service Quotas name (d2ops.offline.quotas), over its defaults.
+        self.quotas = AccountQuotas(quotas)
         self.messages: list[str] = []  # what start-up found and did (interrupted runs, leftovers)
         self._saved_env: dict[str, str | None] = {}
         self._started = False
@@ -132,13 +138,13 @@ class OfflineRuntime:
             self.sagemaker = LocalSageMaker(self.work_dir, self.client("s3"), self._moto_client("sagemaker"),
                                             self._jobs or _default_jobs(), self._serving or _default_serving(),
                                             REGION, ACCOUNT_ID, self.training_defaults,
-                                            cloudwatch=self.client("cloudwatch"))
+                                            cloudwatch=self.client("cloudwatch"), quotas=self.quotas)
             (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
             self._lambda_log = open(self.work_dir / "logs" / "lambda.log", "a", encoding="utf-8")  # noqa: SIM115
             self.lambdas = LocalLambdas(self.stack.functions, self._lambda_log)
             self.sfn = LocalStepFunctions(ExecutionStore(self.work_dir / "executions"),
                                           ServiceExecutors(self.lambdas, self.client,
-                                                           self.lost_responses).registry())
+                                                           self.lost_responses, self.throttles).registry())
             self.machine = StateMachine.from_file(self.stack.definition_path, substitutions=self.stack.substitutions,
                                                   name=self.stack.state_machine_name, region=REGION,
                                                   account_id=ACCOUNT_ID)

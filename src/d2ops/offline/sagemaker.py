@@ -38,7 +38,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from d2ops.offline.errors import ApiError
+from d2ops.offline.quotas import AccountQuotas
 from d2ops.offline.store import write_json_atomic
+from d2ops_core.platform import QuotaUsage
 from d2ops_core.runs import parse_s3_uri
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,8 @@ ALARM_POLL_SECONDS = 0.5
 # is 600 s. Should the bake end first, the state machine smoke-tests the endpoint in service
 # and a failure updates it back instead.
 DEFAULT_MAX_BAKE_SECONDS = 30.0
+# (instance type, quota usage, instances): what a job or an endpoint holds against the account's quotas.
+Fleet = tuple[str, QuotaUsage, float]
 # A job's log (what CloudWatch Logs keeps under /aws/sagemaker/TrainingJobs), in the job's directory.
 JOB_LOG = "job.log"
 
@@ -160,8 +164,11 @@ class LocalSageMaker:
 
     def __init__(self, work_dir: Path, s3: Any, registry: Any, jobs: JobBackend, serving: ServingBackend,
                  region: str, account_id: str, training_defaults: dict[str, str] | None = None,
-                 cloudwatch: Any = None, max_bake_seconds: float = DEFAULT_MAX_BAKE_SECONDS) -> None:
+                 cloudwatch: Any = None, max_bake_seconds: float = DEFAULT_MAX_BAKE_SECONDS,
+                 quotas: AccountQuotas | None = None) -> None:
         self.work_dir = work_dir
+        # The account's instance quotas: a create over one is refused with ResourceLimitExceeded.
+        self.quotas = quotas if quotas is not None else AccountQuotas()
         self.cloudwatch = cloudwatch  # boto3 CloudWatch client: the auto-rollback alarms
         self.max_bake_seconds = max_bake_seconds
         # Hyperparameters a job gets when its request does not set them: a machine profile
@@ -244,6 +251,51 @@ class LocalSageMaker:
         self._threads.append(thread)
         thread.start()
 
+    # ----- quotas ----------------------------------------------------------------------------
+    @staticmethod
+    def _training_fleet(request: dict[str, Any]) -> list[Fleet]:
+        """(instance type, quota usage, instances) a training job holds while it runs."""
+        usage: QuotaUsage = "spot training" if request.get("EnableManagedSpotTraining") else "training"
+        resources = request.get("ResourceConfig") or {}
+        groups = resources.get("InstanceGroups") or [resources]
+        return [(str(g["InstanceType"]), usage, float(g.get("InstanceCount", 1))) for g in groups
+                if g.get("InstanceType")]
+
+    @staticmethod
+    def _processing_fleet(request: dict[str, Any]) -> list[Fleet]:
+        cluster = (request.get("ProcessingResources") or {}).get("ClusterConfig") or {}
+        return [(str(cluster["InstanceType"]), "processing", float(cluster.get("InstanceCount", 1)))] \
+            if cluster.get("InstanceType") else []
+
+    def _endpoint_fleet(self, config_name: str) -> list[Fleet]:
+        variants = self.registry.describe_endpoint_config(EndpointConfigName=config_name)["ProductionVariants"]
+        return [(str(v["InstanceType"]), "endpoint", float(v.get("InitialInstanceCount", 1))) for v in variants
+                if v.get("InstanceType")]  # serverless variants hold no instances
+
+    def _in_use(self) -> list[Fleet]:
+        """Every instance the account holds now: running jobs, endpoints (both fleets during an update)."""
+        fleets = [f for r in self._training.values() if r["TrainingJobStatus"] == "InProgress"
+                  for f in self._training_fleet(r)]
+        fleets += [f for r in self._processing.values() if r["ProcessingJobStatus"] == "InProgress"
+                   for f in self._processing_fleet(r)]
+        for endpoint in self._endpoints.values():
+            if endpoint["EndpointStatus"] == "Failed":
+                continue
+            fleets += self._endpoint_fleet(endpoint["EndpointConfigName"])
+            pending = endpoint.get("PendingDeploymentSummary")
+            if endpoint["EndpointStatus"] == "Updating" and pending:
+                fleets += self._endpoint_fleet(pending["EndpointConfigName"])
+        return fleets
+
+    def _check_quotas(self, wanted: list[Fleet]) -> None:
+        """Refuse (ResourceLimitExceeded) a request whose instances would exceed a quota. Call under the lock."""
+        in_use = self._in_use()
+        for instance_type in sorted({t for t, _, _ in wanted}):
+            for usage in sorted({u for t, u, _ in wanted if t == instance_type}):
+                requested = sum(n for t, u, n in wanted if (t, u) == (instance_type, usage))
+                used = sum(n for t, u, n in in_use if (t, u) == (instance_type, usage))
+                self.quotas.check(instance_type, usage, requested, used)
+
     # ----- training jobs ---------------------------------------------------------------------
     def create_training_job(self, request: dict[str, Any]) -> dict[str, Any]:
         name = request.get("TrainingJobName")
@@ -257,6 +309,7 @@ class LocalSageMaker:
                 raise ApiError("ResourceInUse", f"Training job names must be unique within an AWS account and "
                                                 f"region, and a training job with this name already exists "
                                                 f"({self._arn('training-job', name)})")
+            self._check_quotas(self._training_fleet(request))
             now = _now()
             hyperparameters = {**self.training_defaults, **(request.get("HyperParameters") or {})}
             record = {**request, "HyperParameters": hyperparameters,
@@ -389,6 +442,7 @@ class LocalSageMaker:
                 raise ApiError("ResourceInUse", f"Job name must be unique within an AWS account and region, and a "
                                                 f"job with this name already exists "
                                                 f"({self._arn('processing-job', name)})")
+            self._check_quotas(self._processing_fleet(request))
             now = _now()
             record = {**request, "ProcessingJobName": name, "ProcessingJobArn": self._arn("processing-job", name),
                       "ProcessingJobStatus": "InProgress", "CreationTime": now, "LastModifiedTime": now}
@@ -525,6 +579,7 @@ class LocalSageMaker:
                 raise ApiError("ValidationException", f"Cannot create already existing endpoint "
                                                       f"\"{self._arn('endpoint', name)}\".")
             self._model_data(config)  # a missing config fails the call, not the endpoint
+            self._check_quotas(self._endpoint_fleet(config))
             now = _now()
             endpoint = {"EndpointName": name, "EndpointArn": self._arn("endpoint", name),
                         "EndpointConfigName": config, "EndpointStatus": "Creating", "CreationTime": now,
@@ -566,6 +621,8 @@ class LocalSageMaker:
                 raise ApiError("ValidationException", f"Cannot update in-progress endpoint "
                                                       f"\"{endpoint['EndpointArn']}\".")
             self._model_data(config)
+            # Blue/green: the new fleet comes up while the old one still serves, so both count.
+            self._check_quotas(self._endpoint_fleet(config))
             variant = self.registry.describe_endpoint_config(EndpointConfigName=config)["ProductionVariants"][0]
             share = traffic_share(routing, int(variant.get("InitialInstanceCount", 1)))
             bake = min(float(routing.get("WaitIntervalInSeconds") or 0), self.max_bake_seconds)
