@@ -1,0 +1,125 @@
+"""``d2ops doctor --stack NAME``: a read-only preflight of a deployed stack, after ``sam deploy`` and
+before the first upload: one line per check (ok / warn / FAIL, what was found, the fix); exit 1
+when a check fails.
+
+Without ``--stack`` it checks the offline stack through the offline runtime's APIs (the one holding
+``--work-dir``, or one started for the check), as it would a deployed one. The checks live in
+:mod:`d2ops.doctor`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from d2ops.commands.errors import UsageError
+
+if TYPE_CHECKING:  # the command's imports stay lazy: `d2ops --help` loads no boto3
+    from d2ops.doctor import Clients, Report, StackFacts
+    from d2ops.offline.runtime import OfflineRuntime
+    from d2ops.offline.stack import OfflineStack
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "doctor", help="check a deployed stack before its first run: images, quotas, weights, events, e-mail, "
+                       "endpoint name",
+        description="Read-only preflight, run after `sam deploy` and before the first upload: one line per "
+                    "check (ok / warn / FAIL, what was found, and the fix); exits 1 when a check fails.")
+    p.add_argument("--stack", metavar="NAME", help="the deployed d2ops stack (default: the offline stack)")
+    p.add_argument("--profile", help="AWS profile for --stack (default: the usual AWS_PROFILE / credential chain)")
+    p.add_argument("--region", help="AWS region of --stack (default: the profile's or AWS_REGION)")
+    p.add_argument("--work-dir", type=Path, default=Path(".d2ops"),
+                   help="offline runtime state, without --stack (default .d2ops)")
+    p.set_defaults(func=run)
+
+
+@contextlib.contextmanager
+def _deployed(args: argparse.Namespace) -> Iterator[tuple[Clients, StackFacts]]:
+    import boto3
+    from botocore.exceptions import BotoCoreError
+
+    from d2ops.doctor import Clients, StackNotFound, read_stack
+
+    try:
+        session = boto3.session.Session(profile_name=args.profile, region_name=args.region)
+        if session.get_credentials() is None:
+            raise UsageError("no AWS credentials found (set AWS_PROFILE or AWS_ACCESS_KEY_ID, or run `aws configure`)")
+        if not session.region_name:
+            raise UsageError("no AWS region (pass --region, or set AWS_REGION or a profile with one)")
+        clients = Clients.from_session(session, session.region_name)
+        stack = read_stack(clients.cloudformation, args.stack, session.region_name)
+    except (StackNotFound, BotoCoreError) as exc:
+        raise UsageError(f"--stack {args.stack}: {exc}") from exc
+    yield clients, stack
+
+
+def offline_facts(stack: OfflineStack) -> StackFacts:
+    """The offline stack has no CloudFormation record: its parameters and outputs come from the template,
+    resolved as the offline runtime resolves them."""
+    from d2ops.doctor import StackFacts
+    from d2ops.offline.stack import REGION, STACK_NAME
+
+    return StackFacts(name=STACK_NAME, region=REGION, parameters=dict(stack.parameters),
+                      outputs={"DataBucketName": stack.data_bucket, "NotificationTopicArn": stack.topic_arn,
+                               "EndpointName": stack.endpoint_name, "PipelineStateMachineArn": stack.state_machine_arn})
+
+
+def runtime_target(rt: OfflineRuntime) -> tuple[Clients, StackFacts]:
+    """A runtime of this process: its clients (boto3 as the handlers have it) and its stack."""
+    from d2ops.doctor import Clients
+
+    return Clients(cloudformation=rt.client("cloudformation"), ecr=rt.client("ecr"),
+                   servicequotas=rt.client("service-quotas"), s3=rt.client("s3"), sns=rt.client("sns"),
+                   sagemaker=rt.client("sagemaker"), stepfunctions=rt.client("stepfunctions")), offline_facts(rt.stack)
+
+
+@contextlib.contextmanager
+def _offline(work_dir: Path) -> Iterator[tuple[Clients, StackFacts]]:
+    import boto3
+
+    from d2ops.doctor import Clients
+    from d2ops.offline.client import running_endpoints
+    from d2ops.offline.processes import RuntimeBusy
+    from d2ops.offline.runtime import CREDENTIALS, OfflineRuntime
+    from d2ops.offline.stack import REGION, load_stack
+
+    urls = running_endpoints(work_dir)
+    if urls is not None:  # `d2ops demo` or `d2ops run` holds the work dir: ask its APIs
+        session = boto3.session.Session(aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                                        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                                        aws_session_token=CREDENTIALS["AWS_SESSION_TOKEN"])
+        moto = Clients.from_session(session, REGION, endpoint_url=urls["moto"])
+        gateway = Clients.from_session(session, REGION, endpoint_url=urls["gateway"])
+        yield Clients(cloudformation=moto.cloudformation, ecr=moto.ecr, s3=moto.s3, sns=moto.sns,
+                      servicequotas=gateway.servicequotas, sagemaker=gateway.sagemaker,
+                      stepfunctions=gateway.stepfunctions), offline_facts(load_stack())
+        return
+    try:
+        with OfflineRuntime(work_dir) as rt:
+            yield runtime_target(rt)
+    except RuntimeBusy as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def print_report(report: Report, stack: StackFacts, where: str) -> int:
+    """The report's lines and a summary; the exit status (1 when a check failed)."""
+    print(f"d2ops doctor: stack {stack.name} ({where})")
+    print("\n".join(report.lines()))
+    failed = sum(c.status == "FAIL" for c in report.checks)
+    warned = sum(c.status == "warn" for c in report.checks)
+    print(f"{failed} check(s) failed" if failed else
+          f"no check failed ({warned} warning(s))" if warned else "all checks passed")
+    return 1 if report.failed else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from d2ops.doctor import run_checks
+
+    where = _deployed(args) if args.stack else _offline(args.work_dir)
+    with where as (clients, stack):
+        report = run_checks(clients, stack)
+    return print_report(report, stack, stack.region if args.stack else f"offline, {args.work_dir}")

@@ -1,0 +1,49 @@
+"""`d2ops doctor` against the offline runtime: the same checks, through the runtime's real APIs (moto's
+server for CloudFormation, ECR, S3 and SNS; the gateway's Service Quotas and SageMaker)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from d2ops import cli, doctor
+from d2ops.commands.doctor import runtime_target
+from d2ops.offline.runtime import OfflineRuntime
+from d2ops_core.platform import quota_name
+
+GPU = "ml.g4dn.xlarge"
+
+
+def test_doctor_against_the_offline_runtime_prints_one_line_per_check(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    status = cli.main(["doctor", "--work-dir", str(tmp_path / "work")])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("d2ops doctor: stack d2ops (offline")
+    checks = out[1:-1]
+    names = [line[5:].partition(":")[0] for line in checks]
+    assert names == ["training image", "serving image", "training quota", "evaluation quota", "endpoint quota",
+                     "pretrained weights", "upload events", "notifications", "endpoint name"]
+    by_name = dict(zip(names, checks, strict=True))
+    # What the runtime creates from template.yaml, and the offline account's default quotas, pass.
+    for name in ("training image", "serving image", "training quota", "evaluation quota", "endpoint quota",
+                 "upload events", "endpoint name"):
+        assert by_name[name].startswith("ok   "), by_name[name]
+    assert by_name["notifications"].startswith("warn ")  # the offline stack subscribes no e-mail
+    failed = [line for line in checks if line.startswith("FAIL")]
+    assert status == (1 if failed else 0)
+    assert out[-1] == (f"{len(failed)} check(s) failed" if failed else "no check failed (1 warning(s))")
+
+
+def test_the_quotas_the_offline_sagemaker_enforces_are_the_ones_the_doctor_reads(tmp_path: Path) -> None:
+    endpoint = quota_name(GPU, "endpoint")
+    with OfflineRuntime(tmp_path / "work", parameters={"UseSpotTraining": "true"}, quotas={endpoint: 1}) as rt:
+        clients, stack = runtime_target(rt)
+        checks = {c.name: c for c in doctor.run_checks(clients, stack).checks}
+    training = checks["training quota"]
+    assert training.status == "FAIL"  # a new account's spot GPU training quota: 0, from the defaults
+    assert training.found.startswith(f"'{quota_name(GPU, 'spot training')}' is 0 (the default)")
+    assert checks["endpoint quota"].status == "FAIL"  # raised to 1: the first deployment only
+    assert checks["endpoint quota"].found.startswith(f"'{endpoint}' is 1: the first deployment fits (1), but every "
+                                                     f"update needs 2")
+    assert checks["evaluation quota"].status == "ok"
