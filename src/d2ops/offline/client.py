@@ -24,7 +24,7 @@ from d2ops.offline.runtime import CREDENTIALS, RUNTIME_INFO, OfflineRuntime, off
 from d2ops.offline.stack import REGION, load_stack
 from d2ops.sigv4 import SignedStatusApi, StatusApiError
 
-__all__ = ["OfflineApis", "StatusApiError", "connect", "offline_status_api", "running_gateway"]
+__all__ = ["OfflineApis", "StatusApiError", "connect", "offline_status_api", "running_endpoints", "running_gateway"]
 
 
 def offline_status_api(url: str) -> SignedStatusApi:
@@ -51,6 +51,14 @@ def _running(work_dir: Path) -> dict[str, Any] | None:
     if not isinstance(pid, int) or pid == os.getpid() or not psutil.pid_exists(pid):
         return None
     return info
+
+
+def running_endpoints(work_dir: Path) -> dict[str, str] | None:
+    """``{"moto": url, "gateway": url}`` of the runtime another process holds ``work_dir`` with, or None."""
+    info = _running(work_dir.resolve())
+    if info is None or not isinstance(info.get("moto"), str) or not isinstance(info.get("gateway"), str):
+        return None
+    return {"moto": info["moto"], "gateway": info["gateway"]}
 
 
 def running_gateway(work_dir: Path) -> str | None:

@@ -7,9 +7,13 @@
   unchanged to the moto server, which keeps those control-plane records.
 - SageMaker Runtime (REST JSON, ``POST /endpoints/<name>/invocations``): forwarded to the
   endpoint's local TorchServe ``/invocations``.
+- Service Quotas (AWS JSON 1.1, ``X-Amz-Target: ServiceQuotasV20190624.<Op>``): SageMaker's
+  quotas from the offline account's table (`servicequotas.OfflineServiceQuotas`); other service
+  codes are forwarded to moto.
 
-boto3 reaches it through ``AWS_ENDPOINT_URL_SFN``, ``AWS_ENDPOINT_URL_SAGEMAKER`` and
-``AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME``. Signatures are not checked (dummy credentials).
+boto3 reaches it through ``AWS_ENDPOINT_URL_SFN``, ``AWS_ENDPOINT_URL_SAGEMAKER``,
+``AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME`` and ``AWS_ENDPOINT_URL_SERVICE_QUOTAS``. Signatures are not
+checked (dummy credentials).
 """
 
 from __future__ import annotations
@@ -56,6 +60,12 @@ class JsonService(Protocol):
     def call(self, operation: str, request: dict[str, Any]) -> dict[str, Any]: ...
 
 
+class QuotaService(JsonService, Protocol):
+    OWNED: frozenset[str]
+
+    def serves(self, request: dict[str, Any]) -> bool: ...
+
+
 class Invoker(Protocol):
     def invoke(self, endpoint_name: str, body: bytes, content_type: str | None,
                accept: str | None, custom_attributes: str | None = None) -> tuple[int, bytes, str]: ...
@@ -72,6 +82,8 @@ class Gateway:
         self._idempotent: dict[tuple[str, str], tuple[bytes, bytes, str]] = {}
         self._idempotency_lock = threading.Lock()
         self.runtime: Invoker | None = None
+        # Service Quotas for service code "sagemaker" (d2ops.offline.servicequotas); other codes go to moto.
+        self.servicequotas: QuotaService | None = None
         gateway = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -131,6 +143,8 @@ class Gateway:
         match = _INVOKE.match(handler.path.split("?")[0])
         if match and self.runtime is not None:
             self._invoke(handler, match["name"], body)
+        elif target.startswith("ServiceQuotasV20190624.") and self.servicequotas is not None:
+            self._service_quotas(handler, target.partition(".")[2], body)
         elif target.startswith("AWSStepFunctions.") and self.sfn is not None:
             self._json_call(handler, self.sfn, target.partition(".")[2], body, "1.0")
         elif target.startswith("SageMaker.") and self.sagemaker is not None:
@@ -147,6 +161,17 @@ class Gateway:
             self._reply(handler, 400, json.dumps({"__type": "UnknownOperationException",
                                                   "message": f"no offline service for {target or handler.path}"})
                         .encode(), "application/x-amz-json-1.0")
+
+    def _service_quotas(self, handler: BaseHTTPRequestHandler, operation: str, body: bytes) -> None:
+        assert self.servicequotas is not None
+        try:
+            request = json.loads(body or b"{}")
+        except ValueError:
+            request = None
+        if isinstance(request, dict) and operation in self.servicequotas.OWNED and self.servicequotas.serves(request):
+            self._json_call(handler, self.servicequotas, operation, body, "1.1")
+        else:
+            self._forward(handler, body)
 
     def _json_call(self, handler: BaseHTTPRequestHandler, service: JsonService, operation: str, body: bytes,
                    version: str) -> None:

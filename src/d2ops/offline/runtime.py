@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -32,7 +33,7 @@ from botocore.config import Config
 from botocore.credentials import Credentials
 
 from d2ops.asl import StateMachine
-from d2ops.offline import events
+from d2ops.offline import events, moto_fidelity
 from d2ops.offline.apigw import HttpApi
 from d2ops.offline.executors import ServiceExecutors
 from d2ops.offline.gateway import Gateway
@@ -40,6 +41,7 @@ from d2ops.offline.lambdas import LocalLambdas
 from d2ops.offline.processes import ProcessWarden
 from d2ops.offline.quotas import AccountQuotas
 from d2ops.offline.sagemaker import JobBackend, LocalSageMaker, ServingBackend
+from d2ops.offline.servicequotas import OfflineServiceQuotas
 from d2ops.offline.sfn import LocalStepFunctions
 from d2ops.offline.stack import ACCOUNT_ID, REGION, OfflineStack, load_stack
 from d2ops.offline.store import ExecutionStore, write_json_atomic
@@ -111,6 +113,7 @@ class OfflineRuntime:
         from moto.server import ThreadedMotoServer
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request access log
+        moto_fidelity.apply()
         self.warden = ProcessWarden(self.work_dir)
         self.warden.acquire()
         atexit.register(self.stop)  # an exit that skips the caller's cleanup still ends TorchServe and jobs
@@ -129,6 +132,7 @@ class OfflineRuntime:
                    "AWS_ENDPOINT_URL": self.moto_url, "AWS_ENDPOINT_URL_SFN": self.gateway.url,
                    "AWS_ENDPOINT_URL_SAGEMAKER": self.gateway.url,
                    "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME": self.gateway.url,
+                   "AWS_ENDPOINT_URL_SERVICE_QUOTAS": self.gateway.url,
                    "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS": "false",
                    **self.stack.lambda_environment()}
             self._set_env(env)
@@ -156,6 +160,8 @@ class OfflineRuntime:
             self.gateway.sagemaker = self.sagemaker
             self.gateway.sagemaker_owned = LocalSageMaker.OWNED
             self.gateway.runtime = self.sagemaker
+            self.gateway.servicequotas = OfflineServiceQuotas(self.quotas, self.stack.instance_types(), REGION,
+                                                              ACCOUNT_ID)
             self.gateway.start()
             self.status_api = HttpApi([r for r in self.stack.routes], lambda fn, event: self.lambdas.invoke(fn, event),
                                       ACCOUNT_ID, credentials={CREDENTIALS["AWS_ACCESS_KEY_ID"]: offline_credentials()},
@@ -223,7 +229,19 @@ class OfflineRuntime:
         for bucket in self.stack.buckets:
             s3.create_bucket(Bucket=bucket)
             s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        for bucket, notifications in self.stack.bucket_notifications.items():
+            s3.put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration=notifications)
         self.client("sns").create_topic(Name=self.stack.topic_name)
+        # The images the stack parameters name, as `make images` pushes them (a manifest without layers:
+        # offline, local processes stand in for the containers). `d2ops doctor` finds them there.
+        ecr = self.client("ecr")
+        for repository, tag in self.stack.images():
+            with contextlib.suppress(ecr.exceptions.RepositoryAlreadyExistsException):
+                ecr.create_repository(repositoryName=repository)
+            with contextlib.suppress(ecr.exceptions.ImageAlreadyExistsException):
+                ecr.put_image(repositoryName=repository, imageTag=tag, imageManifest=json.dumps(
+                    {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+                     "config": {}, "layers": []}))
         dynamodb = self.client("dynamodb")
         for name, props in self.stack.tables.items():
             try:

@@ -56,6 +56,17 @@ LAMBDA_RUNTIME_ENV: dict[str, str] = {
 }
 
 
+INSTANCE_TYPE_PARAMETERS = ("TrainingInstanceType", "EvaluationInstanceType", "EndpointInstanceType")
+IMAGE_PARAMETERS = ("TrainingImageUri", "ServingImageUri")
+
+
+def _notification_configuration(cfn: dict[str, Any]) -> dict[str, Any]:
+    """CloudFormation's bucket NotificationConfiguration -> S3's. Only EventBridge is translated: the
+    template sends its buckets' events nowhere else (a Topic/Queue/Lambda entry would need ARNs here)."""
+    bridge = cfn.get("EventBridgeConfiguration") or {}
+    return {"EventBridgeConfiguration": {}} if bridge.get("EventBridgeEnabled") in (True, "true") else {}
+
+
 class StackError(Exception):
     """The template cannot be resolved into an offline stack."""
 
@@ -115,6 +126,22 @@ class OfflineStack:
     # AWS::CloudWatch::Alarm resources: alarm name -> resolved Properties (the runtime creates
     # them in moto, where the canary's auto-rollback reads and the state machine trips them).
     alarms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Bucket name -> its S3 NotificationConfiguration (PutBucketNotificationConfiguration's shape).
+    bucket_notifications: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def instance_types(self) -> list[str]:
+        """The SageMaker instance types the stack's jobs and endpoint ask for (its parameters)."""
+        return sorted({self.parameters[p] for p in INSTANCE_TYPE_PARAMETERS if p in self.parameters})
+
+    def images(self) -> list[tuple[str, str]]:
+        """(repository, tag) of the ECR images the stack parameters name by tag (a digest names no tag to push)."""
+        found = []
+        for parameter in IMAGE_PARAMETERS:
+            path = self.parameters[parameter].partition("/")[2]
+            if "@" not in path:
+                repository, _, tag = path.partition(":")
+                found.append((repository, tag))
+        return found
 
     def function_by_arn(self, arn_or_name: str) -> LocalFunction:
         for fn in self.functions.values():
@@ -259,6 +286,9 @@ def load_stack(template_path: str | Path | None = None, parameters: Mapping[str,
                   if isinstance(v, dict) and "Ref" in v}
     alarms = {str(refs[k]): resolve(v.get("Properties") or {}) for k, v in resources.items()
               if v.get("Type") == "AWS::CloudWatch::Alarm" and k in referenced}
+    notifications = {str(refs[k]): _notification_configuration(resolve(props["NotificationConfiguration"]))
+                     for k, v in resources.items() if v.get("Type") == "AWS::S3::Bucket"
+                     and "NotificationConfiguration" in (props := v.get("Properties") or {})}
     endpoint = substitutions.get("EndpointName")
     if not isinstance(endpoint, str):
         raise StackError("DefinitionSubstitutions has no EndpointName")
@@ -268,4 +298,5 @@ def load_stack(template_path: str | Path | None = None, parameters: Mapping[str,
         state_machine_arn=sm_arn, definition_path=machine.definition_path, substitutions=substitutions,
         functions=functions, routes=routes, trigger_function=trigger[0], trigger_pattern=trigger[1],
         model_package_group=str(group_name), endpoint_name=endpoint, buckets=buckets,
-        tables=tables, rules=rules, alarms=alarms)
+        tables=tables, rules=rules, alarms=alarms,
+        bucket_notifications={k: v for k, v in notifications.items() if v})
