@@ -11,6 +11,7 @@ from d2ops import cli, doctor
 from d2ops.commands.doctor import runtime_target
 from d2ops.offline.runtime import OfflineRuntime
 from d2ops_core.platform import quota_name
+from tests.fixtures.offline.endpoints import endpoint_config
 
 GPU = "ml.g4dn.xlarge"
 
@@ -40,6 +41,13 @@ def test_the_quotas_the_offline_sagemaker_enforces_are_the_ones_the_doctor_reads
     with OfflineRuntime(tmp_path / "work", parameters={"UseSpotTraining": "true"}, quotas={endpoint: 1}) as rt:
         clients, stack = runtime_target(rt)
         checks = {c.name: c for c in doctor.run_checks(clients, stack).checks}
+        # An endpoint of the stack's name that another run deployed: the offline SageMaker keeps its tags.
+        config = endpoint_config(rt, "elsewhere", b"not a model archive")
+        rt.client("sagemaker").create_endpoint(EndpointName=stack.endpoint_name, EndpointConfigName=config,
+                                               Tags=[{"Key": doctor.RUN_ID_TAG, "Value": "shapes-v1-elsewhere"}])
+        owner = doctor.check_endpoint_owner(clients.cloudformation, clients.sagemaker, clients.stepfunctions, stack)
+    assert owner.status == "FAIL" and "deployed by run shapes-v1-elsewhere, which is not one of this stack's" in (
+        owner.found)
     training = checks["training quota"]
     assert training.status == "FAIL"  # a new account's spot GPU training quota: 0, from the defaults
     assert training.found.startswith(f"'{quota_name(GPU, 'spot training')}' is 0 (the default)")

@@ -160,7 +160,8 @@ class LocalSageMaker:
 
     OWNED = frozenset({"CreateTrainingJob", "DescribeTrainingJob", "StopTrainingJob", "ListTrainingJobs",
                        "CreateProcessingJob", "DescribeProcessingJob", "StopProcessingJob",
-                       "CreateEndpoint", "UpdateEndpoint", "DescribeEndpoint", "DeleteEndpoint", "ListEndpoints"})
+                       "CreateEndpoint", "UpdateEndpoint", "DescribeEndpoint", "DeleteEndpoint", "ListEndpoints",
+                       "ListTags"})
 
     def __init__(self, work_dir: Path, s3: Any, registry: Any, jobs: JobBackend, serving: ServingBackend,
                  region: str, account_id: str, training_defaults: dict[str, str] | None = None,
@@ -186,6 +187,7 @@ class LocalSageMaker:
         self._stops: dict[str, threading.Event] = {}
         self._threads: list[threading.Thread] = []
         self._endpoints: dict[str, dict[str, Any]] = {}
+        self._endpoint_tags: dict[str, list[dict[str, str]]] = {}  # endpoint ARN -> CreateEndpoint's Tags
         self._servers: dict[str, ServedModel] = {}  # endpoint name -> server taking traffic
         self._canaries: dict[str, _Canary] = {}  # endpoint name -> the new fleet during its bake
         self._served: dict[str, dict[str, int]] = {}  # endpoint name -> config -> requests answered
@@ -585,6 +587,7 @@ class LocalSageMaker:
                         "EndpointConfigName": config, "EndpointStatus": "Creating", "CreationTime": now,
                         "LastModifiedTime": now}
             self._endpoints[name] = endpoint
+            self._endpoint_tags[endpoint["EndpointArn"]] = list(request.get("Tags") or [])
 
         def bring_up() -> None:
             try:
@@ -717,6 +720,7 @@ class LocalSageMaker:
         with self._lock:
             if self._endpoints.pop(name, None) is None:
                 raise ApiError("ValidationException", f"Could not find endpoint \"{self._arn('endpoint', name)}\".")
+            self._endpoint_tags.pop(self._arn("endpoint", name), None)
             server = self._servers.pop(name, None)
             canary = self._canaries.pop(name, None)
             self._server_configs.pop(name, None)
@@ -724,6 +728,22 @@ class LocalSageMaker:
             if running is not None:
                 running.stop()
         return {}
+
+    def list_tags(self, request: dict[str, Any]) -> dict[str, Any]:
+        """An endpoint's tags (``d2ops doctor`` reads the run that deployed it); any other resource's are moto's."""
+        arn = str(request.get("ResourceArn", ""))
+        with self._lock:
+            tags = self._endpoint_tags.get(arn)
+        if tags is not None:
+            return {"Tags": tags}
+        try:
+            answer: dict[str, Any] = self.registry.list_tags(**request)
+        except self.registry.exceptions.ClientError as exc:
+            error = exc.response.get("Error") or {}
+            raise ApiError(str(error.get("Code") or "ValidationException"), str(error.get("Message") or exc),
+                           int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 400)) from exc
+        answer.pop("ResponseMetadata", None)
+        return answer
 
     def list_endpoints(self, request: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
