@@ -14,6 +14,15 @@ import json
 import re
 from typing import Any
 
+from d2ops_core.platform import (
+    QUOTA_CONSOLE_SERVICE,
+    QUOTA_FIND_CODE,
+    QUOTA_REQUEST_INCREASE,
+    QuotaRefusal,
+    parse_quota_name,
+    parse_quota_refusal,
+)
+
 MAX_LINE_CHARS = 500
 _TRACEBACK = "Traceback (most recent call last):"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
@@ -60,9 +69,79 @@ def reason(cause: Any, limit: int = MAX_LINE_CHARS) -> str | None:
     return one_line(text, limit) or None
 
 
-def describe(summary: str, cause: Any, limit: int = MAX_LINE_CHARS) -> str:
-    """``summary`` (what failed, one line) followed by the reason the failing step gave, if any."""
+# ----------------------------------------------------------------------------- refusals
+# A service's refusal of a request (a quota, an invalid request, a missing permission) cannot pass on a
+# retry: the pipeline fails the run at once, and people get what to do about it. The stack parameters
+# that choose what a quota counts (template.yaml's names; tests/unit/test_pipeline_fail_fast.py checks them).
+QUOTA_STACK_PARAMETERS: dict[str, str] = {
+    "spot training": "UseSpotTraining=false or another TrainingInstanceType",
+    "training": "another TrainingInstanceType or a smaller TrainingInstanceCount",
+    "processing": "another EvaluationInstanceType",
+    "endpoint": "another EndpointInstanceType or a smaller EndpointInstanceCount",
+}
+# What the AWS SDKs append to a service error's message in a Step Functions Cause: Java v1 (the optimised
+# integrations) "(Service: AmazonSageMaker; Status Code: 400; Error Code: X; Request ID: ...; Proxy: null)",
+# v2 (aws-sdk integrations) "(Service: SageMaker, Status Code: 400, Request ID: ...)".
+_SDK_SUFFIX = re.compile(r"\s*\(Service: [^()]*Status Code: (?P<status>\d+)[^()]*\)\s*$")
+_ERROR_CODE = re.compile(r"Error Code: (?P<code>[A-Za-z.]+)")
+_NOT_AUTHORIZED = re.compile(r"(?P<who>arn:\S+) is not authorized to perform: (?P<action>[\w-]+:[\w*]+)"
+                             r"(?: on resource: (?P<resource>[^\s(]+))?")
+_PRINCIPAL = re.compile(r":(?:assumed-role|role|user)/(?:[\w+=,.@-]+/)*?(?P<name>[\w+=,.@-]+)(?:/[^/]*)?$")
+_ACCESS_CODES = ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "AuthorizationError")
+# The summary's "(SageMaker.AmazonSageMakerException)": noise beside a refusal's own line.
+_ERROR_NAME_TAIL = re.compile(r"\s*\([\w.]+(?:Exception|Error|Exceeded)\)\s*$")
+
+
+def quota_line(refusal: QuotaRefusal) -> str:
+    """Which quota, its value, what the run asked for, and what to do: the stack parameter to change, or how
+    to raise the quota (the console first; the CLI last, as the part a cut line can best lose)."""
+    used = refusal.used or 0
+    asked = refusal.requested if refusal.requested is not None else 1
+    desired = used + asked
+    parsed = parse_quota_name(refusal.name)
+    instead = f"set {QUOTA_STACK_PARAMETERS[parsed[1]]}, or " if parsed else ""
+    return (f"quota '{refusal.name}' is {refusal.value:g} instances ({used:g} in use, this run asked for "
+            f"{asked:g}): {instead}raise it to {desired:g} in Service Quotas (console: {QUOTA_CONSOLE_SERVICE}; "
+            f"CLI: find its CODE with `{QUOTA_FIND_CODE}`, then "
+            f"`{QUOTA_REQUEST_INCREASE.format(desired=f'{desired:g}')}`)")
+
+
+def _principal(arn: str) -> str:
+    match = _PRINCIPAL.search(arn)
+    return f"role {match['name']}" if match and ":user/" not in arn else (match["name"] if match else arn)
+
+
+def refusal(error: str | None, cause: Any) -> str | None:
+    """What to do about a refused request, as one line: a quota (which, its value, the request, how to raise
+    it), a missing permission (who lacks what), an invalid request (the service's message). None for any
+    other error (a failed job, a throttled call), which :func:`reason` describes."""
+    if not isinstance(cause, str) or not cause.strip():
+        return None
+    quota = parse_quota_refusal(cause)
+    if quota is not None:
+        return quota_line(quota)
+    code_match = _ERROR_CODE.search(cause)
+    code = code_match["code"] if code_match else (error or "").rpartition(".")[2]
+    message = _SDK_SUFFIX.sub("", cause).strip()
+    denied = _NOT_AUTHORIZED.search(cause)
+    if denied is not None:
+        on = f" on {denied['resource']}" if denied["resource"] else ""
+        return (f"{_principal(denied['who'])} lacks {denied['action']}{on}: add it to that role's policy "
+                "(template.yaml) and redeploy")
+    if code in _ACCESS_CODES:
+        return f"access denied: {message}"
+    if code in ("ValidationException", "ValidationError"):
+        return f"SageMaker refused the request as invalid: {message}"
+    return None
+
+
+def describe(summary: str, cause: Any, limit: int = MAX_LINE_CHARS, error: str | None = None) -> str:
+    """``summary`` (what failed, one line) followed by the reason the failing step gave, if any: for a refused
+    request (``error`` is the Catch's error name) what to do about it."""
     head = one_line(summary, limit)
+    refused = refusal(error, cause)
+    if refused is not None:
+        return one_line(f"{_ERROR_NAME_TAIL.sub('', head)}: {refused}", limit)
     why = reason(cause, limit)
     if not why or why in head:
         return head

@@ -80,26 +80,30 @@ def test_every_state_is_reachable_and_every_target_exists() -> None:
     assert seen == set(STATES), f"unreachable: {sorted(set(STATES) - seen)}"
 
 
+# The .sync creates retry through states of their own (a Retry cannot tell throttling from a quota refusal:
+# tests/unit/test_pipeline_fail_fast.py holds that loop to its budget).
+SYNC_CREATES = {"Train model", "Evaluate challenger and champion"}
+
+
 def test_every_task_has_retry_and_a_catch_all() -> None:
     for name, state in tasks().items():
-        assert state.get("Retry"), f"{name} has no Retry"
+        assert state.get("Retry") or name in SYNC_CREATES, f"{name} has no Retry"
         assert state.get("Catch"), f"{name} has no Catch"
         assert state["Catch"][-1]["ErrorEquals"] == ["States.ALL"], f"{name}: the last catcher must be States.ALL"
-        for retrier in state["Retry"]:
+        for retrier in state.get("Retry", []):
             assert retrier["MaxAttempts"] <= 12 and retrier.get("BackoffRate", 1) >= 1, name
             # Capped, jittered backoff: retries of many runs neither grow unbounded nor stampede.
             assert retrier["JitterStrategy"] == "FULL", name
             assert retrier["IntervalSeconds"] <= retrier["MaxDelaySeconds"] <= 1800, name
 
 
-def test_training_retries_throttling_and_capacity_with_backoff() -> None:
-    retry = STATES["Train model"]["Retry"]
-    errors = {e: r for r in retry for e in r["ErrorEquals"]}
-    # The optimised SageMaker integration reports throttling and ResourceLimitExceeded alike as
-    # SageMaker.AmazonSageMakerException (the code is in the Cause; see d2ops.aws_contract).
-    error = "SageMaker.AmazonSageMakerException"
-    assert errors[error]["BackoffRate"] > 1 and errors[error]["MaxAttempts"] >= 3
-    assert "States.ALL" not in errors and "States.TaskFailed" not in errors, "a failed job must not be retried"
+def test_the_sync_creates_have_no_blanket_retry() -> None:
+    # The optimised SageMaker integration reports throttling, ResourceLimitExceeded and ValidationException alike
+    # as SageMaker.AmazonSageMakerException (the code is in the Cause; see d2ops.aws_contract): a Retry on it
+    # would keep a quota refusal for as long as it keeps throttling. A failed job is never retried either.
+    for name in SYNC_CREATES:
+        assert "Retry" not in STATES[name], name
+        assert STATES[name]["Catch"][0]["ErrorEquals"] == ["SageMaker.AmazonSageMakerException"], name
 
 
 def test_every_failure_notifies_before_its_fail_state() -> None:

@@ -196,6 +196,7 @@ def test_event_costs_are_measured_from_the_interpreter() -> None:
 def test_every_wait_loop_of_the_pipeline_is_found_and_bounded() -> None:
     loops = wait_loops()
     assert set(loops) == {"Wait for endpoint lease", "Wait for created training job", "Wait for created evaluation job",
+                          "Wait to retry creating training job", "Wait to retry creating evaluation job",
                           "Wait for endpoint", "Wait for rollback"}, sorted(loops)
     for name, (passes, events) in loops.items():
         assert passes >= 1 and events >= 8, name
@@ -204,9 +205,9 @@ def test_every_wait_loop_of_the_pipeline_is_found_and_bounded() -> None:
 def worst_case_events() -> tuple[int, dict[str, int]]:
     """Events of the longest run the limits allow, and each loop's share.
 
-    One run can go through every loop: wait for the lease, lose the CreateTrainingJob and the
-    CreateProcessingJob answers, wait for the endpoint, fail the smoke test and wait for the rollback.
-    The last check after the last wait is one more pass.
+    One run can go through every loop: wait for the lease, have the CreateTrainingJob and the
+    CreateProcessingJob throttled and their answers lost, wait for the endpoint, fail the smoke test
+    and wait for the rollback. The last check after the last wait is one more pass.
     """
     in_loops = {name: (passes + 1) * events for name, (passes, events) in wait_loops().items()}
     return straight_path() + sum(in_loops.values()), in_loops

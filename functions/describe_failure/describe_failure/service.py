@@ -10,5 +10,6 @@ from describe_failure.models import FailedRunDocument
 
 def describe_failure(document: FailedRunDocument) -> dict[str, Any]:
     """The document with ``failure.cause`` = summary + the reason from ``error.Cause`` (no trace)."""
+    error = document.error.Error if document.error is not None else None
     cause = document.error.Cause if document.error is not None else None
-    return document.described(describe(document.failure.cause, cause))
+    return document.described(describe(document.failure.cause, cause, error=error))
