@@ -49,7 +49,7 @@ def detections(gt: dict, seed: int) -> list[dict]:
 
 def gate(report: dict, max_class_regression: float, min_class_instances: int) -> dict:
     parsed = EvaluationReport.model_validate_json(json.dumps(report))  # as the Lambda reads evaluation.json
-    event = SummarizeEvent(report_uri="s3://bucket/evaluation.json", gate={
+    event = SummarizeEvent(report_uri="s3://bucket/evaluation.json", dataset={"name": "shapes", "version": "v1"}, gate={
         "primary_metric": "bbox_AP", "min_map": 0.0, "max_regression": 1.0,
         "max_class_regression": max_class_regression, "min_class_instances": min_class_instances})
     return summarize(parsed, event).model_dump(mode="json")

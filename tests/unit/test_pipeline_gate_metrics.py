@@ -77,7 +77,7 @@ def test_the_metric_s_decision_is_the_quality_gate_choice_state_s(challenger: fl
         max_regression=0.01, max_class_regression=0.05, min_class_instances=10,
         class_regressed=class_regressed and champion is not None,
         class_regression_count=int(class_regressed and champion is not None), class_regressions=[],
-        class_gate_reason="")
+        class_gate_reason="", class_gate_description="", description_head="shapes v1: ")
     gate = QUALITY_GATE
     document = {"evaluation": summary.model_dump(mode="json")}
     taken = next((rule["Next"] for rule in gate["Choices"] if evaluate_rule(rule, document, {})), gate["Default"])

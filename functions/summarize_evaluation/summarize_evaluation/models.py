@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from d2ops_core.documents.evaluation import GateThresholds
+
+
+class DatasetLabel(BaseModel):
+    """The run's ``$.dataset`` as far as the Model Registry description needs it (from the S3 key: any text)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    version: str
 
 
 class SummarizeEvent(BaseModel):
     report_uri: str = Field(pattern=r"^s3://")
     gate: GateThresholds
+    dataset: DatasetLabel
 
 
 class ClassRegression(BaseModel):
@@ -43,4 +53,10 @@ class EvaluationSummary(BaseModel):
         max_length=10, description="the worst of the classes with at least min_class_instances val instances whose "
                                    "AP dropped by more than max_class_regression, worst first (at most 10: the "
                                    "state payload stays small whatever the number of classes)")
-    class_gate_reason: str = Field(description="one line naming them (empty when none)")
+    class_gate_reason: str = Field(description="one line naming them (empty when none): the notification's and "
+                                               "status API's reason, whole")
+    class_gate_description: str = Field(
+        description="class_gate_reason fit for the Model Registry: characters SageMaker refuses replaced, cut to "
+                    "what the description has room for with an ellipsis and the count of characters left out")
+    description_head: str = Field(description="'<dataset name> <version>: ' cleaned and bounded the same way: "
+                                              "the start of every registry description")

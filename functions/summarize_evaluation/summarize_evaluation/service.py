@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
+import unicodedata
 from typing import Any
 
 from pydantic import ValidationError
 
+from d2ops_core import platform
 from d2ops_core.documents.evaluation import EvaluationReport, ModelScores
 from d2ops_core.runs import key_listed, parse_s3_uri
 from summarize_evaluation.models import ClassRegression, EvaluationSummary, SummarizeEvent
@@ -16,6 +20,15 @@ MAX_REPORT_BYTES = 10 * 1024 * 1024
 FLOOR_DIGITS = 9
 # The summary travels in the state payload: the worst classes are listed, all are counted.
 MAX_LISTED_REGRESSIONS = 10
+# The Model Registry description is "<dataset name> <version>: <gate reason>" (the ASL's "Register model
+# version"). The name and version come from the dataset's S3 key (any characters but '/', up to S3's
+# 1,024-byte keys), the class names from its annotations: neither is bounded, so both shares are
+# bounded here. The numeric gate reasons (a metric name and four numbers) fit in what is left.
+DESCRIPTION_HEAD_MAX = 200  # "<name> <version>: "
+CLASS_GATE_DESCRIPTION_MAX = platform.MODEL_PACKAGE_DESCRIPTION_MAX - DESCRIPTION_HEAD_MAX
+# Control characters that separate words become spaces; anything else outside the allowed categories
+# becomes U+FFFD (a symbol, so allowed), keeping the count of characters and where one was.
+_SPACES = frozenset("\t\n\v\f\r\x1c\x1d\x1e\x1f\x85")
 
 
 class EvaluationReportNotFound(Exception):
@@ -98,6 +111,36 @@ def class_gate_reason(regressions: list[ClassRegression], max_class_regression: 
             f"{', '.join(parts)}{more}")
 
 
+def registry_text(text: str) -> str:
+    """``text`` with every character SageMaker's description pattern refuses replaced (platform table)."""
+    allowed = platform.MODEL_PACKAGE_DESCRIPTION_CATEGORIES
+    return "".join(c if unicodedata.category(c)[0] in allowed else " " if c in _SPACES else "\ufffd" for c in text)
+
+
+def _units(text: str) -> int:
+    """Length in UTF-16 code units: what a Java service counts; never fewer than Python's characters."""
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def bounded(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters (and UTF-16 units), ending with an ellipsis and how
+    many characters were left out, so a reader knows it was cut and by how much."""
+    if _units(text) <= limit:
+        return text
+    ends = list(itertools.accumulate(_units(c) for c in text))  # ends[i]: units of text[:i + 1]
+    keep = bisect.bisect_right(ends, limit)  # the most characters that fit without a suffix
+    while True:  # the suffix's length depends on the count it names: give back characters until it fits
+        suffix = f"\u2026 ({len(text) - keep} more characters)"
+        if (ends[keep - 1] if keep else 0) + _units(suffix) <= limit or keep == 0:
+            return text[:keep] + suffix
+        keep -= 1
+
+
+def description_head(name: str, version: str) -> str:
+    """``"<name> <version>: "``, cleaned and bounded to DESCRIPTION_HEAD_MAX characters."""
+    return bounded(registry_text(f"{name} {version}"), DESCRIPTION_HEAD_MAX - 2) + ": "
+
+
 def summarize(report: EvaluationReport, event: SummarizeEvent) -> EvaluationSummary:
     # The plan names the metric from the manifest's task, so a report that calls bbox_AP
     # primary cannot let a segmentation model through on its box AP.
@@ -107,8 +150,10 @@ def summarize(report: EvaluationReport, event: SummarizeEvent) -> EvaluationSumm
     champion = primary_value(report.champion, metric, "champion") if report.champion is not None else None
     floor = round(max(0.0, champion - gate.max_regression), FLOOR_DIGITS) if champion is not None else 0.0
     regressions = []
+    reason = ""
     if gate.max_class_regression is not None and gate.min_class_instances is not None:
         regressions = class_regressions(report, metric, gate.max_class_regression, gate.min_class_instances)
+        reason = class_gate_reason(regressions, gate.max_class_regression)
     return EvaluationSummary(
         report_uri=event.report_uri, primary_metric=metric, challenger_value=challenger,
         challenger_metrics={k: v for k, v in report.challenger.metrics.items() if math.isfinite(v)},
@@ -117,4 +162,6 @@ def summarize(report: EvaluationReport, event: SummarizeEvent) -> EvaluationSumm
         max_class_regression=gate.max_class_regression, min_class_instances=gate.min_class_instances,
         class_regressed=bool(regressions), class_regression_count=len(regressions),
         class_regressions=regressions[:MAX_LISTED_REGRESSIONS],
-        class_gate_reason=class_gate_reason(regressions, gate.max_class_regression or 0.0))
+        class_gate_reason=reason,
+        class_gate_description=bounded(registry_text(reason), CLASS_GATE_DESCRIPTION_MAX),
+        description_head=description_head(event.dataset.name, event.dataset.version))
