@@ -246,10 +246,11 @@ def judge_quota(need: QuotaNeed, quota: Quota | None, region: str) -> Check:
     if quota is None:
         return Check(need.check, "FAIL", f"Service Quotas has no quota {need.quota!r} in {region}",
                      "pick an instance type SageMaker offers in this region (the stack's *InstanceType parameters)")
-    request = (f"request an increase to {need.needed}: Service Quotas console, Amazon SageMaker, "
-               f"'{quota.name}', or `aws service-quotas request-service-quota-increase --service-code "
-               f"{platform.QUOTA_SERVICE_CODE} --quota-code {quota.code} --desired-value {need.needed} "
-               f"--region {region}`")
+    # The quota's code is known here (it was listed), so the command names it instead of platform's CODE.
+    command = platform.QUOTA_REQUEST_INCREASE.format(desired=need.needed).replace("--quota-code CODE",
+                                                                                  f"--quota-code {quota.code}")
+    request = (f"request an increase to {need.needed} in Service Quotas (console: {platform.QUOTA_CONSOLE_SERVICE}, "
+               f"'{quota.name}'), or `{command} --region {region}`")
     found = f"'{quota.name}' is {_count(quota.value)}{' (the default)' if quota.default else ''}"
     if quota.value >= need.needed:
         return Check(need.check, "ok", f"{found}, the stack needs {need.needed} ({need.why})")

@@ -17,7 +17,7 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from d2ops import doctor
+from d2ops import cli, doctor
 from d2ops import template as sam
 from d2ops.doctor import Check, Clients, Report, StackFacts
 from d2ops.offline import moto_fidelity
@@ -61,6 +61,7 @@ def tiny_template(parameters: dict[str, str]) -> str:
 class Account:
     clients: Clients
     quotas: OfflineServiceQuotas
+    quotas_url: str  # the offline Service Quotas endpoint
     stack: StackFacts
 
     def check(self, **parameters: str) -> dict[str, Check]:
@@ -101,7 +102,7 @@ def account(monkeypatch: pytest.MonkeyPatch) -> Iterator[Account]:
             clients.stepfunctions.create_state_machine(
                 name=f"{STACK}-pipeline", roleArn=f"arn:aws:iam::{ACCOUNT}:role/sfn",
                 definition=json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Succeed"}}}))
-            yield Account(clients, quotas, stack)
+            yield Account(clients, quotas, gateway.url, stack)
     finally:
         gateway.stop()
 
@@ -313,3 +314,35 @@ def test_lines_carry_the_fix_only_when_something_is_wrong() -> None:
     assert report.lines() == ["ok   a: fine", "FAIL b: broken -> mend it", "warn c: odd -> look"]
     assert report.failed
     assert not Report([Check("c", "warn", "odd", "look")]).failed
+
+
+def test_the_command_exits_0_when_healthy_1_on_a_failure_and_2_without_a_stack(
+        account: Account, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SERVICE_QUOTAS", account.quotas_url)  # the rest is moto's
+    command = ["doctor", "--stack", STACK, "--region", REGION]
+    assert cli.main(command) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"d2ops doctor: stack {STACK} ({REGION})" and out[-1] == "all checks passed"
+    assert len(out) == 12 and all(line.startswith("ok   ") for line in out[1:-1])
+
+    account.clients.s3.put_bucket_notification_configuration(Bucket=account.stack.outputs["DataBucketName"],
+                                                             NotificationConfiguration={})
+    assert cli.main(command) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert [line for line in out if line.startswith("FAIL")] == [next(
+        line for line in out if line.startswith("FAIL upload events: ") and " -> " in line)]
+    assert out[-1] == "1 check(s) failed"
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["doctor", "--stack", "nope", "--region", REGION])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "stack 'nope'" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("status", "verdict"), [("CREATE_COMPLETE", "ok"), ("UPDATE_COMPLETE", "ok"),
+                                                 ("UPDATE_IN_PROGRESS", "warn"), ("ROLLBACK_COMPLETE", "FAIL"),
+                                                 ("UPDATE_ROLLBACK_COMPLETE", "FAIL"), ("CREATE_FAILED", "FAIL")])
+def test_a_stack_that_did_not_deploy_fails_the_stack_check(status: str, verdict: str) -> None:
+    stack = StackFacts(name=STACK, region=REGION, parameters={}, outputs={}, status=status)
+    assert doctor.check_stack_status(stack).status == verdict
