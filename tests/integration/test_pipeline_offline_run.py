@@ -48,6 +48,7 @@ def stack() -> Iterator[dict[str, Any]]:
         for bucket in (support.DATA_BUCKET, support.ARTIFACTS_BUCKET):
             s3.create_bucket(Bucket=bucket)
             s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        support.put_pretrained_weights(s3)
         topic = sns.create_topic(Name=support.TOPIC_ARN.rpartition(":")[2])["TopicArn"]
         assert topic == support.TOPIC_ARN
         queue = sqs.create_queue(QueueName="notifications")["QueueUrl"]

@@ -29,6 +29,7 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     with mock_aws():
         s3 = boto3.client("s3")
         s3.create_bucket(Bucket=support.ARTIFACTS_BUCKET)
+        support.put_pretrained_weights(s3)
         yield {"s3": s3, "sagemaker": boto3.client("sagemaker")}
 
 
@@ -46,9 +47,11 @@ def test_the_training_request_is_accepted_by_sagemaker(aws: dict[str, Any]) -> N
     assert described["TrainingJobName"] == plan["names"]["training_job"]
     run_id = support.load_event("prepare_training", "defaults")["run_id"]
     assert job["OutputDataConfig"]["S3OutputPath"] == f"s3://{support.ARTIFACTS_BUCKET}/runs/{run_id}/training/"
-    assert [c["ChannelName"] for c in job["InputDataConfig"]] == ["train", "val"]
-    for channel in job["InputDataConfig"]:
+    assert [c["ChannelName"] for c in job["InputDataConfig"]] == ["train", "val", "pretrained"]
+    for channel in job["InputDataConfig"][:2]:
         assert channel["DataSource"]["S3DataSource"]["S3Uri"] == "s3://d2ops-data-example/datasets/shapes/v1/"
+    assert job["InputDataConfig"][2]["DataSource"]["S3DataSource"]["S3Uri"] == (
+        f"s3://d2ops-data-example/{support.PREPARE_ENV['PRETRAINED_WEIGHTS_KEY']}")
     assert job["ResourceConfig"]["InstanceCount"] == 2 and job["ResourceConfig"]["InstanceType"] == "ml.g4dn.xlarge"
     assert job["HyperParameters"] == {"framework": "detectron2"}
     # The release function knows the run's job by the same rule ("Created ... job is ours?"): name and output.

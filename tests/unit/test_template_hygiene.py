@@ -512,14 +512,21 @@ def _resolved_statements(role: str) -> list[dict[str, Any]]:
                                       }.get(logical_id, logical_id)
         return f"arn:aws:{kind.split('::')[1].lower()}:us-east-1:123456789012:{logical_id}"
 
-    refs = {**IMAGES, "DataBucket": support.DATA_BUCKET, "ArtifactsBucket": support.ARTIFACTS_BUCKET}
+    tpl = load_template()
+    refs = {**tpl.parameter_defaults(), **IMAGES, "DataBucket": support.DATA_BUCKET,
+            "ArtifactsBucket": support.ARTIFACTS_BUCKET}
+
+    def conditions(name: str) -> bool:
+        return tpl.condition(name, refs)
+
     statements: list[dict[str, Any]] = []
     for policy in props(role).get("Policies", []):
-        statements += resolve(policy["PolicyDocument"]["Statement"], refs, getatt)
+        statements += resolve(policy["PolicyDocument"]["Statement"], refs, getatt, conditions=conditions)
     for managed in props(role).get("ManagedPolicyArns", []):
         assert is_ref(managed, "SageMakerJobBasics"), f"{role}: unexpected managed policy {managed}"
-        statements += resolve(props("SageMakerJobBasics")["PolicyDocument"]["Statement"], refs, getatt)
-    return statements
+        statements += resolve(props("SageMakerJobBasics")["PolicyDocument"]["Statement"], refs, getatt,
+                              conditions=conditions)
+    return [st for st in statements if st]  # an Fn::If's AWS::NoValue branch
 
 
 def allows(role: str, action: str, arn: str, prefix: str | None = None) -> bool:
@@ -531,7 +538,13 @@ def allows(role: str, action: str, arn: str, prefix: str | None = None) -> bool:
             continue
         if not any(fnmatch.fnmatchcase(arn, pattern) for pattern in as_list(st["Resource"])):
             continue
-        wanted = (st.get("Condition") or {}).get("StringLike", {}).get("s3:prefix")
+        condition = st.get("Condition") or {}
+        exact = condition.get("StringEquals", {}).get("s3:prefix")
+        if exact is not None:
+            if prefix is not None and prefix in as_list(exact):
+                return True
+            continue
+        wanted = condition.get("StringLike", {}).get("s3:prefix")
         if wanted is None or (prefix is not None and any(fnmatch.fnmatchcase(prefix, p) for p in as_list(wanted))):
             return True
     return False
@@ -576,7 +589,12 @@ def test_each_job_role_reaches_the_keys_its_job_uses_and_the_endpoint_nothing_bu
     # training: lists and reads its dataset version, writes its output, syncs its checkpoints
     assert allows("TrainingJobRole", "s3:ListBucket", data_bucket, prefix=dataset_prefix)
     assert allows("TrainingJobRole", "s3:GetObject", f"{data_bucket}/{dataset_prefix}annotations/train.json")
-    assert allows("TrainingJobRole", "s3:GetObject", f"{data_bucket}/pretrained/R-50.pkl")
+    weights_bucket, weights_key = _s3(next(c["DataSource"]["S3DataSource"]["S3Uri"] for c in train["InputDataConfig"]
+                                           if c["ChannelName"] == "pretrained"))
+    assert allows("TrainingJobRole", "s3:ListBucket", weights_bucket, prefix=weights_key)
+    assert allows("TrainingJobRole", "s3:GetObject", f"{weights_bucket}/{weights_key}")
+    assert not allows("TrainingJobRole", "s3:GetObject", f"{data_bucket}/pretrained/R-50.pkl")  # that key only
+    assert not allows("TrainingJobRole", "s3:ListBucket", data_bucket, prefix="pretrained/")
     assert allows("TrainingJobRole", "s3:PutObject", f"{model_bucket}/{model_key}")
     for action in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject"):
         assert allows("TrainingJobRole", action, f"{artifacts}/{checkpoint_prefix}model_0000099.pth")

@@ -11,7 +11,7 @@ from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from prepare_training.models import PrepareEvent, PrepareSettings
-from prepare_training.service import build_plan, current_champion
+from prepare_training.service import build_plan, current_champion, require_pretrained_weights
 
 logger = Logger()
 tracer = Tracer()
@@ -22,7 +22,9 @@ tracer = Tracer()
 @event_parser(model=PrepareEvent)
 def handler(event: PrepareEvent, context: LambdaContext) -> dict[str, Any]:
     settings = PrepareSettings.from_env(os.environ)
-    champion = current_champion(boto3.client("s3"), settings.artifacts_bucket)
+    s3 = boto3.client("s3")
+    require_pretrained_weights(s3, settings)
+    champion = current_champion(s3, settings.artifacts_bucket)
     plan = build_plan(settings, event, champion)
     logger.info("prepared training job", extra={"run_id": event.run_id, "names": plan.names.model_dump(),
                                                 "champion": champion.run_id if champion else None})

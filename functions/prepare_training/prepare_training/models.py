@@ -16,6 +16,7 @@ from d2ops_core.documents.run_state import (  # re-exported: the prepare step's 
     Plan,
     TrafficRoutingConfig,
 )
+from d2ops_core import pretrained
 from d2ops_core.runs import DatasetRef
 from d2ops_core.validation.manifest import Gate, StackLimits, TrainingOverrides
 
@@ -65,6 +66,10 @@ class PrepareSettings(BaseModel):
     min_class_instances: int = Field(ge=1, description="MinClassInstances: val instances a class needs to be judged")
     max_training_iterations: int | None = Field(None, ge=1, description="cap on the manifest's training.max_iter")
     max_images_per_batch: int | None = Field(None, ge=1, description="cap on the manifest's training.ims_per_batch")
+    data_bucket: str = Field(min_length=3, description="DataBucket: where the pretrained weights are")
+    pretrained_weights_key: str = Field(min_length=1, max_length=1024, pattern=pretrained.KEY_PATTERN,
+                                        description="PretrainedWeightsKey: the checkpoint's key, or 'none'")
+    stack_name: str | None = Field(None, description="AWS::StackName, for the command a failure names")
 
     @property
     def limits(self) -> StackLimits:
@@ -73,6 +78,12 @@ class PrepareSettings(BaseModel):
                            max_iter=self.max_training_iterations, max_ims_per_batch=self.max_images_per_batch,
                            max_class_regression=self.max_class_regression,
                            min_class_instances=self.min_class_instances)
+
+    @property
+    def fine_tunes(self) -> bool:
+        """Whether runs start from the checkpoint at ``pretrained_weights_key`` (detectron2 only: the
+        torchvision trainer has no checkpoint format of the model zoo's)."""
+        return self.framework == "detectron2" and self.pretrained_weights_key != pretrained.SCRATCH
 
     @field_validator("use_spot", mode="before")
     @classmethod

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from d2ops_core import metrics, runs
+from botocore.exceptions import ClientError
+
+from d2ops_core import metrics, pretrained, runs
 from d2ops_core.champion import read_champion
 from d2ops_core.documents.evaluation import GateThresholds
 from d2ops_core.validation.manifest import effective_class_gate, effective_gate, stack_limit_problems
@@ -37,6 +39,42 @@ class ManifestExceedsStackLimits(Exception):
     """
 
 
+class PretrainedWeightsMissing(Exception):
+    """The stack fine-tunes from PretrainedWeightsKey but no object is there: refused before training
+    (a network-isolated job cannot download weights, and a config built for pretrained weights trains
+    badly from random ones). The message names the bucket, the key and the command that uploads them."""
+
+
+class PretrainedWeightsUnreadable(Exception):
+    """The prepare step may not list PretrainedWeightsKey (S3 answered 403): the stack's policies and
+    the key disagree, or a bucket policy denies it. The message names the bucket and the key."""
+
+
+def require_pretrained_weights(s3: Any, settings: PrepareSettings) -> None:
+    """Refuse a run whose stack expects weights that are not at ``s3://<DataBucket>/<PretrainedWeightsKey>``.
+
+    Lists exactly that key (the function's only permission there): an empty listing is a missing
+    object, AccessDenied is a permission problem, never confused with each other.
+    """
+    if not settings.fine_tunes:
+        return
+    bucket, key = settings.data_bucket, settings.pretrained_weights_key
+    try:
+        listing = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=2)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in {"AccessDenied", "403", "AllAccessDisabled"}:
+            raise PretrainedWeightsUnreadable(
+                f"s3://{bucket}/{key}: access denied listing the pretrained weights (PretrainedWeightsKey); "
+                "check the stack's policies and the data bucket's policy") from None
+        raise
+    keys = [item["Key"] for item in listing.get("Contents") or []]
+    if key not in keys:
+        raise PretrainedWeightsMissing(
+            f"no pretrained weights at s3://{bucket}/{key} (PretrainedWeightsKey): put the checkpoint there with "
+            f"`{pretrained.upload_command(settings.stack_name)}`{pretrained.download_hint(key)}, or deploy with "
+            f"PretrainedWeightsKey={pretrained.SCRATCH} to train from scratch")
+
+
 def job_names(run_id: str) -> JobNames:
     return JobNames(training_job=runs.sagemaker_name(run_id, runs.TRAINING_JOB_SUFFIX),
                     evaluation_job=runs.sagemaker_name(run_id, runs.EVALUATION_JOB_SUFFIX),
@@ -51,6 +89,9 @@ def hyperparameters(settings: PrepareSettings, event: PrepareEvent) -> dict[str,
     not repeated here.
     """
     hps: dict[str, str] = {"framework": settings.framework}
+    if settings.framework == "detectron2" and not settings.fine_tunes:
+        # The operator opted out of weights: the trainer makes a frozen-for-pretrained config scratch-capable.
+        hps["weights"] = "scratch"
     for key, value in event.manifest.training.model_dump(exclude_none=True).items():
         hps[key] = str(value)
     return hps
@@ -64,6 +105,15 @@ def training_job_request(settings: PrepareSettings, event: PrepareEvent, names: 
                 "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": event.dataset.uri,
                                                 "S3DataDistributionType": "FullyReplicated"}}}
 
+    channels = [channel("train"), channel("val")]
+    if settings.fine_tunes:
+        # An S3Prefix of the full key: the one object require_pretrained_weights found (IAM lets the
+        # job read nothing else under pretrained/), as <channel dir>/<its file name>.
+        channels.append({"ChannelName": pretrained.CHANNEL, "InputMode": "File",
+                         "DataSource": {"S3DataSource": {
+                             "S3DataType": "S3Prefix",
+                             "S3Uri": f"s3://{settings.data_bucket}/{settings.pretrained_weights_key}",
+                             "S3DataDistributionType": "FullyReplicated"}}})
     stopping: dict[str, int] = {"MaxRuntimeInSeconds": settings.max_training_seconds}
     if settings.use_spot:
         # Spot may wait for capacity and be interrupted; twice the run time bounds the wait.
@@ -75,14 +125,14 @@ def training_job_request(settings: PrepareSettings, event: PrepareEvent, names: 
                                    "MetricDefinitions": [dict(d) for d in metrics.METRIC_DEFINITIONS],
                                    "EnableSageMakerMetricsTimeSeries": True},
         "HyperParameters": hyperparameters(settings, event),
-        "InputDataConfig": [channel("train"), channel("val")],
+        "InputDataConfig": channels,
         "OutputDataConfig": {"S3OutputPath": runs.training_output_uri(settings.artifacts_bucket, event.run_id)},
         "ResourceConfig": {"InstanceType": settings.training_instance_type,
                            "InstanceCount": settings.training_instance_count, "VolumeSizeInGB": VOLUME_GB},
         "StoppingCondition": stopping,
         "EnableManagedSpotTraining": settings.use_spot,
         # The container needs no network: SageMaker moves channels, output and checkpoints, and
-        # pretrained weights arrive as a channel. Hosts still talk to each other, encrypted.
+        # pretrained weights arrive as the `pretrained` channel. Hosts still talk to each other, encrypted.
         "EnableNetworkIsolation": True,
         "EnableInterContainerTrafficEncryption": True,
         # Checkpoints sync to S3 so a spot restart (same job) resumes instead of starting over.
