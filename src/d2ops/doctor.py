@@ -70,6 +70,7 @@ class StackFacts:
     outputs: dict[str, str]
     stack_id: str | None = None
     status: str | None = None
+    deployed: bool = True  # False: the offline stack (its commands take no --stack)
 
     @property
     def endpoint_name(self) -> str:
@@ -284,7 +285,8 @@ def check_weights(s3: Any, stack: StackFacts) -> Check:
                      "deploy the current template, which fine-tunes from pretrained weights")
     if key.strip().lower() == NO_WEIGHTS:
         return Check(name, "ok", f"{WEIGHTS_PARAMETER}=none: runs train from scratch, no weights needed")
-    upload = f"`d2ops weights upload FILE --stack {stack.name}` (see `d2ops weights upload --help`)"
+    command = "d2ops weights upload FILE" + (f" --stack {stack.name}" if stack.deployed else "")
+    upload = f"`{command}` (see `d2ops weights upload --help`)"
     try:
         s3.head_object(Bucket=bucket, Key=key)
     except ClientError as exc:

@@ -346,3 +346,10 @@ def test_the_command_exits_0_when_healthy_1_on_a_failure_and_2_without_a_stack(
 def test_a_stack_that_did_not_deploy_fails_the_stack_check(status: str, verdict: str) -> None:
     stack = StackFacts(name=STACK, region=REGION, parameters={}, outputs={}, status=status)
     assert doctor.check_stack_status(stack).status == verdict
+
+
+def test_the_offline_stacks_weights_fix_names_the_command_without_stack(account: Account) -> None:
+    stack = replace(account.stack, deployed=False, parameters={**account.stack.parameters,
+                                                               doctor.WEIGHTS_PARAMETER: "pretrained/x.pkl"})
+    weights = doctor.check_weights(account.clients.s3, stack)
+    assert weights.status == "FAIL" and "`d2ops weights upload FILE`" in weights.fix
