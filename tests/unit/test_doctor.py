@@ -353,3 +353,15 @@ def test_the_offline_stacks_weights_fix_names_the_command_without_stack(account:
                                                                doctor.WEIGHTS_PARAMETER: "pretrained/x.pkl"})
     weights = doctor.check_weights(account.clients.s3, stack)
     assert weights.status == "FAIL" and "`d2ops weights upload FILE`" in weights.fix
+
+
+def test_every_call_the_checks_make_has_the_iam_action_a_denial_names(account: Account) -> None:
+    called: set[str] = set()
+    for client in vars(account.clients).values():
+        client.meta.events.register("before-call.*.*", lambda model, **_: called.add(model.name))
+    _endpoint(account, [{"Key": doctor.RUN_ID_TAG, "Value": "shapes-v1-0123456789ab"}])  # the tag path too
+    called.clear()
+    account.quotas.quotas.overrides.clear()  # the defaults path too
+    doctor.run_checks(account.clients, account.stack)
+    assert called and called <= set(doctor.IAM_ACTIONS), called - set(doctor.IAM_ACTIONS)
+    assert {"ListAWSDefaultServiceQuotas", "ListTags", "DescribeExecution", "HeadObject"} <= called
