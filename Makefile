@@ -145,14 +145,10 @@ AWS_ACCOUNT_ID ?= $(call once,AWS_ACCOUNT_ID,aws sts get-caller-identity --query
 IMAGE_TAG ?= $(call once,IMAGE_TAG,git describe --always --exclude='*' --dirty=-dirty$(shell date -u +%Y%m%d%H%M%S))
 ECR_REGISTRY = $(AWS_ACCOUNT_ID).dkr.ecr.$(AWS_REGION).amazonaws.com
 IMAGES := training serving
-# The training image starts FROM an AWS Deep Learning Container (ARG BASE_IMAGE in its
-# Dockerfile, the one place it is named), whose registry needs a login of its own.
-BASE_REGISTRY = $(shell sed -n 's|^ARG BASE_IMAGE=\([^/]*\)/.*|\1|p' containers/training/Dockerfile)
-BASE_REGION = $(word 4,$(subst ., ,$(BASE_REGISTRY)))
+# Both images start FROM public images (NVIDIA's CUDA image, python:3.11-slim): only ECR needs a login.
 
 .PHONY: images
 images:  ## build and push the training and serving images to ECR (needs Docker and AWS credentials)
-	aws ecr get-login-password --region $(BASE_REGION) | docker login --username AWS --password-stdin $(BASE_REGISTRY)
 	aws ecr get-login-password --region $(AWS_REGION) | docker login --username AWS --password-stdin $(ECR_REGISTRY)
 	set -e; for name in $(IMAGES); do \
 	  aws ecr describe-repositories --region $(AWS_REGION) --repository-names d2ops-$$name >/dev/null 2>&1 || \

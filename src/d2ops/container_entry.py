@@ -38,6 +38,7 @@ DROP = "<dropped>"
 #   runner signals the whole process group, which is what tini gives PID 1 in a container.
 IMAGE_PATHS: dict[str, str] = {
     "/usr/local/bin/train": "containers/training/train",
+    "/usr/local/bin/cuda-compat": "containers/training/cuda-compat",
     "/usr/local/bin/python": PYTHON,
     "/opt/conda/bin/python": PYTHON,
     "python": PYTHON,

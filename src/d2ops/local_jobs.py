@@ -41,7 +41,8 @@ from model_code.archive import pack_directory  # standard library only: no torch
 
 Status = Literal["Completed", "Failed", "Stopped"]
 # The evaluation job's ContainerEntrypoint (prepare_training sets the same), for specs that name none.
-EVALUATION_COMMAND = container_entry.local_command(("python", "-m", "model_code.evaluation.job"))
+EVALUATION_COMMAND = container_entry.local_command(("/usr/local/bin/cuda-compat", "python", "-m",
+                                                   "model_code.evaluation.job"))
 ML_ROOT = Path("/opt/ml")
 ML_MOUNT_VARIABLE = "D2OPS_ML_MOUNT"  # auto (default) | namespace | remap
 # Runs inside the host's new mount namespace: the bind mount is private to it, then the job replaces

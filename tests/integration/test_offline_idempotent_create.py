@@ -95,8 +95,12 @@ def _deploy_machine(rt: OfflineRuntime) -> StateMachine:
 
 
 def _deploy_input(rt: OfflineRuntime, run: str, package: str) -> dict[str, Any]:
+    # The variants as prepare_training builds them for the default GPU type (with its InferenceAmiVersion).
+    variant = {"VariantName": "AllTraffic", "ModelName": f"{run}-model", "InstanceType": "ml.g4dn.xlarge",
+               "InitialInstanceCount": 1, "InferenceAmiVersion": "al2-ami-sagemaker-inference-gpu-2"}
     return {"plan": {"names": {"model": f"{run}-model", "endpoint_config": f"{run}-config"},
-                     "endpoint": {"instance_type": "ml.m5.large", "instance_count": 1}},
+                     "endpoint": {"instance_type": "ml.g4dn.xlarge", "instance_count": 1,
+                                  "production_variants": [variant]}},
             "registration": {"model_package_arn": package}}
 
 
@@ -118,6 +122,8 @@ def test_retried_create_model_and_endpoint_config_find_what_the_first_attempt_cr
                        "Find created endpoint config"]
     config = sagemaker.describe_endpoint_config(EndpointConfigName="r1-config")
     assert config["ProductionVariants"][0]["ModelName"] == "r1-model"
+    # aws-sdk:sagemaker:createEndpointConfig passed the variant whole, and the offline SageMaker kept it
+    assert config["ProductionVariants"][0]["InferenceAmiVersion"] == "al2-ami-sagemaker-inference-gpu-2"
 
     # A name taken by something else (another package) is not ours: the deployment fails, naming it.
     other = machine.run(_deploy_input(rt, "r1", packages[1]), executors=registry)

@@ -30,7 +30,8 @@ def test_training_image_runs_the_projects_train_script_with_train() -> None:
     assert entry.copies["/usr/local/bin/train"] == "containers/training/train"
     assert image_command("training") == (str(REPO_ROOT / "containers" / "training" / "train"), "train")
     script = (REPO_ROOT / "containers" / "training" / "train").read_text()
-    assert "exec python -m model_code.training.train" in script
+    # through the forward-compatibility switch beside it (tests/unit/test_platform_gpu.py)
+    assert 'exec "$(dirname "$0")/cuda-compat" python -m model_code.training.train' in script
 
 
 def test_serving_image_runs_the_serving_entrypoint_with_serve() -> None:

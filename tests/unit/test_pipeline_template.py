@@ -41,8 +41,11 @@ def test_the_endpoint_name_is_the_same_everywhere() -> None:
         resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
         assert any(str(resolved(r)).endswith(f":endpoint/{name}") for r in resources)
     assert resolved(TEMPLATE.document["Outputs"]["EndpointName"]["Value"]) == name
-    variants = json.loads(support.DEFINITION.read_text())["States"]["Create endpoint config"]["Parameters"]
-    assert [v["VariantName"] for v in variants["ProductionVariants"]] == ["AllTraffic"]
+    create = json.loads(support.DEFINITION.read_text())["States"]["Create endpoint config"]["Parameters"]
+    assert create["ProductionVariants.$"] == "$.plan.endpoint.production_variants"  # prepare_training's, whole
+    support.function_path("prepare_training")
+    from prepare_training.service import VARIANT_NAME
+    assert VARIANT_NAME == "AllTraffic"
 
 
 def test_the_model_package_group_is_the_same_everywhere() -> None:

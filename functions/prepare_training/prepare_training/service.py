@@ -6,7 +6,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from d2ops_core import metrics, pretrained, runs
+from d2ops_core import metrics, platform, pretrained, runs
 from d2ops_core.champion import read_champion
 from d2ops_core.documents.evaluation import GateThresholds
 from d2ops_core.validation.manifest import effective_class_gate, effective_gate, stack_limit_problems
@@ -25,10 +25,16 @@ CHECKPOINT_DIR = "/opt/ml/checkpoints"
 PROCESSING_ROOT = "/opt/ml/processing"
 EVALUATION_MAX_SECONDS = 2 * 3600
 VOLUME_GB = 50
+# The evaluation job runs in the training image through its cuda-compat wrapper, as the training
+# entry does: a processing job's ContainerEntrypoint replaces the image's ENTRYPOINT, so without it
+# the job would skip the forward-compatibility switch (containers/training/cuda-compat says why).
+EVALUATION_ENTRYPOINT = ("/usr/local/bin/cuda-compat", "python", "-m", "model_code.evaluation.job")
 # The blue/green update's bake (docs/pipeline.md#canary-deployment): long enough for two
 # DescribeEndpoint polls and the smoke test (tests/unit/test_pipeline_canary.py checks it).
 BAKE_SECONDS = 600
 CANARY_PERCENT = 25
+# The endpoint's one variant (template.yaml's alarms and dashboard name it too).
+VARIANT_NAME = "AllTraffic"
 
 
 class ManifestExceedsStackLimits(Exception):
@@ -161,7 +167,7 @@ def evaluation_job_request(settings: PrepareSettings, event: PrepareEvent, names
         "ProcessingJobName": names.evaluation_job,
         "RoleArn": settings.evaluation_role_arn,
         "AppSpecification": {"ImageUri": settings.evaluation_image_uri,
-                             "ContainerEntrypoint": ["python", "-m", "model_code.evaluation.job"]},
+                             "ContainerEntrypoint": list(EVALUATION_ENTRYPOINT)},
         "ProcessingInputs": inputs,
         "ProcessingOutputConfig": {"Outputs": [{
             "OutputName": "evaluation",
@@ -193,10 +199,35 @@ def traffic_routing(instance_count: int) -> TrafficRoutingConfig:
     return TrafficRoutingConfig(Type="ALL_AT_ONCE", WaitIntervalInSeconds=BAKE_SECONDS)
 
 
+def check_instance_types(settings: PrepareSettings) -> None:
+    """Refuse, before anything starts, an instance type the images cannot run on (Inferentia and
+    Trainium need Neuron-compiled models, p2/p3 GPUs are older than the images' CUDA build covers,
+    an unknown family has no known driver): platform.UnsupportedInstanceType, one line naming it."""
+    platform.gpu_family(settings.training_instance_type, "training")
+    platform.gpu_family(settings.evaluation_instance_type, "processing")
+    platform.gpu_family(settings.endpoint_instance_type, "endpoint")
+
+
+def production_variants(settings: PrepareSettings, names: JobNames) -> list[dict[str, Any]]:
+    """CreateEndpointConfig's ProductionVariants. A GPU variant whose family's default driver cannot
+    run the serving image's CUDA build (g4dn, g5, p4d, p4de: driver 470 / CUDA 11.4 unless the
+    variant asks for another AMI; SageMaker never applies one by itself) names the documented
+    InferenceAmiVersion that can; CPU variants and GPU families whose default already runs it name
+    none (the field is for GPU and Neuron hosts)."""
+    variant: dict[str, Any] = {"VariantName": VARIANT_NAME, "ModelName": names.model,
+                               "InstanceType": settings.endpoint_instance_type,
+                               "InitialInstanceCount": settings.endpoint_instance_count}
+    ami = platform.endpoint_ami(settings.endpoint_instance_type, platform.IMAGE_CUDA)
+    if ami is not None:
+        variant["InferenceAmiVersion"] = ami.name
+    return [variant]
+
+
 def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: ChampionRef | None) -> Plan:
     problems = stack_limit_problems(event.manifest.gate, event.manifest.training, settings.limits)
     if problems:
         raise ManifestExceedsStackLimits("; ".join(f"{code}: {message}" for code, message, _ in problems))
+    check_instance_types(settings)
     names = job_names(event.run_id)
     training = training_job_request(settings, event, names)
     min_map, max_regression = effective_gate(settings.limits, event.manifest.gate)
@@ -210,6 +241,7 @@ def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: Champio
                             min_class_instances=min_class_instances),
         endpoint=EndpointPlan(instance_type=settings.endpoint_instance_type,
                               instance_count=settings.endpoint_instance_count,
+                              production_variants=production_variants(settings, names),
                               poll_seconds=settings.endpoint_poll_seconds,
                               max_wait_attempts=settings.endpoint_max_wait_attempts,
                               traffic_routing=traffic_routing(settings.endpoint_instance_count)),

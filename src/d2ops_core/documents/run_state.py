@@ -65,6 +65,10 @@ class TrafficRoutingConfig(BaseModel):
 class EndpointPlan(BaseModel):
     instance_type: str
     instance_count: int
+    # CreateEndpointConfig's ProductionVariants, whole: prepare_training adds InferenceAmiVersion on
+    # the GPU families whose default driver cannot run the serving image (d2ops_core.platform), and
+    # a JSONPath Parameters block cannot add a key conditionally. Empty in plans written before.
+    production_variants: list[dict[str, Any]] = Field(default_factory=list)
     poll_seconds: int
     max_wait_attempts: int
     traffic_routing: TrafficRoutingConfig
