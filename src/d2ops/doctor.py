@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from d2ops_core import platform
+from d2ops_core import platform, pretrained
 
 Status = Literal["ok", "warn", "FAIL"]
 
@@ -40,8 +40,6 @@ IAM_ACTIONS: dict[str, str] = {
 _ACCESS_DENIED = frozenset({"AccessDenied", "AccessDeniedException", "AuthorizationError", "UnauthorizedOperation",
                             "UnrecognizedClientException", "403"})
 
-# A pretrained-weights key that means "train from scratch" (the stack parameter PretrainedWeightsKey).
-NO_WEIGHTS = "none"
 RUN_ID_TAG = "d2ops:run-id"  # what the state machine tags the endpoint with (training_pipeline.asl.json)
 IMAGES_FIX = "run `make images` (builds and pushes both images) and deploy with the URIs it prints"
 
@@ -283,10 +281,9 @@ def check_weights(s3: Any, stack: StackFacts) -> Check:
         return Check(name, "warn", f"the stack has no {WEIGHTS_PARAMETER} parameter: its runs train from the "
                                    f"weights detectron2 starts with",
                      "deploy the current template, which fine-tunes from pretrained weights")
-    if key.strip().lower() == NO_WEIGHTS:
-        return Check(name, "ok", f"{WEIGHTS_PARAMETER}=none: runs train from scratch, no weights needed")
-    command = "d2ops weights upload FILE" + (f" --stack {stack.name}" if stack.deployed else "")
-    upload = f"`{command}` (see `d2ops weights upload --help`)"
+    if key == pretrained.SCRATCH:
+        return Check(name, "ok", f"{WEIGHTS_PARAMETER}={key}: runs train from scratch, no weights needed")
+    upload = f"`{pretrained.upload_command(stack.name if stack.deployed else None)}`{pretrained.download_hint(key)}"
     try:
         s3.head_object(Bucket=bucket, Key=key)
     except ClientError as exc:

@@ -122,7 +122,7 @@ def test_a_healthy_account_passes_every_check_one_line_each(account: Account) ->
 
 def test_the_parameters_and_outputs_the_doctor_reads_are_the_templates() -> None:
     template = sam.load_template()
-    assert set(PARAMETERS) - {doctor.WEIGHTS_PARAMETER} <= set(template.parameters())
+    assert set(PARAMETERS) <= set(template.parameters())
     assert {"DataBucketName", "NotificationTopicArn", "EndpointName", "PipelineStateMachineArn"} <= set(
         template.document["Outputs"])
 
@@ -216,6 +216,15 @@ def test_missing_weights_fail_naming_the_key_and_the_upload_command(account: Acc
 def test_training_from_scratch_needs_no_weights(account: Account) -> None:
     weights = account.check(**{doctor.WEIGHTS_PARAMETER: "none"})["pretrained weights"]
     assert weights.status == "ok" and "from scratch" in weights.found
+
+
+def test_the_default_key_names_the_model_zoo_checkpoint_to_upload(account: Account) -> None:
+    from d2ops_core import pretrained
+
+    weights = account.check(**{doctor.WEIGHTS_PARAMETER: pretrained.DEFAULT_KEY})["pretrained weights"]
+    assert weights.status == "FAIL"
+    config = pretrained.DEFAULT_CONFIGS["detection"]
+    assert pretrained.MODEL_ZOO_CHECKPOINTS[config] in weights.fix
 
 
 # ---------------------------------------------------------------------------------- bucket events
