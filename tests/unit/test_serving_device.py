@@ -68,7 +68,8 @@ def test_requirement_typo_is_a_clear_error() -> None:
 
 
 def test_serving_image_installs_a_cuda_12_torch_matching_the_pinned_version() -> None:
-    """PyPI's torch is a CUDA 13 build (driver >= 580); SageMaker's inference AMIs have 535/550."""
+    """PyPI's torch is a CUDA 13 build (driver >= 580), which no endpoint host of an allowed family gets
+    by default or through a documented AMI (d2ops_core.platform; tests/unit/test_platform_gpu.py)."""
     dockerfile = (REPO_ROOT / "containers" / "serving" / "Dockerfile").read_text()
     requirements = (REPO_ROOT / "containers" / "serving" / "requirements.txt").read_text()
     index = re.search(r"^ARG TORCH_INDEX_URL=(\S+)$", dockerfile, re.M)
