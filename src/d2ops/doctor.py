@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from d2ops_core import platform, pretrained
+from d2ops_core import platform, pretrained, runs
 
 Status = Literal["ok", "warn", "FAIL"]
 
@@ -36,9 +36,10 @@ IAM_ACTIONS: dict[str, str] = {
     "DescribeEndpoint": "sagemaker:DescribeEndpoint",
     "ListTags": "sagemaker:ListTags",
     "DescribeExecution": "states:DescribeExecution",
+    "ListObjectsV2": "s3:ListBucket",
 }
 _ACCESS_DENIED = frozenset({"AccessDenied", "AccessDeniedException", "AuthorizationError", "UnauthorizedOperation",
-                            "UnrecognizedClientException", "403"})
+                            "403"})
 
 RUN_ID_TAG = "d2ops:run-id"  # what the state machine tags the endpoint with (training_pipeline.asl.json)
 IMAGES_FIX = "run `make images` (builds and pushes both images) and deploy with the URIs it prints"
@@ -341,7 +342,23 @@ def _is_missing_endpoint(exc: ClientError) -> bool:
     return code == "ValidationException" and "Could not find endpoint" in message
 
 
-def check_endpoint_owner(cloudformation: Any, sagemaker: Any, stepfunctions: Any, stack: StackFacts) -> Check:
+def _runs_here(stepfunctions: Any, s3: Any, stack: StackFacts, run_id: str) -> bool:
+    """Whether ``run_id`` is one of this stack's runs: an execution of its state machine, or, once Step
+    Functions has dropped the execution (90 days after it closed), a run with artifacts in its bucket."""
+    machine = stack.outputs.get("PipelineStateMachineArn", "")
+    try:
+        stepfunctions.describe_execution(executionArn=f"{machine.replace(':stateMachine:', ':execution:')}:{run_id}")
+        return True
+    except ClientError as exc:
+        if _error(exc)[0] != "ExecutionDoesNotExist":
+            raise
+    listed = s3.list_objects_v2(Bucket=stack.outputs.get("ArtifactsBucketName", ""), Prefix=runs.run_prefix(run_id),
+                                MaxKeys=1)
+    return bool(listed.get("KeyCount"))
+
+
+def check_endpoint_owner(cloudformation: Any, sagemaker: Any, stepfunctions: Any, s3: Any,
+                         stack: StackFacts) -> Check:
     """No other stack manages the endpoint this stack deploys to.
 
     The endpoint is named from SageMakerNamePrefix, not from the stack: two stacks with one prefix
@@ -375,16 +392,10 @@ def check_endpoint_owner(cloudformation: Any, sagemaker: Any, stepfunctions: Any
     if not run_id:
         return Check(name, "FAIL", f"an endpoint {endpoint} exists that no d2ops run deployed (no {RUN_ID_TAG} tag)",
                      clear)
-    machine = stack.outputs.get("PipelineStateMachineArn", "")
-    execution = f"{machine.replace(':stateMachine:', ':execution:')}:{run_id}"
-    try:
-        stepfunctions.describe_execution(executionArn=execution)
-    except ClientError as exc:
-        if _error(exc)[0] != "ExecutionDoesNotExist":
-            raise
+    if not _runs_here(stepfunctions, s3, stack, run_id):
         return Check(name, "FAIL", f"{endpoint} was deployed by run {run_id}, which is not one of this stack's",
                      clear)
-    return Check(name, "ok", f"{endpoint} serves this stack's run {run_id}")
+    return Check(name, "ok", f"{endpoint} was deployed by this stack's run {run_id}")
 
 
 # ------------------------------------------------------------------------------------------ run
@@ -431,5 +442,5 @@ def run_checks(clients: Clients, stack: StackFacts) -> Report:
     report.checks += guarded("upload events", lambda: check_bucket_events(clients.s3, stack))
     report.checks += guarded("notifications", lambda: check_subscription(clients.sns, stack))
     report.checks += guarded("endpoint name", lambda: check_endpoint_owner(clients.cloudformation, clients.sagemaker,
-                                                                           clients.stepfunctions, stack))
+                                                                           clients.stepfunctions, clients.s3, stack))
     return report

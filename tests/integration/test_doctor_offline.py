@@ -45,7 +45,8 @@ def test_the_quotas_the_offline_sagemaker_enforces_are_the_ones_the_doctor_reads
         config = endpoint_config(rt, "elsewhere", b"not a model archive")
         rt.client("sagemaker").create_endpoint(EndpointName=stack.endpoint_name, EndpointConfigName=config,
                                                Tags=[{"Key": doctor.RUN_ID_TAG, "Value": "shapes-v1-elsewhere"}])
-        owner = doctor.check_endpoint_owner(clients.cloudformation, clients.sagemaker, clients.stepfunctions, stack)
+        owner = doctor.check_endpoint_owner(clients.cloudformation, clients.sagemaker, clients.stepfunctions,
+                                            clients.s3, stack)
     assert owner.status == "FAIL" and "deployed by run shapes-v1-elsewhere, which is not one of this stack's" in (
         owner.found)
     training = checks["training quota"]

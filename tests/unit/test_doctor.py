@@ -47,9 +47,11 @@ RAISED = {quota_name(GPU, "spot training"): 2}
 def tiny_template(parameters: dict[str, str]) -> str:
     return json.dumps({
         "Parameters": {name: {"Type": "String", "Default": value} for name, value in parameters.items()},
-        "Resources": {"DataBucket": {"Type": "AWS::S3::Bucket"}, "NotificationTopic": {"Type": "AWS::SNS::Topic"}},
+        "Resources": {"DataBucket": {"Type": "AWS::S3::Bucket"}, "ArtifactsBucket": {"Type": "AWS::S3::Bucket"},
+                      "NotificationTopic": {"Type": "AWS::SNS::Topic"}},
         "Outputs": {
             "DataBucketName": {"Value": {"Ref": "DataBucket"}},
+            "ArtifactsBucketName": {"Value": {"Ref": "ArtifactsBucket"}},
             "NotificationTopicArn": {"Value": {"Ref": "NotificationTopic"}},
             "EndpointName": {"Value": {"Fn::Sub": "${SageMakerNamePrefix}-detector"}},
             "PipelineStateMachineArn": {"Value": {"Fn::Sub": "arn:aws:states:${AWS::Region}:${AWS::AccountId}:"
@@ -123,7 +125,8 @@ def test_a_healthy_account_passes_every_check_one_line_each(account: Account) ->
 def test_the_parameters_and_outputs_the_doctor_reads_are_the_templates() -> None:
     template = sam.load_template()
     assert set(PARAMETERS) <= set(template.parameters())
-    assert {"DataBucketName", "NotificationTopicArn", "EndpointName", "PipelineStateMachineArn"} <= set(
+    assert {"DataBucketName", "ArtifactsBucketName", "NotificationTopicArn", "EndpointName",
+            "PipelineStateMachineArn"} <= set(
         template.document["Outputs"])
 
 
@@ -289,6 +292,19 @@ def test_an_endpoint_this_stacks_run_deployed_passes(account: Account) -> None:
     account.clients.stepfunctions.start_execution(stateMachineArn=machine, name="shapes-v1-0123456789ab")
     _endpoint(account, [{"Key": doctor.RUN_ID_TAG, "Value": "shapes-v1-0123456789ab"}])
     assert account.check()["endpoint name"].status == "ok"
+
+
+def test_an_endpoint_of_a_run_whose_execution_expired_passes_by_its_artifacts(account: Account) -> None:
+    # Step Functions drops a closed execution after 90 days; the run's artifacts stay in the stack's bucket.
+    run_id = "shapes-v1-0123456789ab"
+    _endpoint(account, [{"Key": doctor.RUN_ID_TAG, "Value": run_id}])
+    artifacts = account.stack.outputs["ArtifactsBucketName"]
+    # Another run whose id merely starts the same does not count.
+    account.clients.s3.put_object(Bucket=artifacts, Key=f"runs/{run_id}0/evaluation/evaluation.json", Body=b"{}")
+    assert account.check()["endpoint name"].status == "FAIL"
+    account.clients.s3.put_object(Bucket=artifacts, Key=f"runs/{run_id}/evaluation/evaluation.json", Body=b"{}")
+    endpoint = account.check()["endpoint name"]
+    assert endpoint.status == "ok" and endpoint.found.endswith(f"this stack's run {run_id}")
 
 
 def test_an_endpoint_no_d2ops_run_made_fails(account: Account) -> None:

@@ -64,7 +64,8 @@ def offline_facts(stack: OfflineStack) -> StackFacts:
     from d2ops.offline.stack import REGION, STACK_NAME
 
     return StackFacts(name=STACK_NAME, region=REGION, parameters=dict(stack.parameters), deployed=False,
-                      outputs={"DataBucketName": stack.data_bucket, "NotificationTopicArn": stack.topic_arn,
+                      outputs={"DataBucketName": stack.data_bucket, "ArtifactsBucketName": stack.artifacts_bucket,
+                               "NotificationTopicArn": stack.topic_arn,
                                "EndpointName": stack.endpoint_name, "PipelineStateMachineArn": stack.state_machine_arn})
 
 
