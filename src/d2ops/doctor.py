@@ -179,9 +179,9 @@ class QuotaNeed:
     quota: str  # Service Quotas' name (d2ops_core.platform.quota_name)
     needed: int
     why: str  # where the number comes from
-    # An endpoint update is blue/green: the new fleet comes up beside the old one, which stays until
-    # the bake ends (prepare_training.traffic_routing, docs/pipeline.md), so an update needs twice the
-    # instances of the first deployment.
+    # An endpoint update is blue/green (prepare_training.traffic_routing, docs/pipeline.md): the new fleet
+    # comes up beside the old one, which stays until the bake ends (platform.BLUE_GREEN_FLEETS), so an
+    # update needs more instances than the first deployment.
     first_deployment: int | None = None
 
 
@@ -198,7 +198,8 @@ def quota_needs(parameters: dict[str, str]) -> list[QuotaNeed]:
                   training_count, f"TrainingInstanceCount={training_count}, UseSpotTraining={str(spot).lower()}"),
         QuotaNeed("evaluation quota", platform.quota_name(evaluation_type, "processing"), 1,
                   "one evaluation processing job per run"),
-        QuotaNeed("endpoint quota", platform.quota_name(endpoint_type, "endpoint"), 2 * endpoint_count,
+        QuotaNeed("endpoint quota", platform.quota_name(endpoint_type, "endpoint"),
+                  platform.BLUE_GREEN_FLEETS * endpoint_count,
                   f"EndpointInstanceCount={endpoint_count}, twice that while a blue/green update bakes",
                   first_deployment=endpoint_count),
     ]

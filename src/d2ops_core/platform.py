@@ -125,6 +125,12 @@ QUOTA_FIND_CODE = f"aws service-quotas list-service-quotas --service-code {QUOTA
 QUOTA_REQUEST_INCREASE = ("aws service-quotas request-service-quota-increase --service-code "
                           f"{QUOTA_SERVICE_CODE} --quota-code CODE --desired-value {{desired}}")
 
+# A blue/green UpdateEndpoint (all at once, canary or linear) provisions the new ("green") fleet in full
+# beside the old ("blue") one, which keeps its instances until the baking period ends: an update holds
+# twice the variant's instances against the endpoint quota, where the first CreateEndpoint holds once.
+BLUE_GREEN_SOURCE = Source("https://docs.aws.amazon.com/sagemaker/latest/dg/deployment-guardrails-blue-green.html")
+BLUE_GREEN_FLEETS = 2
+
 
 # ------------------------------------------------------------------------------ model registry
 # CreateModelPackage's ModelPackageDescription (botocore shape EntityDescription): at most 1,024
