@@ -7,9 +7,10 @@
 
 Starting it: takes the work dir's lock, ends processes an interrupted runtime left behind,
 starts moto's server (S3, SNS, SQS, the SageMaker control-plane records) and the local
-gateway (Step Functions, SageMaker jobs and endpoints, SageMaker Runtime), points boto3 at
-them through the standard ``AWS_ENDPOINT_URL_*`` variables with dummy credentials, creates
-the stack's buckets, topic and model package group from template.yaml, restores the S3
+gateway (Step Functions, SageMaker jobs and endpoints, SageMaker Runtime, SageMaker's Service
+Quotas), points boto3 at them through the standard ``AWS_ENDPOINT_URL_*`` variables with dummy
+credentials, creates the stack's buckets (with their event notifications), topic and model
+package group from template.yaml and its images' tags in ECR, restores the S3
 snapshot of the last run, reloads execution and job records, and serves the status API.
 Stopping it reverses all of that and saves an S3 snapshot for the next start.
 """
