@@ -3,6 +3,8 @@ server for CloudFormation, ECR, S3 and SNS; the gateway's Service Quotas and Sag
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,31 @@ def test_the_quotas_the_offline_sagemaker_enforces_are_the_ones_the_doctor_reads
     assert checks["endpoint quota"].found.startswith(f"'{endpoint}' is 1: the first deployment fits (1), but every "
                                                      f"update needs 2")
     assert checks["evaluation quota"].status == "ok"
+
+
+HOLD_RUNTIME = """
+import sys
+from pathlib import Path
+from d2ops.offline.runtime import OfflineRuntime
+with OfflineRuntime(Path(sys.argv[1]), parameters={"EndpointInstanceCount": "3"},
+                    quotas={"ml.g4dn.xlarge for endpoint usage": 5}):
+    print("ready", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_doctor_asks_the_runtime_another_process_holds_about_that_runtimes_stack(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    work = tmp_path / "work"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_RUNTIME, str(work)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        assert cli.main(["doctor", "--work-dir", str(work)]) == 1
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    endpoint = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("FAIL endpoint quota"))
+    # Its parameters (3 instances) and its quota table (5), not the template's defaults: the holder's APIs answered.
+    assert f"'{quota_name(GPU, 'endpoint')}' is 5: the first deployment fits (3), but every update needs 6" in endpoint

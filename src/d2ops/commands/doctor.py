@@ -83,21 +83,21 @@ def _offline(work_dir: Path) -> Iterator[tuple[Clients, StackFacts]]:
     import boto3
 
     from d2ops.doctor import Clients
-    from d2ops.offline.client import running_endpoints
+    from d2ops.offline.client import running_runtime
     from d2ops.offline.processes import RuntimeBusy
     from d2ops.offline.runtime import CREDENTIALS, OfflineRuntime
     from d2ops.offline.stack import REGION, load_stack
 
-    urls = running_endpoints(work_dir)
-    if urls is not None:  # `d2ops demo` or `d2ops run` holds the work dir: ask its APIs
+    running = running_runtime(work_dir)
+    if running is not None:  # `d2ops demo` or `d2ops run` holds the work dir: ask its APIs, about its stack
         session = boto3.session.Session(aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
                                         aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
                                         aws_session_token=CREDENTIALS["AWS_SESSION_TOKEN"])
-        moto = Clients.from_session(session, REGION, endpoint_url=urls["moto"])
-        gateway = Clients.from_session(session, REGION, endpoint_url=urls["gateway"])
+        moto = Clients.from_session(session, REGION, endpoint_url=running.moto)
+        gateway = Clients.from_session(session, REGION, endpoint_url=running.gateway)
         yield Clients(cloudformation=moto.cloudformation, ecr=moto.ecr, s3=moto.s3, sns=moto.sns,
                       servicequotas=gateway.servicequotas, sagemaker=gateway.sagemaker,
-                      stepfunctions=gateway.stepfunctions), offline_facts(load_stack())
+                      stepfunctions=gateway.stepfunctions), offline_facts(load_stack(parameters=running.parameters))
         return
     try:
         with OfflineRuntime(work_dir) as rt:

@@ -24,7 +24,8 @@ from d2ops.offline.runtime import CREDENTIALS, RUNTIME_INFO, OfflineRuntime, off
 from d2ops.offline.stack import REGION, load_stack
 from d2ops.sigv4 import SignedStatusApi, StatusApiError
 
-__all__ = ["OfflineApis", "StatusApiError", "connect", "offline_status_api", "running_endpoints", "running_gateway"]
+__all__ = ["OfflineApis", "RunningRuntime", "StatusApiError", "connect", "offline_status_api", "running_gateway",
+           "running_runtime"]
 
 
 def offline_status_api(url: str) -> SignedStatusApi:
@@ -53,12 +54,24 @@ def _running(work_dir: Path) -> dict[str, Any] | None:
     return info
 
 
-def running_endpoints(work_dir: Path) -> dict[str, str] | None:
-    """``{"moto": url, "gateway": url}`` of the runtime another process holds ``work_dir`` with, or None."""
+@dataclass(frozen=True)
+class RunningRuntime:
+    """Where the runtime another process holds a work dir with listens, and its stack parameters."""
+
+    moto: str
+    gateway: str
+    parameters: dict[str, str]
+
+
+def running_runtime(work_dir: Path) -> RunningRuntime | None:
+    """The runtime another process holds ``work_dir`` with (`d2ops demo`, `d2ops run`), or None."""
     info = _running(work_dir.resolve())
     if info is None or not isinstance(info.get("moto"), str) or not isinstance(info.get("gateway"), str):
         return None
-    return {"moto": info["moto"], "gateway": info["gateway"]}
+    parameters = info.get("parameters")
+    return RunningRuntime(moto=info["moto"], gateway=info["gateway"],
+                          parameters={str(k): str(v) for k, v in parameters.items()}
+                          if isinstance(parameters, dict) else {})
 
 
 def running_gateway(work_dir: Path) -> str | None:

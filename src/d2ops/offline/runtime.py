@@ -170,7 +170,8 @@ class OfflineRuntime:
             self.status_api.start()
             self.warden.start_watching()
             write_json_atomic(self.work_dir / RUNTIME_INFO, {"pid": os.getpid(), "status_api": self.status_api.url,
-                                                             "gateway": self.gateway.url, "moto": self.moto_url})
+                                                             "gateway": self.gateway.url, "moto": self.moto_url,
+                                                             "parameters": self.stack.parameters})
         except BaseException:
             self.stop()
             raise
