@@ -62,6 +62,16 @@ class NativeCheckpoint(BaseModel):
     bytes: int = Field(ge=0, description="their total size")
 
 
+class InitialWeights(BaseModel):
+    """The checkpoint training started from (the job's `pretrained` channel), so a model can be traced
+    to the exact weights it was fine-tuned from."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(description="the file as the training job saw it, e.g. /opt/ml/input/data/pretrained/x.pkl")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    bytes: int = Field(ge=0)
+
+
 class ArtifactMetadata(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -76,6 +86,8 @@ class ArtifactMetadata(BaseModel):
     dataset: DatasetVersion | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
     checkpoint: NativeCheckpoint | None = None
+    initial_weights: InitialWeights | None = Field(
+        default=None, description="the pretrained checkpoint training started from; None: from scratch")
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
     @model_validator(mode="after")

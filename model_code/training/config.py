@@ -69,6 +69,9 @@ class Hyperparameters(BaseModel):
     log_period: int = Field(default=20, ge=1, le=MAX_ITERATIONS)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     overrides: str = Field(default="", description="detectron2: JSON object or 'KEY VALUE ...'")
+    weights: Literal["pretrained", "scratch"] = Field(
+        default="pretrained", description="detectron2: 'scratch' makes a config built for pretrained weights "
+                                          "(frozen stem, FrozenBN) trainable without them (GN, FREEZE_AT 0)")
     # torchvision trainer
     min_size: int = Field(default=800, ge=32, le=4096)
     max_size: int = Field(default=1333, ge=32, le=8192)

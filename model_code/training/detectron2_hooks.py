@@ -382,9 +382,17 @@ def main(job: dict[str, Any]) -> None:
     Trainer.checkpoints_kept = int(job.get("checkpoints_kept", 2))
     trainer = Trainer(cfg)
     share_last_checkpoint(trainer.checkpointer)
-    trainer.resume_or_load(resume=True)  # OUTPUT_DIR/last_checkpoint after a spot restart, else MODEL.WEIGHTS
-    if trainer.start_iter > 0 and rank == 0:
-        log(f"resuming from {trainer.checkpointer.get_checkpoint_file()} at iteration {trainer.start_iter}")
+    resuming = trainer.checkpointer.has_checkpoint()
+    # OUTPUT_DIR/last_checkpoint after a spot restart (never the pretrained weights over it), else MODEL.WEIGHTS.
+    # Loading MODEL.WEIGHTS skips every tensor whose shape differs from the model's (a checkpoint's head for
+    # another class count): fvcore logs each "Skip loading parameter ..." line, then the ones left random.
+    if rank == 0 and not resuming and cfg.MODEL.WEIGHTS:
+        log(f"loading pretrained weights {cfg.MODEL.WEIGHTS} (mismatched shapes, such as a head for another class "
+            "count, are skipped and trained from random)")
+    trainer.resume_or_load(resume=True)
+    if resuming and rank == 0:
+        log(f"resuming from {trainer.checkpointer.get_checkpoint_file()} at iteration {trainer.start_iter}"
+            + (f"; the pretrained weights {cfg.MODEL.WEIGHTS} are not loaded again" if cfg.MODEL.WEIGHTS else ""))
     try:
         trainer.train()
     except Interrupted as exc:

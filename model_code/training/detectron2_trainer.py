@@ -7,6 +7,7 @@ the config and launch) and by :mod:`detectron2_hooks`, which runs in every worke
 
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
 import json
 import re
@@ -17,6 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from d2ops_core import pretrained
 from model_code.dataset_version import Categories, DatasetVersion, open_dataset_version, read_coco
 from model_code.training.config import ConfigError, Hyperparameters, TrainingEnvironment
 from model_code.training.detectron2_schedule import (
@@ -28,8 +30,8 @@ from model_code.training.detectron2_schedule import (
 )
 from model_code.training.distributed import WorldPlan, communication_environment, plan_world
 
-DEFAULT_CONFIGS = {"detection": "COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml",
-                   "instance_segmentation": "COCO-InstanceSegmentation/mask_rcnn_R_50_FPN_3x.yaml"}
+# One home with the stack's PretrainedWeightsKey default (d2ops_core.pretrained).
+DEFAULT_CONFIGS = pretrained.DEFAULT_CONFIGS
 # Without a GPU and without a `model` hyperparameter: this small config, not the cloud one (an R-50 at
 # 800 px on a CPU grows to 14 GB and runs for hours). One file for boxes and masks (MODEL.MASK_ON).
 CPU_PROFILE = "rcnn_R_18_FPN_cpu.yaml"
@@ -38,7 +40,7 @@ CPU_PROFILE = "rcnn_R_18_FPN_cpu.yaml"
 SHIPPED_CONFIG_DIR = Path(str(importlib.resources.files("model_code.training") / "configs"))
 TRAIN_DATASET = "d2ops_train"
 VAL_DATASET = "d2ops_val"
-PRETRAINED_CHANNEL = "pretrained"
+PRETRAINED_CHANNEL = pretrained.CHANNEL
 PRETRAINED_SUFFIXES = (".pkl", ".pth")
 CHECKPOINTS_KEPT = 2  # the newest two periodic checkpoints (~330 MB each for an R-50)
 _KEY = re.compile(r"^[A-Z][A-Z0-9_]*(\.[A-Z][A-Z0-9_]*)*$")
@@ -49,7 +51,8 @@ RESERVED_KEYS = {
     "DATASETS.TRAIN": "it is the train channel", "DATASETS.TEST": "it is the val channel",
     "MODEL.ROI_HEADS.NUM_CLASSES": "it comes from the dataset's categories",
     "SOLVER.REFERENCE_WORLD_SIZE": "use the reference_world_size hyperparameter",
-    "MODEL.WEIGHTS": "upload the weights file as the `pretrained` input channel (nothing is downloaded at train time)",
+    "MODEL.WEIGHTS": "upload the weights file as the `pretrained` input channel (nothing is downloaded at train time; "
+                     "`d2ops weights upload FILE --stack NAME`)",
     "SEED": "use the seed hyperparameter (data order and augmentation derive from it, so resume replays them)",
 }
 # Hyperparameter -> SOLVER key. For a model-zoo config these always apply (its own schedule is for
@@ -59,6 +62,23 @@ _SOLVER_KEYS = {"ims_per_batch": "SOLVER.IMS_PER_BATCH", "base_lr": "SOLVER.BASE
                 "warmup_iters": "SOLVER.WARMUP_ITERS", "checkpoint_period": "SOLVER.CHECKPOINT_PERIOD",
                 "momentum": "SOLVER.MOMENTUM", "weight_decay": "SOLVER.WEIGHT_DECAY",
                 "eval_period": "TEST.EVAL_PERIOD"}
+
+
+# What makes a config train from scratch, after detectron2's own configs/Misc/scratch_mask_rcnn_R_50_FPN_3x_gn.yaml
+# (and its base mask_rcnn_R_50_FPN_3x_gn.yaml): nothing frozen, GroupNorm in the backbone, the FPN and
+# the heads (GN needs no batch statistics, so it works at any batch per GPU, unlike BN), a 4-conv box
+# head for that norm to act on. Applied only to a config that assumes pretrained weights.
+SCRATCH_OPTIONS = {
+    "MODEL.BACKBONE.FREEZE_AT": "0",
+    "MODEL.RESNETS.NORM": "GN",
+    "MODEL.RESNETS.STRIDE_IN_1X1": "False",
+    "MODEL.FPN.NORM": "GN",
+    "MODEL.ROI_BOX_HEAD.NAME": "FastRCNNConvFCHead",
+    "MODEL.ROI_BOX_HEAD.NUM_CONV": "4",
+    "MODEL.ROI_BOX_HEAD.NUM_FC": "1",
+    "MODEL.ROI_BOX_HEAD.NORM": "GN",
+    "MODEL.ROI_MASK_HEAD.NORM": "GN",
+}
 
 
 @dataclass(frozen=True)
@@ -143,6 +163,39 @@ def pretrained_weights(channels: Mapping[str, Path]) -> str:
     return str(weights[0]) if weights else ""
 
 
+def file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def initial_weights(path: str) -> dict[str, Any] | None:
+    """The artifact's ``initial_weights`` record (model_code.artifact.InitialWeights) of MODEL.WEIGHTS."""
+    if not path:
+        return None
+    file = Path(path)
+    return {"path": str(file), "sha256": file_digest(file), "bytes": file.stat().st_size}
+
+
+def pretrained_only(freeze_at: int, resnet_norm: str) -> list[str]:
+    """What in a built config assumes pretrained weights (empty: it can train from scratch)."""
+    reasons = []
+    if freeze_at > 0:
+        reasons.append(f"MODEL.BACKBONE.FREEZE_AT={freeze_at} (the stem{' and res2' if freeze_at > 1 else ''} "
+                       "would stay at their random initialisation)")
+    if resnet_norm == "FrozenBN":
+        reasons.append("MODEL.RESNETS.NORM=FrozenBN (fixed statistics that only pretrained weights bring)")
+    return reasons
+
+
+def scratch_options(user_options: list[str]) -> list[str]:
+    """SCRATCH_OPTIONS less the keys the user's ``overrides`` set (theirs win)."""
+    mine = set(user_options[0::2])
+    return [item for key, value in SCRATCH_OPTIONS.items() if key not in mine for item in (key, value)]
+
+
 def dataset_registrations(train: DatasetVersion, val: DatasetVersion, categories: Categories
                           ) -> list[DatasetRegistration]:
     # Dataset category ids need not be contiguous; detectron2 maps them through this table both ways.
@@ -207,6 +260,7 @@ class Detectron2Job:
     dataset_version: str
     log_period: int = 20
     checkpoints_kept: int = CHECKPOINTS_KEPT
+    initial_weights: dict[str, Any] | None = None  # model_code.artifact.InitialWeights of MODEL.WEIGHTS
 
 
 def plan_job(env: TrainingEnvironment, hp: Hyperparameters, environ: Mapping[str, str]
@@ -223,10 +277,15 @@ def plan_job(env: TrainingEnvironment, hp: Hyperparameters, environ: Mapping[str
         check_image_files(read_coco(split_file), images_dir, str(split_file))
     plan = plan_world(env, hp, environ)
     source = config_source(hp.model, train.task, use_gpu=plan.use_gpu)
+    weights = pretrained_weights(env.channels)
+    if weights and hp.weights == "scratch":
+        raise ConfigError(f"hyperparameter weights=scratch, but the {PRETRAINED_CHANNEL!r} channel holds {weights}: "
+                          "drop one of them")
     job = Detectron2Job(source=source,
                         options=config_options(hp, plan, task=train.task, num_classes=len(categories.ids),
                                                checkpoint_dir=env.checkpoint_dir, source=source,
-                                               weights=pretrained_weights(env.channels)),
+                                               weights=weights),
+                        initial_weights=initial_weights(weights),
                         registrations=dataset_registrations(train, val, categories), task=train.task,
                         model_dir=str(env.model_dir), output_data_dir=str(env.output_data_dir),
                         job_name=env.job_name, dataset_name=train.name, dataset_version=train.version,
@@ -275,6 +334,19 @@ def run(env: TrainingEnvironment, hp: Hyperparameters, environ: Mapping[str, str
     from model_code.training import detectron2_hooks
 
     cfg = detectron2_hooks.build_config(asdict(job))
+    frozen = pretrained_only(int(cfg.MODEL.BACKBONE.FREEZE_AT), str(cfg.MODEL.RESNETS.NORM))
+    if frozen and not cfg.MODEL.WEIGHTS:
+        name = Path(job.source.location).name
+        if hp.weights != "scratch":
+            raise ConfigError(f"detectron2 config {name} expects pretrained weights ({'; '.join(frozen)}) and the job "
+                              f"has no {PRETRAINED_CHANNEL!r} channel: give it one (`d2ops weights upload FILE` puts a "
+                              "model-zoo checkpoint where the pipeline sends it) or set weights=scratch")
+        extra = scratch_options(parse_overrides(hp.overrides))
+        job = replace(job, options=job.options + extra)
+        cfg = detectron2_hooks.build_config(asdict(job))
+        if plan.is_master_host:
+            log(f"from scratch (weights=scratch): {name} was built for pretrained weights; training it with "
+                f"{' '.join(f'{k}={v}' for k, v in zip(extra[0::2], extra[1::2], strict=True))}")
     memory = gpu_memory_gib() if plan.use_gpu else None
     limit = (images_per_gpu_limit(memory, masks=bool(cfg.MODEL.MASK_ON), train_pixels=train_pixels(cfg),
                                   depth=int(cfg.MODEL.RESNETS.DEPTH)) if memory else None)
@@ -303,7 +375,8 @@ def describe(job: Detectron2Job, plan: WorldPlan, solver: SolverPlan, memory: fl
         f"warmup {min(s.warmup_iters, s.max_iter)}")
     for note in solver.notes:
         log(f"batch rule: {note}")
-    weights = dict(zip(job.options[0::2], job.options[1::2], strict=False)).get("MODEL.WEIGHTS") or ""
-    log(f"initial weights: {weights}" if weights else "initial weights: none (from scratch; a `pretrained` "
-        "channel with one .pkl/.pth file fine-tunes instead)")
+    weights = job.initial_weights
+    log(f"initial weights: {weights['path']} (sha256 {weights['sha256']}, {weights['bytes']} bytes); a resumed "
+        "job continues from its checkpoint instead" if weights else
+        "initial weights: none (from scratch; a `pretrained` channel with one .pkl/.pth file fine-tunes instead)")
     sys.stdout.flush()

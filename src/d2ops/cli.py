@@ -29,6 +29,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "d2ops.commands.run",
     "d2ops.commands.status",
     "d2ops.commands.doctor",
+    "d2ops.commands.weights",
     "d2ops.commands.graph",
     "d2ops.commands.console",
     "d2ops.commands.predict",

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from d2ops_core import pretrained
 from d2ops_core.cpu_profile import torchvision_cpu_profile, torchvision_job_defaults
 
 FRAMEWORKS = ("auto", "detectron2", "torchvision")
@@ -36,6 +37,8 @@ class TrainerChoice:
     manifest_training: dict[str, object] = field(default_factory=dict)
     # The demo's iterations: enough for the CPU profile to clear the stack's MinMap (0.30) with margin.
     demo_iterations: int = 150
+    # Stack parameters of the demo's offline stack (over the template's defaults).
+    stack_parameters: dict[str, str] = field(default_factory=dict)
 
 
 def detectron2_problem(python: str = sys.executable, timeout: float = 180.0) -> str | None:
@@ -54,8 +57,11 @@ def detectron2_problem(python: str = sys.executable, timeout: float = 180.0) -> 
 def detectron2_choice(reason: str) -> TrainerChoice:
     # 250 iterations: bbox AP 0.79-0.82 for seeds 0-2 with the CPU profile, 200 gave 0.64-0.75 (docs/training.md);
     # with the earlier profile, 150 measured 0.35 in the demo, too near MinMap 0.30.
+    # PretrainedWeightsKey=none: the demo trains the CPU profile (rcnn_R_18_FPN_cpu.yaml), built to learn from
+    # scratch (trainable BN, nothing frozen), for which no model-zoo checkpoint exists; the default key would
+    # stop every demo run in the prepare step until a file is uploaded (the offline tests exercise that path).
     return TrainerChoice("detectron2", reason, training_defaults={"num_workers": "0", "log_period": "10"},
-                         demo_iterations=250)
+                         demo_iterations=250, stack_parameters={"PretrainedWeightsKey": pretrained.SCRATCH})
 
 
 def torchvision_choice(reason: str, image_size: int) -> TrainerChoice:

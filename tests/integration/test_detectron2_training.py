@@ -14,6 +14,7 @@ iteration, on the same images as the one-host run (same global batch, shared by 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -233,9 +234,12 @@ def test_instance_segmentation_fine_tunes_from_the_pretrained_channel(
     ), log=lines.append)
     assert result.status == "Completed", result.failure_reason
     # the job sees the channel under its own input/data (at /opt/ml, or the host tree where no mount is possible)
-    assert any(re.search(r"initial weights: \S+/input/data/pretrained/detector\.pth$", line) for line in lines)
+    digest = hashlib.sha256((pretrained / "detector.pth").read_bytes()).hexdigest()
+    assert any(re.search(rf"initial weights: \S+/input/data/pretrained/detector\.pth \(sha256 {digest},", line)
+               for line in lines)
     detector = load_artifact(result.model_artifact)
     assert detector.metadata.task == "instance_segmentation"
+    assert detector.metadata.initial_weights is not None and detector.metadata.initial_weights.sha256 == digest
     evaluation = detector.evaluation
     assert evaluation.primary_metric == "segm_AP"
     # measured 0.80 (segm and bbox AP50) after 30 iterations from a 120-iteration detector: docs/training.md

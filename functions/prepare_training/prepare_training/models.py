@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from d2ops_core import pretrained
 from d2ops_core.documents.run_state import (  # re-exported: the prepare step's output
     CapacitySize,
     ChampionRef,
@@ -16,7 +17,6 @@ from d2ops_core.documents.run_state import (  # re-exported: the prepare step's 
     Plan,
     TrafficRoutingConfig,
 )
-from d2ops_core import pretrained
 from d2ops_core.runs import DatasetRef
 from d2ops_core.validation.manifest import Gate, StackLimits, TrainingOverrides
 

@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         args.max_iter = trainer.demo_iterations
     install_signal_handlers()
     work_dir: Path = args.work_dir
-    settings: dict[str, Any] = {"training_defaults": trainer.training_defaults,
+    settings: dict[str, Any] = {"training_defaults": trainer.training_defaults, "parameters": trainer.stack_parameters,
                                 "function_env": {"PrepareTrainingFunction": {"FRAMEWORK": trainer.framework}}}
     stages: dict[str, float] = {}
     runs: list[dict[str, Any]] = []
@@ -178,6 +178,9 @@ def run(args: argparse.Namespace) -> int:
             runtime = OfflineRuntime(work_dir, **settings)
         say("d2ops demo: the whole pipeline on this machine (no AWS account, no Docker, no GPU)")
         say(f"trainer: {trainer.framework} ({trainer.reason})")
+        if trainer.stack_parameters.get("PretrainedWeightsKey") == "none":
+            say("weights: PretrainedWeightsKey=none, the CPU profile trains from scratch (a deployed stack fine-tunes "
+                "from a model-zoo checkpoint: d2ops weights upload --help)")
         with runtime as rt:
             stages["start runtime"] = round(time.monotonic() - t0, 1)
             for message in rt.messages:

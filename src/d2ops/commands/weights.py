@@ -1,0 +1,115 @@
+"""``d2ops weights upload FILE --stack NAME``: put a pretrained detectron2 checkpoint where the stack's
+runs fine-tune from (its data bucket, at its ``PretrainedWeightsKey``).
+
+Without ``--stack`` it uploads into the offline stack's data bucket: through the runtime holding
+``--work-dir`` when one runs, else through one started for the upload (the local S3 is saved with the
+work directory, so later offline runs find the file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from d2ops.commands.errors import UsageError
+
+PARAMETER = "PretrainedWeightsKey"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from d2ops.weights import help_text
+
+    group = subparsers.add_parser("weights", help="pretrained weights the stack's runs fine-tune from",
+                                  description="Pretrained weights the stack's runs fine-tune from.",
+                                  epilog=help_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = group.add_subparsers(dest="weights_command", metavar="ACTION", required=True)
+    p = commands.add_parser(
+        "upload", help="check a detectron2 checkpoint and put it at the stack's PretrainedWeightsKey",
+        description="Check that FILE is a detectron2 checkpoint (.pkl from the model zoo, or .pth) and upload it to "
+                    "the stack's data bucket at its PretrainedWeightsKey, where every run's training job gets it as "
+                    "the `pretrained` channel.",
+        epilog=help_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", metavar="FILE", type=Path, help="the checkpoint, e.g. model_final_280758.pkl")
+    p.add_argument("--stack", metavar="NAME", help="the deployed d2ops stack (default: the offline stack)")
+    p.add_argument("--profile", help="AWS profile for --stack (default: the usual AWS_PROFILE / credential chain)")
+    p.add_argument("--region", help="AWS region of --stack (default: the profile's or AWS_REGION)")
+    p.add_argument("--work-dir", type=Path, default=Path(".d2ops"),
+                   help="offline runtime state, without --stack (default .d2ops)")
+    p.set_defaults(func=run)
+
+
+@contextlib.contextmanager
+def _deployed(args: argparse.Namespace) -> Iterator[tuple[Any, str, str]]:
+    import boto3
+    from botocore.exceptions import BotoCoreError
+
+    from d2ops.doctor import StackNotFound, read_stack
+
+    try:
+        session = boto3.session.Session(profile_name=args.profile, region_name=args.region)
+        if session.get_credentials() is None:
+            raise UsageError("no AWS credentials found (set AWS_PROFILE or AWS_ACCESS_KEY_ID, or run `aws configure`)")
+        if not session.region_name:
+            raise UsageError("no AWS region (pass --region, or set AWS_REGION or a profile with one)")
+        stack = read_stack(session.client("cloudformation"), args.stack, session.region_name)
+    except (StackNotFound, BotoCoreError) as exc:
+        raise UsageError(f"--stack {args.stack}: {exc}") from exc
+    bucket, key = stack.outputs.get("DataBucketName"), stack.parameters.get(PARAMETER)
+    if not bucket or not key:
+        raise UsageError(f"--stack {args.stack}: no DataBucketName output or no {PARAMETER} parameter; deploy the "
+                         "current template.yaml first")
+    yield session.client("s3"), bucket, key
+
+
+@contextlib.contextmanager
+def _offline(work_dir: Path) -> Iterator[tuple[Any, str, str]]:
+    import boto3
+
+    from d2ops.offline.client import running_endpoints
+    from d2ops.offline.processes import RuntimeBusy
+    from d2ops.offline.runtime import CREDENTIALS, OfflineRuntime
+    from d2ops.offline.stack import REGION, load_stack
+
+    stack = load_stack()
+    key = stack.parameters[PARAMETER]
+    urls = running_endpoints(work_dir)
+    if urls is not None:  # `d2ops demo` or `d2ops run` holds the work dir: its local S3
+        s3 = boto3.session.Session(aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                                   aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                                   aws_session_token=CREDENTIALS["AWS_SESSION_TOKEN"]
+                                   ).client("s3", region_name=REGION, endpoint_url=urls["moto"])
+        yield s3, stack.data_bucket, key
+        return
+    try:
+        with OfflineRuntime(work_dir) as rt:
+            yield rt.client("s3"), rt.stack.data_bucket, key
+    except RuntimeBusy as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def run(args: argparse.Namespace) -> int:
+    from boto3.exceptions import S3UploadFailedError
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from d2ops.weights import CheckpointError, inspect_checkpoint, upload
+    from d2ops_core import pretrained
+
+    where = _deployed(args) if args.stack else _offline(args.work_dir)
+    with where as (s3, bucket, key):
+        if key == pretrained.SCRATCH:
+            raise UsageError(f"the stack's {PARAMETER} is {pretrained.SCRATCH!r}: it trains from scratch and reads no "
+                             f"weights; redeploy with {PARAMETER}={pretrained.DEFAULT_KEY} (the default) to fine-tune")
+        try:
+            checkpoint = inspect_checkpoint(args.file, key)
+        except CheckpointError as exc:
+            raise UsageError(str(exc)) from exc
+        try:
+            upload(s3, checkpoint, bucket, key)
+        except (ClientError, BotoCoreError, S3UploadFailedError) as exc:
+            print(f"d2ops weights: error: uploading to s3://{bucket}/{key} failed: {exc}", file=sys.stderr)
+            return 1
+    return 0
