@@ -90,7 +90,11 @@ def bad_request(exc: RequestValidationError) -> Response:
 
 @app.exception_handler(service.NotFound)
 def not_found(exc: service.NotFound) -> Response:
-    """Every "no such run/dataset/..." of the service layer is a 404, mapped here once."""
+    """Every "no such run/dataset/..." of the service layer is a 404, mapped here once; a report S3 refused
+    the API's role is one too (the caller cannot fix the role), logged for the operator who can."""
+    if isinstance(exc, views.ReportUnreadable):
+        logger.warning("S3 refused a report to the status API's role: check its policy in template.yaml",
+                       extra={"reason": str(exc)})
     return _problem(404, one_line(str(exc)))
 
 
@@ -149,7 +153,8 @@ def get_run_graph(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> RunGra
 
 @app.get("/runs/<runId>/validation", summary="The run's full validation report (errors, warnings, class statistics)",
          responses={**_ok("the validation report", ValidationReport),
-                    404: error("no run with this id, or it has no validation report yet"), 503: BUSY})
+                    404: error("no run with this id, or it has no validation report (yet), or S3 refused it to "
+                                "the API (AccessDenied: the message says so)"), 503: BUSY})
 @tracer.capture_method
 def get_validation_report(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> ValidationReport:
     return views.validation_report(clients.client("stepfunctions"), clients.client("s3"),
@@ -159,7 +164,8 @@ def get_validation_report(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -
 @app.get("/runs/<runId>/evaluation",
          summary="The run's evaluation report: challenger and champion metrics, per-class AP, precision-recall curves",
          responses={**_ok("the evaluation report", EvaluationView),
-                    404: error("no run with this id, or it has no evaluation report yet"), 503: BUSY})
+                    404: error("no run with this id, or it has no evaluation report (yet), or S3 refused it to "
+                                "the API (AccessDenied: the message says so)"), 503: BUSY})
 @tracer.capture_method
 def get_evaluation_report(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> EvaluationView:
     return views.evaluation_report(clients.client("stepfunctions"), clients.client("s3"),
@@ -169,7 +175,8 @@ def get_evaluation_report(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -
 @app.get("/endpoints/<endpointName>/history",
          summary="What served the endpoint when (run, dataset version, model package, metrics), what was rolled back",
          responses={**_ok("served periods, newest first, and rolled-back deployments", EndpointHistory),
-                    404: error("no endpoint with this name has a recorded deployment"), 503: BUSY})
+                    404: error("no endpoint with this name has a recorded deployment, or S3 refused its history "
+                                "to the API (AccessDenied: the message says so)"), 503: BUSY})
 @tracer.capture_method
 def get_endpoint_history(
         endpointName: Annotated[str, Path(pattern=ENDPOINT_NAME_PATTERN)]) -> EndpointHistory:  # the route's spelling

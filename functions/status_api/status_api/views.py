@@ -24,6 +24,17 @@ class ReportNotFound(NotFound):
     """The run has not written this report (yet), or it is gone (a 404, like every NotFound)."""
 
 
+class ReportUnreadable(ReportNotFound):
+    """S3 refused the status API's role the report (AccessDenied): to the caller it is not available,
+    a 404 like a missing one (never a 500), with a message that says S3 refused it, and a warning in
+    the log for the operator (the role's policy in template.yaml lacks the key)."""
+
+
+def _access_denied(exc: Exception) -> bool:
+    response = getattr(exc, "response", None)
+    return isinstance(response, dict) and response.get("Error", {}).get("Code") in {"AccessDenied", "403"}
+
+
 def _execution(sfn: Any, state_machine_arn: str, run_id: str) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
     arn = runs.execution_arn(state_machine_arn, run_id)
     try:
@@ -52,13 +63,23 @@ def run_graph(sfn: Any, state_machine_arn: str, run_id: str) -> RunGraph:
 
 
 def _read_json(s3: Any, artifacts_bucket: str, uri: str, what: str) -> bytes:
+    """The report's bytes. Missing is asked by listing the exact key (d2ops_core.runs.key_listed): S3
+    answers a GET of a missing key with 403 AccessDenied, not NoSuchKey, to a role that may not list
+    it, and the role lists only the keys it reads (template.yaml, MissingReportsAreNoSuchKey)."""
     bucket, key = runs.parse_s3_uri(uri)
     if bucket != artifacts_bucket:
         raise ReportNotFound(f"the run's {what} is not in the artifacts bucket ({uri})")
     try:
+        if not runs.key_listed(s3, bucket, key):
+            raise ReportNotFound(f"the run's {what} {uri} is gone")
         return bytes(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-    except s3.exceptions.NoSuchKey as exc:
+    except s3.exceptions.NoSuchKey as exc:  # removed between the listing and the read
         raise ReportNotFound(f"the run's {what} {uri} is gone") from exc
+    except s3.exceptions.ClientError as exc:
+        if not _access_denied(exc):
+            raise
+        raise ReportUnreadable(f"the run's {what} {uri} cannot be read: S3 refused the status API access "
+                               "(AccessDenied)") from exc
 
 
 def _document(sfn: Any, state_machine_arn: str, run_id: str) -> RunState:
@@ -94,7 +115,13 @@ def evaluation_report(sfn: Any, s3: Any, state_machine_arn: str, artifacts_bucke
 
 
 def endpoint_history(s3: Any, artifacts_bucket: str, endpoint_name: str) -> EndpointHistory:
-    history = read_endpoint_history(s3, artifacts_bucket, endpoint_name)
+    try:
+        history = read_endpoint_history(s3, artifacts_bucket, endpoint_name)
+    except s3.exceptions.ClientError as exc:
+        if not _access_denied(exc):
+            raise
+        raise ReportUnreadable(f"endpoint {endpoint_name!r}'s history cannot be read: S3 refused the status API "
+                               "access (AccessDenied)") from exc
     if history is None:
         raise ReportNotFound(f"endpoint {endpoint_name!r} has no recorded deployments")
     return history
