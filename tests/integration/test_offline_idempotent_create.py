@@ -28,7 +28,8 @@ def rt(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineRuntime]:
         yield runtime
 
 INPUT = {"dataset": {"name": "shapes", "version": "v1"},
-         "gate": {"reason": "challenger bbox_AP 0.55 reaches the threshold", "approval_status": "Approved"},
+         "gate": {"reason": "challenger bbox_AP 0.55 reaches the threshold", "approval_status": "Approved",
+                  "description": "shapes v1: challenger bbox_AP 0.55 reaches the threshold"},
          "training": {"model_data": "s3://d2ops-artifactsbucket/runs/r1/training/output/model.tar.gz",
                       "job_name": "r1-train"},
          "evaluation": {"report_uri": "s3://d2ops-artifactsbucket/runs/r1/evaluation/evaluation.json",
