@@ -81,9 +81,13 @@ def prepare_handler(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 @pytest.mark.parametrize("case", ["defaults", "manifest_overrides"])
-def test_the_prepared_job_requests_fit_the_optimised_sync_integrations(prepare_handler: Any, case: str) -> None:
+def test_the_prepared_job_requests_fit_the_optimised_sync_integrations(prepare_handler: Any, case: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The training and evaluation requests reach createTrainingJob.sync/createProcessingJob.sync through
     InputPath: Step Functions checks them only at run time, as an uncatchable States.Runtime."""
+    if case == "manifest_overrides":  # instance segmentation: the stack names Mask R-CNN's checkpoint
+        monkeypatch.setenv("PRETRAINED_WEIGHTS_KEY", support.MASK_WEIGHTS_KEY)
+        support.put_pretrained_weights(boto3.client("s3"), support.MASK_WEIGHTS_KEY)
     plan = prepare_handler(support.load_event("prepare_training", case), support.FakeLambdaContext())
     for state, key in (("Train model", "training_job"), ("Evaluate challenger and champion", "evaluation_job")):
         assert TASKS[state]["InputPath"] == f"$.plan.{key}"

@@ -73,13 +73,18 @@ def test_spot_training_waits_at_most_twice_the_runtime_and_checkpoints_to_s3(aws
     assert "MaxWaitTimeInSeconds" not in on_demand["StoppingCondition"]
 
 
-def test_manifest_overrides_become_string_hyperparameters_and_gate_thresholds(aws: dict[str, Any]) -> None:
+def test_manifest_overrides_become_string_hyperparameters_and_gate_thresholds(aws: dict[str, Any],
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # The manifest's task is instance_segmentation: a stack fine-tuning it names Mask R-CNN's checkpoint.
+    monkeypatch.setenv("PRETRAINED_WEIGHTS_KEY", support.MASK_WEIGHTS_KEY)
+    support.put_pretrained_weights(aws["s3"], support.MASK_WEIGHTS_KEY)
     plan = prepare("manifest_overrides")
     assert plan["training_job"]["HyperParameters"] == {
         "framework": "detectron2", "max_iter": "3000", "ims_per_batch": "8", "base_lr": "0.01", "seed": "7"}
     # The manifest's task is instance_segmentation: the gate judges mask AP.
     assert plan["gate"] == {"primary_metric": "segm_AP", "min_map": 0.5, "max_regression": 0.005,
                             "max_class_regression": 0.05, "min_class_instances": 10}
+    monkeypatch.setenv("PRETRAINED_WEIGHTS_KEY", support.PREPARE_ENV["PRETRAINED_WEIGHTS_KEY"])
     assert prepare()["gate"] == {"primary_metric": "bbox_AP", "min_map": 0.3,  # detection; stack parameters
                                  "max_regression": 0.01, "max_class_regression": 0.1, "min_class_instances": 30}
 

@@ -142,3 +142,28 @@ def test_the_torchvision_trainer_gets_no_detectron2_checkpoint(aws: Any, monkeyp
 def test_a_key_with_wildcards_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="pretrained_weights_key"):
         PrepareSettings.from_env({**support.PREPARE_ENV, "PRETRAINED_WEIGHTS_KEY": "pretrained/*"})
+
+
+@pytest.mark.parametrize(("manifest", "instance", "refused"), [
+    ({"task": "instance_segmentation"}, "ml.g4dn.xlarge", "COCO-InstanceSegmentation/mask_rcnn_R_50_FPN_3x.yaml"),
+    ({"training": {"model": "COCO-Detection/retinanet_R_50_FPN_3x.yaml"}}, "ml.g4dn.xlarge", "retinanet"),
+    ({"task": "instance_segmentation"}, "ml.m5.xlarge", None),  # a CPU instance trains the CPU profile
+    ({"training": {"model": "COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml"}}, "ml.g4dn.xlarge", None),
+])
+def test_a_documented_key_must_name_the_config_the_run_trains(manifest: dict[str, Any], instance: str,
+                                                               refused: str | None) -> None:
+    from prepare_training.models import PrepareEvent
+    from prepare_training.service import PretrainedWeightsMismatch, build_plan
+
+    settings = PrepareSettings.from_env({**support.PREPARE_ENV, "TRAINING_INSTANCE_TYPE": instance})
+    event = PrepareEvent.model_validate({**support.load_event("prepare_training", "defaults"), "manifest": manifest})
+    if refused is None:
+        build_plan(settings, event, None)
+        return
+    with pytest.raises(PretrainedWeightsMismatch, match=re.escape(KEY)) as raised:
+        build_plan(settings, event, None)
+    assert refused in str(raised.value) and "\n" not in str(raised.value)
+    # a key of the operator's own naming is theirs to choose
+    own = PrepareSettings.from_env({**support.PREPARE_ENV, "TRAINING_INSTANCE_TYPE": instance,
+                                    "PRETRAINED_WEIGHTS_KEY": "pretrained/our-own/model.pkl"})
+    build_plan(own, event, None)

@@ -56,6 +56,37 @@ class PretrainedWeightsUnreadable(Exception):
     the key disagree, or a bucket policy denies it. The message names the bucket and the key."""
 
 
+class PretrainedWeightsMismatch(Exception):
+    """PretrainedWeightsKey is the documented key of one config's checkpoint and the run trains another
+    (the manifest's task or training.model chose it): the job would start from the wrong model's weights."""
+
+
+def run_config(settings: PrepareSettings, event: PrepareEvent) -> str | None:
+    """The detectron2 config the run's trainer picks (model_code.training.detectron2_trainer.config_source):
+    the manifest's ``training.model``, else the task's default on a GPU; None where it picks the CPU
+    profile (a CPU training instance), which has no model-zoo checkpoint."""
+    if event.manifest.training.model:
+        return event.manifest.training.model
+    if platform.gpu_family(settings.training_instance_type, "training") is None:
+        return None
+    return pretrained.DEFAULT_CONFIGS[event.manifest.task]
+
+
+def check_weights_match(settings: PrepareSettings, event: PrepareEvent) -> None:
+    """A documented key (pretrained/<config>.pkl) must name the config the run trains; another key is the
+    operator's own choice and is not second-guessed."""
+    key = settings.pretrained_weights_key
+    named = pretrained.conventional_config(key)
+    config = run_config(settings, event) if settings.fine_tunes else None
+    if named is None or config is None or named == config:
+        return
+    raise PretrainedWeightsMismatch(
+        f"PretrainedWeightsKey {key} holds {named}'s checkpoint but this run trains {config} (manifest task "
+        f"{event.manifest.task!r}{', training.model' if event.manifest.training.model else ''}): upload {config}'s "
+        f"checkpoint and deploy with PretrainedWeightsKey={pretrained.weights_key(config)}"
+        f"{pretrained.download_hint(pretrained.weights_key(config))}")
+
+
 def require_pretrained_weights(s3: Any, settings: PrepareSettings) -> None:
     """Refuse a run whose stack expects weights that are not at ``s3://<DataBucket>/<PretrainedWeightsKey>``.
 
@@ -228,6 +259,7 @@ def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: Champio
     if problems:
         raise ManifestExceedsStackLimits("; ".join(f"{code}: {message}" for code, message, _ in problems))
     check_instance_types(settings)
+    check_weights_match(settings, event)
     names = job_names(event.run_id)
     training = training_job_request(settings, event, names)
     min_map, max_regression = effective_gate(settings.limits, event.manifest.gate)
