@@ -1,12 +1,14 @@
 """A `.sync` job whose CreateTrainingJob / CreateProcessingJob answer was lost, offline with real jobs.
 
 The offline runtime injects the fault (``lost_responses``): the create reaches LocalSageMaker, the
-job starts, and the task fails as a lost response does. Each retry is then refused with SageMaker's
+job starts, and the task fails as a lost response does. The retry is then refused with SageMaker's
 own ``ResourceInUse`` ("... names must be unique ..."), and the pipeline's states wait for the job
-the first attempt started. The machine is the pipeline's own training and evaluation states (from
-the substituted definition) with what follows them stubbed; it runs on the interpreter's virtual
-clock, so the Retry backoff (up to 900 s a wait) costs no real time. Jobs finish at once (no model
-is trained here).
+the first attempt started. The same machine shows the other faults of issue 20's "fail fast": a
+create throttled twice (``throttles``) is tried again and the run goes on; one over the offline
+account's quota (d2ops.offline.quotas) ends the run at once. The machine is the pipeline's own
+training and evaluation states (from the substituted definition) with what follows them stubbed; it
+runs on the interpreter's virtual clock, so the retry waits cost no real time but show in the
+history's timestamps. Jobs finish at once (no model is trained here).
 """
 
 from __future__ import annotations
@@ -26,12 +28,18 @@ from d2ops.asl.interpreter import Execution
 from d2ops.offline.executors import ServiceExecutors
 from d2ops.offline.runtime import OfflineRuntime
 from d2ops.offline.sagemaker import JobOutcome
+from d2ops_core.platform import QuotaRefusal, parse_quota_refusal, quota_name
+from d2ops_core.runs import parse_s3_uri
 from tests.fixtures.pipeline import support
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 JOB_STATES = [f"{verb} {what}" for what in ("training job", "evaluation job") for verb in (
     "Start waiting for created", "Check created", "Wait for created", "Read created")]
+JOB_STATES += [f"{verb} {what} job{tail}" for what in ("training", "evaluation") for verb, tail in (
+    ("Retry creating", "?"), ("Start retrying", " creation"), ("Wait to retry creating", ""),
+    ("Count", " creation retry"))]
+JOB_STATES += ["Training job creation retries left?", "Evaluation job creation retries left?"]
 JOB_STATES += ["Train model", "Training job already created?", "Created training job is ours?",
                "Count created training job check", "Read created training job failure",
                "Evaluate challenger and champion", "Evaluation job already created?", "Created evaluation job is ours?",
@@ -67,10 +75,19 @@ class InstantJobs:
 def rt(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineRuntime]:
     with OfflineRuntime(tmp_path_factory.mktemp("sync-retries") / "work", lost_responses={}) as runtime:
         runtime.sagemaker.jobs = InstantJobs()
+        # The plan trains two ml.g4dn.xlarge on spot: an account whose spot GPU quota was raised from a new
+        # account's 0 (d2ops.offline.quotas), as its first real run would need.
+        runtime.quotas.set(quota_name("ml.g4dn.xlarge", "spot training"), 4)
         s3 = runtime.client("s3")
         for bucket in (support.DATA_BUCKET, support.ARTIFACTS_BUCKET):
             s3.create_bucket(Bucket=bucket)
         s3.put_object(Bucket=support.DATA_BUCKET, Key="datasets/shapes/v1/annotations/train.json", Body=b"{}")
+        # Something under every channel the plan names (the pretrained weights' key, say), so no job fails its
+        # download.
+        for channel in plan("channels")["plan"]["training_job"].get("InputDataConfig", []):
+            bucket, key = parse_s3_uri(channel["DataSource"]["S3DataSource"]["S3Uri"])
+            if not s3.list_objects_v2(Bucket=bucket, Prefix=key).get("KeyCount"):
+                s3.put_object(Bucket=bucket, Key=key + "placeholder" if key.endswith("/") else key, Body=b"{}")
         yield runtime
 
 
@@ -90,9 +107,10 @@ def plan(tag: str) -> dict[str, Any]:
     return {"plan": json.loads(json.dumps(mocked["Payload"]).replace("shapes-v1-bf3cc289798108cc", f"shapes-v1-{tag}"))}
 
 
-def run(rt: OfflineRuntime, machine: StateMachine, tag: str, faults: dict[str, int]) -> Execution:
+def run(rt: OfflineRuntime, machine: StateMachine, tag: str, faults: dict[str, int],
+        throttles: dict[str, int] | None = None) -> Execution:
     clients = functools.cache(rt.client)  # one boto3 client per service: a new one per call costs ~1 s under load
-    return machine.run(plan(tag), executors=ServiceExecutors(rt.lambdas, clients, faults).registry())
+    return machine.run(plan(tag), executors=ServiceExecutors(rt.lambdas, clients, faults, throttles).registry())
 
 
 def failures(execution: Execution, state: str) -> list[dict[str, str]]:
@@ -122,7 +140,7 @@ def test_a_run_whose_create_answers_were_lost_waits_for_the_jobs_it_started(rt: 
                                                                 "region")):
         first, *retries = failures(ex, state)
         assert first["error"] == "SageMaker.AmazonSageMakerException" and "Read timed out" in first["cause"]
-        assert len(retries) == 8  # the Retry's attempts, each told the name is taken
+        assert len(retries) == 1  # the one retry a lost answer gets, told the name is taken
         for refused in retries:
             assert refused["error"] == "SageMaker.AmazonSageMakerException"
             assert refused["cause"].startswith(refusal)
@@ -170,4 +188,42 @@ def test_a_name_taken_by_another_job_is_not_waited_for(rt: OfflineRuntime, machi
     ex = run(rt, machine, "taken", {})
     assert (ex.status, ex.error) == ("FAILED", "TrainingFailed")
     assert ex.cause.startswith("Training job names must be unique") and "training-job/shapes-v1-taken-train" in ex.cause
-    assert len(failures(ex, "Train model")) == 9
+    assert len(failures(ex, "Train model")) == 1  # a name in use is never retried
+
+
+def _entered(execution: Execution) -> list[str]:
+    return [e["stateEnteredEventDetails"]["name"] for e in execution.history if e["type"].endswith("StateEntered")]
+
+
+def test_a_create_throttled_twice_is_tried_again_and_trains(rt: OfflineRuntime, machine: StateMachine) -> None:
+    throttles = {"sagemaker:createTrainingJob": 2}
+    ex = run(rt, machine, "throttled", {}, throttles)
+    assert ex.status == "SUCCEEDED", (ex.error, ex.cause)
+    assert throttles == {"sagemaker:createTrainingJob": 0}
+    refused = failures(ex, "Train model")
+    assert len(refused) == 2 and all("Error Code: ThrottlingException" in r["cause"] for r in refused)
+    assert _entered(ex).count("Wait to retry creating training job") == 2
+    assert ex.output["training"]["job_name"] == "shapes-v1-throttled-train" and ex.output["training"]["status"] == \
+        "Completed"
+
+
+def test_a_create_over_the_accounts_quota_ends_the_run_at_once(rt: OfflineRuntime, machine: StateMachine) -> None:
+    before = jobs(rt)
+    request = plan("quota")["plan"]["training_job"]
+    instance_type, count = request["ResourceConfig"]["InstanceType"], request["ResourceConfig"]["InstanceCount"]
+    name = quota_name(instance_type, "spot training" if request.get("EnableManagedSpotTraining") else "training")
+    raised = rt.quotas.value(name)
+    rt.quotas.set(name, 0)
+    try:
+        ex = run(rt, machine, "quota", {})
+    finally:
+        rt.quotas.set(name, raised)
+    assert (ex.status, ex.error) == ("FAILED", "TrainingFailed")
+    (refused,) = failures(ex, "Train model")  # sent once, refused once
+    assert "Error Code: ResourceLimitExceeded" in refused["cause"]
+    assert parse_quota_refusal(refused["cause"]) == QuotaRefusal(name=name, value=0, used=0, requested=count)
+    assert not any(s.startswith("Wait") for s in _entered(ex))
+    ended = ex.history[-1]["timestamp"]
+    started = next(e["timestamp"] for e in ex.history if e["type"] == "TaskStateEntered")
+    assert (ended - started).total_seconds() < 60  # virtual time: any wait would show here
+    assert jobs(rt) == before  # SageMaker started nothing
