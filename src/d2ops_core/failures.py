@@ -92,6 +92,10 @@ _ACCESS_CODES = ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation
 _ERROR_NAME_TAIL = re.compile(r"\s*\([\w.]+(?:Exception|Error|Exceeded)\)\s*$")
 
 
+def _instances(count: float) -> str:
+    return f"{count:g} instance" + ("" if count == 1 else "s")
+
+
 def quota_line(refusal: QuotaRefusal) -> str:
     """Which quota, its value, what the run asked for, and what to do: the stack parameter to change, or how
     to raise the quota (the console first; the CLI last, as the part a cut line can best lose)."""
@@ -100,7 +104,7 @@ def quota_line(refusal: QuotaRefusal) -> str:
     desired = used + asked
     parsed = parse_quota_name(refusal.name)
     instead = f"set {QUOTA_STACK_PARAMETERS[parsed[1]]}, or " if parsed else ""
-    return (f"quota '{refusal.name}' is {refusal.value:g} instances ({used:g} in use, this run asked for "
+    return (f"quota '{refusal.name}' is {_instances(refusal.value)} ({used:g} in use, this run asked for "
             f"{asked:g}): {instead}raise it to {desired:g} in Service Quotas (console: {QUOTA_CONSOLE_SERVICE}; "
             f"CLI: find its CODE with `{QUOTA_FIND_CODE}`, then "
             f"`{QUOTA_REQUEST_INCREASE.format(desired=f'{desired:g}')}`)")
