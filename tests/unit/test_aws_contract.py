@@ -193,7 +193,8 @@ def test_only_a_missing_endpoint_creates_one() -> None:
         "sagemaker:DescribeEndpoint (Service: SageMaker, Status Code: 400, Error Code: AccessDeniedException)")
     assert denied.status == "FAILED" and denied.error == "DeploymentFailed", (denied.error, denied.cause)
     assert "Create endpoint" not in support.entered_states(denied)
-    assert "AccessDenied" in str(denied.cause) or "SageMakerException" in str(denied.cause)
+    # The failure line names the role and what it lacks (d2ops_core.failures.refusal).
+    assert "role d2ops-PipelineRole lacks sagemaker:DescribeEndpoint" in str(denied.cause)
 
 
 def test_boto3_calls_in_the_suite_are_held_to_the_whole_contract() -> None:
