@@ -193,7 +193,11 @@ def experiment_job(settings: Any, dataset_uri: str, *, sagemaker_session: Any, r
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise ExperimentError(f"experiment {run_id}: {problems}") from exc
-    except service.ManifestExceedsStackLimits as exc:
+    except (service.ManifestExceedsStackLimits, service.PretrainedWeightsMismatch) as exc:
+        raise ExperimentError(f"experiment {run_id}: {exc}") from exc
+    try:  # the pipeline's prepare step refuses a run whose weights are missing; so does an experiment
+        service.require_pretrained_weights(sagemaker_session.boto_session.client("s3"), settings)
+    except (service.PretrainedWeightsMissing, service.PretrainedWeightsUnreadable) as exc:
         raise ExperimentError(f"experiment {run_id}: {exc}") from exc
 
     algorithm = request["AlgorithmSpecification"]

@@ -106,3 +106,22 @@ def test_a_deployed_stacks_settings_are_its_prepare_functions_environment() -> N
         assert sdk.stack_settings("my-d2ops", session) == sdk.offline_settings()
         with pytest.raises(sdk.ExperimentError, match="stack not-deployed: cannot read its PrepareTrainingFunction"):
             sdk.stack_settings("not-deployed", session)
+
+
+def test_an_experiment_fine_tunes_like_the_pipeline_and_is_refused_without_the_weights() -> None:
+    import boto3
+    from moto import mock_aws
+
+    stack = load_stack()
+    settings = sdk.offline_settings().model_copy(update={"framework": "detectron2"})
+    key = settings.pretrained_weights_key
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket=stack.data_bucket)
+        with pytest.raises(sdk.ExperimentError, match=f"no pretrained weights at s3://{stack.data_bucket}/{key}"):
+            _sent_request(settings, run_id="experiment-weights-1")
+        s3.put_object(Bucket=stack.data_bucket, Key=key, Body=b"weights")
+        _, job = _sent_request(settings, run_id="experiment-weights-2")
+    channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in job.request["InputDataConfig"]}
+    assert channels["pretrained"] == f"s3://{stack.data_bucket}/{key}"
+    assert "pretrained" in job.inputs  # the Estimator's fit sends it too
