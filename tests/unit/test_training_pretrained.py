@@ -110,3 +110,49 @@ def test_the_cpu_profile_trains_from_scratch_as_it_is() -> None:
     cfg = detectron2_hooks.build_config(job)
     # nothing to change, so weights=scratch (the demo's PretrainedWeightsKey=none) leaves it exactly as measured
     assert d2.pretrained_only(int(cfg.MODEL.BACKBONE.FREEZE_AT), str(cfg.MODEL.RESNETS.NORM)) == []
+
+
+def test_a_restart_resumes_its_checkpoint_not_the_pretrained_weights(tmp_path: Path, channel: Path) -> None:
+    """A spot restart of a fine-tuning job: OUTPUT_DIR (/opt/ml/checkpoints) wins over MODEL.WEIGHTS."""
+    require_detectron2()
+    import torch
+
+    from model_code.dataset_version import Categories, open_dataset_version
+    from model_code.training import detectron2_hooks
+
+    version = open_dataset_version(channel)
+    registrations = d2.dataset_registrations(version, version, Categories(ids=[1, 2, 3],
+                                                                          names=["square", "disc", "triangle"]))
+    detectron2_hooks.register([vars(r) for r in registrations])
+    weights = tmp_path / "pretrained" / "model.pth"
+    weights.parent.mkdir()
+
+    def cfg(initial: str) -> Any:
+        return detectron2_hooks.build_config({
+            "source": vars(d2.config_source(None, "detection", use_gpu=False)),
+            "options": ["DATASETS.TRAIN", f"('{d2.TRAIN_DATASET}',)", "MODEL.ROI_HEADS.NUM_CLASSES", "3",
+                        "MODEL.DEVICE", "cpu", "SEED", "1", "DATALOADER.NUM_WORKERS", "0", "MODEL.WEIGHTS", initial,
+                        "OUTPUT_DIR", str(tmp_path / "checkpoints")]})
+
+    def stem(trainer: Any) -> torch.Tensor:
+        return trainer.model.backbone.bottom_up.stem.conv1.weight
+
+    maker = detectron2_hooks.Trainer(cfg(""))
+    with torch.no_grad():
+        stem(maker).fill_(1.0)
+    torch.save({"model": maker.model.state_dict()}, weights)
+
+    first = detectron2_hooks.Trainer(cfg(str(weights)))
+    assert not first.checkpointer.has_checkpoint()
+    first.resume_or_load(resume=True)
+    assert first.start_iter == 0 and bool((stem(first) == 1.0).all())  # fine-tuning starts from the file
+    with torch.no_grad():
+        stem(first).fill_(2.0)  # what training made of it
+    first.iter = 4
+    (tmp_path / "checkpoints").mkdir()  # the entry point creates it (detectron2_trainer.run)
+    first.checkpointer.save("model_0000004", iteration=4)
+
+    restarted = detectron2_hooks.Trainer(cfg(str(weights)))
+    assert restarted.checkpointer.has_checkpoint()  # what main() tells the log by
+    restarted.resume_or_load(resume=True)
+    assert restarted.start_iter == 5 and bool((stem(restarted) == 2.0).all())  # not the pretrained 1.0
