@@ -88,10 +88,11 @@ def test_the_roles_reach_exactly_the_weights_key(logical_id: str) -> None:
     assert [s["Condition"] for s in weights] == [{"StringEquals": {"s3:prefix": "pretrained/mine/model.pkl"}}]
     reads = [s["Resource"] for s in data if s["Action"] == "s3:GetObject"]
     assert "arn:aws:s3:::data/pretrained/*" not in str(reads)
+    # none: neither the job nor the prepare step gets anything in the data bucket for weights
+    assert "s3:prefix': 'none'" not in str(_role_statements(logical_id, pretrained.SCRATCH))
+    assert "pretrained" not in str(_role_statements(logical_id, pretrained.SCRATCH))
     if logical_id == "TrainingJobRole":
         assert "arn:aws:s3:::data/pretrained/mine/model.pkl" in reads
-        # none: the job gets no access to anything under pretrained/
-        assert "pretrained" not in str(_role_statements(logical_id, pretrained.SCRATCH))
     else:
         assert reads == []  # the prepare step lists; it never reads the weights
 

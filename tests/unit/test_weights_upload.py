@@ -142,3 +142,18 @@ def test_an_unknown_stack_is_one_line(stack: tuple[Any, str], tmp_path: Path,
     assert raised.value.code == 2
     assert "--stack nope" in capsys.readouterr().err
 
+
+
+def test_a_stack_that_trains_from_scratch_takes_no_weights(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    with mock_aws():
+        boto3.client("cloudformation").create_stack(
+            StackName="scratch", TemplateBody=yaml.safe_dump(STACK_TEMPLATE),
+            Parameters=[{"ParameterKey": "PretrainedWeightsKey", "ParameterValue": pretrained.SCRATCH}])
+        with pytest.raises(SystemExit) as raised:
+            cli.main(["weights", "upload", str(zoo_pkl(tmp_path / "w.pkl")), "--stack", "scratch"])
+    assert raised.value.code == 2
+    assert f"PretrainedWeightsKey={pretrained.DEFAULT_KEY}" in capsys.readouterr().err

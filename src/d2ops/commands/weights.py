@@ -69,24 +69,23 @@ def _deployed(args: argparse.Namespace) -> Iterator[tuple[Any, str, str]]:
 def _offline(work_dir: Path) -> Iterator[tuple[Any, str, str]]:
     import boto3
 
-    from d2ops.offline.client import running_endpoints
+    from d2ops.offline.client import running_runtime
     from d2ops.offline.processes import RuntimeBusy
     from d2ops.offline.runtime import CREDENTIALS, OfflineRuntime
     from d2ops.offline.stack import REGION, load_stack
 
-    stack = load_stack()
-    key = stack.parameters[PARAMETER]
-    urls = running_endpoints(work_dir)
-    if urls is not None:  # `d2ops demo` or `d2ops run` holds the work dir: its local S3
+    running = running_runtime(work_dir)
+    if running is not None:  # `d2ops demo` or `d2ops run` holds the work dir: its local S3, its stack's key
+        stack = load_stack(parameters=running.parameters)
         s3 = boto3.session.Session(aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
                                    aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
                                    aws_session_token=CREDENTIALS["AWS_SESSION_TOKEN"]
-                                   ).client("s3", region_name=REGION, endpoint_url=urls["moto"])
-        yield s3, stack.data_bucket, key
+                                   ).client("s3", region_name=REGION, endpoint_url=running.moto)
+        yield s3, stack.data_bucket, stack.parameters[PARAMETER]
         return
     try:
         with OfflineRuntime(work_dir) as rt:
-            yield rt.client("s3"), rt.stack.data_bucket, key
+            yield rt.client("s3"), rt.stack.data_bucket, rt.stack.parameters[PARAMETER]
     except RuntimeBusy as exc:
         raise UsageError(str(exc)) from exc
 
