@@ -223,4 +223,5 @@ def test_a_version_without_val_runs_on_a_derived_split_recorded_in_the_run(stack
     assert report["derived_split"] == derived
     assert report["splits"]["val"]["images"] == derived["val_images"]
     job = stack["sagemaker"].describe_training_job(TrainingJobName=execution.output["plan"]["names"]["training_job"])
-    assert {c["ChannelName"] for c in job["InputDataConfig"]} == {"train", "val"}  # the trainer derives the same
+    # no val split of its own: the val channel is the version, and the trainer derives the same split
+    assert {c["ChannelName"] for c in job["InputDataConfig"]} == {"train", "val", "pretrained"}
