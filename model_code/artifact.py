@@ -68,8 +68,8 @@ class InitialWeights(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     path: str = Field(description="the file as the training job saw it, e.g. /opt/ml/input/data/pretrained/x.pkl")
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    bytes: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="the file's SHA-256, as the job's log prints it")
+    bytes: int = Field(ge=0, description="the file's size")
 
 
 class ArtifactMetadata(BaseModel):
