@@ -62,11 +62,12 @@ class PretrainedWeightsMismatch(Exception):
 
 
 def run_config(settings: PrepareSettings, event: PrepareEvent) -> str | None:
-    """The detectron2 config the run's trainer picks (model_code.training.detectron2_trainer.config_source):
-    the manifest's ``training.model``, else the task's default on a GPU; None where it picks the CPU
-    profile (a CPU training instance), which has no model-zoo checkpoint."""
+    """The model-zoo config the run's trainer picks (model_code.training.detectron2_trainer.config_source):
+    the manifest's ``training.model``, else the task's default on a GPU. None where it is no model-zoo
+    config: the CPU profile (a CPU training instance) or a config file shipped in the image (e.g.
+    faster_rcnn_R_50_FPN_small_objects.yaml, made to fine-tune from the default config's checkpoint)."""
     if event.manifest.training.model:
-        return event.manifest.training.model
+        return event.manifest.training.model if "/" in event.manifest.training.model else None
     if platform.gpu_family(settings.training_instance_type, "training") is None:
         return None
     return pretrained.DEFAULT_CONFIGS[event.manifest.task]
