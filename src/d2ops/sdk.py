@@ -197,7 +197,8 @@ def experiment_job(settings: Any, dataset_uri: str, *, sagemaker_session: Any, r
         raise ExperimentError(f"experiment {run_id}: {exc}") from exc
     try:  # the pipeline's prepare step refuses a run whose weights are missing; so does an experiment
         service.require_pretrained_weights(sagemaker_session.boto_session.client("s3"), settings)
-    except (service.PretrainedWeightsMissing, service.PretrainedWeightsUnreadable) as exc:
+    except (service.PretrainedWeightsMissing, service.PretrainedWeightsUnreadable,
+            service.PretrainedWeightsAmbiguous) as exc:
         raise ExperimentError(f"experiment {run_id}: {exc}") from exc
 
     algorithm = request["AlgorithmSpecification"]

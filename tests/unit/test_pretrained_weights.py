@@ -20,6 +20,7 @@ support.function_path("prepare_training")
 from prepare_training import handler as prepare_handler  # noqa: E402
 from prepare_training.models import PrepareSettings  # noqa: E402
 from prepare_training.service import (  # noqa: E402
+    PretrainedWeightsAmbiguous,
     PretrainedWeightsMissing,
     PretrainedWeightsUnreadable,
     require_pretrained_weights,
@@ -115,6 +116,14 @@ def test_missing_weights_fail_the_prepare_step_with_the_key_and_the_command(aws:
     assert "`d2ops weights upload FILE --stack d2ops`" in line
     assert pretrained.MODEL_ZOO_CHECKPOINTS["COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml"] in line
     assert "PretrainedWeightsKey=none" in line
+
+
+def test_another_object_under_the_key_is_refused_before_the_job_would_fail_downloading_it(aws: Any) -> None:
+    """Mutation caught: dropping the check (the job then fails at SageMaker's download of KEY.old)."""
+    aws.put_object(Bucket=support.DATA_BUCKET, Key=KEY, Body=b"weights")
+    aws.put_object(Bucket=support.DATA_BUCKET, Key=KEY + ".old", Body=b"x")
+    with pytest.raises(PretrainedWeightsAmbiguous, match=re.escape(f"s3://{support.DATA_BUCKET}/{KEY}.old")):
+        prepare()
 
 
 def test_forbidden_is_not_reported_as_missing() -> None:

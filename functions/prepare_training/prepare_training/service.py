@@ -56,6 +56,12 @@ class PretrainedWeightsUnreadable(Exception):
     the key disagree, or a bucket policy denies it. The message names the bucket and the key."""
 
 
+class PretrainedWeightsAmbiguous(Exception):
+    """Another object's key starts with PretrainedWeightsKey (``model.pkl.old`` beside ``model.pkl``): the
+    ``pretrained`` channel is an S3 prefix, so SageMaker would download that object too, and the training
+    role, which may read exactly the key, would fail the job at its download instead of here."""
+
+
 class PretrainedWeightsMismatch(Exception):
     """PretrainedWeightsKey is the documented key of one config's checkpoint and the run trains another
     (the manifest's task or training.model chose it): the job would start from the wrong model's weights."""
@@ -106,6 +112,11 @@ def require_pretrained_weights(s3: Any, settings: PrepareSettings) -> None:
                 "check the stack's policies and the data bucket's policy") from None
         raise
     keys = [item["Key"] for item in listing.get("Contents") or []]
+    others = [k for k in keys if k != key]
+    if key in keys and others:
+        raise PretrainedWeightsAmbiguous(
+            f"s3://{bucket}/{others[0]} starts with PretrainedWeightsKey {key}: the pretrained channel is an S3 "
+            "prefix, so the training job would download it too (and may not read it); rename or delete it")
     if key not in keys:
         raise PretrainedWeightsMissing(
             f"no pretrained weights at s3://{bucket}/{key} (PretrainedWeightsKey): put the checkpoint there with "
