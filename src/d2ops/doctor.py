@@ -135,6 +135,10 @@ def check_stack_status(stack: StackFacts) -> Check:
         return Check("stack", "ok", f"{stack.name} is {status}")
     if status.endswith("_IN_PROGRESS"):
         return Check("stack", "warn", f"{stack.name} is {status}", "wait for the deployment to finish, then rerun")
+    if status == "UPDATE_ROLLBACK_COMPLETE":  # a refused update: the stack runs its previous template, intact
+        return Check("stack", "warn", f"{stack.name} is {status}: its last update was rolled back and it runs the "
+                                      "template deployed before",
+                     "read the stack's events, fix the update and deploy again")
     return Check("stack", "FAIL", f"{stack.name} is {status}",
                  "read the stack's events in the CloudFormation console and deploy again")
 
@@ -298,6 +302,13 @@ def check_weights(s3: Any, stack: StackFacts) -> Check:
                                        f"missing and s3:ListBucket is not granted)",
                          f"grant s3:GetObject and s3:ListBucket on {bucket}, or upload it with {upload}")
         raise
+    # The run's prepare step lists the key as a prefix and refuses another object under it (the pretrained
+    # channel is an S3 prefix: the job would download that object too): say so here, before a run.
+    listing = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=2)
+    others = [item["Key"] for item in listing.get("Contents") or [] if item["Key"] != key]
+    if others:
+        return Check(name, "FAIL", f"s3://{bucket}/{others[0]} starts with {WEIGHTS_PARAMETER} {key}: runs are refused "
+                                   "(the pretrained channel is an S3 prefix)", f"rename or delete s3://{bucket}/{others[0]}")
     return Check(name, "ok", f"s3://{bucket}/{key} is there")
 
 

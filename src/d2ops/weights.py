@@ -154,10 +154,11 @@ def upload(s3: Any, checkpoint: Checkpoint, bucket: str, key: str, out: Callable
 
 def help_text() -> str:
     """The model-zoo checkpoints of the default configs, for ``--help``."""
+    default_url = pretrained.MODEL_ZOO_CHECKPOINTS[pretrained.DEFAULT_CONFIGS["detection"]]
     lines = [f"The stack's default PretrainedWeightsKey is {pretrained.DEFAULT_KEY}: the COCO checkpoint of "
              f"{pretrained.DEFAULT_CONFIGS['detection']}, from detectron2's MODEL_ZOO.md:",
-             f"  {pretrained.MODEL_ZOO_CHECKPOINTS[pretrained.DEFAULT_CONFIGS['detection']]}",
-             "Download it, then: d2ops weights upload model_final_280758.pkl --stack NAME"]
+             f"  {default_url}",
+             f"Download it, then: d2ops weights upload {default_url.rsplit('/', 1)[1]} --stack NAME"]
     for config, url in pretrained.MODEL_ZOO_CHECKPOINTS.items():
         if config != pretrained.DEFAULT_CONFIGS["detection"]:
             lines.append(f"For {config} (key {pretrained.weights_key(config)}): {url}")

@@ -118,10 +118,11 @@ def quota_refusal_message(name: str, value: float, used: float, requested: float
 # How a quota is raised: Service Quotas, in its console (service "Amazon SageMaker") or with the AWS CLI. The
 # quota code is per instance type and usage, so it is found by name first. Sources: the Service Quotas user
 # guide, "Requesting a quota increase"; the AWS CLI reference of list-service-quotas and
-# request-service-quota-increase.
+# request-service-quota-increase. ListServiceQuotas answers only quotas whose value was changed (applied); a
+# new account's quota still at its default (often 0) is listed, with its code, by ListAWSDefaultServiceQuotas.
 QUOTA_INCREASE_SOURCE = Source("https://docs.aws.amazon.com/servicequotas/latest/userguide/request-quota-increase.html")
 QUOTA_CONSOLE_SERVICE = "Amazon SageMaker"
-QUOTA_FIND_CODE = f"aws service-quotas list-service-quotas --service-code {QUOTA_SERVICE_CODE}"
+QUOTA_FIND_CODE = f"aws service-quotas list-aws-default-service-quotas --service-code {QUOTA_SERVICE_CODE}"
 QUOTA_REQUEST_INCREASE = ("aws service-quotas request-service-quota-increase --service-code "
                           f"{QUOTA_SERVICE_CODE} --quota-code CODE --desired-value {{desired}}")
 
