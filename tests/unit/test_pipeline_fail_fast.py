@@ -151,7 +151,8 @@ def test_a_quota_refusal_says_which_quota_its_value_the_request_and_how_to_raise
     assert line.startswith("training job j failed: quota 'ml.g4dn.xlarge for spot training job usage' is 0 instances "
                            "(0 in use, this run asked for 2)")
     assert "UseSpotTraining=false" in line and "TrainingInstanceType" in line
-    assert "aws service-quotas list-aws-default-service-quotas --service-code sagemaker" in line  # lists unchanged quotas too
+    # list-aws-default-service-quotas lists unchanged quotas too (list-service-quotas only changed ones)
+    assert "aws service-quotas list-aws-default-service-quotas --service-code sagemaker" in line
     assert "request-service-quota-increase --service-code sagemaker --quota-code CODE --desired-value 2" in line
     assert "Request ID" not in line and "AmazonSageMakerException" not in line
 
