@@ -187,6 +187,41 @@ def validation_report_key(run_id: str) -> str:
     return f"{run_prefix(run_id)}validation/{VALIDATION_REPORT_NAME}"
 
 
+INVENTORY_NAME = "inventory.jsonl"
+SNAPSHOT_DIR = "dataset"
+
+
+def inventory_key(run_id: str) -> str:
+    """The run's inventory (d2ops_core.validation.inventory): every object it read, pinned, sorted by key."""
+    return f"{run_prefix(run_id)}{INVENTORY_NAME}"
+
+
+def pending_inventory_key(run_id: str) -> str:
+    """The inventory of the files validate_dataset read itself (manifest, annotations) while the image
+    checks are still running; the summarize step adds the images and writes :func:`inventory_key`."""
+    return f"{run_prefix(run_id)}validation/files-inventory.jsonl"
+
+
+def image_items_key(run_id: str) -> str:
+    """The Distributed Map's items: one ImageItem JSON per line."""
+    return f"{run_prefix(run_id)}validation/image-items.jsonl"
+
+
+def image_results_prefix(run_id: str) -> str:
+    """The Map's ResultWriter prefix (Step Functions adds ``<map run id>/manifest.json`` and result files)."""
+    return f"{run_prefix(run_id)}validation/image-results"
+
+
+def snapshot_prefix(run_id: str) -> str:
+    """``runs/<run id>/dataset/``: the run's copy (by VersionId) of every object it validated."""
+    return f"{run_prefix(run_id)}{SNAPSHOT_DIR}/"
+
+
+def snapshot_uri(artifacts_bucket: str, run_id: str) -> str:
+    """What the training and evaluation channels read: the snapshot, never the mutable data prefix."""
+    return s3_uri(artifacts_bucket, snapshot_prefix(run_id))
+
+
 def checkpoint_uri(artifacts_bucket: str, run_id: str) -> str:
     """The training job's ``CheckpointConfig.S3Uri``: a spot restart of the same job resumes from it."""
     return s3_uri(artifacts_bucket, f"{CHECKPOINTS_ROOT}/{run_id}/")
