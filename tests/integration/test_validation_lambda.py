@@ -6,6 +6,7 @@ exactly as the offline runtime runs it.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import io
 import json
@@ -103,7 +104,6 @@ def test_handler_validates_the_sample_event_and_stores_the_report(s3: Any, datas
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     event = load_event("valid.json")
     upload(s3, dataset, event["bucket"], event["prefix"])
-    monkeypatch.setenv("IMAGE_SAMPLE_SIZE", "5")
     summary = handler_module.handler(event, lambda_context())
 
     assert summary["valid"] is True and summary["error_count"] == 0 and summary["first_errors"] == []
@@ -114,7 +114,16 @@ def test_handler_validates_the_sample_event_and_stores_the_report(s3: Any, datas
     assert summary["report_uri"] == f"s3://{ARTIFACTS}/{key}"
     assert len(json.dumps(summary)) < 4096  # stays a small state payload
     report = ValidationReport.model_validate_json(s3.get_object(Bucket=ARTIFACTS, Key=key)["Body"].read())
-    assert report.valid and report.images.mode == "sample" and report.images.probed == 5
+    # every image checked inline (16 <= INLINE_IMAGE_LIMIT), copied into the snapshot, in the inventory
+    assert report.valid and report.images.mode == "all" and report.images.probed == 16
+    assert summary["images_pending"] is False and summary["image_count"] == 16
+    assert summary["snapshot_uri"] == f"s3://{ARTIFACTS}/runs/{event['run_id']}/dataset/"
+    inventory = s3.get_object(Bucket=ARTIFACTS, Key=f"runs/{event['run_id']}/inventory.jsonl")["Body"].read()
+    assert summary["inventory_digest"] == "sha256:" + hashlib.sha256(inventory).hexdigest()
+    keys = [json.loads(line)["key"] for line in inventory.splitlines()]
+    assert keys == sorted(keys) and len(keys) == 16 + 3 and "manifest.json" in keys
+    copies = s3.list_objects_v2(Bucket=ARTIFACTS, Prefix=f"runs/{event['run_id']}/dataset/")["Contents"]
+    assert sorted(o["Key"].split("/dataset/", 1)[1] for o in copies) == keys
     assert report.splits["train"].instances == summary["counts"]["train_instances"]
     # CloudWatch metrics as EMF on stdout (d2ops_core.pipeline_metrics names).
     out = capsys.readouterr().out
@@ -140,7 +149,6 @@ def test_handler_reports_invalid_data_as_a_normal_result(s3: Any, dataset: Path,
     (broken / "manifest.json").write_text(json.dumps({**json.loads((broken / "manifest.json").read_text()),
                                                       "version": "v2"}))
     upload(s3, broken, event["bucket"], event["prefix"])
-    monkeypatch.setenv("IMAGE_SAMPLE_SIZE", "100")
     summary = handler_module.handler(event, lambda_context())
 
     assert summary["valid"] is False and summary["error_count"] == 9
@@ -180,19 +188,20 @@ def count_calls(client: Any) -> Counter[str]:
     return calls
 
 
-def test_s3_validation_lists_once_and_reads_only_a_sample(s3: Any, tmp_path: Path) -> None:
+def test_s3_validation_lists_once_and_reads_every_image_once(s3: Any, tmp_path: Path) -> None:
     root = tmp_path / "many"
     synth.generate(root, images=24, seed=4, size=48, name="many")
     upload(s3, root, "data-many", "datasets/many/v1/")
     client = boto3.client("s3")
     calls = count_calls(client)
-    report = validate_s3(client, "data-many", "datasets/many/v1/", image_sample=6)
+    report = validate_s3(client, "data-many", "datasets/many/v1/")
     assert report.valid, report.describe()
-    assert calls["ListObjectsV2"] == 1  # one listing (a page per 1000 objects), never a request per image
-    # the manifest, the two annotation files, then one ranged GET per sampled image; no HEAD per image
-    assert calls["GetObject"] == 1 + 2 + 6
-    assert calls["HeadObject"] <= 2
-    assert report.images.probed == 6 and report.images.referenced == 24
+    assert calls["ListObjectVersions"] == 1  # one listing (a page per 1000 objects), never a request per image
+    assert calls["ListObjectsV2"] == 0
+    # the manifest, the two annotation files, then one pinned GET per image; no HEAD per image
+    assert calls["GetObject"] == 1 + 2 + 24
+    assert calls["HeadObject"] == 0
+    assert report.images.probed == 24 and report.images.referenced == 24
 
 
 def test_s3_validation_catches_missing_images_wrong_sizes_and_a_prefix_mismatch(s3: Any, dataset: Path) -> None:
@@ -201,16 +210,16 @@ def test_s3_validation_catches_missing_images_wrong_sizes_and_a_prefix_mismatch(
     buf = io.BytesIO()
     Image.new("RGB", (64, 40)).save(buf, format="PNG")
     s3.put_object(Bucket="data-checks", Key=prefix + "images/train/000003.jpg", Body=buf.getvalue())
-    report = validate_s3(boto3.client("s3"), "data-checks", prefix, image_sample=1000)
+    report = validate_s3(boto3.client("s3"), "data-checks", prefix)
     codes = {i.code: i for i in report.errors}
     assert codes[Code.MANIFEST_PREFIX_MISMATCH].file == "manifest.json"
     assert codes[Code.IMAGE_MISSING].path == "images[2].file_name"
     assert "64x40" in codes[Code.IMAGE_SIZE_MISMATCH].message
     assert report.images.missing == 1
-    assert report.images.mode == "all"  # the sample covered every image that was uploaded
+    assert report.images.mode == "all"
 
 
-def test_s3_sampled_images_are_decoded_in_full(s3: Any, dataset: Path) -> None:
+def test_s3_images_are_decoded_in_full(s3: Any, dataset: Path) -> None:
     prefix = "datasets/shapes/v1/"
     upload(s3, dataset, "data-exif", prefix)
     buf = io.BytesIO()
@@ -221,7 +230,7 @@ def test_s3_sampled_images_are_decoded_in_full(s3: Any, dataset: Path) -> None:
     s3.put_object(Bucket="data-exif", Key=prefix + "images/train/000001.jpg", Body=truncated)
     client = boto3.client("s3")
     calls = count_calls(client)
-    report = validate_s3(client, "data-exif", prefix, image_sample=1000)
+    report = validate_s3(client, "data-exif", prefix)
     [error] = report.errors
     assert (error.code, error.path) == (Code.IMAGE_UNREADABLE, "images[1]"), report.describe()
     assert "cannot decode" in error.message
@@ -253,11 +262,11 @@ def test_cli_validates_an_s3_uri_in_another_process(s3: Any, dataset: Path, s3_e
 
     upload(s3, dataset, "data-cli", "datasets/shapes/v1/")
     env = {**os.environ, "AWS_ENDPOINT_URL": s3_endpoint}
-    proc = subprocess.run([sys.executable, "-m", "d2ops", "validate", "s3://data-cli/datasets/shapes/v1/", "--json",
-                           "--image-sample", "3"], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "d2ops", "validate", "s3://data-cli/datasets/shapes/v1/", "--json"],
+                          capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert report["valid"] and report["images"]["probed"] == 3 and report["source"].startswith("s3://data-cli/")
+    assert report["valid"] and report["images"]["probed"] == 16 and report["source"].startswith("s3://data-cli/")
     proc = subprocess.run([sys.executable, "-m", "d2ops", "validate", "s3://no-such-bucket-cli/datasets/x/v1/"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 1 and "cannot read the dataset" in proc.stderr and "NoSuchBucket" in proc.stderr

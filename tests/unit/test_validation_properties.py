@@ -317,7 +317,7 @@ def test_the_lambda_service_always_writes_a_report(s3: Any, base_dataset: Path,
         s3.put_object(Bucket="data", Key=prefix + "manifest.json", Body=manifest or original_manifest)
         s3.put_object(Bucket="data", Key=prefix + first_image, Body=image or original_image)
         event = ValidateDatasetEvent(bucket="data", prefix=prefix, run_id=f"prop-{next(runs)}")
-        summary = validate_dataset(event, s3, "artifacts", image_sample=10)
+        summary = validate_dataset(event, s3, "artifacts")
         stored = s3.get_object(Bucket="artifacts", Key=report_key(event.run_id))["Body"].read()
         report = ValidationReport.model_validate_json(stored)
         assert_report_is_sound(report)

@@ -386,6 +386,7 @@ def test_each_rule_reports_its_code_and_location(ds: Path, breaker: Callable[[Pa
 def test_every_code_is_exercised() -> None:
     """A new code needs a broken dataset that triggers it: in CASES or in a test of its own below."""
     own_tests = {Code.CLASS_IMBALANCE, Code.SEGMENTATION_MISSING, Code.MANIFEST_PREFIX_MISMATCH, Code.CHECK_FAILED}
+    own_tests.add(Code.OBJECT_CHANGED)  # needs S3 versions: tests/unit/test_validation_snapshot.py
     # the stack-limit codes need stack limits: tests/unit/test_pipeline_gate_limits.py exercises them
     own_tests |= {c for c in Code if c.endswith("_STACK")}
     assert {case[2] for case in CASES} | own_tests == set(Code)

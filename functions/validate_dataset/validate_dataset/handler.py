@@ -12,18 +12,18 @@ from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from d2ops_core import pipeline_metrics as pm
-from d2ops_core.validation import DEFAULT_IMAGE_SAMPLE
 from d2ops_core.validation.manifest import StackLimits
 from validate_dataset.models import ValidateDatasetEvent, ValidationSummary
-from validate_dataset.service import validate_dataset
+from validate_dataset.service import DEFAULT_IMAGE_CHECK_CONCURRENCY, DEFAULT_INLINE_IMAGE_LIMIT, validate_dataset
 
 logger = Logger()
 tracer = Tracer()
 metrics = Metrics(namespace=pm.NAMESPACE)
 
 
-def _image_sample() -> int:
-    return max(0, int(os.environ.get("IMAGE_SAMPLE_SIZE", DEFAULT_IMAGE_SAMPLE)))
+def env_int(name: str, default: int) -> int:
+    """An integer setting from the environment (template.yaml sets it from a stack parameter)."""
+    return int(os.environ.get(name) or default)
 
 
 def record_metrics(summary: ValidationSummary) -> None:
@@ -50,9 +50,13 @@ def handler(event: ValidateDatasetEvent, context: LambdaContext) -> dict[str, An
     logger.append_keys(run_id=event.run_id, dataset=f"s3://{event.bucket}/{event.prefix}")
     # The stack's gate and training limits (template.yaml): a manifest laxer than these is rejected here.
     summary = validate_dataset(event, boto3.client("s3"), os.environ["ARTIFACTS_BUCKET"],
-                               image_sample=_image_sample(), progress=logger.info,
-                               stack_limits=StackLimits.from_env(os.environ))
+                               inline_limit=env_int("INLINE_IMAGE_LIMIT", DEFAULT_INLINE_IMAGE_LIMIT),
+                               concurrency=env_int("IMAGE_CHECK_CONCURRENCY", DEFAULT_IMAGE_CHECK_CONCURRENCY),
+                               progress=logger.info, stack_limits=StackLimits.from_env(os.environ))
     logger.info("dataset validated", extra={"valid": summary.valid, "error_count": summary.error_count,
-                                            "warning_count": summary.warning_count, "report_uri": summary.report_uri})
-    record_metrics(summary)
+                                            "warning_count": summary.warning_count, "report_uri": summary.report_uri,
+                                            "images_pending": summary.images_pending,
+                                            "image_count": summary.image_count})
+    if not summary.images_pending:  # a pending summary is counted once, by summarize_images
+        record_metrics(summary)
     return summary.model_dump(mode="json")

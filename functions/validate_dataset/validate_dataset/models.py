@@ -41,3 +41,36 @@ class ValidationSummary(BaseModel):
                                                                          "dataset version has none (the run keeps it)")
     manifest: dict[str, Any] | None = Field(description="optional manifest keys (task, training, gate), defaults "
                                                         "applied; null when the manifest is invalid")
+    # Issue 21: every image checked (inline, or by the Distributed Map), the snapshot and the inventory.
+    images_pending: bool = Field(default=False, description="too many images to check inline: the Distributed "
+                                                            "Map checks image_items_uri; valid is provisional")
+    image_items_uri: str | None = Field(default=None, description="s3:// URI of image-items.jsonl (pending only)")
+    image_items_bucket: str | None = Field(default=None, description="its bucket (the Map's ItemReader.Bucket)")
+    image_items_key: str | None = Field(default=None, description="its key (the Map's ItemReader.Key)")
+    image_count: int = Field(default=0, description="distinct image files present and referenced")
+    image_check_concurrency: int = Field(default=100, ge=1, description="the Map's MaxConcurrency "
+                                                                          "(ImageCheckConcurrency)")
+    snapshot_uri: str | None = Field(default=None, description="s3://<artifacts>/runs/<run id>/dataset/: what "
+                                                               "training and evaluation read (set when valid)")
+    inventory_uri: str | None = Field(default=None, description="s3:// URI of the run's inventory.jsonl (final "
+                                                                "summaries only)")
+    inventory_digest: str | None = Field(default=None, description="sha256:<hex> of inventory.jsonl's bytes "
+                                                                   "(final summaries only)")
+
+
+class ResultWriterDetails(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    Bucket: str = Field(min_length=3, max_length=63)
+    Key: str = Field(min_length=1, description="<prefix>/<map run id>/manifest.json")
+
+
+class SummarizeImagesEvent(BaseModel):
+    """The summarize step's input: the run and the Map's ``ResultWriterDetails``."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    bucket: str = Field(min_length=3, max_length=63)
+    prefix: str = Field(min_length=1, max_length=900, description="datasets/<name>/<version>/")
+    run_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,80}$", description="the Step Functions execution name")
+    result_writer: ResultWriterDetails

@@ -1,18 +1,48 @@
-"""Validate a dataset version in S3, store the full report with the run's artifacts, return a summary."""
+"""Validate a dataset version in S3, snapshot and inventory it, store the full report with the run's artifacts.
+
+Two entry points share this module:
+
+- :func:`validate_dataset` (the validate state): lists the version once (ListObjectVersions), checks
+  the manifest and annotations, and either checks and copies every image itself (at most
+  ``inline_limit`` of them: the fast path) or writes the Distributed Map's items and returns
+  ``images_pending``.
+- :func:`summarize_images` (after the Map): merges the batches' results into the stored report,
+  writes the inventory and returns the final summary.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from d2ops_core import runs
-from d2ops_core.validation import Code, DatasetNotFound, DatasetUnreadable, ValidationReport, validate_s3
+from d2ops_core.validation import (
+    Code,
+    DatasetNotFound,
+    DatasetUnreadable,
+    ValidationReport,
+    dataset_from_prefix,
+    validate_version,
+)
 from d2ops_core.validation.codes import Severity, severity
+from d2ops_core.validation.inventory import inventory_digest, read_inventory, write_jsonl
 from d2ops_core.validation.manifest import StackLimits
-from validate_dataset.models import DatasetName, IssueSummary, ValidateDatasetEvent, ValidationSummary
+from d2ops_core.validation.merge import ImageChecksIncomplete, batch_results, merge_results, read_result_manifest
+from d2ops_core.validation.sources import S3Source
+from validate_dataset.models import (
+    DatasetName,
+    IssueSummary,
+    SummarizeImagesEvent,
+    ValidateDatasetEvent,
+    ValidationSummary,
+)
 
-__all__ = ["DatasetNotFound", "DatasetUnreadable", "report_key", "validate_dataset"]
+__all__ = ["DatasetNotFound", "DatasetUnreadable", "ImageChecksIncomplete", "report_key", "summarize_images",
+           "validate_dataset"]
 FIRST_ERRORS = 5
+DEFAULT_INLINE_IMAGE_LIMIT = 2000
+DEFAULT_IMAGE_CHECK_CONCURRENCY = 100
 
 
 def report_key(run_id: str) -> str:
@@ -20,7 +50,7 @@ def report_key(run_id: str) -> str:
     return runs.validation_report_key(run_id)
 
 
-def summarize(report: ValidationReport, report_uri: str) -> ValidationSummary:
+def summarize(report: ValidationReport, report_uri: str, **extra: Any) -> ValidationSummary:
     return ValidationSummary(
         valid=report.valid,
         dataset=DatasetName(name=report.dataset.name, version=report.dataset.version),
@@ -33,19 +63,84 @@ def summarize(report: ValidationReport, report_uri: str) -> ValidationSummary:
         report_uri=report_uri,
         derived_split=report.derived_split,
         manifest=report.manifest.optional_settings() if report.manifest else None,
+        **extra,
     )
 
 
-def validate_dataset(event: ValidateDatasetEvent, s3_client: Any, artifacts_bucket: str, *, image_sample: int,
+def _put(s3: Any, bucket: str, key: str, body: bytes, content_type: str) -> str:
+    # Overwriting the same key makes a retried invocation idempotent.
+    s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType=content_type)
+    return runs.s3_uri(bucket, key)
+
+
+def _put_jsonl(s3: Any, bucket: str, key: str, records: Iterable[Any]) -> str:
+    """Write JSONL through the scratch disk (a million items never sit in memory as one string)."""
+    with tempfile.TemporaryFile(prefix="d2ops-jsonl-") as fh:
+        write_jsonl(fh, records)
+        fh.seek(0)
+        s3.put_object(Bucket=bucket, Key=key, Body=fh, ContentType="application/x-ndjson")
+    return runs.s3_uri(bucket, key)
+
+
+def validate_dataset(event: ValidateDatasetEvent, s3_client: Any, artifacts_bucket: str, *,
+                     inline_limit: int = DEFAULT_INLINE_IMAGE_LIMIT,
+                     concurrency: int = DEFAULT_IMAGE_CHECK_CONCURRENCY,
                      progress: Callable[[str], None] | None = None,
                      stack_limits: StackLimits | None = None) -> ValidationSummary:
     """Validate s3://bucket/prefix; raises DatasetNotFound (no manifest) or DatasetUnreadable (cannot list)."""
-    report = validate_s3(s3_client, event.bucket, event.prefix, image_sample=image_sample, progress=progress,
-                         stack_limits=stack_limits)
+    source = S3Source(s3_client, event.bucket, event.prefix,
+                      snapshot=(artifacts_bucket, runs.snapshot_prefix(event.run_id)))
+    result = validate_version(source, expected=dataset_from_prefix(event.prefix), progress=progress,
+                              stack_limits=stack_limits, inline_limit=max(0, inline_limit), snapshot=True)
+    report = result.report
     if report.has(Code.MANIFEST_MISSING):
         raise DatasetNotFound(f"no manifest.json under s3://{event.bucket}/{event.prefix}")
+    report_uri = _put(s3_client, artifacts_bucket, report_key(event.run_id),
+                      report.model_dump_json(indent=1).encode(), "application/json")
+    common: dict[str, Any] = {"image_count": len(result.items), "image_check_concurrency": max(1, concurrency)}
+    if result.images_pending:
+        items_key = runs.image_items_key(event.run_id)
+        _put_jsonl(s3_client, artifacts_bucket, runs.pending_inventory_key(event.run_id), result.inventory)
+        items_uri = _put_jsonl(s3_client, artifacts_bucket, items_key, result.items)
+        return summarize(report, report_uri, images_pending=True, image_items_uri=items_uri,
+                         image_items_bucket=artifacts_bucket, image_items_key=items_key, **common)
+    data = b"".join(e.model_dump_json().encode("utf-8") + b"\n" for e in result.inventory)
+    inventory_uri = _put(s3_client, artifacts_bucket, runs.inventory_key(event.run_id), data, "application/x-ndjson")
+    snapshot = runs.snapshot_uri(artifacts_bucket, event.run_id) if report.valid and result.snapshot_complete else None
+    return summarize(report, report_uri, snapshot_uri=snapshot, inventory_uri=inventory_uri,
+                     inventory_digest=inventory_digest(data), **common)
+
+
+def _lines(s3: Any, bucket: str, key: str) -> Iterable[bytes]:
+    """An S3 object's lines, streamed."""
+    body = s3.get_object(Bucket=bucket, Key=key)["Body"]
+    yield from body.iter_lines()
+
+
+def summarize_images(event: SummarizeImagesEvent, s3_client: Any, artifacts_bucket: str, *,
+                     concurrency: int = DEFAULT_IMAGE_CHECK_CONCURRENCY) -> ValidationSummary:
+    """Merge the Distributed Map's results into the run's report; write the inventory; the final summary.
+
+    Raises ImageChecksIncomplete when the results do not cover every item (the Map tolerates no failure,
+    so this means results went missing): a dataset is never passed with images unchecked.
+    """
     key = report_key(event.run_id)
-    # Overwriting the same key makes a retried invocation idempotent.
-    s3_client.put_object(Bucket=artifacts_bucket, Key=key, Body=report.model_dump_json(indent=1).encode(),
-                         ContentType="application/json")
-    return summarize(report, runs.s3_uri(artifacts_bucket, key))
+    report = ValidationReport.model_validate_json(s3_client.get_object(Bucket=artifacts_bucket, Key=key)["Body"].read())
+    expected = sum(1 for line in _lines(s3_client, artifacts_bucket, runs.image_items_key(event.run_id))
+                   if line.strip())
+    files = list(read_inventory(_lines(s3_client, artifacts_bucket, runs.pending_inventory_key(event.run_id))))
+    manifest = read_result_manifest(s3_client, event.result_writer.Bucket, event.result_writer.Key)
+    merged = merge_results(report, files, batch_results(s3_client, event.result_writer.Bucket, manifest),
+                           expected_images=expected)
+    report_uri = _put(s3_client, artifacts_bucket, key, merged.report.model_dump_json(indent=1).encode(),
+                      "application/json")
+    inventory_uri = _put(s3_client, artifacts_bucket, runs.inventory_key(event.run_id), merged.inventory,
+                         "application/x-ndjson")
+    items_key = runs.image_items_key(event.run_id)
+    # Every image was copied by its batch when it passed; the files were copied before the Map started.
+    snapshot = runs.snapshot_uri(artifacts_bucket, event.run_id) if merged.report.valid else None
+    return summarize(merged.report, report_uri, images_pending=False,
+                     image_items_uri=runs.s3_uri(artifacts_bucket, items_key), image_items_bucket=artifacts_bucket,
+                     image_items_key=items_key, image_count=merged.images,
+                     image_check_concurrency=max(1, concurrency), snapshot_uri=snapshot,
+                     inventory_uri=inventory_uri, inventory_digest=inventory_digest(merged.inventory))

@@ -18,25 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the full report as JSON on stdout")
     p.add_argument("--no-images", action="store_true",
                    help="check manifest and annotations only (no image files), e.g. before uploading images")
-    p.add_argument("--image-sample", type=int, default=None, metavar="N",
-                   help="S3 only: how many images to open (default: $IMAGE_SAMPLE_SIZE or 200)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run)
-
-
-def _image_sample(args: argparse.Namespace) -> int:
-    from d2ops_core.validation import DEFAULT_IMAGE_SAMPLE
-
-    value = args.image_sample if args.image_sample is not None else os.environ.get("IMAGE_SAMPLE_SIZE")
-    if value is None:
-        return DEFAULT_IMAGE_SAMPLE
-    try:
-        sample = int(value)
-    except ValueError as exc:
-        raise UsageError(f"IMAGE_SAMPLE_SIZE must be an integer, got {value!r}") from exc
-    if sample < 0:
-        raise UsageError(f"--image-sample must be >= 0, got {sample}")
-    return sample
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,11 +37,10 @@ def run(args: argparse.Namespace) -> int:
                 raise UsageError(f"{source!r} has no bucket: use s3://BUCKET/PREFIX/")
             import boto3  # only S3 sources need it
 
-            report = validate_s3(boto3.client("s3"), bucket, prefix, image_sample=_image_sample(args),
-                                 check_images=not args.no_images, progress=progress)
+            # Every image is read, pinned to its listed version, as the pipeline does.
+            report = validate_s3(boto3.client("s3"), bucket, prefix, check_images=not args.no_images,
+                                 progress=progress)
         else:
-            if args.image_sample is not None:
-                raise UsageError("--image-sample applies to s3:// sources only (every local image is checked)")
             if not os.path.exists(source):
                 raise UsageError(f"{source} does not exist")
             if not os.path.isdir(source):

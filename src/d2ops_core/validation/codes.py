@@ -69,6 +69,8 @@ class Code(StrEnum):
     IMAGE_FORMAT_UNSUPPORTED = "IMAGE_FORMAT_UNSUPPORTED"
     IMAGE_TOO_LARGE = "IMAGE_TOO_LARGE"
     IMAGE_SHAPE_UNSUPPORTED = "IMAGE_SHAPE_UNSUPPORTED"
+    OBJECT_CHANGED = "OBJECT_CHANGED"
+    SPLIT_OVERLAP = "SPLIT_OVERLAP"
     # Warnings
     IMAGE_WITHOUT_ANNOTATIONS = "IMAGE_WITHOUT_ANNOTATIONS"
     CLASS_FEW_INSTANCES = "CLASS_FEW_INSTANCES"
@@ -76,13 +78,12 @@ class Code(StrEnum):
     CLASS_MISSING_IN_VAL = "CLASS_MISSING_IN_VAL"
     BOX_TINY = "BOX_TINY"
     DUPLICATE_FILE_NAME = "DUPLICATE_FILE_NAME"
-    SPLIT_OVERLAP = "SPLIT_OVERLAP"
     IMAGE_EXTENSION_MISMATCH = "IMAGE_EXTENSION_MISMATCH"
 
 
 WARNINGS: frozenset[Code] = frozenset({
     Code.IMAGE_WITHOUT_ANNOTATIONS, Code.CLASS_FEW_INSTANCES, Code.CLASS_IMBALANCE, Code.CLASS_MISSING_IN_VAL,
-    Code.BOX_TINY, Code.DUPLICATE_FILE_NAME, Code.SPLIT_OVERLAP, Code.IMAGE_EXTENSION_MISMATCH,
+    Code.BOX_TINY, Code.DUPLICATE_FILE_NAME, Code.IMAGE_EXTENSION_MISMATCH,
 })
 
 # What each code means, for docs/dataset-format.md and `d2ops validate` output.
@@ -153,7 +154,10 @@ MEANINGS: dict[Code, str] = {
     Code.BOX_TINY: "a bbox is narrower or shorter than the threshold (4 px)",
     Code.DUPLICATE_FILE_NAME: ("two images in one split share a file_name, or their names differ only in letter "
                                "case or Unicode normalization (one file on macOS and Windows file systems)"),
-    Code.SPLIT_OVERLAP: "the same file_name is in train and in val (evaluation would be optimistic)",
+    Code.SPLIT_OVERLAP: ("a val image has the same content (SHA-256 of its bytes) as a train image, under the same "
+                         "or another name: evaluation would be optimistic and the gate misled"),
+    Code.OBJECT_CHANGED: ("an object of the dataset version changed or was deleted after validation listed it (its "
+                          "listed VersionId is gone or its ETag no longer matches); the run never reads it"),
     Code.IMAGE_EXTENSION_MISMATCH: ("an image's extension does not match its content (a JPEG named .png) or is not "
                                     ".jpg/.jpeg/.png; every reader goes by content, so it is read correctly"),
 }

@@ -8,12 +8,14 @@ import os
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from d2ops_core.validation.coco import SplitResult, Thresholds, check_split
 from d2ops_core.validation.codes import Code
-from d2ops_core.validation.errors import DatasetUnreadable, SourceFileError
-from d2ops_core.validation.images import check_image_files
+from d2ops_core.validation.errors import DatasetUnreadable, ObjectChanged, SourceFileError
+from d2ops_core.validation.images import check_items, content_overlap, image_items, merge_image_issues
+from d2ops_core.validation.inventory import CheckedImage, ImageItem, InventoryEntry
 from d2ops_core.validation.manifest import (
     MANIFEST_FILE,
     MAX_MANIFEST_BYTES,
@@ -26,7 +28,6 @@ from d2ops_core.validation.report import DatasetName, ImageCheck, IssueLog, Spli
 from d2ops_core.validation.sources import LocalSource, S3Source, Source
 from d2ops_core.validation.split import DerivedSplit, SplitError, derive_split, split_seed
 
-DEFAULT_IMAGE_SAMPLE = 200
 logger = logging.getLogger(__name__)
 _DATASET_PREFIX = re.compile(r"(?:^|/)datasets/(?P<name>[^/]+)/(?P<version>[^/]+)/?$")
 
@@ -87,10 +88,7 @@ def _cross_split(train: SplitResult | None, val: SplitResult | None, log: IssueL
         if train.instances[c] > 0 and val.instances[c] == 0:
             log.add(Code.CLASS_MISSING_IN_VAL, f"category {name!r} (id {c}) has no val instances: its AP cannot be "
                     "measured", val.file, None)
-    train_names = {ref.file_name for ref in train.images}
-    for ref in val.images:
-        if ref.file_name in train_names:
-            log.add(Code.SPLIT_OVERLAP, f"{ref.file_name} is in train too", val.file, f"images[{ref.index}].file_name")
+    # Train/val overlap is by content, once the images are read: images.content_overlap.
 
 
 def _derive_val(source: Source, manifest: Manifest, log: IssueLog,
@@ -127,13 +125,37 @@ def _check_failed(log: IssueLog, file: str | None, what: str, exc: Exception) ->
             f"{str(exc)[:200]}; the file is rejected (please report this)", file)
 
 
-def validate_source(source: Source, *, check_images: bool = True, image_sample: int | None = None,
-                    expected: tuple[str, str] | None = None, limits: Thresholds | None = None,
-                    progress: Progress | None = None, stack_limits: StackLimits | None = None) -> ValidationReport:
-    """Validate the dataset version ``source`` holds. Raises DatasetUnreadable when it cannot be listed.
+@dataclass
+class Validated:
+    """What one validation produced: the report, the inventory of what it read, and what is left to check."""
 
-    ``stack_limits``: the operator's gate and training limits; manifest settings laxer than these
-    are errors (the pipeline passes them; a local check without a stack has none to enforce).
+    report: ValidationReport
+    inventory: list[InventoryEntry] = field(default_factory=list)  # sorted by key
+    images_pending: bool = False  # too many images to check here: ``items`` go to the Distributed Map
+    items: list[ImageItem] = field(default_factory=list)  # the image files (checked or pending), sorted by key
+    snapshot_complete: bool = False  # every file the run reads was copied into the snapshot
+
+
+def validate_source(source: Source, *, check_images: bool = True, expected: tuple[str, str] | None = None,
+                    limits: Thresholds | None = None, progress: Progress | None = None,
+                    stack_limits: StackLimits | None = None) -> ValidationReport:
+    """Validate the dataset version ``source`` holds, every image included; raises DatasetUnreadable when it
+    cannot be listed. ``stack_limits``: the operator's gate and training limits; manifest settings laxer
+    than these are errors (the pipeline passes them; a local check without a stack has none to enforce).
+    """
+    return validate_version(source, check_images=check_images, expected=expected, limits=limits, progress=progress,
+                            stack_limits=stack_limits).report
+
+
+def validate_version(source: Source, *, check_images: bool = True, expected: tuple[str, str] | None = None,
+                     limits: Thresholds | None = None, progress: Progress | None = None,
+                     stack_limits: StackLimits | None = None, inline_limit: int | None = None,
+                     snapshot: bool = False) -> Validated:
+    """:func:`validate_source` with its inventory, snapshot and hand-off to the Distributed Map.
+
+    ``inline_limit``: with more present images than this (and annotations otherwise valid) the images
+    are not checked here: ``images_pending`` and ``items`` say what the Map must check. ``snapshot``:
+    copy what the run reads (the source's ``copy_to_snapshot``) when it is valid so far.
     """
     say = progress or _quiet
     limits = limits or Thresholds()
@@ -144,12 +166,22 @@ def validate_source(source: Source, *, check_images: bool = True, image_sample: 
     image_check = ImageCheck(mode="skipped")
     manifest: Manifest | None = None
     raw = b""
+    read: list[str] = []  # the files (other than images) the validation read whole
+    items: list[ImageItem] = []
+    checked: list[CheckedImage] = []
+    pending = copied = False
 
     def report() -> ValidationReport:
         return ValidationReport.build(source=source.uri, log=log, manifest=manifest,
                                       dataset=_dataset_ref(manifest, raw, expected), splits=splits,
                                       images=image_check, seconds=time.perf_counter() - started,
                                       derived_split=derived)
+
+    def done() -> Validated:
+        entries = {e.key: e for e in (source.entry(rel) for rel in read)}
+        entries.update((c.entry.key, c.entry) for c in checked)
+        return Validated(report=report(), inventory=sorted(entries.values(), key=lambda e: e.key),
+                         images_pending=pending, items=items, snapshot_complete=copied)
 
     say(f"listing {source.uri}")
     files = source.list_files()
@@ -158,21 +190,25 @@ def validate_source(source: Source, *, check_images: bool = True, image_sample: 
                 rel)
     if MANIFEST_FILE not in files:
         log.add(Code.MANIFEST_MISSING, f"no {MANIFEST_FILE} in {source.uri} ({len(files)} other files)", MANIFEST_FILE)
-        return report()
+        return done()
     try:
         raw = source.read_small(MANIFEST_FILE, MAX_MANIFEST_BYTES)
+        read.append(MANIFEST_FILE)
+    except ObjectChanged as exc:
+        log.add(Code.OBJECT_CHANGED, str(exc), MANIFEST_FILE)
+        return done()
     except SourceFileError as exc:
         log.add(Code.FILE_UNREADABLE, str(exc), MANIFEST_FILE)
-        return report()
+        return done()
     try:
         manifest, problems = parse_manifest(raw)
     except Exception as exc:
         _check_failed(log, MANIFEST_FILE, "manifest", exc)
-        return report()
+        return done()
     for code, message, path in problems:
         log.add(code, message, MANIFEST_FILE, path)
     if manifest is None:
-        return report()  # without a manifest there is no telling which files are the splits
+        return done()  # without a manifest there is no telling which files are the splits
     if expected and expected != (manifest.name, manifest.version):
         log.add(Code.MANIFEST_PREFIX_MISMATCH, f"manifest says {manifest.name}/{manifest.version} but the files are "
                 f"under datasets/{expected[0]}/{expected[1]}/", MANIFEST_FILE)
@@ -198,7 +234,11 @@ def validate_source(source: Source, *, check_images: bool = True, image_sample: 
         say(f"checking {split} annotations {rel} ({files[rel] / 1e6:.1f} MB)")
         try:
             with source.open_large(rel) as buffer:
+                read.append(rel)
                 result = check_split(buffer, split, rel, log, task=manifest.task, limits=limits)
+        except ObjectChanged as exc:
+            log.add(Code.OBJECT_CHANGED, str(exc), rel)
+            continue
         except SourceFileError as exc:
             log.add(Code.FILE_UNREADABLE, str(exc), rel)
             continue
@@ -232,32 +272,74 @@ def validate_source(source: Source, *, check_images: bool = True, image_sample: 
     except Exception as exc:
         _check_failed(log, None, "cross-split", exc)
 
-    if check_images:
-        prefix = manifest.images_prefix
-        if not any(key.startswith(prefix) for key in files):
-            log.add(Code.MANIFEST_PATH_MISSING, f"no files under {prefix} (the manifest's images directory)",
-                    MANIFEST_FILE, "images")
-        else:
-            try:
-                image_check = check_image_files(source, {r.file: r.images for r in results.values()}, files, prefix,
-                                                log, sample=image_sample, progress=say)
-            except Exception as exc:
-                _check_failed(log, prefix, "image files", exc)
+    prefix = manifest.images_prefix
+    if check_images and not any(key.startswith(prefix) for key in files):
+        log.add(Code.MANIFEST_PATH_MISSING, f"no files under {prefix} (the manifest's images directory)",
+                MANIFEST_FILE, "images")
+    else:
+        refs = {r.file: r.images for r in results.values()}
+        val_names = ({ref.file_name for ref in crossed["val"].images}
+                     if derived is not None and "val" in crossed else None)
+        missing_before = log.counts[Code.IMAGE_MISSING]
+        scratch = log if check_images else IssueLog()  # without image checks, presence is not reported
+        try:
+            items = image_items(source, refs, files, prefix, scratch, val_names=val_names)
+            referenced = sum(len(r) for r in refs.values())
+            missing = log.counts[Code.IMAGE_MISSING] - missing_before
+            clean = log.error_count == 0
+            if not check_images:
+                checked = [CheckedImage(entry=source.entry(i.key), locations=i.locations) for i in items]
+            elif inline_limit is not None and len(items) > inline_limit:
+                if clean:  # the Distributed Map checks them; the summarize step finishes the report
+                    pending = True
+                    image_check = ImageCheck(mode="pending", referenced=referenced, missing=missing)
+                    say(f"{len(items)} image files: more than {inline_limit}, checked by the Distributed Map")
+                else:
+                    say(f"{len(items)} image files not checked: the annotations are rejected already")
+            else:
+                checked, found = check_items(source, items, snapshot=snapshot and clean, progress=say)
+                merge_image_issues(log, found)
+                image_check = ImageCheck(
+                    mode="all", referenced=referenced, missing=missing,
+                    probed=sum(len(c.locations) for c in checked if c.passed),
+                    decoded=sum(len(c.locations) for c in checked if c.passed and c.decoded))
+        except DatasetUnreadable:
+            raise
+        except Exception as exc:
+            _check_failed(log, prefix, "image files", exc)
+    if not pending:
+        try:
+            content_overlap(checked, log.add)
+        except Exception as exc:
+            _check_failed(log, None, "train/val overlap", exc)
+    if snapshot and log.error_count == 0:
+        copied = snapshot_files(source, read, log)
     say(f"done: {log.error_count} errors, {log.warning_count} warnings")
-    return report()
+    return done()
+
+
+def snapshot_files(source: Source, read: list[str], log: IssueLog) -> bool:
+    """Copy the manifest and annotation files into the snapshot; a changed one is OBJECT_CHANGED."""
+    ok = True
+    for rel in dict.fromkeys(read):
+        try:
+            ok = source.copy_to_snapshot(rel) and ok
+        except ObjectChanged as exc:
+            log.add(Code.OBJECT_CHANGED, str(exc), rel)
+            ok = False
+    return ok
 
 
 def validate_local(path: str | os.PathLike[str], *, check_images: bool = True, limits: Thresholds | None = None,
                    progress: Progress | None = None) -> ValidationReport:
     """Validate the dataset version in directory ``path``; every image is decoded unless ``check_images`` is off."""
-    return validate_source(LocalSource(path), check_images=check_images, image_sample=None, limits=limits,
-                           progress=progress)
+    return validate_source(LocalSource(path), check_images=check_images, limits=limits, progress=progress)
 
 
-def validate_s3(s3_client: Any, bucket: str, prefix: str, *, image_sample: int = DEFAULT_IMAGE_SAMPLE,
-                check_images: bool = True, limits: Thresholds | None = None,
-                progress: Progress | None = None, stack_limits: StackLimits | None = None) -> ValidationReport:
-    """Validate the dataset version under s3://bucket/prefix; ``image_sample`` images have their size checked."""
+def validate_s3(s3_client: Any, bucket: str, prefix: str, *, check_images: bool = True,
+                limits: Thresholds | None = None, progress: Progress | None = None,
+                stack_limits: StackLimits | None = None) -> ValidationReport:
+    """Validate the dataset version under s3://bucket/prefix, every image read (pinned to its listed version)."""
     return validate_source(S3Source(s3_client, bucket, prefix), check_images=check_images,
-                           image_sample=max(0, image_sample), expected=dataset_from_prefix(prefix), limits=limits,
-                           progress=progress, stack_limits=stack_limits)
+                           expected=dataset_from_prefix(prefix), limits=limits, progress=progress,
+                           stack_limits=stack_limits)

@@ -13,3 +13,7 @@ class DatasetUnreadable(Exception):
 
 class SourceFileError(Exception):
     """One file of the dataset cannot be read; reported as FILE_UNREADABLE, validation goes on."""
+
+
+class ObjectChanged(SourceFileError):
+    """An object changed or was deleted after validation listed it (OBJECT_CHANGED): it must not reach the run."""

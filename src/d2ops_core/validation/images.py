@@ -1,83 +1,240 @@
-"""Checks of the image files a split references: present, non-empty, accepted by d2ops_core.images, of declared size."""
+"""Checks of the image files the splits reference: present, non-empty, accepted by d2ops_core.images, of declared size.
+
+One rule, one place: :func:`check_image` judges one image file (read pinned, hashed, checked by the
+rule, copied into the run's snapshot) for every path that checks images: the local validator, the
+validate Lambda's inline fast path and the Distributed Map's batch Lambda (:func:`check_image_batch`).
+Their issues are merged into the report in one canonical order (:func:`merge_image_issues`), so the
+same bad dataset gives the same codes and locations whichever path checked it.
+
+Each image file is one :class:`ImageItem` (a file named by train and by val is checked once and
+answers for both entries).
+"""
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable
+import heapq
+import re
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import count
+from typing import Literal
 
 from d2ops_core.images import extension_problem
 from d2ops_core.validation.coco import ImageRef, loose_name
-from d2ops_core.validation.codes import Code
-from d2ops_core.validation.report import ImageCheck, IssueLog
+from d2ops_core.validation.codes import Code, severity
+from d2ops_core.validation.errors import ObjectChanged
+from d2ops_core.validation.inventory import (
+    CheckedImage,
+    ImageBatchResult,
+    ImageItem,
+    ImageLocation,
+    InventoryEntry,
+    capped,
+)
+from d2ops_core.validation.report import Issue, IssueLog, printable
 from d2ops_core.validation.sources import ImageProbe, Source
 
-SAMPLE_SEED = 0  # the S3 sample is deterministic: a retried run checks the same images
 # d2ops_core.images.ImageRejected reasons with a code of their own; every other refusal is IMAGE_UNREADABLE.
 _REASON_CODES = {"unsupported_format": Code.IMAGE_FORMAT_UNSUPPORTED, "too_large": Code.IMAGE_TOO_LARGE,
-                 "bad_shape": Code.IMAGE_SHAPE_UNSUPPORTED, "outside": Code.LINK_OUTSIDE_DATASET}
+                 "bad_shape": Code.IMAGE_SHAPE_UNSUPPORTED, "outside": Code.LINK_OUTSIDE_DATASET,
+                 "changed": Code.OBJECT_CHANGED}
+_INDEX = re.compile(r"^images\[(\d+)\]")
+
+Add = Callable[[Code, str, "str | None", "str | None"], None]
 
 
+def image_items(source: Source, refs: dict[str, list[ImageRef]], files: dict[str, int], images_prefix: str,
+                log: IssueLog, *, val_names: set[str] | None = None) -> list[ImageItem]:
+    """The present, non-empty image files the splits reference, one item per file, sorted by key.
 
-
-def check_image_files(source: Source, refs: dict[str, list[ImageRef]], files: dict[str, int], images_prefix: str,
-                      log: IssueLog, *, sample: int | None, workers: int = 8,
-                      progress: Callable[[str], None] | None = None) -> ImageCheck:
-    """Check the images of every split (``refs``: split file -> its image entries).
-
-    ``sample``: probe at most this many present images (deterministically chosen); None probes
-    all of them. Presence and emptiness are checked for every image from the listing.
+    Missing and empty files are reported here, from the listing alone (nothing is read).
+    ``refs``: annotation file -> its entries; the first file is train, the second val. ``val_names``:
+    the file_names a derived val split took from the train file (their entries are on the val side).
     """
-    present: list[tuple[str, ImageRef]] = []
-    referenced = missing = 0
+    grouped: dict[str, list[ImageLocation]] = {}
     near_names: dict[str, str] | None = None  # built on the first missing image only
-    for split_file, split_refs in refs.items():
+    for n, (split_file, split_refs) in enumerate(refs.items()):
         for ref in split_refs:
-            referenced += 1
-            size = files.get(images_prefix + ref.file_name)
+            key = images_prefix + ref.file_name
+            size = files.get(key)
             path = f"images[{ref.index}].file_name"
             if size is None:
-                missing += 1
                 if near_names is None:
-                    near_names = {loose_name(key): key for key in files if key.startswith(images_prefix)}
-                near = near_names.get(loose_name(images_prefix + ref.file_name))
+                    near_names = {loose_name(k): k for k in files if k.startswith(images_prefix)}
+                near = near_names.get(loose_name(key))
                 hint = f" ({near} differs only in letter case or Unicode normalization)" if near else ""
-                log.add(Code.IMAGE_MISSING, f"{images_prefix}{ref.file_name} was not uploaded{hint}", split_file, path)
+                log.add(Code.IMAGE_MISSING, f"{key} was not uploaded{hint}", split_file, path)
             elif size <= 0:
-                log.add(Code.IMAGE_UNREADABLE, f"{images_prefix}{ref.file_name} is empty", split_file, path)
+                log.add(Code.IMAGE_UNREADABLE, f"{key} is empty", split_file, path)
             else:
-                present.append((split_file, ref))
-    mode = "all"
-    if sample is not None and len(present) > sample:
-        present = random.Random(SAMPLE_SEED).sample(present, sample)
-        mode = "sample" if sample else "skipped"
+                on_val = n > 0 or (val_names is not None and ref.file_name in val_names)
+                side: Literal["train", "val"] = "val" if on_val else "train"
+                grouped.setdefault(key, []).append(ImageLocation(file=split_file, split=side,
+                                                                 index=ref.index, width=ref.width, height=ref.height))
+    items = []
+    for key in sorted(grouped):
+        entry = source.entry(key)
+        items.append(ImageItem(key=key, version_id=entry.version_id, etag=entry.etag, size=entry.size,
+                               locations=grouped[key]))
+    return items
 
-    def probe(item: tuple[str, ImageRef]) -> ImageProbe:
-        return source.probe_image(images_prefix + item[1].file_name)
 
-    probed = decoded = 0
-    if progress and present:
-        progress(f"checking {len(present)} image files ({mode})")
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for n, ((split_file, ref), result) in enumerate(zip(present, pool.map(probe, present), strict=True), 1):
-            path = f"images[{ref.index}]"
-            if result.error is not None:
-                code = _REASON_CODES.get(result.reason or "", Code.IMAGE_UNREADABLE)
-                # the probe's message names the file already
-                prefix = "cannot decode: " if result.reason == "corrupt" else ""
-                log.add(code, f"{prefix}{result.error}", split_file, path)
-                continue
-            probed += 1
-            decoded += result.decoded
-            problem = extension_problem(ref.file_name, result.format or "")
-            if problem:
-                log.add(Code.IMAGE_EXTENSION_MISMATCH, f"{images_prefix}{ref.file_name} {problem}", split_file,
-                        f"{path}.file_name")
-            if result.size != (ref.width, ref.height):
-                rotated = "" if result.size == result.stored_size else " after its EXIF orientation is applied"
-                real = result.size or (0, 0)
-                log.add(Code.IMAGE_SIZE_MISMATCH, f"{images_prefix}{ref.file_name} is {real[0]}x{real[1]}{rotated}, "
-                        f"the annotations say {ref.width}x{ref.height}", split_file, path)
+def judge_image(key: str, probe: ImageProbe, locations: Sequence[ImageLocation], add: Add) -> bool:
+    """The rule's verdict on one image file, reported at every entry that names it; True when it has no error."""
+    if probe.error is not None:
+        code = _REASON_CODES.get(probe.reason or "", Code.IMAGE_UNREADABLE)
+        if code is Code.OBJECT_CHANGED:
+            add(code, probe.error, key, None)
+            return False
+        prefix = "cannot decode: " if probe.reason == "corrupt" else ""  # the probe's message names the file
+        for loc in locations:
+            add(code, f"{prefix}{probe.error}", loc.file, f"images[{loc.index}]")
+        return False
+    ok = True
+    problem = extension_problem(key, probe.format or "")
+    for loc in locations:
+        if problem:
+            add(Code.IMAGE_EXTENSION_MISMATCH, f"{key} {problem}", loc.file, f"images[{loc.index}].file_name")
+        if probe.size != (loc.width, loc.height):
+            rotated = "" if probe.size == probe.stored_size else " after its EXIF orientation is applied"
+            real = probe.size or (0, 0)
+            add(Code.IMAGE_SIZE_MISMATCH, f"{key} is {real[0]}x{real[1]}{rotated}, the annotations say "
+                f"{loc.width}x{loc.height}", loc.file, f"images[{loc.index}]")
+            ok = False
+    return ok
+
+
+def check_image(source: Source, item: ImageItem, *, snapshot: bool) -> tuple[CheckedImage, list[Issue]]:
+    """Read ``item`` pinned, judge it by the rule, and (``snapshot``, when it passed) copy it into the run's snapshot.
+
+    The one per-image function of every checking path. Never raises for the file's content or a
+    changed object (those are issues); DatasetUnreadable (access denied) propagates.
+    """
+    issues: list[Issue] = []
+
+    def add(code: Code, message: str, file: str | None, path: str | None) -> None:
+        issues.append(capped(Issue(code=code, severity=severity(code), message=printable(message),
+                                   file=printable(file) if file else file, path=path)))
+
+    probe = source.probe_image(item.key)
+    ok = judge_image(item.key, probe, item.locations, add)
+    copied = False
+    if ok and snapshot:
+        try:
+            copied = source.copy_to_snapshot(item.key)
+        except ObjectChanged as exc:
+            add(Code.OBJECT_CHANGED, str(exc), item.key, None)
+    entry = InventoryEntry(key=item.key, version_id=item.version_id, etag=item.etag, size=item.size,
+                           sha256=probe.sha256)
+    return CheckedImage(entry=entry, decoded=probe.decoded, passed=probe.error is None, copied=copied,
+                        locations=item.locations), issues
+
+
+def check_items(source: Source, items: Sequence[ImageItem], *, snapshot: bool, workers: int = 8,
+                progress: Callable[[str], None] | None = None) -> tuple[list[CheckedImage], list[Issue]]:
+    """:func:`check_image` over ``items`` on ``workers`` threads; results in item order."""
+    checked: list[CheckedImage] = []
+    issues: list[Issue] = []
+    if progress and items:
+        progress(f"checking {len(items)} image files")
+
+    def one(item: ImageItem) -> tuple[CheckedImage, list[Issue]]:
+        return check_image(source, item, snapshot=snapshot)
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for n, (image, found) in enumerate(pool.map(one, items), 1):
+            checked.append(image)
+            issues.extend(found)
             if progress and n % 5000 == 0:
-                progress(f"  {n}/{len(present)} images checked")
-    return ImageCheck(mode=mode, referenced=referenced, missing=missing, probed=probed, decoded=decoded)
+                progress(f"  {n}/{len(items)} images checked")
+    return checked, issues
+
+
+def check_image_batch(source: Source, items: Sequence[ImageItem], *, snapshot: bool = True,
+                      workers: int = 4) -> ImageBatchResult:
+    """One Distributed Map batch: every item checked and copied; the result the Map's ResultWriter stores."""
+    checked, issues = check_items(source, items, snapshot=snapshot, workers=workers)
+    return ImageBatchResult(images=checked, issues=sorted(issues, key=issue_order))
+
+
+def issue_order(issue: Issue) -> tuple[str, int, str, str]:
+    """The canonical order of image issues: by annotation file, then entry index (OBJECT_CHANGED: by key)."""
+    match = _INDEX.match(issue.path or "")
+    return (issue.file or "", int(match.group(1)) if match else -1, issue.path or "", str(issue.code))
+
+
+def merge_image_issues(log: IssueLog, issues: Iterable[Issue]) -> None:
+    """Add image issues to ``log`` in canonical order, holding at most the log's cap per code at once.
+
+    Every issue is counted; of each code the first ``cap`` in :func:`issue_order` are kept, whatever
+    order the batches finished in, so the local validator and the Distributed Map keep the same ones.
+    """
+    kept: dict[Code, list[tuple[_Last, Issue]]] = {}  # per code: a max-heap (by order) of the smallest
+    dropped: dict[Code, int] = {}
+    seq = count()
+    for issue in issues:
+        heap = kept.setdefault(issue.code, [])
+        entry = (_Last((*issue_order(issue), next(seq))), issue)
+        if len(heap) < log.cap:
+            heapq.heappush(heap, entry)
+        else:
+            heapq.heappushpop(heap, entry)
+            dropped[issue.code] = dropped.get(issue.code, 0) + 1
+    for _, issue in sorted((e for heap in kept.values() for e in heap), key=lambda e: e[0].order):
+        log.add(issue.code, issue.message, issue.file, issue.path)
+    for code, n in dropped.items():
+        log.counts[code] += n
+
+
+class _Last:
+    """Compares in reverse of ``order``: a min-heap of these pops the issue that sorts last."""
+
+    __slots__ = ("order",)
+
+    def __init__(self, order: tuple[str, int, str, str, int]) -> None:
+        self.order = order
+
+    def __lt__(self, other: _Last) -> bool:
+        return self.order > other.order
+
+
+class OverlapIndex:
+    """Train/val overlap by content, fed one checked image at a time (the summarize step streams millions).
+
+    Identity is the SHA-256 of the bytes (the key where they were not read): the same name with
+    different content is not overlap, different names with the same bytes are. Holds one short
+    string per train image and the val images' locations, never the CheckedImage objects.
+    """
+
+    def __init__(self) -> None:
+        self.train: dict[str, str] = {}  # identity -> the first train key with it
+        self.val: list[tuple[str, str, list[tuple[str, int]]]] = []  # (identity, key, [(file, index)])
+
+    def add(self, image: CheckedImage) -> None:
+        identity = image.entry.sha256 or f"key:{image.entry.key}"
+        if any(loc.split == "train" for loc in image.locations):
+            self.train.setdefault(identity, image.entry.key)
+        on_val = [(loc.file, loc.index) for loc in image.locations if loc.split == "val"]
+        if on_val:
+            self.val.append((identity, image.entry.key, on_val))
+
+    def report(self, add: Add) -> None:
+        """SPLIT_OVERLAP (an error) at every val entry whose file has the bytes of a train image, in canonical order."""
+        found: list[tuple[str, int, str]] = []
+        for identity, key, on_val in self.val:
+            twin = self.train.get(identity)
+            if twin is None:
+                continue
+            message = (f"{key} is in train too" if twin == key else
+                       f"{key} has the same content as train's {twin} (sha256 {identity[:16]}...)")
+            found.extend((file, index, message) for file, index in on_val)
+        for file, index, message in sorted(found):
+            add(Code.SPLIT_OVERLAP, message, file, f"images[{index}].file_name")
+
+
+def content_overlap(images: Iterable[CheckedImage], add: Add) -> None:
+    """:class:`OverlapIndex` over ``images`` at once."""
+    index = OverlapIndex()
+    for image in images:
+        index.add(image)
+    index.report(add)

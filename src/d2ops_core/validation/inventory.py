@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator
-from typing import IO, Any, TypeVar
+from typing import IO, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,6 +53,8 @@ class ImageLocation(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     file: str = Field(description="the annotation file, relative to the dataset root")
+    split: Literal["train", "val"] = Field(description="the side the entry is on (a derived val's entries are in the "
+                                                       "train file)")
     index: int = Field(ge=0, description="the entry's position in that file's images array")
     width: int = Field(gt=0, description="the width the entry declares")
     height: int = Field(gt=0, description="the height the entry declares")

@@ -60,6 +60,14 @@ class IssueLog:
             self.kept.append(Issue(code=code, severity=severity(code), message=printable(message),
                                    file=printable(file) if file else file, path=printable(path) if path else path))
 
+    @classmethod
+    def from_report(cls, report: ValidationReport, cap: int = MAX_ISSUES_PER_CODE) -> IssueLog:
+        """The log a stored report was built from (its kept issues and every count), to add more issues to."""
+        log = cls(cap)
+        log.kept = [*report.errors, *report.warnings]
+        log.counts = Counter({Code(code): n for code, n in report.issue_counts.items()})
+        return log
+
     @property
     def error_count(self) -> int:
         return sum(n for c, n in self.counts.items() if severity(c) is Severity.ERROR)
@@ -99,10 +107,10 @@ class SplitStats(BaseModel):
 
 
 class ImageCheck(BaseModel):
-    mode: str = Field(description="all | sample | skipped")
+    mode: str = Field(description="all | pending (the Distributed Map is checking them) | skipped")
     referenced: int = Field(default=0, description="image entries with a safe, unique file_name")
     missing: int = 0
-    probed: int = Field(default=0, description="image files whose size was read (all locally, a sample in S3)")
+    probed: int = Field(default=0, description="image entries whose file the rule accepted (its size was read)")
     decoded: int = Field(default=0, description="image files fully decoded (every probed image but those over "
                                                  "16 MB in S3 or 25 megapixels, whose size alone is read)")
 

@@ -17,6 +17,7 @@ not (LINK_OUTSIDE_DATASET): a dataset must not make the validator read other fil
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import mmap
 import os
@@ -26,12 +27,13 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from d2ops_core import images as rule
-from d2ops_core.validation.errors import DatasetUnreadable, SourceFileError
+from d2ops_core.validation.errors import DatasetUnreadable, ObjectChanged, SourceFileError
+from d2ops_core.validation.inventory import SNAPSHOT_TAGGING, InventoryEntry, clean_etag
 
 # S3 images up to this size are downloaded whole and decoded; of larger ones this much is read, which
 # holds the header. Bounds a Lambda's memory: 8 probing threads hold at most 8 of these at once.
@@ -95,6 +97,7 @@ class ImageProbe:
     format: str | None = None  # Pillow's format name (JPEG, MPO, PNG)
     decoded: bool = False
     orientation_known: bool = field(default=True, compare=False)  # False: a PNG whose EXIF was not reached
+    sha256: str | None = field(default=None, compare=False)  # hex SHA-256 of the file's bytes, when all were read
 
 
 class Source(Protocol):
@@ -114,6 +117,17 @@ class Source(Protocol):
 
     def links_outside(self) -> dict[str, str]:
         """Links the listing refused because they lead out of the dataset: relative path -> link target."""
+        ...
+
+    def entry(self, rel: str) -> InventoryEntry:
+        """The inventory entry of ``rel`` as listed (and hashed, once its bytes were read whole)."""
+        ...
+
+    def copy_to_snapshot(self, rel: str) -> bool:
+        """Copy the listed version of ``rel`` into the run's snapshot; False when the source has no snapshot.
+
+        Raises ObjectChanged when the listed version is gone or its ETag no longer matches.
+        """
         ...
 
 
@@ -202,6 +216,8 @@ class LocalSource:
         self.uri = str(self.root)
         self._real_root = os.path.realpath(self.root)
         self._outside: dict[str, str] = {}
+        self._sizes: dict[str, int] = {}
+        self._hashes: dict[str, str] = {}  # files whose every byte was read: relative path -> hex SHA-256
 
     def _within(self, real: str) -> bool:
         return real == self._real_root or real.startswith(self._real_root.rstrip(os.sep) + os.sep)
@@ -256,7 +272,15 @@ class LocalSource:
                     files[rel] = os.stat(os.path.join(dirpath, name)).st_size
                 except OSError:
                     files[rel] = -1  # a dangling link: listed, unreadable
+        self._sizes = files
         return files
+
+    def entry(self, rel: str) -> InventoryEntry:
+        return InventoryEntry(key=rel, version_id=None, etag=None, size=max(0, self._sizes.get(rel, 0)),
+                              sha256=self._hashes.get(rel))
+
+    def copy_to_snapshot(self, rel: str) -> bool:
+        return False  # a local directory is validated where it is; the offline pipeline reads S3
 
     def links_outside(self) -> dict[str, str]:
         return dict(self._outside)
@@ -273,12 +297,18 @@ class LocalSource:
     def read_small(self, rel: str, limit: int) -> bytes:
         try:
             with open(self._path(rel), "rb") as fh:
-                return fh.read(limit + 1)
+                data = fh.read(limit + 1)
         except OSError as exc:
             raise SourceFileError(f"cannot read {rel}: {exc.strerror or exc}") from exc
+        if len(data) <= limit:
+            self._hashes[rel] = hashlib.sha256(data).hexdigest()
+        return data
 
-    def open_large(self, rel: str) -> Any:
-        return _mapped(self._path(rel), rel)
+    @contextmanager
+    def open_large(self, rel: str) -> Iterator[Any]:
+        with _mapped(self._path(rel), rel) as buffer:
+            self._hashes[rel] = hashlib.sha256(buffer).hexdigest()
+            yield buffer
 
     def probe_image(self, rel: str) -> ImageProbe:
         path = self._inside(rel)
@@ -289,9 +319,13 @@ class LocalSource:
             return ImageProbe(error=f"cannot read {rel}: {problem}", reason="unreadable")
         try:
             with open(path, "rb") as fh:
-                return _probe(fh, rel, decode=True)
+                digest = hashlib.file_digest(fh, "sha256").hexdigest()
+                fh.seek(0)
+                probe = _probe(fh, rel, decode=True)
         except OSError as exc:
             return ImageProbe(error=f"cannot read {rel}: {exc.strerror or exc}", reason="unreadable")
+        self._hashes[rel] = digest
+        return replace(probe, sha256=digest)
 
 
 def _client_error_code(exc: Exception) -> str:
@@ -299,47 +333,129 @@ def _client_error_code(exc: Exception) -> str:
     return str(response.get("Error", {}).get("Code", ""))
 
 
+# S3 error codes that mean "the version validation listed is not what is there now": an If-Match that
+# failed (an unversioned bucket's object was overwritten) or a version deleted for good.
+_CHANGED_ERRORS = frozenset({"PreconditionFailed", "412", "NoSuchVersion", "NoSuchKey", "404"})
 # S3 error codes that mean "this location cannot be read at all", not "this one file is bad".
 _LOCATION_ERRORS = frozenset({"AccessDenied", "403", "NoSuchBucket", "AllAccessDisabled", "InvalidAccessKeyId",
                               "ExpiredToken", "SignatureDoesNotMatch", "KMS.AccessDeniedException"})
 
 
-def s3_read_error(exc: Exception, what: str) -> Exception:
-    """DatasetUnreadable for permission/bucket problems (Step Functions routes on it), else SourceFileError."""
+def s3_read_error(exc: Exception, what: str, *, pinned: bool = False) -> Exception:
+    """DatasetUnreadable for permission/bucket problems (Step Functions routes on it), ObjectChanged for a
+    pinned read whose version is gone or changed, else SourceFileError."""
     code = _client_error_code(exc)
     if code in _LOCATION_ERRORS:
         return DatasetUnreadable(f"cannot read {what}: {code}")
+    if pinned and code in _CHANGED_ERRORS:
+        return ObjectChanged(f"{what} changed or was deleted after validation listed it ({code})")
     return SourceFileError(f"cannot read {what}: {code or exc}")
 
 
+def _sha256_stream(body: Any, sink: Any = None, chunk: int = 1024 * 1024) -> str:
+    """Hex SHA-256 of a streaming body, read in chunks (each also written to ``sink``)."""
+    digest = hashlib.sha256()
+    while True:
+        block = body.read(chunk)
+        if not block:
+            return digest.hexdigest()
+        digest.update(block)
+        if sink is not None:
+            sink.write(block)
+
+
 class S3Source:
-    def __init__(self, s3_client: Any, bucket: str, prefix: str) -> None:
+    """A dataset version under an S3 prefix, pinned: listed once (ListObjectVersions), every later read
+    asks for the listed VersionId with If-Match on its ETag, so what is checked is what was listed.
+
+    ``snapshot``: (bucket, key prefix) the run's copy goes to (d2ops_core.runs.snapshot_prefix); None: no copy.
+    """
+
+    def __init__(self, s3_client: Any, bucket: str, prefix: str,
+                 snapshot: tuple[str, str] | None = None) -> None:
         self.s3, self.bucket = s3_client, bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.uri = f"s3://{bucket}/{self.prefix}"
+        self.snapshot = snapshot
         self.sizes: dict[str, int] = {}  # from the listing, so big files need no extra HEAD
+        self.versions: dict[str, tuple[str | None, str | None]] = {}  # rel -> (VersionId, ETag) as listed
+        self.hashes: dict[str, str] = {}  # files whose every byte was read: rel -> hex SHA-256
 
     def links_outside(self) -> dict[str, str]:
         return {}  # S3 has no links
 
     def list_files(self) -> dict[str, int]:
+        """The latest version of every key under the prefix (a key whose latest version is a delete
+        marker is absent), with its VersionId and ETag: one paginated ListObjectVersions walk."""
         files: dict[str, int] = {}
+        versions: dict[str, tuple[str | None, str | None]] = {}
         try:
-            for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix):
-                for obj in page.get("Contents", []):
-                    files[obj["Key"][len(self.prefix):]] = int(obj["Size"])
+            paginator = self.s3.get_paginator("list_object_versions")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix):
+                for obj in page.get("Versions", []):
+                    if not obj.get("IsLatest"):
+                        continue
+                    rel = obj["Key"][len(self.prefix):]
+                    files[rel] = int(obj["Size"])
+                    version = obj.get("VersionId")
+                    versions[rel] = (None if version in (None, "null") else str(version), clean_etag(obj.get("ETag")))
         except Exception as exc:  # botocore's ClientError/EndpointConnectionError: no import of botocore here
             code = _client_error_code(exc) or type(exc).__name__
             raise DatasetUnreadable(f"cannot list {self.uri}: {code}: {exc}") from exc
-        self.sizes = files
+        self.sizes, self.versions = files, versions
         return files
+
+    def pin(self, entries: list[Any]) -> None:
+        """Take versions from an earlier listing (ImageItems, InventoryEntries: key, version_id, etag, size)."""
+        for e in entries:
+            self.sizes[e.key] = e.size
+            self.versions[e.key] = (e.version_id, e.etag)
+
+    def entry(self, rel: str) -> InventoryEntry:
+        version_id, etag = self.versions.get(rel, (None, None))
+        return InventoryEntry(key=rel, version_id=version_id, etag=etag, size=self.sizes.get(rel, 0),
+                              sha256=self.hashes.get(rel))
+
+    def _pinned(self, rel: str) -> dict[str, str]:
+        """GetObject arguments that read exactly the listed version (VersionId; If-Match on the ETag)."""
+        version_id, etag = self.versions.get(rel, (None, None))
+        args: dict[str, str] = {}
+        if version_id:
+            args["VersionId"] = version_id
+        if etag:
+            args["IfMatch"] = f'"{etag}"'
+        return args
+
+    def copy_to_snapshot(self, rel: str) -> bool:
+        """Server-side copy of the listed version into the snapshot, tagged for the lifecycle rule.
+
+        No byte passes through the caller. A version gone or an ETag changed raises ObjectChanged.
+        """
+        if self.snapshot is None:
+            return False
+        bucket, prefix = self.snapshot
+        version_id, etag = self.versions.get(rel, (None, None))
+        copy_source = {"Bucket": self.bucket, "Key": self.prefix + rel}
+        if version_id:
+            copy_source["VersionId"] = version_id
+        extra = {"CopySourceIfMatch": f'"{etag}"'} if etag else {}
+        try:
+            self.s3.copy_object(Bucket=bucket, Key=prefix + rel, CopySource=copy_source, Tagging=SNAPSHOT_TAGGING,
+                                TaggingDirective="REPLACE", **extra)
+        except Exception as exc:
+            raise s3_read_error(exc, rel, pinned=True) from exc
+        return True
 
     def read_small(self, rel: str, limit: int) -> bytes:
         try:
-            body = self.s3.get_object(Bucket=self.bucket, Key=self.prefix + rel, Range=f"bytes=0-{limit}")["Body"]
-            return bytes(body.read())
+            body = self.s3.get_object(Bucket=self.bucket, Key=self.prefix + rel, Range=f"bytes=0-{limit}",
+                                      **self._pinned(rel))["Body"]
+            data = bytes(body.read())
         except Exception as exc:
-            raise s3_read_error(exc, self.uri + rel) from exc
+            raise s3_read_error(exc, self.uri + rel, pinned=True) from exc
+        if len(data) <= limit:
+            self.hashes[rel] = hashlib.sha256(data).hexdigest()
+        return data
 
     @contextmanager
     def open_large(self, rel: str) -> Iterator[Any]:
@@ -352,21 +468,50 @@ class S3Source:
                 raise SourceFileError(f"{rel} is {size / 1e6:.0f} MB but the scratch disk has {free / 1e6:.0f} MB free "
                                       "(raise the function's EphemeralStorage)")
             target = os.path.join(tmp, "annotations.json")
+            # One pinned GET streamed to disk and hashed on the way (download_file's parallel ranges
+            # take no If-Match, and the inventory needs the file's SHA-256 anyway).
             try:
-                self.s3.download_file(self.bucket, self.prefix + rel, target)
+                body = self.s3.get_object(Bucket=self.bucket, Key=self.prefix + rel, **self._pinned(rel))["Body"]
+                with open(target, "wb") as sink:
+                    self.hashes[rel] = _sha256_stream(body, sink)
+            except OSError as exc:
+                raise SourceFileError(f"cannot write {rel} to the scratch disk: {exc.strerror or exc}") from exc
             except Exception as exc:
-                raise s3_read_error(exc, self.uri + rel) from exc
+                raise s3_read_error(exc, self.uri + rel, pinned=True) from exc
             with _mapped(target, rel) as buffer:
                 yield buffer
 
     def probe_image(self, rel: str) -> ImageProbe:
+        """One pinned GET of the whole object: its first FULL_DECODE_BYTES are kept for the rule (decoded
+        when that is the whole file), every byte is hashed. A changed or deleted version: reason "changed"."""
         try:
-            response = self.s3.get_object(Bucket=self.bucket, Key=self.prefix + rel,
-                                          Range=f"bytes=0-{FULL_DECODE_BYTES - 1}")
-            data = response["Body"].read()
+            response = self.s3.get_object(Bucket=self.bucket, Key=self.prefix + rel, **self._pinned(rel))
+            body = response["Body"]
+            data = body.read(FULL_DECODE_BYTES)
+            digest = hashlib.sha256(data)
+            rest = _sha256_stream(body, _Updating(digest)) if len(data) == FULL_DECODE_BYTES else None
         except Exception as exc:
-            return ImageProbe(error=f"cannot read {rel}: {_client_error_code(exc) or exc}", reason="unreadable")
-        return _probe(io.BytesIO(data), rel, decode=_total_size(response, len(data)) <= len(data))
+            code = _client_error_code(exc)
+            if code in _LOCATION_ERRORS:
+                raise DatasetUnreadable(f"cannot read {self.uri}{rel}: {code}") from exc
+            if code in _CHANGED_ERRORS:
+                return ImageProbe(error=f"{rel} changed or was deleted after validation listed it ({code})",
+                                  reason="changed")
+            return ImageProbe(error=f"cannot read {rel}: {code or exc}", reason="unreadable")
+        whole = rest is None or _total_size(response, len(data)) <= len(data)
+        sha = digest.hexdigest()
+        self.hashes[rel] = sha
+        return replace(_probe(io.BytesIO(data), rel, decode=whole), sha256=sha)
+
+
+class _Updating:
+    """A write-only sink that feeds a hash (lets _sha256_stream continue a digest already started)."""
+
+    def __init__(self, digest: Any) -> None:
+        self.digest = digest
+
+    def write(self, block: bytes) -> None:
+        self.digest.update(block)
 
 
 def _total_size(response: dict[str, Any], fallback: int) -> int:
