@@ -61,6 +61,26 @@ DOCUMENTS: tuple[Document, ...] = (
         "`validate_dataset` (`d2ops_core.validation.validate_s3`)", "`status_api`, `d2ops validate` (prints it)",
         "d2ops_core.validation.report:ValidationReport"),
     Document(
+        "inventory", "Dataset inventory (one entry a line)",
+        f"`{runs.s3_uri(_ARTIFACTS, runs.inventory_key(_RUN))}`: JSONL sorted by key; its digest is "
+        "`sha256:<hex of the file's bytes>` (`d2ops_core.validation.inventory.inventory_digest`)",
+        "`validate_dataset` (inline) or its `summarize_images` handler (after the Distributed Map)",
+        "the dataset diff, the model artifact's and the registry's digest, reviewers",
+        "d2ops_core.validation.inventory:InventoryEntry"),
+    Document(
+        "image-items", "Image check items (one item a line)",
+        f"`{runs.s3_uri(_ARTIFACTS, runs.image_items_key(_RUN))}`: JSONL, the Distributed Map's ItemReader",
+        "`validate_dataset` (when the version has more images than `InlineImageLimit`)",
+        "the *Check images* Map (ItemReader, ItemBatcher `Items`), `check_images`",
+        "d2ops_core.validation.inventory:ImageItem"),
+    Document(
+        "image-batch-result", "Image batch result",
+        f"the `check_images` Lambda's return; the Map's ResultWriter stores it under "
+        f"`{runs.s3_uri(_ARTIFACTS, runs.image_results_prefix(_RUN))}/<map run id>/` (each record's `Output`, "
+        "a JSON string)",
+        "`check_images`", "`validate_dataset.summarize_images` (`d2ops_core.validation.merge`)",
+        "d2ops_core.validation.inventory:ImageBatchResult"),
+    Document(
         "artifact-metadata", "Model artifact metadata",
         "`metadata.json` at the root of the training job's `model.tar.gz` (docs/model-artifact.md)",
         "the trainers (`model_code.training.export`, `detectron2_export`)",
