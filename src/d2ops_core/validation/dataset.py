@@ -7,14 +7,14 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from d2ops_core.validation.coco import SplitResult, Thresholds, check_split
 from d2ops_core.validation.codes import Code
 from d2ops_core.validation.errors import DatasetUnreadable, ObjectChanged, SourceFileError
-from d2ops_core.validation.images import check_items, content_overlap, image_items, merge_image_issues
+from d2ops_core.validation.images import ImageItems, OverlapIndex, check_items, image_items, merge_image_issues
 from d2ops_core.validation.inventory import CheckedImage, ImageItem, InventoryEntry
 from d2ops_core.validation.manifest import (
     MANIFEST_FILE,
@@ -24,7 +24,15 @@ from d2ops_core.validation.manifest import (
     parse_manifest,
     stack_limit_problems,
 )
-from d2ops_core.validation.report import DatasetName, ImageCheck, IssueLog, SplitStats, ValidationReport, printable
+from d2ops_core.validation.report import (
+    DatasetName,
+    ImageCheck,
+    Issue,
+    IssueLog,
+    SplitStats,
+    ValidationReport,
+    printable,
+)
 from d2ops_core.validation.sources import LocalSource, S3Source, Source
 from d2ops_core.validation.split import DerivedSplit, SplitError, derive_split, split_seed
 
@@ -132,7 +140,7 @@ class Validated:
     report: ValidationReport
     inventory: list[InventoryEntry] = field(default_factory=list)  # sorted by key
     images_pending: bool = False  # too many images to check here: ``items`` go to the Distributed Map
-    items: list[ImageItem] = field(default_factory=list)  # the image files (checked or pending), sorted by key
+    items: ImageItems | list[ImageItem] = field(default_factory=list)  # the image files, in key order
     snapshot_complete: bool = False  # every file the run reads was copied into the snapshot
 
 
@@ -167,8 +175,9 @@ def validate_version(source: Source, *, check_images: bool = True, expected: tup
     manifest: Manifest | None = None
     raw = b""
     read: list[str] = []  # the files (other than images) the validation read whole
-    items: list[ImageItem] = []
-    checked: list[CheckedImage] = []
+    items: ImageItems | list[ImageItem] = []
+    image_entries: list[InventoryEntry] = []  # of the images checked
+    overlap = OverlapIndex()
     pending = copied = False
 
     def report() -> ValidationReport:
@@ -179,7 +188,7 @@ def validate_version(source: Source, *, check_images: bool = True, expected: tup
 
     def done() -> Validated:
         entries = {e.key: e for e in (source.entry(rel) for rel in read)}
-        entries.update((c.entry.key, c.entry) for c in checked)
+        entries.update((e.key, e) for e in image_entries)
         return Validated(report=report(), inventory=sorted(entries.values(), key=lambda e: e.key),
                          images_pending=pending, items=items, snapshot_complete=copied)
 
@@ -287,8 +296,9 @@ def validate_version(source: Source, *, check_images: bool = True, expected: tup
             referenced = sum(len(r) for r in refs.values())
             missing = log.counts[Code.IMAGE_MISSING] - missing_before
             clean = log.error_count == 0
-            if not check_images:
-                checked = [CheckedImage(entry=source.entry(i.key), locations=i.locations) for i in items]
+            if not check_images:  # overlap by name only: the bytes were not read
+                for item in items:
+                    overlap.add(CheckedImage(entry=source.entry(item.key), locations=item.locations))
             elif inline_limit is not None and len(items) > inline_limit:
                 if clean:  # the Distributed Map checks them; the summarize step finishes the report
                     pending = True
@@ -297,19 +307,27 @@ def validate_version(source: Source, *, check_images: bool = True, expected: tup
                 else:
                     say(f"{len(items)} image files not checked: the annotations are rejected already")
             else:
-                checked, found = check_items(source, items, snapshot=snapshot and clean, progress=say)
-                merge_image_issues(log, found)
-                image_check = ImageCheck(
-                    mode="all", referenced=referenced, missing=missing,
-                    probed=sum(len(c.locations) for c in checked if c.passed),
-                    decoded=sum(len(c.locations) for c in checked if c.passed and c.decoded))
+                counted = [0, 0]  # entries whose file passed the rule, of those decoded in full
+
+                def found() -> Iterator[Issue]:
+                    for image, issues in check_items(source, items, snapshot=snapshot and clean, progress=say):
+                        overlap.add(image)
+                        image_entries.append(image.entry)
+                        if image.passed:
+                            counted[0] += len(image.locations)
+                            counted[1] += len(image.locations) if image.decoded else 0
+                        yield from issues
+
+                merge_image_issues(log, found())
+                image_check = ImageCheck(mode="all", referenced=referenced, missing=missing, probed=counted[0],
+                                         decoded=counted[1])
         except DatasetUnreadable:
             raise
         except Exception as exc:
             _check_failed(log, prefix, "image files", exc)
     if not pending:
         try:
-            content_overlap(checked, log.add)
+            overlap.report(log.add)
         except Exception as exc:
             _check_failed(log, None, "train/val overlap", exc)
     if snapshot and log.error_count == 0:

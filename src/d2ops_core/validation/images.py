@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import heapq
 import re
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import count
-from typing import Literal
 
 from d2ops_core.images import extension_problem
 from d2ops_core.validation.coco import ImageRef, loose_name
@@ -43,15 +43,37 @@ _INDEX = re.compile(r"^images\[(\d+)\]")
 Add = Callable[[Code, str, "str | None", "str | None"], None]
 
 
+class ImageItems:
+    """The image files to check, one :class:`ImageItem` per file in key order, built as they are iterated.
+
+    Held compactly (a tuple per entry): 118,000 pydantic items took 256 MB; this holds them in about 40.
+    """
+
+    def __init__(self, source: Source, grouped: dict[str, list[tuple[str, str, int, int, int]]]) -> None:
+        self.source = source
+        self.grouped = grouped  # key -> [(file, split, index, width, height)]
+
+    def __len__(self) -> int:
+        return len(self.grouped)
+
+    def __iter__(self) -> Iterator[ImageItem]:
+        for key in sorted(self.grouped):
+            entry = self.source.entry(key)
+            locations = [ImageLocation(file=f, split=side, index=i, width=w, height=h)
+                         for f, side, i, w, h in self.grouped[key]]
+            yield ImageItem(key=key, version_id=entry.version_id, etag=entry.etag, size=entry.size,
+                            locations=locations)
+
+
 def image_items(source: Source, refs: dict[str, list[ImageRef]], files: dict[str, int], images_prefix: str,
-                log: IssueLog, *, val_names: set[str] | None = None) -> list[ImageItem]:
+                log: IssueLog, *, val_names: set[str] | None = None) -> ImageItems:
     """The present, non-empty image files the splits reference, one item per file, sorted by key.
 
     Missing and empty files are reported here, from the listing alone (nothing is read).
     ``refs``: annotation file -> its entries; the first file is train, the second val. ``val_names``:
     the file_names a derived val split took from the train file (their entries are on the val side).
     """
-    grouped: dict[str, list[ImageLocation]] = {}
+    grouped: dict[str, list[tuple[str, str, int, int, int]]] = {}
     near_names: dict[str, str] | None = None  # built on the first missing image only
     for n, (split_file, split_refs) in enumerate(refs.items()):
         for ref in split_refs:
@@ -68,15 +90,9 @@ def image_items(source: Source, refs: dict[str, list[ImageRef]], files: dict[str
                 log.add(Code.IMAGE_UNREADABLE, f"{key} is empty", split_file, path)
             else:
                 on_val = n > 0 or (val_names is not None and ref.file_name in val_names)
-                side: Literal["train", "val"] = "val" if on_val else "train"
-                grouped.setdefault(key, []).append(ImageLocation(file=split_file, split=side,
-                                                                 index=ref.index, width=ref.width, height=ref.height))
-    items = []
-    for key in sorted(grouped):
-        entry = source.entry(key)
-        items.append(ImageItem(key=key, version_id=entry.version_id, etag=entry.etag, size=entry.size,
-                               locations=grouped[key]))
-    return items
+                side = "val" if on_val else "train"
+                grouped.setdefault(key, []).append((split_file, side, ref.index, ref.width, ref.height))
+    return ImageItems(source, grouped)
 
 
 def judge_image(key: str, probe: ImageProbe, locations: Sequence[ImageLocation], add: Add) -> bool:
@@ -130,30 +146,45 @@ def check_image(source: Source, item: ImageItem, *, snapshot: bool) -> tuple[Che
                         locations=item.locations), issues
 
 
-def check_items(source: Source, items: Sequence[ImageItem], *, snapshot: bool, workers: int = 8,
-                progress: Callable[[str], None] | None = None) -> tuple[list[CheckedImage], list[Issue]]:
-    """:func:`check_image` over ``items`` on ``workers`` threads; results in item order."""
-    checked: list[CheckedImage] = []
-    issues: list[Issue] = []
-    if progress and items:
-        progress(f"checking {len(items)} image files")
+def check_items(source: Source, items: Iterable[ImageItem], *, snapshot: bool, workers: int = 8,
+                progress: Callable[[str], None] | None = None) -> Iterator[tuple[CheckedImage, list[Issue]]]:
+    """:func:`check_image` over ``items`` on ``workers`` threads, yielded in item order as they finish.
 
-    def one(item: ImageItem) -> tuple[CheckedImage, list[Issue]]:
-        return check_image(source, item, snapshot=snapshot)
-
+    At most ``4 * workers`` items are in flight, so checking a million images holds a few dozen results,
+    not a million.
+    """
+    total = len(items) if isinstance(items, Sized) else None
+    if progress and total:
+        progress(f"checking {total} image files")
+    window = max(1, workers) * 4
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for n, (image, found) in enumerate(pool.map(one, items), 1):
-            checked.append(image)
-            issues.extend(found)
-            if progress and n % 5000 == 0:
-                progress(f"  {n}/{len(items)} images checked")
-    return checked, issues
+        in_flight: deque[Future[tuple[CheckedImage, list[Issue]]]] = deque()
+        done = 0
+
+        def next_result() -> tuple[CheckedImage, list[Issue]]:
+            nonlocal done
+            result = in_flight.popleft().result()
+            done += 1
+            if progress and done % 5000 == 0:
+                progress(f"  {done}/{total or '?'} images checked")
+            return result
+
+        for item in items:
+            in_flight.append(pool.submit(check_image, source, item, snapshot=snapshot))
+            if len(in_flight) >= window:
+                yield next_result()
+        while in_flight:
+            yield next_result()
 
 
 def check_image_batch(source: Source, items: Sequence[ImageItem], *, snapshot: bool = True,
                       workers: int = 4) -> ImageBatchResult:
     """One Distributed Map batch: every item checked and copied; the result the Map's ResultWriter stores."""
-    checked, issues = check_items(source, items, snapshot=snapshot, workers=workers)
+    checked: list[CheckedImage] = []
+    issues: list[Issue] = []
+    for image, found in check_items(source, items, snapshot=snapshot, workers=workers):
+        checked.append(image)
+        issues.extend(found)
     return ImageBatchResult(images=checked, issues=sorted(issues, key=issue_order))
 
 
@@ -230,11 +261,3 @@ class OverlapIndex:
             found.extend((file, index, message) for file, index in on_val)
         for file, index, message in sorted(found):
             add(Code.SPLIT_OVERLAP, message, file, f"images[{index}].file_name")
-
-
-def content_overlap(images: Iterable[CheckedImage], add: Add) -> None:
-    """:class:`OverlapIndex` over ``images`` at once."""
-    index = OverlapIndex()
-    for image in images:
-        index.add(image)
-    index.report(add)
