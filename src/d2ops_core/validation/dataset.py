@@ -96,7 +96,7 @@ def _cross_split(train: SplitResult | None, val: SplitResult | None, log: IssueL
         if train.instances[c] > 0 and val.instances[c] == 0:
             log.add(Code.CLASS_MISSING_IN_VAL, f"category {name!r} (id {c}) has no val instances: its AP cannot be "
                     "measured", val.file, None)
-    # Train/val overlap is by content, once the images are read: images.content_overlap.
+    # Train/val overlap is by content, once the images are read: images.OverlapIndex.
 
 
 def _derive_val(source: Source, manifest: Manifest, log: IssueLog,
