@@ -358,3 +358,42 @@ def test_merge_refuses_incomplete_results(s3: Any, dataset: Path) -> None:
         summarize(s3, "run-inc", write_result_writer(s3, "run-inc", batches, failed=True))
     with pytest.raises(ImageChecksIncomplete, match="4 image files, the Map was given 8"):
         summarize(s3, "run-inc", write_result_writer(s3, "run-inc", batches[:1]))
+
+
+def test_result_files_are_parsed_as_a_stream_whatever_the_chunking() -> None:
+    """A result file read in chunks that cut strings, numbers and UTF-8 characters gives the same records.
+
+    Catches: a parser that loses or merges elements at chunk borders, or decodes UTF-8 per chunk.
+    """
+    from d2ops_core.validation.merge import iter_json_array
+
+    records = [{"Output": json.dumps({"images": [], "issues": []}), "Name": "ünï-é", "n": 12345}, [1, 2.5e3], "x"]
+    data = json.dumps(records, ensure_ascii=False).encode()
+    for size in (1, 2, 3, 7, len(data)):
+        chunks = [data[i:i + size] for i in range(0, len(data), size)]
+        assert list(iter_json_array(chunks, "f")) == records
+    assert list(iter_json_array([b" [ ] "], "f")) == []
+    for bad, words in ((b'{"a": 1}', "not a JSON array"), (b"[1, 2", "ends before"), (b"[1] 2", "after"),
+                       (b"[1, }", "malformed")):
+        with pytest.raises(ValueError, match=words):
+            list(iter_json_array([bad], "f"))
+
+
+def test_the_merge_keeps_the_first_issues_of_each_code_whatever_the_batch_order() -> None:
+    """With more issues than the cap, the kept ones are the first by file and entry index, counted all.
+
+    Catches: keeping the first batches to finish (the report would differ from run to run and from
+    the local validator's).
+    """
+    from d2ops_core.validation.images import merge_image_issues
+    from d2ops_core.validation.report import Issue, IssueLog
+
+    def issue(index: int) -> Issue:
+        return Issue(code=Code.IMAGE_UNREADABLE, severity="error", message=f"m{index}", file="a.json",
+                     path=f"images[{index}]")
+
+    for order in ([5, 3, 11, 0, 2], [0, 2, 3, 5, 11], [11, 5, 3, 2, 0]):
+        log = IssueLog(cap=3)
+        merge_image_issues(log, (issue(i) for i in order))
+        assert [i.path for i in log.kept] == ["images[0]", "images[2]", "images[3]"]
+        assert log.counts[Code.IMAGE_UNREADABLE] == 5

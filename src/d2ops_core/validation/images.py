@@ -238,11 +238,13 @@ class OverlapIndex:
     """
 
     def __init__(self) -> None:
-        self.train: dict[str, str] = {}  # identity -> the first train key with it
-        self.val: list[tuple[str, str, list[tuple[str, int]]]] = []  # (identity, key, [(file, index)])
+        self.train: dict[bytes, str] = {}  # identity -> the first train key with it
+        self.val: list[tuple[bytes, str, list[tuple[str, int]]]] = []  # (identity, key, [(file, index)])
 
     def add(self, image: CheckedImage) -> None:
-        identity = image.entry.sha256 or f"key:{image.entry.key}"
+        # the raw 32-byte digest (a third of its hex): the summarize step holds one per image
+        sha = image.entry.sha256
+        identity = bytes.fromhex(sha) if sha else f"key:{image.entry.key}".encode()
         if any(loc.split == "train" for loc in image.locations):
             self.train.setdefault(identity, image.entry.key)
         on_val = [(loc.file, loc.index) for loc in image.locations if loc.split == "val"]
@@ -257,7 +259,7 @@ class OverlapIndex:
             if twin is None:
                 continue
             message = (f"{key} is in train too" if twin == key else
-                       f"{key} has the same content as train's {twin} (sha256 {identity[:16]}...)")
+                       f"{key} has the same content as train's {twin} (sha256 {identity.hex()[:16]}...)")
             found.extend((file, index, message) for file, index in on_val)
         for file, index, message in sorted(found):
             add(Code.SPLIT_OVERLAP, message, file, f"images[{index}].file_name")

@@ -12,6 +12,7 @@ The S3 client is passed in (d2ops_core imports no boto3).
 
 from __future__ import annotations
 
+import codecs
 import json
 import time
 from collections.abc import Iterable, Iterator
@@ -62,22 +63,86 @@ def read_result_manifest(s3: Any, bucket: str, key: str) -> ResultWriterManifest
     return ResultWriterManifest.model_validate_json(_get(s3, bucket, key))
 
 
+_DECODER = json.JSONDecoder()
+_SPACE = " \t\r\n"
+
+
+def iter_json_array(chunks: Iterable[bytes], what: str) -> Iterator[Any]:
+    """The elements of a JSON array read from byte chunks, one at a time (a result file may be gigabytes).
+
+    Holds the unparsed tail and one element; raises ValueError naming ``what`` when it is not an array.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    buffer, pos, started, ended = "", 0, False, False
+    source = iter(chunks)
+    exhausted = False
+
+    def more() -> bool:
+        nonlocal buffer, pos, exhausted
+        if exhausted:
+            return False
+        chunk = next(source, None)
+        if chunk is None:
+            exhausted = True
+            buffer = buffer[pos:] + decoder.decode(b"", final=True)
+        else:
+            buffer = buffer[pos:] + decoder.decode(chunk)
+        pos = 0
+        return True
+
+    while True:
+        while pos < len(buffer) and buffer[pos] in _SPACE:
+            pos += 1
+        if pos >= len(buffer):
+            if more():
+                continue
+            if ended:
+                return
+            raise ValueError(f"{what} ends before its JSON array does")
+        char = buffer[pos]
+        if ended:
+            raise ValueError(f"{what} has data after its JSON array")
+        if not started:
+            if char != "[":
+                raise ValueError(f"{what} is not a JSON array")
+            started, pos = True, pos + 1
+            continue
+        if char == "]":
+            ended, pos = True, pos + 1
+            continue
+        if char == ",":
+            pos += 1
+            continue
+        try:
+            value, end = _DECODER.raw_decode(buffer, pos)
+        except json.JSONDecodeError:
+            if more():
+                continue  # the element goes on in the next chunk
+            raise ValueError(f"{what} has a malformed element at character {pos}") from None
+        if end == len(buffer) and not exhausted and more():  # a number may continue in the next chunk
+            continue
+        pos = end
+        yield value
+
+
 def batch_results(s3: Any, bucket: str, manifest: ResultWriterManifest) -> Iterator[ImageBatchResult]:
-    """Every child's ImageBatchResult, one result file at a time; failed or pending children raise."""
+    """Every child's ImageBatchResult, streamed one result file and one record at a time; failed or
+    pending children raise."""
     files = manifest.ResultFiles
     if files.FAILED or files.PENDING:
         raise ImageChecksIncomplete(f"the image checks have {len(files.FAILED)} failed and {len(files.PENDING)} "
                                     f"pending result files ({(files.FAILED or files.PENDING)[0].Key})")
     for result_file in files.SUCCEEDED:
-        records = json.loads(_get(s3, manifest.DestinationBucket or bucket, result_file.Key))
-        if not isinstance(records, list):
-            raise ImageChecksIncomplete(f"{result_file.Key} is not a JSON array of child executions")
-        for n, record in enumerate(records):
-            output = record.get("Output") if isinstance(record, dict) else None
-            if not isinstance(output, str):
-                raise ImageChecksIncomplete(f"{result_file.Key}[{n}] has no Output (status "
-                                            f"{record.get('Status') if isinstance(record, dict) else '?'})")
-            yield ImageBatchResult.model_validate_json(output)
+        body = s3.get_object(Bucket=manifest.DestinationBucket or bucket, Key=result_file.Key)["Body"]
+        try:
+            for n, record in enumerate(iter_json_array(body.iter_chunks(1024 * 1024), result_file.Key)):
+                output = record.get("Output") if isinstance(record, dict) else None
+                if not isinstance(output, str):
+                    status = record.get("Status") if isinstance(record, dict) else "?"
+                    raise ImageChecksIncomplete(f"{result_file.Key}[{n}] has no Output (status {status})")
+                yield ImageBatchResult.model_validate_json(output)
+        except ValueError as exc:  # not an array, or an Output that is not an ImageBatchResult
+            raise ImageChecksIncomplete(f"{result_file.Key}: {str(exc).splitlines()[0]}") from exc
 
 
 class Merged(BaseModel):
@@ -96,18 +161,18 @@ def merge_results(report: ValidationReport, files_inventory: Iterable[InventoryE
     started = time.perf_counter()
     log = IssueLog.from_report(report)
     lines: dict[str, bytes] = {e.key: e.model_dump_json().encode("utf-8") for e in files_inventory}
+    files = set(lines)
     overlap = OverlapIndex()
-    seen: set[str] = set()
-    probed = decoded = 0
+    images = probed = decoded = 0
 
     def issues() -> Iterator[Issue]:
-        nonlocal probed, decoded
+        nonlocal images, probed, decoded
         for result in results:
             for image in result.images:
                 key = image.entry.key
-                if key in seen:
+                if key in lines and key not in files:
                     continue  # a retried batch reported it twice
-                seen.add(key)
+                images += 1
                 lines[key] = image.entry.model_dump_json().encode("utf-8")
                 overlap.add(image)
                 if image.passed:
@@ -116,15 +181,15 @@ def merge_results(report: ValidationReport, files_inventory: Iterable[InventoryE
             yield from result.issues
 
     merge_image_issues(log, issues())
-    if len(seen) != expected_images:
-        raise ImageChecksIncomplete(f"the image checks answered for {len(seen)} image files, the Map was given "
+    if images != expected_images:
+        raise ImageChecksIncomplete(f"the image checks answered for {images} image files, the Map was given "
                                     f"{expected_images}")
     overlap.report(log.add)
-    images = ImageCheck(mode="all", referenced=report.images.referenced, missing=report.images.missing,
-                        probed=probed, decoded=decoded)
+    checked = ImageCheck(mode="all", referenced=report.images.referenced, missing=report.images.missing,
+                         probed=probed, decoded=decoded)
     merged = ValidationReport.build(source=report.source, log=log, manifest=report.manifest, dataset=report.dataset,
-                                    splits=report.splits, images=images,
+                                    splits=report.splits, images=checked,
                                     seconds=report.seconds + time.perf_counter() - started,
                                     derived_split=report.derived_split)
     inventory = b"".join(lines[key] + b"\n" for key in sorted(lines))
-    return Merged(report=merged, inventory=inventory, images=len(seen))
+    return Merged(report=merged, inventory=inventory, images=images)
