@@ -397,3 +397,39 @@ def test_the_merge_keeps_the_first_issues_of_each_code_whatever_the_batch_order(
         merge_image_issues(log, (issue(i) for i in order))
         assert [i.path for i in log.kept] == ["images[0]", "images[2]", "images[3]"]
         assert log.counts[Code.IMAGE_UNREADABLE] == 5
+
+
+def test_the_summarize_handler_takes_the_maps_output_and_counts_the_run_once(
+        s3: Any, dataset: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Both handlers as Step Functions calls them: validate (pending, no metrics yet), the Map's batches,
+    then summarize with ``ResultWriterDetails`` (the validation metrics once, with the final verdict).
+
+    Catches: a pending summary counted as a validated dataset (every large version counted twice), the
+    summarize event not accepting the Map's output shape, metrics lost from the second handler.
+    """
+    from d2ops_core import pipeline_metrics as pm
+    from tests.fixtures.emf import total
+
+    monkeypatch.setenv("POWERTOOLS_SERVICE_NAME", "validate_dataset")
+    monkeypatch.setenv("MIN_MAP", "0.3")
+    monkeypatch.setenv("MAX_REGRESSION", "0.01")
+    monkeypatch.setenv("INLINE_IMAGE_LIMIT", "2")
+    context = SimpleNamespace(function_name="validate_dataset", memory_limit_in_mb=1024, aws_request_id="req-1",
+                              invoked_function_arn="arn:aws:lambda:us-east-1:123456789012:function:validate_dataset")
+    validate = importlib.reload(importlib.import_module("validate_dataset.handler"))
+    upload(s3, dataset)
+    run = {"bucket": "data", "prefix": PREFIX, "run_id": "run-handlers"}
+    pending = validate.handler(run, context)
+    assert pending["images_pending"] is True and pending["image_count"] == 8
+    assert pending["image_check_concurrency"] == 100
+    assert pending["image_items_key"] == runs.image_items_key(run["run_id"])
+    assert total(capsys.readouterr().out, pm.DATASETS_VALIDATED) == 0
+    items = items_of(s3, "run-handlers")
+    details = write_result_writer(s3, "run-handlers", [check_batch(items[:5], "run-handlers"),
+                                                       check_batch(items[5:], "run-handlers")])
+    summarize_handler = importlib.reload(importlib.import_module("validate_dataset.summarize_images"))
+    final = summarize_handler.handler({**run, "result_writer": details}, context)
+    assert final["valid"] is True and final["images_pending"] is False and final["inventory_digest"]
+    out = capsys.readouterr().out
+    assert (total(out, pm.DATASETS_VALIDATED), total(out, pm.DATASETS_REJECTED)) == (1, 0)
+    assert total(out, pm.IMAGES_VALIDATED) == 8
