@@ -433,3 +433,19 @@ def test_the_summarize_handler_takes_the_maps_output_and_counts_the_run_once(
     out = capsys.readouterr().out
     assert (total(out, pm.DATASETS_VALIDATED), total(out, pm.DATASETS_REJECTED)) == (1, 0)
     assert total(out, pm.IMAGES_VALIDATED) == 8
+
+
+def test_without_reading_images_overlap_is_by_name(dataset: Path) -> None:
+    """`d2ops validate --no-images`: a val entry naming a train file is still SPLIT_OVERLAP, an error.
+
+    Catches: the overlap check lost when no image bytes are read (it was content-only).
+    """
+    val = json.loads((dataset / "annotations/val.json").read_text())
+    train = json.loads((dataset / "annotations/train.json").read_text())
+    val["images"][1]["file_name"] = train["images"][2]["file_name"]
+    (dataset / "annotations/val.json").write_text(json.dumps(val))
+    report = validate_local(dataset, check_images=False)
+    [issue] = [i for i in report.errors if i.code is Code.SPLIT_OVERLAP]
+    assert (issue.file, issue.path) == ("annotations/val.json", "images[1].file_name")
+    assert issue.message == f"images/{train['images'][2]['file_name']} is in train too"
+    assert validate_local(dataset).has(Code.SPLIT_OVERLAP)  # and by content when the images are read

@@ -15,7 +15,7 @@ from d2ops_core.validation.coco import SplitResult, Thresholds, check_split
 from d2ops_core.validation.codes import Code
 from d2ops_core.validation.errors import DatasetUnreadable, ObjectChanged, SourceFileError
 from d2ops_core.validation.images import ImageItems, OverlapIndex, check_items, image_items, merge_image_issues
-from d2ops_core.validation.inventory import CheckedImage, ImageItem, InventoryEntry
+from d2ops_core.validation.inventory import ImageItem, InventoryEntry
 from d2ops_core.validation.manifest import (
     MANIFEST_FILE,
     MAX_MANIFEST_BYTES,
@@ -96,7 +96,18 @@ def _cross_split(train: SplitResult | None, val: SplitResult | None, log: IssueL
         if train.instances[c] > 0 and val.instances[c] == 0:
             log.add(Code.CLASS_MISSING_IN_VAL, f"category {name!r} (id {c}) has no val instances: its AP cannot be "
                     "measured", val.file, None)
-    # Train/val overlap is by content, once the images are read: images.OverlapIndex.
+    # Train/val overlap is by content, once the images are read (images.OverlapIndex); _name_overlap without.
+
+
+def _name_overlap(train: SplitResult | None, val: SplitResult | None, prefix: str, log: IssueLog) -> None:
+    """SPLIT_OVERLAP for val entries naming a train entry's file, when the images are not read."""
+    if train is None or val is None:
+        return
+    train_names = {ref.file_name for ref in train.images}
+    for ref in val.images:
+        if ref.file_name in train_names:
+            log.add(Code.SPLIT_OVERLAP, f"{prefix}{ref.file_name} is in train too", val.file,
+                    f"images[{ref.index}].file_name")
 
 
 def _derive_val(source: Source, manifest: Manifest, log: IssueLog,
@@ -282,24 +293,25 @@ def validate_version(source: Source, *, check_images: bool = True, expected: tup
         _check_failed(log, None, "cross-split", exc)
 
     prefix = manifest.images_prefix
-    if check_images and not any(key.startswith(prefix) for key in files):
-        log.add(Code.MANIFEST_PATH_MISSING, f"no files under {prefix} (the manifest's images directory)",
-                MANIFEST_FILE, "images")
+    if not check_images or not any(key.startswith(prefix) for key in files):
+        if check_images:
+            log.add(Code.MANIFEST_PATH_MISSING, f"no files under {prefix} (the manifest's images directory)",
+                    MANIFEST_FILE, "images")
+        try:  # no bytes read: overlap by name, which in one version is overlap by content too
+            _name_overlap(crossed.get("train"), crossed.get("val"), prefix, log)
+        except Exception as exc:
+            _check_failed(log, None, "train/val overlap", exc)
     else:
         refs = {r.file: r.images for r in results.values()}
         val_names = ({ref.file_name for ref in crossed["val"].images}
                      if derived is not None and "val" in crossed else None)
         missing_before = log.counts[Code.IMAGE_MISSING]
-        scratch = log if check_images else IssueLog()  # without image checks, presence is not reported
         try:
-            items = image_items(source, refs, files, prefix, scratch, val_names=val_names)
+            items = image_items(source, refs, files, prefix, log, val_names=val_names)
             referenced = sum(len(r) for r in refs.values())
             missing = log.counts[Code.IMAGE_MISSING] - missing_before
             clean = log.error_count == 0
-            if not check_images:  # overlap by name only: the bytes were not read
-                for item in items:
-                    overlap.add(CheckedImage(entry=source.entry(item.key), locations=item.locations))
-            elif inline_limit is not None and len(items) > inline_limit:
+            if inline_limit is not None and len(items) > inline_limit:
                 if clean:  # the Distributed Map checks them; the summarize step finishes the report
                     pending = True
                     image_check = ImageCheck(mode="pending", referenced=referenced, missing=missing)
