@@ -31,7 +31,7 @@ def test_bench_runs_end_to_end_and_prints_its_figures(tmp_path: Path) -> None:
 def test_generated_file_is_valid_coco_with_the_requested_shape(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     write_coco_like(root / "annotations/train.json", images=50, instances=400, seed=3)
-    write_coco_like(root / "annotations/val.json", images=5, instances=40, seed=4)
+    write_coco_like(root / "annotations/val.json", images=5, instances=40, seed=4, folder="val/")
     (root / "manifest.json").write_text(json.dumps({"name": "b", "version": "v1", "format": "coco",
                                                     "train": "annotations/train.json"}))
     doc = json.loads((root / "annotations/train.json").read_text())

@@ -42,8 +42,12 @@ def _rle_pool(rng: random.Random, size: int = 64) -> list[str]:
 
 
 def write_coco_like(path: Path | str, *, images: int = TRAIN2017_IMAGES, instances: int = TRAIN2017_INSTANCES,
-                    categories: int = 80, seed: int = 0) -> Path:
-    """Write a valid COCO instances file of the given size to ``path`` (atomically)."""
+                    categories: int = 80, seed: int = 0, folder: str = "") -> Path:
+    """Write a valid COCO instances file of the given size to ``path`` (atomically).
+
+    ``folder`` prefixes every file_name ("val/"): a val file of other images than train's, which
+    a train/val pair needs (the same name in both splits is SPLIT_OVERLAP, an error).
+    """
     rng = random.Random(seed)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -52,7 +56,7 @@ def write_coco_like(path: Path | str, *, images: int = TRAIN2017_IMAGES, instanc
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write('{"info":{"description":"synthetic, train2017-shaped"},"licenses":[],"images":[')
         fh.write(",".join(
-            f'{{"id":{i},"file_name":"{i:012d}.jpg","width":{WIDTH},"height":{HEIGHT},"license":1}}'
+            f'{{"id":{i},"file_name":"{folder}{i:012d}.jpg","width":{WIDTH},"height":{HEIGHT},"license":1}}'
             for i in range(1, images + 1)))
         fh.write('],"annotations":[')
         chunk: list[str] = []

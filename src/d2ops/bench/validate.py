@@ -65,7 +65,7 @@ def write_dataset(root: Path, *, images: int, instances: int) -> Path:
     (root / "annotations").mkdir(parents=True)
     train = write_coco_like(root / "annotations/train.json", images=images, instances=instances, seed=1)
     write_coco_like(root / "annotations/val.json", images=max(2, round(images * VAL_FRACTION)),
-                    instances=max(2, round(instances * VAL_FRACTION)), seed=2)
+                    instances=max(2, round(instances * VAL_FRACTION)), seed=2, folder="val/")
     (root / "manifest.json").write_text(json.dumps({
         "name": "bench", "version": "v1", "format": "coco", "train": "annotations/train.json",
         "val": "annotations/val.json", "images": "images/"}))
