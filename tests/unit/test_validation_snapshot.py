@@ -449,3 +449,22 @@ def test_without_reading_images_overlap_is_by_name(dataset: Path) -> None:
     assert (issue.file, issue.path) == ("annotations/val.json", "images[1].file_name")
     assert issue.message == f"images/{train['images'][2]['file_name']} is in train too"
     assert validate_local(dataset).has(Code.SPLIT_OVERLAP)  # and by content when the images are read
+
+
+def test_a_file_changed_before_its_copy_is_not_handed_to_the_map(s3: Any, dataset: Path) -> None:
+    """The manifest's listed version deleted just before its copy into the snapshot (a client hook): the
+    summary is final and invalid (OBJECT_CHANGED), never images_pending with a run that cannot be valid.
+    """
+    upload(s3, dataset)
+    client = boto3.client("s3")
+    key = PREFIX + "manifest.json"
+
+    def delete_listed_version(params: dict[str, Any], **_: Any) -> None:
+        source = str(params.get("CopySource"))  # botocore has made the dict "bucket/key?versionId=..." by now
+        if source.startswith(f"data/{key}?versionId="):
+            s3.delete_object(Bucket="data", Key=key, VersionId=source.split("?versionId=", 1)[1])
+
+    client.meta.events.register("before-parameter-build.s3.CopyObject", delete_listed_version)
+    summary = service().validate_dataset(event("run-copy"), client, "artifacts", inline_limit=0)
+    assert not summary.valid and not summary.images_pending and summary.error_codes == {"OBJECT_CHANGED": 1}
+    assert summary.inventory_digest is not None and summary.snapshot_uri is None

@@ -344,6 +344,9 @@ def validate_version(source: Source, *, check_images: bool = True, expected: tup
             _check_failed(log, None, "train/val overlap", exc)
     if snapshot and log.error_count == 0:
         copied = snapshot_files(source, read, log)
+        if pending and not copied:  # a file changed before its copy: rejected now, no Map to run
+            pending = False
+            image_check = ImageCheck(mode="skipped", referenced=image_check.referenced, missing=image_check.missing)
     say(f"done: {log.error_count} errors, {log.warning_count} warnings")
     return done()
 
