@@ -17,8 +17,9 @@ from pydantic import BaseModel
 from tests.fixtures.pipeline import support
 
 for _directory in ("start_pipeline", "prepare_training", "summarize_evaluation", "smoke_test_endpoint", "status_api",
-                   "compose_notification"):
+                   "compose_notification", "check_images"):
     support.function_path(_directory)
+from check_images.models import ImageBatchEvent  # noqa: E402
 from compose_notification.models import NotificationEvent  # noqa: E402
 from prepare_training.models import PrepareEvent  # noqa: E402
 from smoke_test_endpoint.models import SmokeTestEvent  # noqa: E402
@@ -29,7 +30,8 @@ from summarize_evaluation.models import SummarizeEvent  # noqa: E402
 INPUT_MODELS: dict[str, type[BaseModel]] = {"start_pipeline": ObjectCreatedEvent, "prepare_training": PrepareEvent,
                                             "summarize_evaluation": SummarizeEvent,
                                             "smoke_test_endpoint": SmokeTestEvent,
-                                            "compose_notification": NotificationEvent}
+                                            "compose_notification": NotificationEvent,
+                                            "check_images": ImageBatchEvent}
 EVENTS = support.REPO / "events"
 
 
@@ -43,7 +45,7 @@ def samples(directory: str) -> list[Path]:
                          ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_task_events_are_valid_function_input(path: Path) -> None:
     event = INPUT_MODELS[path.parent.name].model_validate_json(path.read_bytes())
-    run_id = getattr(event, "run_id", None)
+    run_id = getattr(event, "run_id", None) or getattr(getattr(event, "BatchInput", None), "run_id", None)
     if run_id is not None:  # the run of the example dataset, as the state machine would name it
         assert run_id == support.RUN_ID
 

@@ -468,3 +468,12 @@ def test_a_file_changed_before_its_copy_is_not_handed_to_the_map(s3: Any, datase
     summary = service().validate_dataset(event("run-copy"), client, "artifacts", inline_limit=0)
     assert not summary.valid and not summary.images_pending and summary.error_codes == {"OBJECT_CHANGED": 1}
     assert summary.inventory_digest is not None and summary.snapshot_uri is None
+
+
+def test_the_summarize_sample_event_is_valid_input(s3: Any) -> None:
+    """`sam local invoke SummarizeImagesFunction -e events/validate_dataset/summarize_images.json` parses."""
+    models = importlib.import_module("validate_dataset.models")
+    sample = models.SummarizeImagesEvent.model_validate_json((ROOT / "events/validate_dataset/summarize_images.json")
+                                                             .read_bytes())
+    assert sample.run_id == support.RUN_ID
+    assert sample.result_writer.Key.startswith(runs.image_results_prefix(support.RUN_ID) + "/")
