@@ -477,3 +477,27 @@ def test_the_summarize_sample_event_is_valid_input(s3: Any) -> None:
                                                              .read_bytes())
     assert sample.run_id == support.RUN_ID
     assert sample.result_writer.Key.startswith(runs.image_results_prefix(support.RUN_ID) + "/")
+
+
+def test_an_image_over_16_mb_is_hashed_whole_and_judged_by_its_header(s3: Any) -> None:
+    """Of a 17 MB PNG the first 16 MB are judged (header only, not decoded) and every byte is hashed.
+
+    Catches: a hash of the first 16 MB only (the inventory would not pin the file's content).
+    """
+    import struct
+    import zlib
+
+    from d2ops_core.validation.sources import FULL_DECODE_BYTES
+
+    small = png((48, 48))
+    payload = b"\0" * (FULL_DECODE_BYTES + 1_000_000)
+    chunk = struct.pack(">I", len(payload)) + b"prVt" + payload
+    chunk += struct.pack(">I", zlib.crc32(b"prVt" + payload) & 0xFFFFFFFF)
+    big = small[:-12] + chunk + small[-12:]  # after the pixels, before IEND
+    s3.put_object(Bucket="data", Key=PREFIX + "images/big.png", Body=big)
+    source = S3Source(s3, "data", PREFIX)
+    source.list_files()
+    probe = source.probe_image("images/big.png")
+    assert probe.error is None and probe.size == (48, 48) and not probe.decoded
+    assert probe.sha256 == hashlib.sha256(big).hexdigest()
+    assert source.entry("images/big.png").sha256 == probe.sha256

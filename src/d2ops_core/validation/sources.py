@@ -487,7 +487,7 @@ class S3Source:
         try:
             response = self.s3.get_object(Bucket=self.bucket, Key=self.prefix + rel, **self._pinned(rel))
             body = response["Body"]
-            data = body.read(FULL_DECODE_BYTES)
+            data = _read_up_to(body, FULL_DECODE_BYTES)
             digest = hashlib.sha256(data)
             rest = _sha256_stream(body, _Updating(digest)) if len(data) == FULL_DECODE_BYTES else None
         except Exception as exc:
@@ -502,6 +502,19 @@ class S3Source:
         sha = digest.hexdigest()
         self.hashes[rel] = sha
         return replace(_probe(io.BytesIO(data), rel, decode=whole), sha256=sha)
+
+
+def _read_up_to(body: Any, limit: int) -> bytes:
+    """Up to ``limit`` bytes of a streaming body (a read may return fewer than asked before the end)."""
+    parts: list[bytes] = []
+    got = 0
+    while got < limit:
+        block = body.read(limit - got)
+        if not block:
+            break
+        parts.append(block)
+        got += len(block)
+    return b"".join(parts)
 
 
 class _Updating:
