@@ -443,6 +443,9 @@ class S3Source:
             self.s3.copy_object(Bucket=bucket, Key=prefix + rel, CopySource=copy_source, Tagging=SNAPSHOT_TAGGING,
                                 TaggingDirective="REPLACE", **extra)
         except Exception as exc:
+            code = _client_error_code(exc)
+            if code in _LOCATION_ERRORS:  # the data bucket's read or the snapshot's write refused
+                raise DatasetUnreadable(f"cannot copy {self.uri}{rel} to s3://{bucket}/{prefix}{rel}: {code}") from exc
             raise s3_read_error(exc, rel, pinned=True) from exc
         return True
 
