@@ -501,3 +501,17 @@ def test_an_image_over_16_mb_is_hashed_whole_and_judged_by_its_header(s3: Any) -
     assert probe.error is None and probe.size == (48, 48) and not probe.decoded
     assert probe.sha256 == hashlib.sha256(big).hexdigest()
     assert source.entry("images/big.png").sha256 == probe.sha256
+
+
+def test_a_refused_snapshot_copy_fails_the_batch_naming_the_copy(s3: Any, dataset: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The snapshot bucket cannot be written (here: it does not exist): the batch raises DatasetUnreadable,
+    which fails the Map (no tolerated failures), rather than passing images that were never copied."""
+    from d2ops_core.validation import DatasetUnreadable
+
+    upload(s3, dataset)
+    service().validate_dataset(event("run-nocopy"), s3, "artifacts", inline_limit=0)
+    items = items_of(s3, "run-nocopy")
+    monkeypatch.setenv("ARTIFACTS_BUCKET", "no-such-snapshot-bucket")
+    with pytest.raises(DatasetUnreadable, match=r"cannot copy s3://data/.* to s3://no-such-snapshot-bucket/.*NoSuchBucket"):
+        check_batch(items[:2], "run-nocopy")
