@@ -89,6 +89,14 @@ def check_batch(items: list[ImageItem], run_id: str) -> ImageBatchResult:
     return ImageBatchResult.model_validate(handler.handler(batch, context))
 
 
+def output(batch: ImageBatchResult, i: int) -> str:
+    """A child's Output string: the Lambda's return, or (odd children) the lambda:invoke envelope around it."""
+    if i % 2:
+        return json.dumps({"ExecutedVersion": "$LATEST", "Payload": batch.model_dump(mode="json"),
+                           "SdkHttpMetadata": {"HttpStatusCode": 200}, "StatusCode": 200}, ensure_ascii=False)
+    return batch.model_dump_json()
+
+
 def write_result_writer(s3: Any, run_id: str, batches: list[ImageBatchResult], per_file: int = 2,
                         failed: bool = False) -> dict[str, str]:
     """What Step Functions' ResultWriter leaves: <prefix>/<map run id>/manifest.json and SUCCEEDED_<n>.json."""
@@ -97,7 +105,7 @@ def write_result_writer(s3: Any, run_id: str, batches: list[ImageBatchResult], p
     for n in range(0, len(batches), per_file):
         records = [{"ExecutionArn": f"arn:aws:states:us-east-1:123456789012:execution:sm/map:{i}",
                     "Input": json.dumps({"Items": []}), "InputDetails": {"Included": True},
-                    "Name": f"child-{i}", "Output": batch.model_dump_json(), "OutputDetails": {"Included": True},
+                    "Name": f"child-{i}", "Output": output(batch, i), "OutputDetails": {"Included": True},
                     "RedriveCount": 0, "RedriveStatus": "NOT_REDRIVABLE", "Status": "SUCCEEDED",
                     "StartDate": "2026-11-26T20:00:00.000Z", "StopDate": "2026-11-26T20:00:01.000Z"}
                    for i, batch in enumerate(batches[n:n + per_file], n)]

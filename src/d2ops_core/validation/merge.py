@@ -140,9 +140,18 @@ def batch_results(s3: Any, bucket: str, manifest: ResultWriterManifest) -> Itera
                 if not isinstance(output, str):
                     status = record.get("Status") if isinstance(record, dict) else "?"
                     raise ImageChecksIncomplete(f"{result_file.Key}[{n}] has no Output (status {status})")
-                yield ImageBatchResult.model_validate_json(output)
+                yield _batch_result(output)
         except ValueError as exc:  # not an array, or an Output that is not an ImageBatchResult
             raise ImageChecksIncomplete(f"{result_file.Key}: {str(exc).splitlines()[0]}") from exc
+
+
+def _batch_result(output: str) -> ImageBatchResult:
+    """A child's Output: the Lambda's return, or the ``lambda:invoke`` integration's envelope around it
+    (``{"Payload": ..., "StatusCode": 200, ...}`` when the child state has no ``OutputPath: $.Payload``)."""
+    document = json.loads(output)
+    if isinstance(document, dict) and "Payload" in document and "images" not in document:
+        document = document["Payload"]
+    return ImageBatchResult.model_validate(document)
 
 
 class Merged(BaseModel):
