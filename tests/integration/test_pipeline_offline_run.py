@@ -39,7 +39,7 @@ def stack() -> Iterator[dict[str, Any]]:
     with pytest.MonkeyPatch.context() as mp, support.fake_runtime() as runtime_url:
         env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME": runtime_url,
                "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": support.REGION,
-               "POWERTOOLS_TRACE_DISABLED": "1", "POWERTOOLS_LOG_LEVEL": "WARNING", "IMAGE_SAMPLE_SIZE": "50",
+               "POWERTOOLS_TRACE_DISABLED": "1", "POWERTOOLS_LOG_LEVEL": "WARNING",
                **support.PREPARE_ENV}
         for key, value in env.items():
             mp.setenv(key, value)
@@ -209,7 +209,8 @@ def test_a_manifest_that_loosens_the_stack_gate_is_rejected_before_training(stac
     assert {i["code"] for i in report["errors"]} == {"GATE_MAX_REGRESSION_ABOVE_STACK", "GATE_MIN_MAP_BELOW_STACK"}
     assert "MinMap 0.3" in report["errors"][0]["message"]
     listed = stack["s3"].list_objects_v2(Bucket=support.ARTIFACTS_BUCKET, Prefix=f"runs/{execution.name}/")
-    assert [o["Key"] for o in listed["Contents"]] == [key]  # only the validation report: nothing was trained
+    # only the validation report and the inventory of what it read: nothing trained, nothing snapshotted
+    assert [o["Key"] for o in listed["Contents"]] == [runs.inventory_key(execution.name), key]
 
 
 def test_a_version_without_val_runs_on_a_derived_split_recorded_in_the_run(stack: dict[str, Any],
