@@ -22,6 +22,7 @@ __all__ = ["COMMAND_MODULES", "UsageError", "build_parser", "describe_os_error",
 COMMAND_MODULES: tuple[str, ...] = (
     "d2ops.commands.synth",
     "d2ops.commands.validate",
+    "d2ops.commands.diff",
     "d2ops.commands.asl",
     "d2ops.commands.train_local",
     "d2ops.commands.serve",

@@ -1,0 +1,189 @@
+"""`d2ops diff A B` and d2ops_core.dataset_diff: two dataset directories with known changes, exact counts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from d2ops.cli import main
+from d2ops_core.dataset_diff import compare, directory_reader, index_version
+from d2ops_core.documents.dataset_diff import DatasetDiff, DatasetDiffSummary
+from d2ops_core.validation.split import derive_split
+
+# file name -> (bytes, split, [(class, bbox), ...])
+Images = dict[str, tuple[bytes, str, list[tuple[str, list[float]]]]]
+
+VERSION_A: Images = {
+    "a.jpg": (b"A" * 50, "train", [("cat", [1, 1, 10, 10])]),
+    "b.jpg": (b"B" * 50, "train", [("dog", [2, 2, 5, 5]), ("dog", [20, 20, 5, 5])]),
+    "c.jpg": (b"C" * 50, "train", [("cat", [3, 3, 8, 8])]),
+    "d.jpg": (b"D" * 50, "train", [("cat", [4, 4, 8, 8])]),
+    "e.jpg": (b"E" * 50, "val", [("cat", [5, 5, 8, 8])]),
+    "f.jpg": (b"F" * 50, "train", [("dog", [6, 6, 8, 8])]),
+    "i.jpg": (b"I" * 50, "val", [("cow", [7, 7, 8, 8])]),
+}
+VERSION_B: Images = {
+    "a.jpg": (b"A" * 50, "train", [("cat", [1.0, 1.0, 10.0, 10.0000001])]),  # float noise: no change
+    "b.jpg": (b"b" * 50, "train", [("dog", [20, 20, 5, 5]), ("dog", [2, 2, 5, 5])]),  # new bytes, boxes reordered
+    "sub/c2.jpg": (b"C" * 50, "train", [("cat", [3, 3, 8, 8])]),  # c.jpg renamed
+    "e.jpg": (b"E" * 50, "train", [("cat", [5, 5, 8, 8])]),  # moved val -> train
+    "f.jpg": (b"F" * 50, "train", [("dog", [6, 9, 8, 8])]),  # box moved
+    "g.jpg": (b"G" * 50, "val", [("bird", [1, 1, 2, 2])] * 3),  # added, a new class
+}
+
+
+def write_version(root: Path, images: Images, *, version: str, category_ids: dict[str, int] | None = None) -> Path:
+    ids = category_ids or {"cat": 1, "dog": 2, "cow": 3, "bird": 4}
+    (root / "annotations").mkdir(parents=True)
+    for split in ("train", "val"):
+        doc: dict[str, Any] = {"images": [], "annotations": [],
+                               "categories": [{"id": i, "name": n} for n, i in ids.items()]}
+        for number, (name, (data, side, boxes)) in enumerate(sorted(images.items()), 1):
+            path = root / "images" / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            if side != split:
+                continue
+            doc["images"].append({"id": number, "file_name": name, "width": 64, "height": 64})
+            for cls, bbox in boxes:
+                doc["annotations"].append({"id": len(doc["annotations"]) + 1, "image_id": number,
+                                           "category_id": ids[cls], "bbox": bbox, "area": bbox[2] * bbox[3],
+                                           "iscrowd": 0})
+        (root / "annotations" / f"{split}.json").write_text(json.dumps(doc))
+    (root / "manifest.json").write_text(json.dumps({"name": "pets", "version": version, "format": "coco",
+                                                    "train": "annotations/train.json"}))
+    return root
+
+
+@pytest.fixture
+def versions(tmp_path: Path) -> tuple[Path, Path]:
+    # B renumbers its categories: classes are compared by name, so that alone is no change.
+    return (write_version(tmp_path / "a", VERSION_A, version="v1"),
+            write_version(tmp_path / "b", VERSION_B, version="v2",
+                          category_ids={"bird": 1, "cow": 2, "dog": 3, "cat": 9}))
+
+
+def diff_of(a: Path, b: Path) -> DatasetDiff:
+    def index(root: Path) -> Any:
+        read, fingerprints = directory_reader(str(root))
+        return index_version(str(root) + "/", "directory", read, fingerprints)
+
+    return compare(index(a), index(b))
+
+
+def test_known_changes_are_counted_exactly(versions: tuple[Path, Path]) -> None:
+    diff = diff_of(*versions)
+    c = diff.images
+    assert (c.a, c.b) == (7, 6)
+    assert (c.added, c.removed, c.renamed) == (1, 2, 1)  # g added; d and i removed; c -> sub/c2 renamed
+    assert (c.content_changed, c.annotations_changed, c.split_moved) == (1, 1, 1)  # b; f's box; e
+    assert c.unchanged == 1  # a (its box differs by float noise only)
+    assert diff.changed_images_total == 7
+    assert diff.same is False
+    by_key = {ch.key: ch for ch in diff.changed_images}
+    assert by_key["images/sub/c2.jpg"].changes == ["renamed"]
+    assert by_key["images/sub/c2.jpg"].previous_key == "images/c.jpg"
+    assert by_key["images/b.jpg"].changes == ["content"]  # reordered boxes are the same boxes
+    assert by_key["images/f.jpg"].changes == ["annotations"]
+    assert by_key["images/e.jpg"].changes == ["split"]
+    assert (by_key["images/e.jpg"].split_a, by_key["images/e.jpg"].split_b) == ("val", "train")
+    assert by_key["images/g.jpg"].class_deltas == {"bird": 3}
+    assert by_key["images/i.jpg"].changes == ["removed"]
+    assert diff.changed_images[0].key == "images/g.jpg"  # the most changed first (3 instances)
+
+
+def test_classes_histogram_per_split_and_shift(versions: tuple[Path, Path]) -> None:
+    classes = {k.name: k for k in diff_of(*versions).classes}
+    assert classes["bird"].status == "new" and classes["bird"].relative_shift is None
+    assert (classes["bird"].images_added, classes["bird"].instances_added) == (1, 3)
+    assert classes["bird"].splits["val"].instances_b == 3
+    assert classes["cow"].status == "vanished"
+    assert (classes["cow"].images_removed, classes["cow"].instances_removed, classes["cow"].instances_b) == (1, 1, 0)
+    cat = classes["cat"]
+    assert cat.status == "changed"
+    assert (cat.instances_a, cat.instances_b, cat.instances_delta) == (4, 3, -1)  # a c d e -> a c2 e
+    assert cat.relative_shift == pytest.approx(-0.25)
+    assert (cat.splits["train"].instances_a, cat.splits["train"].instances_b) == (3, 3)
+    assert (cat.splits["val"].instances_a, cat.splits["val"].instances_b) == (1, 0)
+    assert (cat.images_removed, cat.images_added) == (1, 0)
+    dog = classes["dog"]
+    assert dog.status == "changed" and dog.instances_delta == 0  # same count, one box moved
+    assert (dog.images_changed, dog.instances_added, dog.instances_removed) == (1, 0, 0)
+    assert [k.name for k in diff_of(*versions).classes][:2] == ["bird", "cow"]  # new/vanished first
+
+
+def test_same_version_is_same(versions: tuple[Path, Path], tmp_path: Path) -> None:
+    a, _ = versions
+    copy = write_version(tmp_path / "copy", VERSION_A, version="v1")
+    diff = diff_of(a, copy)
+    assert diff.same is True
+    assert diff.images.unchanged == 7 and diff.changed_images_total == 0
+    assert all(k.status == "unchanged" for k in diff.classes)
+    assert DatasetDiffSummary.of(diff).line() == "same data as the champion's (pets/v1)"
+
+
+def test_summary_counts_and_line(versions: tuple[Path, Path]) -> None:
+    summary = DatasetDiffSummary.of(diff_of(*versions), uri="s3://x/runs/r/dataset-diff.json", champion_run_id="c")
+    assert (summary.added, summary.removed, summary.renamed, summary.instances_delta) == (1, 2, 1, 1)
+    assert summary.classes_new == ["bird"] and summary.classes_vanished == ["cow"]
+    assert summary.line() == ("vs champion's pets/v1: +1 -2 images; 1 renamed; 1 changed bytes; 1 relabelled; "
+                              "1 moved train<->val; instances +1; new classes bird; vanished classes cow")
+    assert len(summary.model_dump_json()) < 2000  # travels in the state
+
+
+def test_cli_text_exit_codes_and_json(versions: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = versions
+    assert main(["diff", str(a), str(a)]) == 0
+    assert "same: no image" in capsys.readouterr().out
+    assert main(["diff", str(a), str(b)]) == 1
+    out = capsys.readouterr().out
+    assert "images: +1 added, -2 removed, 1 renamed, 1 changed bytes, 1 relabelled, 1 moved train<->val" in out
+    assert " bird | new" in out and "images/c.jpg -> images/sub/c2.jpg" in out
+    assert main(["diff", str(a), str(b), "--json"]) == 1
+    doc = DatasetDiff.model_validate_json(capsys.readouterr().out)
+    assert doc.images.renamed == 1
+
+
+def test_derived_val_split_is_the_pipelines(tmp_path: Path) -> None:
+    """A manifest naming no val and shipping no val.json: the diff derives val as the pipeline does."""
+    images: Images = {f"{n}.jpg": (bytes([n]) * 10, "train", [("cat", [1, 1, 2, 2])]) for n in range(10)}
+    a = write_version(tmp_path / "a", images, version="v1")
+    (a / "annotations/val.json").unlink()
+    diff = diff_of(a, a)
+    assert diff.a.val_derived is True
+    cat = next(k for k in diff.classes if k.name == "cat")
+    assert cat.splits["val"].instances_a == 2 and cat.splits["train"].instances_a == 8  # VAL_PERCENT 20
+    read, fingerprints = directory_reader(str(a))
+    index = index_version(str(a), "directory", read, fingerprints)
+    _, val_doc, _ = derive_split(json.loads((a / "annotations/train.json").read_text()), "pets/v1", "train")
+    assert {r.key for r in index.images if r.split == "val"} == {"images/" + im["file_name"]
+                                                                 for im in val_doc["images"]}
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda root: (root / "manifest.json").unlink(), "no manifest.json (not a dataset version)"),
+    (lambda root: (root / "manifest.json").write_text("{"), "manifest.json: manifest is not valid JSON"),
+    (lambda root: (root / "annotations/train.json").write_text('{"images": [{"id": 1'),
+     "annotations/train.json: unreadable JSON"),
+    (lambda root: (root / "annotations/train.json").write_text('{"images": 3}'),
+     "annotations/train.json: not a COCO instances file"),
+    (lambda root: (root / "annotations/train.json").unlink(), "annotations/train.json: missing"),
+])
+def test_bad_input_is_one_line_exit_2(versions: tuple[Path, Path], damage: Any, message: str) -> None:
+    a, b = versions
+    damage(b)
+    proc = subprocess.run([sys.executable, "-m", "d2ops", "diff", str(a), str(b)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr and str(b) in proc.stderr, proc.stderr
+
+
+def test_not_a_directory_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["diff", str(tmp_path / "nowhere"), str(tmp_path)]) == 2
+    assert "nowhere: does not exist" in capsys.readouterr().err
