@@ -187,3 +187,94 @@ def test_bad_input_is_one_line_exit_2(versions: tuple[Path, Path], damage: Any, 
 def test_not_a_directory_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["diff", str(tmp_path / "nowhere"), str(tmp_path)]) == 2
     assert "nowhere: does not exist" in capsys.readouterr().err
+
+
+# ----- S3 (moto) ---------------------------------------------------------------------------------
+
+
+def upload(s3: Any, bucket: str, prefix: str, root: Path) -> list[Any]:
+    """Upload a version directory; returns its inventory entries (as validation records them)."""
+    import hashlib
+
+    from d2ops_core.validation.inventory import InventoryEntry
+
+    entries = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        key = path.relative_to(root).as_posix()
+        data = path.read_bytes()
+        put = s3.put_object(Bucket=bucket, Key=prefix + key, Body=data)
+        entries.append(InventoryEntry(key=key, version_id=put.get("VersionId"), etag=put["ETag"].strip('"'),
+                                      size=len(data), sha256=hashlib.sha256(data).hexdigest()))
+    return entries
+
+
+@pytest.fixture
+def s3_versions(versions: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> Any:
+    from moto import mock_aws
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        import boto3
+
+        s3 = boto3.client("s3")
+        s3.create_bucket(Bucket="data")
+        s3.put_bucket_versioning(Bucket="data", VersioningConfiguration={"Status": "Enabled"})
+        s3.create_bucket(Bucket="artifacts")
+        a, b = versions
+        yield s3, upload(s3, "data", "datasets/pets/v1/", a), upload(s3, "data", "datasets/pets/v2/", b)
+
+
+def test_s3_prefixes_give_the_directories_counts(s3_versions: Any, versions: tuple[Path, Path],
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["diff", "s3://data/datasets/pets/v1/", "s3://data/datasets/pets/v2/", "--json"]) == 1
+    from_s3 = DatasetDiff.model_validate_json(capsys.readouterr().out)
+    local = diff_of(*versions)
+    assert from_s3.images == local.images
+    assert from_s3.classes == local.classes
+    assert from_s3.a.uri == "s3://data/datasets/pets/v1/"
+    assert main(["diff", "s3://data/datasets/pets/v1/", "s3://data/datasets/pets/v1"]) == 0
+    capsys.readouterr()
+    assert main(["diff", "s3://data/datasets/pets/v1/", "s3://data/datasets/none/"]) == 2
+    assert capsys.readouterr().err == "d2ops diff: s3://data/datasets/none/: no manifest.json (not a dataset version)\n"
+
+
+def snapshot_run(s3: Any, run_id: str, prefix: str, entries: list[Any]) -> None:
+    from d2ops_core import runs
+    from d2ops_core.validation.inventory import inventory_bytes
+
+    s3.put_object(Bucket="artifacts", Key=runs.inventory_key(run_id), Body=inventory_bytes(entries))
+    for entry in entries:
+        if entry.key.endswith(".json"):  # the snapshot's files the diff reads (images: the inventory's sha256)
+            s3.copy_object(Bucket="artifacts", Key=runs.snapshot_prefix(run_id) + entry.key,
+                           CopySource={"Bucket": "data", "Key": prefix + entry.key, "VersionId": entry.version_id})
+
+
+def test_runs_read_from_inventory_and_snapshot_and_fall_back_to_pinned_versions(
+        s3_versions: Any, versions: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    from d2ops_core import runs
+    from d2ops_core.dataset_diff_s3 import index_run
+
+    s3, entries_a, entries_b = s3_versions
+    snapshot_run(s3, "champ", "datasets/pets/v1/", entries_a)
+    snapshot_run(s3, "new", "datasets/pets/v2/", entries_b)
+    local = diff_of(*versions)
+    assert main(["diff", "s3://artifacts/runs/champ/", "s3://artifacts/runs/new/", "--json"]) == 1
+    from_runs = DatasetDiff.model_validate_json(capsys.readouterr().out)
+    assert from_runs.images == local.images and from_runs.classes == local.classes
+    assert from_runs.a.source == "run snapshot" and from_runs.a.run_id == "champ"
+    assert from_runs.a.inventory_digest and from_runs.a.inventory_digest.startswith("sha256:")
+
+    # The champion's snapshot expired and its train.json was overwritten since: the pinned version is read.
+    for entry in entries_a:
+        s3.delete_object(Bucket="artifacts", Key=runs.snapshot_prefix("champ") + entry.key)
+    s3.put_object(Bucket="data", Key="datasets/pets/v1/annotations/train.json", Body=b'{"images": []}')
+    index = index_run(s3, "artifacts", "champ", dataset_bucket="data", dataset_prefix="datasets/pets/v1/")
+    assert index.side.source == "dataset prefix (pinned by the run's inventory)"
+    assert "snapshot has expired" in index.notes[0]
+    assert index.side.images == 7 and index.side.instances == 8
+
+    # A run older than inventories: its dataset prefix as it is now, said so.
+    old = index_run(s3, "artifacts", "older", dataset_bucket="data", dataset_prefix="datasets/pets/v2/")
+    assert old.side.source == "dataset prefix (no inventory)" and "has no inventory" in old.notes[0]
