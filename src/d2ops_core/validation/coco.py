@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import gc
 import math
+import mmap
 import re
 import sys
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
@@ -302,13 +303,16 @@ def _long_integer(buffer: Any, limit: int = _PY_INT_DIGITS) -> tuple[int, int] |
     size = len(buffer)
     if size <= limit or step < 1:
         return None
-    samples = buffer[::step].translate(_TO_ZERO)
+    samples = _strided(buffer, step).translate(_TO_ZERO)
     # Quote parity of buffer[:scanned]. ``scanned`` is 0 or the first digit of an earlier run, so a
     # run of backslashes before a quote never crosses it and _quotes sees every escape whole.
-    scanned = parity = 0
+    scanned = parity = dropped = 0
     k = samples.find(b"00")
     while k >= 0:
         at = k * step
+        if at - dropped > WINDOW:  # digits are everywhere in a COCO file: most pages get looked at
+            _release(buffer, dropped, at - step)
+            dropped = at - step
         end = _digits_end(buffer, at, size)
         # longer than ``limit`` only when the ``limit + 1`` bytes before the run's end are all digits
         if end - at > limit or (end - at > step and end > limit and _digits_end(buffer, end - limit - 1, at) == at):
@@ -326,6 +330,16 @@ def _long_integer(buffer: Any, limit: int = _PY_INT_DIGITS) -> tuple[int, int] |
         else:
             k = samples.find(b"00", k + 1)
     return None
+
+
+def _strided(buffer: Any, step: int) -> bytes:
+    """``buffer[::step]``, read a window at a time so that a memory map's pages are released as it goes."""
+    span = step * max(1, WINDOW // step)  # a multiple of ``step``: the pieces join into the strided copy
+    parts = []
+    for start in range(0, len(buffer), span):
+        parts.append(bytes(buffer[start:start + span:step]))
+        _release(buffer, start, start + span)
+    return b"".join(parts)
 
 
 def _original_offset(offset: int, shifts: list[tuple[int, int]]) -> int:
@@ -575,26 +589,26 @@ class _SplitChecker:
                 cats[c.id] = printable(c.name) if has_name else f"category {c.id}"
                 self.result.category_index[c.id] = i
 
-    def annotations(self, annotations: list[Any], sizes: dict[int, tuple[int, int] | None]) -> SplitStats:
+    def annotations(self, annotations: Iterable[Any], sizes: dict[int, tuple[int, int] | None]) -> SplitStats:
         # The hot loop (860k iterations on train2017): a valid annotation takes the inline fast path;
         # only a suspicious one goes through the detailed checks that build messages and paths.
         limits, add, cats = self.limits, self.add, self.result.categories
         tol, tiny, area_slack = limits.bbox_tolerance, limits.tiny_box_side, 1 + limits.area_tolerance
         need_masks = self.task == "instance_segmentation"
-        seen_ids: set[int] = set()
-        seen_add = seen_ids.add
-        annotated: set[int] = set()
+        seen = _IdSet()
+        seen_add = seen.add
+        # per annotated image: a bit per class it holds (bit = the class's position), so what grows
+        # with the data is one small int per image, not a set entry per (class, image) pair
+        image_classes: dict[int, int] = {}
+        class_bit = {c: 1 << k for k, c in enumerate(cats)}
         instances = self.result.instances
-        class_images: dict[int, set[int]] = {c: set() for c in cats}
         # per class: [small, medium, large, tiny, crowd] as plain ints (pydantic attribute writes are slow)
         class_counts: dict[int, list[int]] = {c: [0, 0, 0, 0, 0] for c in cats}
         isfinite = math.isfinite
         for i, a in enumerate(annotations):
             aid = a.id
             if type(aid) is int and -_INT64 <= aid < _INT64:
-                if aid not in seen_ids:
-                    seen_add(aid)
-                else:
+                if not seen_add(aid):
                     add(Code.DUPLICATE_ANNOTATION_ID, f"annotation id {aid} is used more than once",
                         f"annotations[{i}].id")
             else:
@@ -603,7 +617,8 @@ class _SplitChecker:
             size = None
             if type(image_id) is int and image_id in sizes:
                 size = sizes[image_id]
-                annotated.add(image_id)
+                if image_id not in image_classes:
+                    image_classes[image_id] = 0
             elif type(image_id) is int:
                 add(Code.ANNOTATION_IMAGE_UNKNOWN, f"image_id {_show(image_id)} is not an image of this split",
                     f"annotations[{i}].image_id")
@@ -661,7 +676,7 @@ class _SplitChecker:
             instances[cat] += 1
             counts = class_counts[cat]
             if image_id is not None:
-                class_images[cat].add(image_id)
+                image_classes[image_id] |= class_bit[cat]
             if crowd:
                 counts[4] += 1
             if box_area is not None:
@@ -673,13 +688,14 @@ class _SplitChecker:
 
         unannotated = 0
         for image_id, index in self.image_index.items():
-            if image_id not in annotated:
+            if image_id not in image_classes:
                 unannotated += 1
                 self.log.add(Code.IMAGE_WITHOUT_ANNOTATIONS, f"image id {image_id} has no annotations",
                              self.file, f"images[{index}]")
-        per_class = [ClassStats(id=c, name=name, images=len(class_images[c]), instances=instances[c],
+        class_images = _images_per_class(image_classes.values(), len(cats))
+        per_class = [ClassStats(id=c, name=name, images=class_images[k], instances=instances[c],
                                 crowd=class_counts[c][4], box_sizes=_box_sizes(class_counts[c]))
-                     for c, name in cats.items()]
+                     for k, (c, name) in enumerate(cats.items())]
         totals = [sum(col) for col in zip(*class_counts.values(), strict=True)] if class_counts else [0] * 5
         return SplitStats(
             file=self.file, images=len(sizes), instances=sum(instances.values()), crowd=totals[4],
@@ -792,6 +808,48 @@ class _SplitChecker:
                      f"{rle.size[0] * rle.size[1]}", f"{path}.segmentation.counts")
 
 
+def _images_per_class(masks: Iterable[int], classes: int) -> list[int]:
+    """How many of the masks (one per image, a bit per class position) have each bit set."""
+    counts = [0] * classes
+    for mask in masks:
+        while mask:
+            low = mask & -mask
+            counts[low.bit_length() - 1] += 1
+            mask ^= low
+    return counts
+
+
+class _IdSet:
+    """A set of int64 ids whose memory grows with the largest id, not with how many there are.
+
+    Ids in [0, DENSE_IDS) are bits of a bytearray that grows to the largest id seen (COCO exports
+    number annotations 1..N: 860k ids cost 108 KB, where a Python set costs about 60 bytes per id);
+    other ids (negative, or sparse like train2017's 900100xxxxxx crowd ids) go to a set.
+    """
+
+    DENSE_IDS = 1 << 30  # 128 MB of bits at most, reached only by ids that large
+
+    def __init__(self) -> None:
+        self.bits = bytearray()
+        self.sparse: set[int] = set()
+
+    def add(self, value: int) -> bool:
+        """Add ``value``; False when it was already there."""
+        if 0 <= value < self.DENSE_IDS:
+            byte, bit = value >> 3, 1 << (value & 7)
+            bits = self.bits
+            if byte >= len(bits):
+                bits.extend(bytes(max(byte + 1, 2 * len(bits)) - len(bits)))
+            if bits[byte] & bit:
+                return False
+            bits[byte] |= bit
+            return True
+        if value in self.sparse:
+            return False
+        self.sparse.add(value)
+        return True
+
+
 def _box_sizes(counts: list[int]) -> BoxSizes:
     return BoxSizes(small=counts[0], medium=counts[1], large=counts[2], tiny=counts[3])
 
@@ -801,21 +859,40 @@ def check_split(buffer: Any, split: str, file: str, log: IssueLog, *, task: str 
     """Check one COCO instances document held in ``buffer`` (bytes or an mmap).
 
     Returns what cross-split and image-file checks need, or None when the file could not be
-    decoded at all (its issue is in ``log``).
+    decoded at all (its issue is in ``log``). A well-formed document is read in bounded memory
+    (``_check_bounded``); anything else by the whole-file decoder, whose findings are the reference.
     """
+    limits = limits or Thresholds()
+    try:
+        return _check_bounded(buffer, split, file, log, task, limits)
+    except _Fallback:
+        pass
     doc = _decode(buffer, file, log)
     if doc is None:
         return None
-    checker = _SplitChecker(split, file, log, task, limits or Thresholds())
-    missing = [k for k in ("images", "annotations", "categories") if getattr(doc, k) is UNSET]
+    checker = _SplitChecker(split, file, log, task, limits)
+    annotations: list[Any] = [] if doc.annotations is UNSET else doc.annotations
+    total = len(annotations)
+    result = _check_decoded(checker, buffer, doc.images, doc.categories, annotations,
+                            has_annotations=doc.annotations is not UNSET, count=lambda: total)
+    # Raw segmentations point into ``buffer``: drop them before the caller unmaps it.
+    del doc, annotations
+    return result
+
+
+def _check_decoded(checker: _SplitChecker, buffer: Any, images: list[_Image] | UnsetType,
+                   categories: list[_Category] | UnsetType, annotations: Iterable[_Annotation], *,
+                   has_annotations: bool, count: Callable[[], int]) -> SplitResult:
+    """The checks of a decoded document (either reader); ``annotations`` may be an iterator, ``count`` says how many."""
+    log, split = checker.log, checker.split
+    present = {"images": images is not UNSET, "annotations": has_annotations, "categories": categories is not UNSET}
+    missing = [k for k, there in present.items() if not there]
     for key in missing:
         checker.add(Code.KEY_MISSING, f"required top-level key {key!r} is missing", None)
-    images = [] if doc.images is UNSET else doc.images
-    categories = [] if doc.categories is UNSET else doc.categories
-    annotations: list[Any] = [] if doc.annotations is UNSET else doc.annotations
+    image_list: list[_Image] = [] if images is UNSET else images
     out_of_range = log.counts[Code.NUMBER_OUT_OF_RANGE]
-    sizes = checker.images(images)
-    checker.categories(categories)
+    sizes = checker.images(image_list)
+    checker.categories([] if categories is UNSET else categories)
     stats = checker.annotations(annotations, sizes)
     if log.counts[Code.NUMBER_OUT_OF_RANGE] == out_of_range:  # none reported where the checks read: look elsewhere
         long_integer = _long_integer(buffer)
@@ -824,9 +901,271 @@ def check_split(buffer: Any, split: str, file: str, log: IssueLog, *, task: str 
             checker.add(Code.NUMBER_OUT_OF_RANGE, f"an integer of {long_integer[1]} digits at line {line}, column "
                         f"{col}: Python's json, which pycocotools and training read this file with, refuses integers "
                         f"of more than {_PY_INT_DIGITS} digits")
-    if not missing and (not images or not annotations):
-        checker.add(Code.SPLIT_EMPTY, f"the {split} split has {len(images)} images and {len(annotations)} annotations")
+    if not missing and (not image_list or not count()):
+        checker.add(Code.SPLIT_EMPTY, f"the {split} split has {len(image_list)} images and {count()} annotations")
     checker.result.stats = stats
-    # Raw segmentations point into ``buffer``: drop them before the caller unmaps it.
-    del doc, annotations
     return checker.result
+
+
+# --- The bounded reader ---------------------------------------------------------------------------
+# What check_split reads a well-formed document with: the top-level object is walked key by key and
+# the ``images``/``annotations``/``categories`` arrays are decoded a window of WINDOW bytes at a time,
+# so no structure of the whole file is ever alive and, on a memory map, the file pages already read
+# are dropped from the process (MADV_DONTNEED) as the reader moves on. Memory therefore grows with
+# the number of images (the checks keep id -> size, file names and ImageRefs, about 0.5 KB per
+# image) and with WINDOW, not with the number of annotations or the file's size. Anything unusual
+# (malformed JSON, NaN/Infinity, out-of-range numbers, deep nesting, a wrong container type, a
+# duplicate top-level key, invalid UTF-8) makes it give up (_Fallback) before a single finding is
+# kept, and the whole-file decoder above (_decode) reads the file as it always did, so every finding
+# of a hostile document -- code, message, location -- is the one that decoder gives.
+WINDOW = 4 << 20
+_WS = re.compile(rb"[ \t\n\r]*")
+_KEY = msgspec.json.Decoder(str)
+_WINDOW_DECODERS = {
+    "images": msgspec.json.Decoder(list[_Image]),
+    "categories": msgspec.json.Decoder(list[_Category]),
+    "annotations": msgspec.json.Decoder(list[msgspec.Raw]),  # first pass: syntax and extent only
+}
+_ANNOTATIONS = msgspec.json.Decoder(list[_Annotation])
+_MAX_MISSES = 8  # failed cuts in one window before giving up (a cut is only wrong at nested '}, {')
+# A window decodes elements one level shallower than the document holds them; two levels of margin
+# keep the bounded reader stricter than _decode, which decides the cases near MAX_NESTING.
+_WINDOW_NESTING = MAX_NESTING - 2
+
+
+class _Fallback(Exception):
+    """The bounded reader met something it leaves to the whole-file decoder (which reports it exactly)."""
+
+
+def _release(buffer: Any, start: int, end: int) -> None:
+    """Drop the pages of ``buffer[start:end]`` (whole pages only) from this process's resident set.
+
+    Only for a memory map: its clean file pages go back to the page cache (reclaimable, and not the
+    process's RSS); a later read faults them in again. A ``bytes`` buffer is left alone.
+    """
+    advise = getattr(buffer, "madvise", None)
+    if advise is None:
+        return
+    start = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+    end -= end % mmap.PAGESIZE
+    if end > start:
+        advise(mmap.MADV_DONTNEED, start, end - start)
+
+
+class _Reader:
+    """Walks a JSON document in ``buffer`` in windows, releasing what it has passed (see above)."""
+
+    def __init__(self, buffer: Any) -> None:
+        self.buffer = buffer
+        self.size = len(buffer)
+        self.released = 0
+        self.end = 0  # where the array last walked by ``elements`` ended (after its ']')
+
+    def ws(self, pos: int) -> int:
+        match = _WS.match(self.buffer, pos)
+        return pos if match is None else match.end()
+
+    def byte(self, pos: int) -> bytes:
+        return bytes(self.buffer[pos:pos + 1])
+
+    def passed(self, pos: int) -> None:
+        if pos > self.released:
+            _release(self.buffer, self.released, pos)
+            self.released = pos
+
+    def rewind(self, pos: int) -> None:
+        self.released = pos
+
+    def _decode(self, decoder: Any, data: bytes) -> Any:
+        try:
+            return _within_nesting(_WINDOW_NESTING, lambda: decoder.decode(data))
+        except (RecursionError, UnicodeDecodeError) as exc:
+            raise _Fallback from exc
+
+    def _boundary(self, close: int) -> bool:
+        """True when the '}' at ``close`` is followed by ``, {`` or ``]``: where an element may end."""
+        after = self.ws(close + 1)
+        following = self.byte(after)
+        if following == b",":
+            return self.byte(self.ws(after + 1)) == b"{"
+        return following == b"]"
+
+    def elements(self, start: int, decoder: Any) -> Iterator[list[Any]]:
+        """The elements of the array of objects whose '[' is at ``start``, a window at a time.
+
+        A window is cut after a '}' that may end an element and decoded as ``[`` + window + ``]``;
+        the decode succeeds only when the cut is really between two elements (JSON parsing from an
+        element's start is deterministic), so a '}' inside a string or a nested object costs one
+        failed decode and the previous candidate is tried.
+        """
+        buf, pos = self.buffer, self.ws(start + 1)
+        if self.byte(pos) == b"]":
+            self.end = pos + 1
+            return
+        window = WINDOW
+        while True:
+            target = min(pos + window, self.size)
+            close, misses, items, ended = buf.rfind(b"}", pos, target), 0, None, -1
+            while close >= 0 and misses < _MAX_MISSES:
+                if self._boundary(close):
+                    items, ended = self._cut(decoder, pos, close)
+                    if items is not None:
+                        break
+                    misses += 1
+                close = buf.rfind(b"}", pos, close)
+            if items is None:
+                if misses or target >= self.size:
+                    raise _Fallback  # malformed, or elements the window's decoder refuses
+                window *= 4  # one element larger than the window
+                continue
+            yield items
+            del items
+            if ended >= 0:  # the array closed inside the window
+                self.end = ended
+                self.passed(ended)
+                return
+            after = self.ws(close + 1)
+            self.passed(after)
+            if self.byte(after) == b"]":
+                self.end = after + 1
+                return
+            pos, window = self.ws(after + 1), WINDOW  # after the ','
+
+    def _cut(self, decoder: Any, pos: int, close: int) -> tuple[list[Any] | None, int]:
+        """The elements from ``pos`` to the '}' at ``close`` (None: not a cut between elements), and
+        where the array ends when it closes before ``close`` (-1: it does not)."""
+        data = b"".join((b"[", self.buffer[pos:close + 1], b"]"))
+        try:
+            return self._decode(decoder, data), -1
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            match = re.search(r"trailing characters \(byte (\d+)\)", str(exc))
+            if match is None:
+                return None, -1
+        # The array's own ']' closed the window's '[' early: the window ends there. msgspec names the
+        # byte after the first one past the value; data[k] is buffer[pos + k - 1].
+        head = data[:int(match.group(1)) - 1].rstrip(b" \t\n\r")
+        try:
+            return self._decode(decoder, head), pos + len(head) - 1
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None, -1
+
+    def value_end(self, pos: int) -> int:
+        """Where the JSON value at ``pos`` ends (the position of the ',' or '}' after it)."""
+        window = 1 << 16
+        while True:
+            data = bytes(self.buffer[pos:pos + window])
+            try:
+                self._decode(_RAW, data)
+            except msgspec.DecodeError as exc:
+                text = str(exc)
+                match = re.search(r"trailing characters \(byte (\d+)\)", text)
+                if match:  # msgspec names the byte after the first one past the value
+                    end = int(match.group(1)) - 1
+                    self._decode(_RAW, data[:end])  # the value alone must decode, or this was no value
+                    self.passed(pos + end)
+                    return pos + end
+                if "truncated" not in text or pos + window >= self.size:
+                    raise _Fallback from exc
+                window *= 4
+                continue
+            except msgspec.ValidationError as exc:
+                raise _Fallback from exc
+            raise _Fallback  # the value runs to the end of the file: no closing '}'
+
+
+_RAW = msgspec.json.Decoder(msgspec.Raw)
+_ARRAYS = ("images", "annotations", "categories")
+
+
+@dataclass
+class _Walked:
+    images: list[_Image] | UnsetType = UNSET
+    categories: list[_Category] | UnsetType = UNSET
+    annotations: int | None = None  # where the annotations array's '[' is
+
+
+def _walk(reader: _Reader) -> _Walked:
+    """The first pass: the top-level object key by key; images and categories decoded, annotations located."""
+    walked, seen = _Walked(), set()
+    buf = reader.buffer
+    pos = reader.ws(0)
+    if reader.byte(pos) != b"{":
+        raise _Fallback
+    pos = reader.ws(pos + 1)
+    if reader.byte(pos) == b"}":
+        pos += 1
+    else:
+        while True:
+            if reader.byte(pos) != b'"':
+                raise _Fallback
+            close = _string_end(buf, pos + 1)
+            if close < 0:
+                raise _Fallback
+            try:
+                key = _KEY.decode(buf[pos:close + 1])
+            except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+                raise _Fallback from exc
+            if key in seen:  # duplicate keys: _decode's rules (the last one wins) apply
+                raise _Fallback
+            seen.add(key)
+            pos = reader.ws(close + 1)
+            if reader.byte(pos) != b":":
+                raise _Fallback
+            pos = reader.ws(pos + 1)
+            if key in _ARRAYS:
+                if reader.byte(pos) != b"[":
+                    raise _Fallback  # null, an object...: _decode names the wrong type
+                decoded: list[Any] = []
+                for items in reader.elements(pos, _WINDOW_DECODERS[key]):
+                    if key != "annotations":
+                        decoded.extend(items)
+                if key == "annotations":
+                    walked.annotations = pos
+                else:
+                    setattr(walked, key, decoded)
+                pos = reader.end
+            else:
+                pos = reader.value_end(pos)
+            pos = reader.ws(pos)
+            following = reader.byte(pos)
+            if following == b"}":
+                pos += 1
+                break
+            if following != b",":
+                raise _Fallback
+            pos = reader.ws(pos + 1)
+    if reader.ws(pos) != reader.size:
+        raise _Fallback  # trailing characters
+    reader.passed(reader.size)
+    return walked
+
+
+def _annotations(reader: _Reader, start: int, counted: list[int]) -> Iterator[_Annotation]:
+    """The second pass: the annotations, decoded a window at a time; ``counted[0]`` their number so far."""
+    reader.rewind(start)
+    for items in reader.elements(start, _ANNOTATIONS):
+        counted[0] += len(items)
+        yield from items
+    reader.passed(reader.size)
+
+
+def _check_bounded(buffer: Any, split: str, file: str, log: IssueLog, task: str,
+                   limits: Thresholds) -> SplitResult:
+    """check_split on the bounded reader; raises _Fallback (``log`` untouched) when it gives up."""
+    if len(buffer) == 0 or encoding_problem(buffer):
+        raise _Fallback
+    scratch = IssueLog(log.cap)  # findings are kept only once the whole file has been read
+    scratch.counts = Counter(log.counts)
+    reader = _Reader(buffer)
+    with _gc_paused():
+        walked = _walk(reader)
+        checker = _SplitChecker(split, file, scratch, task, limits)
+        annotations: Iterator[_Annotation] | list[_Annotation] = []
+        counted = [0]
+        if walked.annotations is not None:
+            annotations = _annotations(reader, walked.annotations, counted)
+        result = _check_decoded(checker, buffer, walked.images, walked.categories, annotations,
+                                has_annotations=walked.annotations is not None, count=lambda: counted[0])
+    log.counts = scratch.counts
+    log.kept.extend(scratch.kept)
+    return result
