@@ -68,6 +68,14 @@ DOCUMENTS: tuple[Document, ...] = (
         "the dataset diff, the model artifact's and the registry's digest, reviewers",
         "d2ops_core.validation.inventory:InventoryEntry"),
     Document(
+        "dataset-diff", "Dataset diff against the champion's dataset",
+        f"`{runs.s3_uri(_ARTIFACTS, runs.dataset_diff_key(_RUN))}`; its counts travel as "
+        "`$.plan.dataset_diff` (`DatasetDiffSummary`); `d2ops diff A B --json` prints the same document",
+        "`prepare_training` (`d2ops_core.dataset_diff`, from both runs' inventories and snapshots), `d2ops diff`",
+        "`status_api` (`GET /runs/{id}`: the summary and its URI), the console, `d2ops status`, "
+        "`compose_notification` (when the gate refuses)",
+        "d2ops_core.documents.dataset_diff:DatasetDiff"),
+    Document(
         "image-items", "Image check items (one item a line)",
         f"`{runs.s3_uri(_ARTIFACTS, runs.image_items_key(_RUN))}`: JSONL, the Distributed Map's ItemReader",
         "`validate_dataset` (when the version has more images than `InlineImageLimit`)",

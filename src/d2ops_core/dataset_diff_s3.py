@@ -29,6 +29,7 @@ from d2ops_core.dataset_diff import (
     inventory_fingerprints,
 )
 from d2ops_core.validation.inventory import InventoryEntry, inventory_digest, read_inventory
+from d2ops_core.validation.manifest import MANIFEST_FILE
 
 _MISSING = {"NoSuchKey", "404", "NotFound", "NoSuchVersion"}
 # Images hashed at once from a plain prefix: enough to hide GET latency, few enough to bound memory
@@ -48,6 +49,8 @@ def _get(s3: Any, **kwargs: Any) -> bytes | None:
     except Exception as exc:
         if _code(exc) in _MISSING:
             return None
+        if _code(exc) in {"AccessDenied", "403"} and not runs.key_listed(s3, kwargs["Bucket"], kwargs["Key"]):
+            return None  # a role that may list only some prefixes gets 403, not 404, for a missing key
         if _code(exc) in {"AccessDenied", "403", "NoSuchBucket"}:
             raise DiffInputError(f"s3://{kwargs['Bucket']}/{kwargs['Key']}: {_code(exc)}") from None
         raise
@@ -81,16 +84,24 @@ def prefix_reader(s3: Any, bucket: str, prefix: str) -> tuple[ReadFile, Fingerpr
     return read, fingerprints
 
 
-def index_prefix(s3: Any, bucket: str, prefix: str, *, source: str = "s3 prefix",
+def _unhashed(keys: list[str]) -> Iterator[tuple[str, int, str | None]]:
+    return ((key, 0, None) for key in keys)
+
+
+def index_prefix(s3: Any, bucket: str, prefix: str, *, source: str = "s3 prefix", hash_images: bool = True,
                  deadline: float | None = None, notes: list[str] | None = None) -> VersionIndex:
+    """``hash_images`` False: annotations only (no GET per image); image content is then not compared."""
     read, fingerprints = prefix_reader(s3, bucket, prefix)
+    if not hash_images:
+        fingerprints = _unhashed
     index = index_version(f"s3://{bucket}/{prefix}", source, read, fingerprints, deadline=deadline)
     index.notes[:0] = notes or []
     return index
 
 
 def index_run(s3: Any, artifacts_bucket: str, run_id: str, *, dataset_bucket: str | None = None,
-              dataset_prefix: str | None = None, deadline: float | None = None) -> VersionIndex:
+              dataset_prefix: str | None = None, hash_fallback_images: bool = True,
+              deadline: float | None = None) -> VersionIndex:
     """A run's dataset as it trained: inventory + snapshot (or, the snapshot gone, the pinned versions).
 
     Without an inventory it falls back to ``dataset_prefix`` in ``dataset_bucket`` (the latest objects
@@ -102,7 +113,7 @@ def index_run(s3: Any, artifacts_bucket: str, run_id: str, *, dataset_bucket: st
             note = (f"run {run_id} has no inventory (it predates snapshots): read its dataset prefix "
                     f"s3://{dataset_bucket}/{dataset_prefix} as it is now")
             return index_prefix(s3, dataset_bucket, dataset_prefix, source="dataset prefix (no inventory)",
-                                deadline=deadline, notes=[note])
+                                hash_images=hash_fallback_images, deadline=deadline, notes=[note])
         raise DiffInputError(f"s3://{artifacts_bucket}/{runs.inventory_key(run_id)}: missing (no inventory)")
     where = f"s3://{artifacts_bucket}/{runs.inventory_key(run_id)}"
 
@@ -117,7 +128,7 @@ def index_run(s3: Any, artifacts_bucket: str, run_id: str, *, dataset_bucket: st
     by_key = {e.key: e for e in entries() if e.key.endswith(".json")}
     snapshot = runs.snapshot_prefix(run_id)
     notes: list[str] = []
-    expired = _get(s3, Bucket=artifacts_bucket, Key=snapshot + "manifest.json") is None
+    expired = not runs.key_listed(s3, artifacts_bucket, snapshot + MANIFEST_FILE)
     if expired and not (dataset_bucket and dataset_prefix):
         raise DiffInputError(f"s3://{artifacts_bucket}/{snapshot}: the snapshot is gone and no dataset prefix "
                              "was given to fall back to")

@@ -217,6 +217,11 @@ def snapshot_prefix(run_id: str) -> str:
     return f"{run_prefix(run_id)}{SNAPSHOT_DIR}/"
 
 
+def dataset_diff_key(run_id: str) -> str:
+    """The diff of the run's dataset against the champion's (d2ops_core.documents.dataset_diff.DatasetDiff)."""
+    return f"{run_prefix(run_id)}dataset-diff.json"
+
+
 def snapshot_uri(artifacts_bucket: str, run_id: str) -> str:
     """What the training and evaluation channels read: the snapshot, never the mutable data prefix."""
     return s3_uri(artifacts_bucket, snapshot_prefix(run_id))

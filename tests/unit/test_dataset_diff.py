@@ -240,15 +240,17 @@ def test_s3_prefixes_give_the_directories_counts(s3_versions: Any, versions: tup
     assert capsys.readouterr().err == "d2ops diff: s3://data/datasets/none/: no manifest.json (not a dataset version)\n"
 
 
-def snapshot_run(s3: Any, run_id: str, prefix: str, entries: list[Any]) -> None:
+def snapshot_run(s3: Any, run_id: str, prefix: str, entries: list[Any], *, artifacts: str = "artifacts",
+                 data: str = "data") -> None:
+    """What validation leaves for a run: its inventory and its snapshot (the files the diff reads)."""
     from d2ops_core import runs
     from d2ops_core.validation.inventory import inventory_bytes
 
-    s3.put_object(Bucket="artifacts", Key=runs.inventory_key(run_id), Body=inventory_bytes(entries))
+    s3.put_object(Bucket=artifacts, Key=runs.inventory_key(run_id), Body=inventory_bytes(entries))
     for entry in entries:
-        if entry.key.endswith(".json"):  # the snapshot's files the diff reads (images: the inventory's sha256)
-            s3.copy_object(Bucket="artifacts", Key=runs.snapshot_prefix(run_id) + entry.key,
-                           CopySource={"Bucket": "data", "Key": prefix + entry.key, "VersionId": entry.version_id})
+        if entry.key.endswith(".json"):  # images: the inventory's sha256 is all the diff needs of them
+            s3.copy_object(Bucket=artifacts, Key=runs.snapshot_prefix(run_id) + entry.key,
+                           CopySource={"Bucket": data, "Key": prefix + entry.key, "VersionId": entry.version_id})
 
 
 def test_runs_read_from_inventory_and_snapshot_and_fall_back_to_pinned_versions(

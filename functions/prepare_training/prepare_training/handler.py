@@ -10,8 +10,11 @@ from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from d2ops_core.champion import read_champion
 from prepare_training.models import PrepareEvent, PrepareSettings
-from prepare_training.service import build_plan, current_champion, require_pretrained_weights
+from prepare_training.service import build_plan, champion_ref, diff_against_champion, require_pretrained_weights
+
+DIFF_MARGIN_SECONDS = 10
 
 logger = Logger()
 tracer = Tracer()
@@ -24,8 +27,14 @@ def handler(event: PrepareEvent, context: LambdaContext) -> dict[str, Any]:
     settings = PrepareSettings.from_env(os.environ)
     s3 = boto3.client("s3")
     require_pretrained_weights(s3, settings)
-    champion = current_champion(s3, settings.artifacts_bucket)
+    record = read_champion(s3, settings.artifacts_bucket)
+    champion = champion_ref(record)
     plan = build_plan(settings, event, champion)
+    # What changed in the data since the champion: information, computed in what the invocation has left.
+    budget = max(1.0, context.get_remaining_time_in_millis() / 1000 - DIFF_MARGIN_SECONDS)
+    plan.dataset_diff = diff_against_champion(s3, settings, event, record, seconds=budget)
+    if plan.dataset_diff is not None and plan.dataset_diff.error:
+        logger.warning("dataset diff not computed", extra={"run_id": event.run_id, "error": plan.dataset_diff.error})
     logger.info("prepared training job", extra={"run_id": event.run_id, "names": plan.names.model_dump(),
                                                 "champion": champion.run_id if champion else None})
     return plan.model_dump(mode="json")

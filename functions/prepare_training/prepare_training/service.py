@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from botocore.exceptions import ClientError
 
 from d2ops_core import metrics, platform, pretrained, runs
-from d2ops_core.champion import read_champion
+from d2ops_core.champion import ChampionRecord, read_champion
+from d2ops_core.dataset_diff import compare
+from d2ops_core.dataset_diff_s3 import index_run
+from d2ops_core.documents.dataset_diff import DatasetDiffSummary
 from d2ops_core.documents.evaluation import GateThresholds
 from d2ops_core.validation.manifest import effective_class_gate, effective_gate, stack_limit_problems
 from prepare_training.models import (
@@ -266,7 +270,8 @@ def production_variants(settings: PrepareSettings, names: JobNames) -> list[dict
     return [variant]
 
 
-def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: ChampionRef | None) -> Plan:
+def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: ChampionRef | None,
+               dataset_diff: DatasetDiffSummary | None = None) -> Plan:
     problems = stack_limit_problems(event.manifest.gate, event.manifest.training, settings.limits)
     if problems:
         raise ManifestExceedsStackLimits("; ".join(f"{code}: {message}" for code, message, _ in problems))
@@ -291,12 +296,45 @@ def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: Champio
                               traffic_routing=traffic_routing(settings.endpoint_instance_count)),
         evaluation_report_uri=runs.evaluation_report_uri(settings.artifacts_bucket, event.run_id),
         champion=champion,
+        dataset_diff=dataset_diff,
     )
 
 
 def current_champion(s3: Any, bucket: str) -> ChampionRef | None:
-    record = read_champion(s3, bucket)
+    return champion_ref(read_champion(s3, bucket))
+
+
+def champion_ref(record: ChampionRecord | None) -> ChampionRef | None:
     if record is None:
         return None
     return ChampionRef(run_id=record.run_id, model_data=record.model_data, model_package_arn=record.model_package_arn,
                        primary_metric=record.primary_metric, primary_value=record.primary_value)
+
+
+def diff_against_champion(s3: Any, settings: PrepareSettings, event: PrepareEvent, champion: ChampionRecord | None,
+                          *, seconds: float) -> DatasetDiffSummary | None:
+    """What changed in the data since the champion's run: ``runs/<run id>/dataset-diff.json`` and its summary.
+
+    Both sides are read from their runs' inventories and snapshots (the champion's expired snapshot: its
+    dataset prefix at the versions its inventory pinned; a champion older than inventories: its prefix as
+    it is now, images uncompared). Information only: any failure, the time budget (``seconds``) included,
+    becomes the summary's ``error`` and the run goes on. None: there is no champion to compare with.
+    """
+    if champion is None:
+        return None
+    deadline = time.monotonic() + seconds
+    key = runs.dataset_diff_key(event.run_id)
+    try:
+        old = index_run(s3, settings.artifacts_bucket, champion.run_id, dataset_bucket=champion.dataset.bucket,
+                        dataset_prefix=champion.dataset.prefix, hash_fallback_images=False, deadline=deadline)
+        new = index_run(s3, settings.artifacts_bucket, event.run_id, deadline=deadline)
+        diff = compare(old, new)
+        s3.put_object(Bucket=settings.artifacts_bucket, Key=key, Body=diff.model_dump_json(indent=1).encode(),
+                      ContentType="application/json")
+    except Exception as exc:  # the diff informs; it never decides whether the run trains
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return DatasetDiffSummary(champion_run_id=champion.run_id,
+                                  against=f"{champion.dataset.name}/{champion.dataset.version}",
+                                  error=f"{type(exc).__name__}: {reason}"[:500])
+    return DatasetDiffSummary.of(diff, uri=runs.s3_uri(settings.artifacts_bucket, key),
+                                 champion_run_id=champion.run_id)

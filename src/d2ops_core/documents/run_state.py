@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from d2ops_core.champion import GateDecision
+from d2ops_core.documents.dataset_diff import DatasetDiffSummary
 from d2ops_core.documents.evaluation import GateThresholds
 from d2ops_core.runs import DatasetRef
 
@@ -93,6 +94,8 @@ class Plan(BaseModel):
     endpoint: EndpointPlan
     evaluation_report_uri: str
     champion: ChampionRef | None
+    # What changed in the data since the champion's run (the full diff: its ``uri``); None without a champion.
+    dataset_diff: DatasetDiffSummary | None = None
 
 
 class _Section(BaseModel):
