@@ -820,27 +820,31 @@ def _images_per_class(masks: Iterable[int], classes: int) -> list[int]:
 
 
 class _IdSet:
-    """A set of int64 ids whose memory grows with the largest id, not with how many there are.
+    """A set of int64 ids that costs a bit per id when ids are numbered densely (COCO exports number
+    annotations 1..N: 860k ids take 108 KB, where a Python set takes about 60 bytes per id).
 
-    Ids in [0, DENSE_IDS) are bits of a bytearray that grows to the largest id seen (COCO exports
-    number annotations 1..N: 860k ids cost 108 KB, where a Python set costs about 60 bytes per id);
-    other ids (negative, or sparse like train2017's 900100xxxxxx crowd ids) go to a set.
+    A non-negative id below max(MIN_DENSE, 64 x the ids added so far) is a bit of a bytearray, so
+    the bits never outgrow max(2 MB, 16 bytes per id); any other id (negative, or far beyond the
+    rest, like train2017's 900100xxxxxx crowd ids) goes to a plain set.
     """
 
-    DENSE_IDS = 1 << 30  # 128 MB of bits at most, reached only by ids that large
+    MIN_DENSE = 1 << 23
 
     def __init__(self) -> None:
         self.bits = bytearray()
         self.sparse: set[int] = set()
+        self.count = 0
 
     def add(self, value: int) -> bool:
         """Add ``value``; False when it was already there."""
-        if 0 <= value < self.DENSE_IDS:
+        self.count += 1
+        if 0 <= value < max(self.MIN_DENSE, self.count << 6):
             byte, bit = value >> 3, 1 << (value & 7)
             bits = self.bits
             if byte >= len(bits):
                 bits.extend(bytes(max(byte + 1, 2 * len(bits)) - len(bits)))
-            if bits[byte] & bit:
+            # the limit grows with the count: an id that came before it did is in ``sparse``
+            if bits[byte] & bit or (self.sparse and value in self.sparse):
                 return False
             bits[byte] |= bit
             return True
@@ -927,7 +931,7 @@ _WINDOW_DECODERS = {
     "annotations": msgspec.json.Decoder(list[msgspec.Raw]),  # first pass: syntax and extent only
 }
 _ANNOTATIONS = msgspec.json.Decoder(list[_Annotation])
-_MAX_MISSES = 8  # failed cuts in one window before giving up (a cut is only wrong at nested '}, {')
+_MAX_MISSES = 8  # failed cuts in one window before giving up (a good cut fails only at a nested '}, {')
 # A window decodes elements one level shallower than the document holds them; two levels of margin
 # keep the bounded reader stricter than _decode, which decides the cases near MAX_NESTING.
 _WINDOW_NESTING = MAX_NESTING - 2
@@ -1014,9 +1018,9 @@ class _Reader:
                     misses += 1
                 close = buf.rfind(b"}", pos, close)
             if items is None:
-                if misses or target >= self.size:
+                if target >= self.size or misses >= _MAX_MISSES:
                     raise _Fallback  # malformed, or elements the window's decoder refuses
-                window *= 4  # one element larger than the window
+                window *= 4  # an element larger than the window
                 continue
             yield items
             del items
@@ -1034,7 +1038,8 @@ class _Reader:
     def _cut(self, decoder: Any, pos: int, close: int) -> tuple[list[Any] | None, int]:
         """The elements from ``pos`` to the '}' at ``close`` (None: not a cut between elements), and
         where the array ends when it closes before ``close`` (-1: it does not)."""
-        data = b"".join((b"[", self.buffer[pos:close + 1], b"]"))
+        with memoryview(self.buffer) as view, view[pos:close + 1] as window:
+            data = b"".join((b"[", window, b"]"))  # one copy of the window, not two
         try:
             return self._decode(decoder, data), -1
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -1101,8 +1106,11 @@ def _walk(reader: _Reader) -> _Walked:
             close = _string_end(buf, pos + 1)
             if close < 0:
                 raise _Fallback
+            raw_key = bytes(buf[pos:close + 1])
+            if b"\\" in raw_key:  # an escaped key: whether it names a field is _decode's call
+                raise _Fallback
             try:
-                key = _KEY.decode(buf[pos:close + 1])
+                key = _KEY.decode(raw_key)
             except (msgspec.DecodeError, UnicodeDecodeError) as exc:
                 raise _Fallback from exc
             if key in seen:  # duplicate keys: _decode's rules (the last one wins) apply
