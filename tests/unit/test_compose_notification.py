@@ -169,3 +169,19 @@ def test_a_malformed_plan_still_notifies_saying_which_part_of_the_run_could_not_
     assert notification.subject == "d2ops run failed: TrainingFailed (shapes v1, cost unknown)"
     assert notification.fields.cost_unknown is not None
     assert notification.fields.cost_unknown.startswith("the run's $.plan.")
+
+
+@pytest.mark.parametrize(("case", "expected"), [
+    # The gate refused a challenger trained on changed data: the notification says what changed.
+    ("GateFailedRegression", "vs champion's shapes/v0: +4 -2 images; 1 renamed; 3 relabelled; 1 moved train<->val; "
+                             "instances +7; new classes hexagon"),
+    ("SmokeTestFailsRollsBack", None),  # the same diff, but not a gate refusal: not the question asked
+    ("GateFailedThreshold", None),  # refused, but no champion: nothing to compare the data with
+])
+def test_a_gate_refusal_says_what_changed_in_the_data_since_the_champion(case: str, expected: str | None) -> None:
+    execution = support.run_case(case)
+    fields = support.state_output(execution, "Compose failure notification")["notification"]["fields"]
+    assert fields["data_changes"] == expected
+    if expected:
+        assert fields["dataset_diff_uri"] == (f"s3://{support.ARTIFACTS_BUCKET}/runs/{support.RUN_ID}/"
+                                              "dataset-diff.json")

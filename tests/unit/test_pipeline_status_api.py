@@ -450,3 +450,12 @@ def test_a_malformed_section_of_the_run_state_is_left_out_and_the_run_still_answ
     assert detail.endpoint is not None and detail.endpoint.endpoint_config is None  # $.endpoint still read
     assert detail.endpoint.status == "InService" and detail.evaluation["challenger_value"] == 0.71
     assert detail.cost is None or detail.cost.endpoint is None  # no deployment time: no endpoint billed
+
+
+def test_run_detail_carries_the_dataset_diff_against_the_champion(aws: dict[str, Any]) -> None:
+    detail = run_detail("GateFailedRegression", aws["sagemaker"])
+    diff = detail.dataset_diff
+    assert diff is not None and diff.against == "shapes/v0" and diff.champion_run_id == "shapes_v0_0123456789abcdef"
+    assert (diff.added, diff.removed, diff.annotations_changed, diff.classes_new) == (4, 2, 3, ["hexagon"])
+    assert diff.uri == f"s3://{support.ARTIFACTS_BUCKET}/runs/{support.RUN_ID}/dataset-diff.json"
+    assert run_detail("FirstDeployment", aws["sagemaker"]).dataset_diff is None  # no champion

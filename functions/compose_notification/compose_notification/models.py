@@ -35,6 +35,10 @@ class NotificationFields(BaseModel):
     cost: RunCost | None = Field(description="the run's SageMaker cost (d2ops_core.cost); None when unknown")
     cost_summary: str = Field(description="one line for people: the total and its parts, or why it is unknown")
     cost_unknown: str | None = Field(None, description="why the cost (or part of it) could not be computed")
+    # When the gate refuses, the first question is what changed in the data: the diff's line and document.
+    data_changes: str | None = Field(None, description="what changed in the data since the champion (gate refusals "
+                                                       "only): the run's dataset diff in one line")
+    dataset_diff_uri: str | None = Field(None, description="the full diff (runs/<run id>/dataset-diff.json)")
 
 
 class Notification(BaseModel):

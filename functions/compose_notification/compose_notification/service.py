@@ -15,6 +15,10 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from compose_notification.models import MAX_SUBJECT, Notification, NotificationEvent, NotificationFields
 from d2ops_core import cost, runs
+from d2ops_core.documents.dataset_diff import DatasetDiffSummary
+
+# The Fail state's error when the gate refuses (statemachine/training_pipeline.asl.json).
+QUALITY_GATE_FAILED = "QualityGateFailed"
 
 
 def _describe(sagemaker: Any, kind: runs.JobKind, name: str | None, problems: list[str]) -> dict[str, Any] | None:
@@ -91,6 +95,17 @@ def compose(event: NotificationEvent, sagemaker: Any, env: Mapping[str, str] | N
             problems.append(f"the price table ({table.region}, {table.as_of}) lists no price for "
                             f"{', '.join(run.unpriced)} (set {cost.PRICE_TABLE_ENV})")
     unknown = "; ".join(problems) or None
+    diff = gate_refusal_diff(event)
     return Notification(subject=subject_line(event, run, unknown),
                         fields=NotificationFields(cost=run, cost_summary=summary_line(run, unknown),
-                                                  cost_unknown=unknown))
+                                                  cost_unknown=unknown,
+                                                  data_changes=diff.line() if diff else None,
+                                                  dataset_diff_uri=diff.uri if diff else None))
+
+
+def gate_refusal_diff(event: NotificationEvent) -> DatasetDiffSummary | None:
+    """The run's dataset diff against the champion when the quality gate refused the model, else None."""
+    document = event.document
+    if event.outcome != "failed" or document.failure is None or document.failure.error != QUALITY_GATE_FAILED:
+        return None
+    return document.plan.dataset_diff if document.plan is not None else None

@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 
 from d2ops_core.champion import ChampionRecord
 from d2ops_core.cost import RunCost
+from d2ops_core.documents.dataset_diff import DatasetDiffSummary
 from d2ops_core.evaluation_curves import PrCurves
 from d2ops_core.runs import DatasetRef
 
@@ -73,6 +74,9 @@ class RunDetail(BaseModel):
     failure: dict[str, Any] | None = Field(None, description="what the pipeline recorded before failing")
     error: str | None = None
     cause: str | None = None
+    dataset_diff: DatasetDiffSummary | None = Field(
+        None, description="what changed in the data since the champion's run (the full diff at its uri; None: no "
+                          "champion, or the run has not prepared training yet)")
     cost: RunCost | None = Field(None, description="SageMaker instance time x price: training (with spot savings), "
                                                    "evaluation and the endpoint during the run")
 

@@ -238,6 +238,7 @@ def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str) -> Ru
         training=training_info(sagemaker, doc, training_job), evaluation=_shown(doc.evaluation),
         gate=_shown(doc.gate), model_package_arn=doc.registration.model_package_arn if doc.registration else None,
         endpoint=endpoint, failure=_failure(doc), error=execution.get("error"), cause=_cause(execution.get("cause")),
+        dataset_diff=doc.plan.dataset_diff if doc.plan else None,
         cost=run_cost(doc, training_job, evaluation_job, execution.get("stopDate")))
 
 
