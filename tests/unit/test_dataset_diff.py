@@ -280,3 +280,16 @@ def test_runs_read_from_inventory_and_snapshot_and_fall_back_to_pinned_versions(
     # A run older than inventories: its dataset prefix as it is now, said so.
     old = index_run(s3, "artifacts", "older", dataset_bucket="data", dataset_prefix="datasets/pets/v2/")
     assert old.side.source == "dataset prefix (no inventory)" and "has no inventory" in old.notes[0]
+
+
+def test_d2ops_status_shows_the_diff_in_one_line(versions: tuple[Path, Path]) -> None:
+    from d2ops.commands.status import format_run
+
+    summary = DatasetDiffSummary.of(diff_of(*versions), uri="s3://art/runs/r/dataset-diff.json")
+    lines = format_run({"run_id": "r", "status": "FAILED", "timeline": [],
+                        "dataset_diff": summary.model_dump(mode="json")})
+    [line] = [line for line in lines if line.startswith("  data ")]
+    assert line == f"  data      {summary.line()} (s3://art/runs/r/dataset-diff.json)"
+    failed = format_run({"run_id": "r", "status": "RUNNING", "timeline": [],
+                         "dataset_diff": {"error": "DiffTimeout: the diff ran past its time budget"}})
+    assert "  data      data diff not computed: DiffTimeout: the diff ran past its time budget" in failed

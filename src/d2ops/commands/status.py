@@ -95,6 +95,8 @@ def format_run(run: dict[str, Any]) -> list[str]:
         lines.append(f"  training  {training.get('job_name')} {training.get('status') or ''} {metrics}")
         if training.get("failure_reason"):
             lines.append(f"    failure: {training['failure_reason']}")
+    if run.get("dataset_diff"):
+        lines.append(f"  data      {_data_changes(run['dataset_diff'])}")
     evaluation = run.get("evaluation") or {}
     if evaluation:
         champion = evaluation.get("champion_value")
@@ -116,6 +118,19 @@ def format_run(run: dict[str, Any]) -> list[str]:
         error = f"  [{step['error']}]" if step.get("error") else ""
         lines.append(f"    {step['status']:<10} {step['name']:<36} {_fmt_seconds(step.get('duration_seconds'))}{error}")
     return lines
+
+
+def _data_changes(summary: Any) -> str:
+    """The dataset diff against the champion in one line (and where the whole diff is)."""
+    from pydantic import ValidationError
+
+    from d2ops_core.documents.dataset_diff import DatasetDiffSummary
+
+    try:
+        diff = DatasetDiffSummary.model_validate(summary)
+    except ValidationError:
+        return "dataset diff unreadable in this answer"
+    return diff.line() + (f" ({diff.uri})" if diff.uri else "")
 
 
 def _usd(value: float | None) -> str:
