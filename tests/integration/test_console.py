@@ -87,6 +87,7 @@ def test_the_page_lists_the_run_and_opens_it_with_graph_and_validation(
         assert page.locator("table.class-stats tbody tr").count() >= 3  # per-class rows of each split
         assert "did not reach the quality gate" in page.locator("#gate").inner_text()
         assert "no evaluation report" in page.locator("#evaluation").inner_text()
+        assert "no data diff" in page.locator("#data-diff").inner_text()  # rejected before preparing training
         screenshot(page, "rejected-run")
         assert page.problems == []
 
@@ -114,6 +115,50 @@ def test_a_busy_status_api_is_asked_again_before_the_page_gives_up(
         page.locator("#validation-codes").wait_for(timeout=30_000)
         page.locator("#graph", has_text="bad gateway").wait_for(timeout=30_000)
     assert answers == {"validation": [503, 200], "graph": [502, 502, 502]}  # asked three times, then said so
+
+
+def test_the_run_shows_what_changed_in_the_data_since_the_champion(
+        console: tuple[Console, OfflineRuntime, RunSummary], tmp_path: Path) -> None:
+    """The panel draws the run detail's dataset_diff: here a real diff of two versions with known changes,
+    put into the real answer (the rejected run never prepared training, so it has none of its own)."""
+    from d2ops_core.dataset_diff import compare, directory_reader, index_version
+    from d2ops_core.documents.dataset_diff import DatasetDiffSummary
+    from tests.unit.test_dataset_diff import VERSION_A, VERSION_B, write_version
+
+    def index(root: Path) -> Any:
+        read, fingerprints = directory_reader(str(root))
+        return index_version(str(root) + "/", "directory", read, fingerprints)
+
+    diff = compare(index(write_version(tmp_path / "a", VERSION_A, version="v1")),
+                   index(write_version(tmp_path / "b", VERSION_B, version="v2")))
+    summary = DatasetDiffSummary.of(diff, uri="s3://artifacts/runs/r/dataset-diff.json", champion_run_id="pets_v1_c")
+    server, _, run = console
+
+    def with_diff(answer: dict[str, Any]) -> Any:
+        def handle(route: Any) -> None:
+            response = route.fetch()
+            route.fulfill(response=response, json={**response.json(), "dataset_diff": answer})
+        return handle
+
+    with browser_page() as page:
+        page.route(f"**/api/runs/{run.run_id}", with_diff(summary.model_dump(mode="json")))
+        page.goto(f"{server.url}#run={run.run_id}")
+        page.locator("#data-diff-facts").wait_for(timeout=30_000)
+        facts = dict(zip(page.locator("#data-diff-facts dt").all_inner_texts(),
+                         page.locator("#data-diff-facts dd").all_inner_texts(), strict=True))
+        assert facts["against"] == "pets/v1 (run pets_v1_c)" and facts["images"] == "7 → 6"
+        assert (facts["added"], facts["removed"], facts["renamed"], facts["moved train↔val"]) == ("1", "2", "1", "1")
+        assert facts["instances"] == "+1" and facts["new classes"] == "bird" and facts["vanished classes"] == "cow"
+        assert facts["full diff"] == "s3://artifacts/runs/r/dataset-diff.json"
+        rows = page.locator("#data-diff-classes tbody tr")
+        assert rows.nth(0).locator("td").all_inner_texts() == ["bird", "0", "3", "+3"]
+        assert page.problems == []
+    with browser_page() as page:  # the diff could not be computed: the panel says why
+        page.route(f"**/api/runs/{run.run_id}", with_diff({"error": "DiffTimeout: the diff ran past its time budget"}))
+        page.goto(f"{server.url}#run={run.run_id}")
+        page.locator("#data-diff-error").wait_for(timeout=30_000)
+        assert page.locator("#data-diff-error").inner_text() == (
+            "not computed: DiffTimeout: the diff ran past its time budget")
 
 
 def test_the_status_api_answers_the_console_routes_with_4xx_for_what_is_not_there(

@@ -159,7 +159,7 @@ async function showRun(runId) {
   document.getElementById("runs-view").hidden = true;
   document.getElementById("run-view").hidden = false;
   document.getElementById("run-title").textContent = "Run " + runId;
-  for (const id of ["run-facts", "graph", "validation", "gate", "evaluation", "deployment", "history",
+  for (const id of ["run-facts", "graph", "validation", "gate", "data-diff", "evaluation", "deployment", "history",
                     "try-detections"]) clear(id);
   clear("try-canvas").setAttribute("width", "0");
   say("try-message", "");
@@ -181,8 +181,8 @@ async function showRun(runId) {
     ["training job", run.training ? run.training.job_name + " " + (run.training.status || "") : null],
     ["cause", run.status !== "SUCCEEDED" ? run.cause : null],
   ]);
-  await Promise.all([drawGraph(runId), showValidation(runId, run), showGate(run), showEvaluation(runId, run),
-                     showDeployment(run)]);
+  await Promise.all([drawGraph(runId), showValidation(runId, run), showGate(run), showDataDiff(run),
+                     showEvaluation(runId, run), showDeployment(run)]);
 }
 
 async function drawGraph(runId) {
@@ -286,6 +286,42 @@ function showGate(run) {
       ["min_map", fmtNumber(ev.min_map, 4)], ["max_regression", fmtNumber(ev.max_regression, 4)],
       ["champion floor", ev.has_champion ? fmtNumber(ev.champion_floor, 4) : null]]);
   }
+}
+
+// The run's dataset diff against the champion's dataset (its summary; the whole diff is at its uri,
+// and `d2ops diff s3://<ArtifactsBucket>/runs/<champion>/ s3://<ArtifactsBucket>/runs/<run>/` prints it).
+function showDataDiff(run) {
+  const box = document.getElementById("data-diff");
+  const diff = run.dataset_diff;
+  if (!diff) {
+    box.append(el("p", {"class": "muted"}, "no data diff: no champion to compare with, or the run did not reach " +
+                                          "training"));
+    return;
+  }
+  if (diff.error) {
+    box.append(el("p", {"id": "data-diff-error", "class": "error"}, "not computed: " + diff.error));
+    return;
+  }
+  if (diff.same) {
+    box.append(el("p", {"id": "data-diff-same"}, "same data as the champion's (" + diff.against + ")"));
+    return;
+  }
+  const list = names => names && names.length ? names.join(", ") : null;
+  facts(box.appendChild(el("dl", {"id": "data-diff-facts", "class": "facts"})), [
+    ["against", diff.against + (diff.champion_run_id ? " (run " + diff.champion_run_id + ")" : "")],
+    ["images", diff.images_a + " → " + diff.images_b],
+    ["added", diff.added], ["removed", diff.removed], ["renamed", diff.renamed || null],
+    ["changed bytes", diff.content_changed || null], ["relabelled", diff.annotations_changed || null],
+    ["moved train↔val", diff.split_moved || null],
+    ["instances", (diff.instances_delta > 0 ? "+" : "") + diff.instances_delta],
+    ["new classes", list(diff.classes_new)], ["vanished classes", list(diff.classes_vanished)],
+    ["full diff", diff.uri]]);
+  if (diff.largest_shifts && diff.largest_shifts.length) {
+    box.append(table(["class", "champion", "this run", "shift"], diff.largest_shifts.map(c => [
+      c.name, c.instances_a, c.instances_b, (c.instances_b >= c.instances_a ? "+" : "") + (c.instances_b - c.instances_a)]),
+      {"id": "data-diff-classes"}));
+  }
+  for (const note of diff.notes || []) box.append(el("p", {"class": "muted"}, note));
 }
 
 async function showEvaluation(runId, run) {
