@@ -22,6 +22,8 @@ from d2ops import template as sam
 from d2ops.asl.interpreter import Execution
 from d2ops_core import runs
 from d2ops_core.champion import CHAMPION_KEY, ChampionRecord
+from d2ops_core.dataset_diff import compare, directory_reader, index_version
+from d2ops_core.documents.dataset_diff import DatasetDiff, DatasetDiffSummary
 from tests.fixtures.pipeline import support
 from tests.fixtures.pipeline.support import Boto3Integrations, FakeRuntime, LambdaInvoker
 
@@ -65,9 +67,16 @@ def stack() -> Iterator[dict[str, Any]]:
 
 
 def upload(stack: dict[str, Any], tmp: Path, version: str, *, drop_image: bool = False,
-           manifest: dict[str, Any] | None = None, without_val: bool = False) -> runs.DatasetRef:
+           manifest: dict[str, Any] | None = None, without_val: bool = False,
+           rename_image: bool = False) -> runs.DatasetRef:
     local = tmp / version
     synth.generate(local, images=8, size=64, version=version, seed=len(version))
+    if rename_image:  # the first train image under a new name: the same bytes, so a rename to the dataset diff
+        doc = json.loads((local / "annotations/train.json").read_text())
+        old = doc["images"][0]["file_name"]
+        doc["images"][0]["file_name"] = old.replace(".jpg", "-renamed.jpg")
+        (local / "images" / old).rename(local / "images" / doc["images"][0]["file_name"])
+        (local / "annotations/train.json").write_text(json.dumps(doc))
     if without_val:  # a train-only version: val is derived (d2ops_core.validation.split)
         doc = json.loads((local / "manifest.json").read_text())
         (local / doc.pop("val")).unlink()
@@ -164,7 +173,7 @@ def test_first_deployment_then_blue_green_update(stack: dict[str, Any], tmp_path
     assert stack["s3"].head_object(**dict(zip(("Bucket", "Key"), runs.parse_s3_uri(report), strict=True)))
     assert FakeRuntime.requests[-1][0] == f"/endpoints/{support.ENDPOINT_NAME}/invocations"
 
-    second, aws = run(stack, upload(stack, tmp_path, "v2"))
+    second, aws = run(stack, upload(stack, tmp_path, "v2", rename_image=True))
     assert second.status == "SUCCEEDED", (second.error, second.cause)
     called = [name for name, _ in aws.calls]
     assert "sagemaker:updateEndpoint" in called and "sagemaker:createEndpoint" not in called
@@ -179,6 +188,22 @@ def test_first_deployment_then_blue_green_update(stack: dict[str, Any], tmp_path
     packages = stack["sagemaker"].list_model_packages(ModelPackageGroupName=group)["ModelPackageSummaryList"]
     assert sorted(p["ModelApprovalStatus"] for p in packages) == ["Approved", "Approved"]
     assert notifications(stack)[0]["run_id"] == second.name
+
+    # What changed in the data since the champion: computed by the real prepare Lambda from both runs'
+    # inventories and snapshots, stored next to the run, the same counts `d2ops diff` gives the two directories.
+    assert first.output["plan"]["dataset_diff"] is None  # no champion yet
+    summary = DatasetDiffSummary.model_validate(second.output["plan"]["dataset_diff"])
+    assert summary.error is None and summary.champion_run_id == first.name and summary.against == "shapes/v1"
+    bucket, key = runs.parse_s3_uri(summary.uri or "")
+    assert key == runs.dataset_diff_key(second.name)
+    stored = DatasetDiff.model_validate_json(stack["s3"].get_object(Bucket=bucket, Key=key)["Body"].read())
+    assert (stored.a.run_id, stored.b.run_id) == (first.name, second.name)
+    assert stored.a.source == stored.b.source == "run snapshot"
+    assert stored.b.inventory_digest == second.output["validation"]["summary"]["inventory_digest"]
+    local = compare(*(index_version(str(tmp_path / v) + "/", "directory", *directory_reader(str(tmp_path / v)))
+                      for v in ("v1", "v2")))
+    assert stored.images == local.images and stored.classes == local.classes
+    assert (summary.renamed, summary.added, summary.removed, summary.same) == (1, 0, 0, False)
 
 
 def test_an_invalid_dataset_is_rejected_by_the_real_validator(stack: dict[str, Any], tmp_path: Path) -> None:

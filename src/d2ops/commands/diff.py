@@ -82,7 +82,7 @@ def describe(diff: Any, *, images: int = 10) -> str:
     lines = [f"--- A {a.name}/{a.version} ({a.uri}, {a.source}): {a.images} images, {a.instances} instances",
              f"+++ B {b.name}/{b.version} ({b.uri}, {b.source}): {b.images} images, {b.instances} instances"]
     if diff.same:
-        lines.append("same: no image, annotation or file differs")
+        lines.append("same: no image and no annotation differs")
     c = diff.images
     lines.append(f"images: +{c.added} added, -{c.removed} removed, {c.renamed} renamed, {c.content_changed} "
                  f"changed bytes, {c.annotations_changed} relabelled, {c.split_moved} moved train<->val, "

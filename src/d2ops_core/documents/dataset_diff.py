@@ -107,7 +107,8 @@ class DatasetDiff(_Doc):
     schema_version: int = SCHEMA_VERSION
     a: VersionSide
     b: VersionSide
-    same: bool = Field(description="no image, annotation or file differs")
+    same: bool = Field(description="no image and no annotation differs (the manifest's version is expected to: "
+                                   "changed files are listed in ``files``)")
     images: ImageCounts
     classes: list[ClassDiff] = Field(description="every class of either version, the largest shift first")
     files: list[FileChange] = Field(default_factory=list)
