@@ -16,7 +16,9 @@ def test_bench_runs_end_to_end_and_prints_its_figures(tmp_path: Path) -> None:
                            "--images", "400", "--instances", "3000"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     figures = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert {"seconds", "baseline_seconds", "ratio", "peak_rss_mb", "baseline_peak_rss_mb"} <= set(figures)
+    assert {"seconds", "baseline_seconds", "ratio", "peak_rss_mb", "baseline_peak_rss_mb", "whole_file_seconds",
+            "whole_file_peak_rss_mb", "ratio_vs_whole_file"} <= set(figures)
+    assert figures["whole_file_seconds"] > 0 and figures["whole_file_peak_rss_mb"] > 0
     assert figures["valid"] is True and figures["instances"] == 3000
     assert figures["seconds"] > 0 and figures["baseline_seconds"] > 0
     # The ratio is the unrounded seconds' quotient; the JSON rounds each figure to 3 decimals, so the

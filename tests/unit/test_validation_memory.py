@@ -1,10 +1,12 @@
 """The validator's memory bound (1.5 GB whatever the images and documents), measured in a subprocess.
 
-The test runs the cheap worst case that used to cost 2.7 GB: eight 9400x9400 PNGs (a dataset
-of well under 2 MB whose images decode to 265 MB each). ``python -m tests.unit.test_validation_memory``
-measures every hostile case recorded in docs/security.md (peak RSS of a fresh process running
-``validate_local``), including the slower ones: PNGs right at the 36-megapixel limit, which are
-decoded, deep nesting, huge numbers and NaN in a large file.
+The tests run the cheap worst case that used to cost 2.7 GB: eight 9400x9400 PNGs (a dataset
+of well under 2 MB whose images decode to 265 MB each); and a 100 MB annotation file, whose
+check must not grow the process by more than a window's worth of memory (the bounded reader).
+``python -m tests.unit.test_validation_memory`` measures every hostile case recorded in
+docs/security.md (peak RSS of a fresh process running ``validate_local``), including the slower
+ones: PNGs right at the 36-megapixel limit, which are decoded, deep nesting, huge numbers and NaN
+in a large file.
 """
 
 from __future__ import annotations
@@ -20,8 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from d2ops import synth
+from d2ops.bench.cocogen import write_coco_like
 
 BOUND_MB = 1536
+# Peak growth allowed while check_split reads a memory-mapped annotation file, whatever its size:
+# a few 4 MB windows, their decoded annotations, per-image state (measured: 35 MB for 100 MB).
+SPLIT_GROWTH_MB = 64
 REPO = Path(__file__).resolve().parents[2]
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so a child forked from a big test
 # process would report the parent's size.
@@ -34,6 +40,38 @@ peak_kb = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()
 print(json.dumps({"peak_mb": peak_kb / 1024, "seconds": round(time.perf_counter() - started, 2),
                   "issue_counts": report.issue_counts}))
 """
+
+
+_SPLIT_CHILD = """
+import json, mmap, re, sys
+from d2ops_core.validation.coco import check_split
+from d2ops_core.validation.report import IssueLog
+
+def peak_mb():
+    return int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) / 1024
+
+with open(sys.argv[1], "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+    before = peak_mb()
+    log = IssueLog()
+    result = check_split(mm, "train", "annotations/train.json", log)
+    growth = peak_mb() - before
+    print(json.dumps({"growth_mb": growth, "instances": result.stats.instances, "errors": log.error_count}))
+    del result
+"""
+
+
+def measure_split(annotation_file: Path) -> dict[str, Any]:
+    """check_split of a memory-mapped file in a fresh interpreter: how much its peak RSS grew (MB).
+
+    VmHWM counts the map's resident file pages too (the conservative figure for a Lambda, see
+    docs/benchmarks.md): reading the whole file costs its size even when nothing is decoded.
+    """
+    proc = subprocess.run([sys.executable, "-c", _SPLIT_CHILD, str(annotation_file)], capture_output=True,
+                          text=True, timeout=300, cwd=REPO,
+                          env={"PYTHONPATH": f"{REPO / 'src'}", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
 
 
 def measure(dataset: Path) -> dict[str, Any]:
@@ -145,6 +183,21 @@ def test_huge_pngs_are_refused_from_their_header_within_the_bound(tmp_path: Path
     assert result["issue_counts"].get("IMAGE_TOO_LARGE") == 8, result
     # 2.7 GB before the size check came first; now no pixel is decoded (about 40 MB here).
     assert result["peak_mb"] < BOUND_MB, result
+
+
+def test_a_large_annotation_file_is_checked_in_bounded_memory(tmp_path: Path) -> None:
+    """200,000 annotations of 2,000 images (100 MB): the peak grows by a window's worth, not the file's size.
+
+    Catches a return to whole-file decoding (the decoded document: +188 MB here, +980 MB at
+    train2017 scale) and a reader that no longer drops the pages it has passed (the mapped file
+    stays resident: +100 MB).
+    """
+    path = write_coco_like(tmp_path / "train.json", images=2000, instances=200_000, seed=3)
+    size_mb = path.stat().st_size / 1e6
+    assert size_mb > 90
+    result = measure_split(path)
+    assert result["instances"] == 200_000 and result["errors"] == 0, result
+    assert result["growth_mb"] < SPLIT_GROWTH_MB, (result, f"file {size_mb:.0f} MB")
 
 
 if __name__ == "__main__":

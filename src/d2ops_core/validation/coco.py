@@ -311,7 +311,7 @@ def _long_integer(buffer: Any, limit: int = _PY_INT_DIGITS) -> tuple[int, int] |
     while k >= 0:
         at = k * step
         if at - dropped > WINDOW:  # digits are everywhere in a COCO file: most pages get looked at
-            _release(buffer, dropped, at - step)
+            release_pages(buffer, dropped, at - step)
             dropped = at - step
         end = _digits_end(buffer, at, size)
         # longer than ``limit`` only when the ``limit + 1`` bytes before the run's end are all digits
@@ -338,7 +338,7 @@ def _strided(buffer: Any, step: int) -> bytes:
     parts = []
     for start in range(0, len(buffer), span):
         parts.append(bytes(buffer[start:start + span:step]))
-        _release(buffer, start, start + span)
+        release_pages(buffer, start, start + span)
     return b"".join(parts)
 
 
@@ -941,7 +941,7 @@ class _Fallback(Exception):
     """The bounded reader met something it leaves to the whole-file decoder (which reports it exactly)."""
 
 
-def _release(buffer: Any, start: int, end: int) -> None:
+def release_pages(buffer: Any, start: int, end: int) -> None:
     """Drop the pages of ``buffer[start:end]`` (whole pages only) from this process's resident set.
 
     Only for a memory map: its clean file pages go back to the page cache (reclaimable, and not the
@@ -974,7 +974,7 @@ class _Reader:
 
     def passed(self, pos: int) -> None:
         if pos > self.released:
-            _release(self.buffer, self.released, pos)
+            release_pages(self.buffer, self.released, pos)
             self.released = pos
 
     def rewind(self, pos: int) -> None:
