@@ -498,16 +498,6 @@ def test_parallel_outputs_in_branch_order() -> None:
     (one({"Type": "Task", "Resource": LAMBDA, "Arguments": {}}), "States.S.Arguments"),
     (one({"Type": "Task", "Resource": LAMBDA, "Credentials": {"RoleArn": "arn:aws:iam::1:role/x"}}),
      "States.S.Credentials"),
-    (one({"Type": "Map", "ItemReader": {"Resource": "arn:aws:states:::s3:getObject"},
-          "ItemProcessor": {"ProcessorConfig": {"Mode": "DISTRIBUTED", "ExecutionType": "STANDARD"},
-                            "StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}}), "States.S.ItemReader"),
-    (one({"Type": "Map", "ItemProcessor": {"ProcessorConfig": {"Mode": "DISTRIBUTED"},
-                                          "StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}}),
-     "States.S.ItemProcessor.ProcessorConfig"),
-    (one({"Type": "Map", "ToleratedFailurePercentage": 5, "ItemProcessor": {
-        "StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}}), "States.S.ToleratedFailurePercentage"),
-    (one({"Type": "Map", "ItemBatcher": {"MaxItemsPerBatch": 2}, "ItemProcessor": {
-        "StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}}), "States.S.ItemBatcher"),
 ])
 def test_unsupported_features_are_refused_at_load_naming_feature_and_state(definition: dict[str, Any],
                                                                             named: str) -> None:

@@ -45,10 +45,10 @@ def test_a_valid_definition_loads() -> None:
      "States.A.QueryLanguage: the JSONata query language is not supported (only JSONPath)"),
     (single({"Type": "Pass", "End": True, "Assign": {"x": 1}}), "States.A.Assign: workflow variables"),
     (single({"Type": "Map", "End": True, "ItemReader": {}, "ItemProcessor": {
-        "StartAt": "X", "States": {"X": {"Type": "Succeed"}}}}), "States.A.ItemReader: Distributed Map"),
+        "StartAt": "X", "States": {"X": {"Type": "Succeed"}}}}), "States.A.ItemReader: only a Distributed Map"),
     (single({"Type": "Map", "End": True, "ItemProcessor": {"ProcessorConfig": {"Mode": "DISTRIBUTED"},
                                                            "StartAt": "X", "States": {"X": {"Type": "Succeed"}}}}),
-     "States.A.ItemProcessor.ProcessorConfig: Distributed Map (Mode DISTRIBUTED, ExecutionType) is not supported"),
+     "States.A.ItemProcessor.ProcessorConfig.ExecutionType: a Distributed Map needs ExecutionType STANDARD or EXPRESS"),
     (single({"Type": "Task", "End": True}), "States.A.Resource: missing or not an ARN"),
     (single({"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "End": True,
              "Retry": [{"ErrorEquals": ["States.ALL"]}, {"ErrorEquals": ["X"]}]}),

@@ -34,8 +34,15 @@ FIELDS: dict[str, set[str]] = {
     "Fail": _COMMON | {"Error", "Cause", "ErrorPath", "CausePath"},
     "Parallel": _COMMON | _IO | _FLOW | _RESULT | _ERRORS | {"Branches"},
     "Map": _COMMON | _IO | _FLOW | _RESULT | _ERRORS | {"Iterator", "ItemProcessor", "ItemsPath", "ItemSelector",
-                                                         "MaxConcurrency", "MaxConcurrencyPath"},
+                                                         "MaxConcurrency", "MaxConcurrencyPath"} | {
+        "ItemReader", "ItemBatcher", "ResultWriter", "ToleratedFailureCount", "ToleratedFailureCountPath",
+        "ToleratedFailurePercentage", "ToleratedFailurePercentagePath", "Label"},
 }
+# Fields only a Distributed Map (ProcessorConfig.Mode DISTRIBUTED) may have.
+DISTRIBUTED_ONLY = ("ItemReader", "ItemBatcher", "ResultWriter", "ToleratedFailureCount", "ToleratedFailureCountPath",
+                    "ToleratedFailurePercentage", "ToleratedFailurePercentagePath", "Label")
+_READER_RESOURCES = ("arn:aws:states:::s3:getObject", "arn:aws:states:::s3:listObjectsV2")
+_LABEL = re.compile(r"^[^\s<>{}\[\]?*\"#%\\^|~`$&,;:/\x00-\x1f\x7f-\x9f]{1,40}$")
 # Fields of the service the interpreter refuses, with the reason given to the user.
 REFUSED: dict[str, str] = {
     "QueryLanguage": "the JSONata query language is not supported (only JSONPath)",
@@ -44,14 +51,6 @@ REFUSED: dict[str, str] = {
     "Arguments": "JSONata Arguments are not supported",
     "Items": "JSONata Items is not supported",
     "Credentials": "cross-account task Credentials are not supported",
-    "ItemReader": "Distributed Map (ItemReader) is not supported",
-    "ItemBatcher": "Distributed Map (ItemBatcher) is not supported",
-    "ResultWriter": "Distributed Map (ResultWriter) is not supported",
-    "ToleratedFailurePercentage": "Distributed Map (ToleratedFailurePercentage) is not supported",
-    "ToleratedFailurePercentagePath": "Distributed Map (ToleratedFailurePercentagePath) is not supported",
-    "ToleratedFailureCount": "Distributed Map (ToleratedFailureCount) is not supported",
-    "ToleratedFailureCountPath": "Distributed Map (ToleratedFailureCountPath) is not supported",
-    "Label": "Distributed Map (Label) is not supported",
 }
 _TOP_LEVEL = {"StartAt", "States", "Comment", "Version", "TimeoutSeconds", "QueryLanguage"}
 _RETRIER = {"ErrorEquals", "IntervalSeconds", "MaxAttempts", "BackoffRate", "MaxDelaySeconds",
@@ -123,9 +122,17 @@ class _Validator:
         if "ProcessorConfig" in definition:
             config = definition["ProcessorConfig"]
             mode = config.get("Mode", "INLINE") if isinstance(config, dict) else None
-            if mode != "INLINE" or set(config) - {"Mode"}:
-                self.problem(f"{where}.ProcessorConfig", "Distributed Map (Mode DISTRIBUTED, ExecutionType) is not "
-                                                         "supported: only Mode INLINE")
+            if mode not in ("INLINE", "DISTRIBUTED"):
+                self.problem(f"{where}.ProcessorConfig.Mode", "must be INLINE or DISTRIBUTED")
+            elif set(config) - {"Mode", "ExecutionType"}:
+                unknown = ", ".join(sorted(set(config) - {"Mode", "ExecutionType"}))
+                self.problem(f"{where}.ProcessorConfig", f"unknown field(s): {unknown}")
+            elif mode == "DISTRIBUTED" and config.get("ExecutionType") not in ("STANDARD", "EXPRESS"):
+                self.problem(f"{where}.ProcessorConfig.ExecutionType", "a Distributed Map needs ExecutionType "
+                                                                       "STANDARD or EXPRESS")
+            elif mode == "INLINE" and "ExecutionType" in config:
+                self.problem(f"{where}.ProcessorConfig.ExecutionType", "only a Distributed Map (Mode DISTRIBUTED) "
+                                                                       "has an ExecutionType")
         if top_level and "TimeoutSeconds" in definition:
             timeout = definition["TimeoutSeconds"]
             if not _is_int(timeout) or timeout <= 0:
@@ -416,6 +423,129 @@ class _Validator:
             self.problem(f"{where}.MaxConcurrency", "must be a non-negative integer")
         if "MaxConcurrencyPath" in state:
             self.path(state["MaxConcurrencyPath"], f"{where}.MaxConcurrencyPath", reference=True)
+        if "MaxConcurrency" in state and "MaxConcurrencyPath" in state:
+            self.problem(where, "MaxConcurrency and MaxConcurrencyPath are mutually exclusive")
+        processor = state.get(keys[0]) if len(keys) == 1 else None
+        config = processor.get("ProcessorConfig") if isinstance(processor, dict) else None
+        if isinstance(config, dict) and config.get("Mode") == "DISTRIBUTED":
+            self.distributed(state, where)
+        else:
+            for key in DISTRIBUTED_ONLY:
+                if key in state:
+                    self.problem(f"{where}.{key}", "only a Distributed Map (ItemProcessor.ProcessorConfig.Mode "
+                                                   "DISTRIBUTED) has this field")
+
+    def distributed(self, state: dict[str, Any], where: str) -> None:
+        """The Distributed Map's own fields, as the service checks them when the state machine is created."""
+        for key in ("ToleratedFailureCount", "ToleratedFailurePercentage", "Label"):
+            if key in state and key + "Path" in state:
+                self.problem(where, f"{key} and {key}Path are mutually exclusive")
+        for key in ("ToleratedFailureCountPath", "ToleratedFailurePercentagePath"):
+            if key in state:
+                self.path(state[key], f"{where}.{key}", reference=True)
+        count = state.get("ToleratedFailureCount")
+        if count is not None and (not _is_int(count) or count < 0):
+            self.problem(f"{where}.ToleratedFailureCount", "must be a non-negative integer")
+        percentage = state.get("ToleratedFailurePercentage")
+        if percentage is not None and (not _is_number(percentage) or not 0 <= percentage <= 100):
+            self.problem(f"{where}.ToleratedFailurePercentage", "must be a number from 0 to 100")
+        if "Label" in state and (not isinstance(state["Label"], str) or not _LABEL.match(state["Label"])):
+            self.problem(f"{where}.Label", "must be 1-40 characters without whitespace or any of "
+                                           "<>{}[]?*\"#%\\^|~`$&,;:/")
+        if "ItemReader" in state:
+            self.item_reader(state["ItemReader"], f"{where}.ItemReader")
+        if "ItemReader" in state and "ItemsPath" in state:
+            self.problem(where, "ItemsPath and ItemReader are mutually exclusive (the reader supplies the items)")
+        if "ItemBatcher" in state:
+            self.item_batcher(state["ItemBatcher"], f"{where}.ItemBatcher")
+        if "ResultWriter" in state:
+            self.result_writer(state["ResultWriter"], f"{where}.ResultWriter")
+
+    def _fields(self, value: Any, where: str, allowed: set[str]) -> bool:
+        if not isinstance(value, dict):
+            self.problem(where, "must be an object")
+            return False
+        for key in sorted(set(value) - allowed):
+            self.problem(f"{where}.{key}", "unknown field")
+        return True
+
+    def _positive(self, config: dict[str, Any], key: str, where: str, maximum: int | None = None) -> None:
+        if key in config and key + "Path" in config:
+            self.problem(where, f"{key} and {key}Path are mutually exclusive")
+        if key in config:
+            value = config[key]
+            if not _is_int(value) or value < 0 or (maximum is not None and value > maximum):
+                bound = f" up to {maximum}" if maximum is not None else ""
+                self.problem(f"{where}.{key}", f"must be a non-negative integer{bound}")
+        if key + "Path" in config:
+            self.path(config[key + "Path"], f"{where}.{key}Path", reference=True)
+
+    def item_reader(self, reader: Any, where: str) -> None:
+        if not self._fields(reader, where, {"Resource", "ReaderConfig", "Parameters"}):
+            return
+        resource = reader.get("Resource")
+        normalised = re.sub(r"^arn:[^:]*:", "arn:aws:", resource) if isinstance(resource, str) else resource
+        if normalised not in _READER_RESOURCES:
+            self.problem(f"{where}.Resource", f"must be one of {', '.join(_READER_RESOURCES)}: {resource!r}")
+        if "Parameters" in reader:
+            self.template(reader["Parameters"], f"{where}.Parameters")
+        config = reader.get("ReaderConfig", {})
+        if not self._fields(config, f"{where}.ReaderConfig", {"InputType", "CSVHeaderLocation", "CSVHeaders",
+                                                              "CSVDelimiter", "MaxItems", "MaxItemsPath"}):
+            return
+        input_type = config.get("InputType")
+        if normalised == _READER_RESOURCES[0] and input_type not in ("JSON", "JSONL", "CSV", "MANIFEST"):
+            self.problem(f"{where}.ReaderConfig.InputType", "s3:getObject needs InputType JSON, JSONL, CSV or "
+                                                            f"MANIFEST (got {input_type!r})")
+        if normalised == _READER_RESOURCES[1] and input_type is not None:
+            self.problem(f"{where}.ReaderConfig.InputType", "s3:listObjectsV2 takes no InputType")
+        csv_keys = [k for k in ("CSVHeaderLocation", "CSVHeaders", "CSVDelimiter") if k in config]
+        if input_type != "CSV" and csv_keys:
+            self.problem(f"{where}.ReaderConfig.{csv_keys[0]}", "only InputType CSV has this field")
+        if input_type == "CSV":
+            location = config.get("CSVHeaderLocation")
+            if location not in ("FIRST_ROW", "GIVEN"):
+                self.problem(f"{where}.ReaderConfig.CSVHeaderLocation", "InputType CSV needs CSVHeaderLocation "
+                                                                        "FIRST_ROW or GIVEN")
+            headers = config.get("CSVHeaders")
+            if location == "GIVEN" and (not isinstance(headers, list) or not headers
+                                        or not all(isinstance(h, str) for h in headers)):
+                self.problem(f"{where}.ReaderConfig.CSVHeaders", "CSVHeaderLocation GIVEN needs CSVHeaders, a "
+                                                                 "non-empty array of strings")
+            if location == "FIRST_ROW" and headers is not None:
+                self.problem(f"{where}.ReaderConfig.CSVHeaders", "only CSVHeaderLocation GIVEN has CSVHeaders")
+            if "CSVDelimiter" in config and config["CSVDelimiter"] not in ("COMMA", "PIPE", "SEMICOLON", "SPACE",
+                                                                           "TAB"):
+                self.problem(f"{where}.ReaderConfig.CSVDelimiter", "must be COMMA, PIPE, SEMICOLON, SPACE or TAB")
+        self._positive(config, "MaxItems", f"{where}.ReaderConfig", 100_000_000)
+
+    def item_batcher(self, batcher: Any, where: str) -> None:
+        if not self._fields(batcher, where, {"MaxItemsPerBatch", "MaxItemsPerBatchPath", "MaxInputBytesPerBatch",
+                                             "MaxInputBytesPerBatchPath", "BatchInput"}):
+            return
+        if not any(k in batcher for k in ("MaxItemsPerBatch", "MaxItemsPerBatchPath", "MaxInputBytesPerBatch",
+                                          "MaxInputBytesPerBatchPath")):
+            self.problem(where, "needs MaxItemsPerBatch(Path) or MaxInputBytesPerBatch(Path)")
+        self._positive(batcher, "MaxItemsPerBatch", where)
+        self._positive(batcher, "MaxInputBytesPerBatch", where, 256 * 1024)
+        for key in ("MaxItemsPerBatch", "MaxInputBytesPerBatch"):
+            if batcher.get(key) == 0:
+                self.problem(f"{where}.{key}", "must be a positive integer")
+        if "BatchInput" in batcher:
+            self.template(batcher["BatchInput"], f"{where}.BatchInput")
+
+    def result_writer(self, writer: Any, where: str) -> None:
+        if not self._fields(writer, where, {"Resource", "Parameters"}):
+            return
+        resource = writer.get("Resource")
+        normalised = re.sub(r"^arn:[^:]*:", "arn:aws:", resource) if isinstance(resource, str) else resource
+        if normalised != "arn:aws:states:::s3:putObject":
+            self.problem(f"{where}.Resource", f"must be arn:aws:states:::s3:putObject: {resource!r}")
+        parameters = writer.get("Parameters")
+        if not isinstance(parameters, dict) or not ({"Bucket", "Bucket.$"} & set(parameters)):
+            self.problem(f"{where}.Parameters", "needs Bucket (and optionally Prefix)")
+        else:
+            self.template(parameters, f"{where}.Parameters")
 
 
 def validate(definition: Any, *, source: str | None = None) -> None:

@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from d2ops.asl import intrinsics
+from d2ops.asl import distributed, intrinsics
 from d2ops.asl.choice import evaluate_rule
 from d2ops.asl.clock import Cancel, Clock, VirtualClock, iso
 from d2ops.asl.definition import is_timestamp, parse_intrinsic, task_states, validate
@@ -273,6 +273,10 @@ class Execution:
         self._events: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._invocations: dict[str, int] = {}
+        self._invocation_lock = threading.Lock()  # shared with Distributed Map children (mock counters)
+        self._history_limit = MAX_HISTORY_EVENTS  # an Express child keeps no history of its own to limit
+        # Distributed Map runs: map run ARN -> {"executions": [child Execution (Standard children only)], ...}
+        self.map_runs: dict[str, dict[str, Any]] = {}
         self._cancel = Cancel()
         self._abort_requested = threading.Event()
         self._abort_details: tuple[str, str] = ("", "")
@@ -399,7 +403,7 @@ class Execution:
             raise ExecutionTimedOut()
         # At 24,999 events only ExecutionSucceeded may still be written, and every _check precedes a
         # state's event: fail here so that ExecutionFailed is event 25,000, where the service writes it.
-        if len(self._events) >= MAX_HISTORY_EVENTS - 1:
+        if len(self._events) >= self._history_limit - 1:
             self._cancel.set()  # every other branch stops too
             raise ExecutionHistoryLimitExceeded()
         if frame.cancel.is_set():
@@ -667,7 +671,8 @@ class Execution:
 
         return self._retry_and_catch(name, state, raw, frame, attempt)
 
-    def _run_jobs(self, jobs: Sequence[Callable[[_Frame], Any]], frame: _Frame, max_concurrency: int) -> list[Any]:
+    def _run_jobs(self, jobs: Sequence[Callable[[_Frame], Any]], frame: _Frame, max_concurrency: int,
+                  thread_cap: int = _DEFAULT_MAP_CONCURRENCY) -> list[Any]:
         """Run branches or iterations: in threads on a real clock; on a virtual clock one after the
         other, each started at the virtual time a pool of ``max_concurrency`` workers (0: one per
         job) would start it, the clock ending at the latest finish."""
@@ -688,7 +693,7 @@ class Execution:
                 self.clock.set(max([*lanes, self.clock.now()]))
                 frame.last_event = self._last_event_id()
             return results
-        workers = min(workers, _DEFAULT_MAP_CONCURRENCY)
+        workers = min(workers, thread_cap)
         first_error: BaseException | None = None
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"asl-{self.name}") as pool:
             futures = [pool.submit(job, _Frame(frame.last_event, group)) for job in jobs]
@@ -722,6 +727,8 @@ class Execution:
 
     def _state_map(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
         processor = state.get("ItemProcessor") or state["Iterator"]
+        if processor.get("ProcessorConfig", {}).get("Mode") == "DISTRIBUTED":
+            return self._state_distributed_map(name, state, raw, frame, entered)
         selector = state.get("ItemSelector", state.get("Parameters"))
 
         def attempt(retry_count: int) -> Any:
@@ -768,10 +775,230 @@ class Execution:
 
         return self._retry_and_catch(name, state, raw, frame, attempt)
 
+    # ----- Distributed Map ---------------------------------------------------------------------------
+    def _path_number(self, state: dict[str, Any], key: str, data: Any, context: Any, name: str,
+                     kind: str) -> Any:
+        """A ``<key>Path`` value as the service reads it (the Runtime error's words are AWS's)."""
+        path = state[key + "Path"]
+        value = self._select(path, data, context, name, key + "Path")
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and (
+            kind == "float" or float(value).is_integer())
+        if not ok:
+            shown = value if isinstance(value, str) else _dumps(value)
+            raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The {key}Path field refers to value "
+                                       f"\"{shown}\" which is not a valid {kind}: {path}")
+        return int(value) if kind == "integer" else float(value)
+
+    def _state_distributed_map(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame,
+                               entered: datetime) -> _Step:
+        processor = state.get("ItemProcessor") or state["Iterator"]
+        express = processor["ProcessorConfig"].get("ExecutionType") == "EXPRESS"
+        label = state.get("Label", name)
+        parent = self.state_machine
+        child_machine = StateMachine({k: v for k, v in processor.items() if k != "ProcessorConfig"},
+                                     name=f"{parent.name}/{label}", region=parent.region,
+                                     account_id=parent.account_id, role_arn=parent.role_arn, source=parent.source)
+        selector = state.get("ItemSelector", state.get("Parameters"))
+        reader: dict[str, Any] | None = state.get("ItemReader")
+        batcher: dict[str, Any] | None = state.get("ItemBatcher")
+        writer: dict[str, Any] | None = state.get("ResultWriter")
+
+        def attempt(retry_count: int) -> Any:
+            context = self._context(name, entered, retry_count)
+            data = self._input_path(state, name, raw, context)
+            items: list[Any] | None = None
+            if reader is None:
+                selected = self._select(state.get("ItemsPath", "$"), data, context, name, "ItemsPath")
+                if not isinstance(selected, list):
+                    raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The ItemsPath field must select an "
+                                               f"array: {state.get('ItemsPath', '$')} == {_brief(selected)}")
+                items = selected
+            self._event(frame, "MapStateStarted", {"length": len(items) if items is not None else 0})
+            concurrency = state.get("MaxConcurrency", 0)
+            if "MaxConcurrencyPath" in state:
+                concurrency = self._path_number(state, "MaxConcurrency", data, context, name, "integer")
+                if concurrency < 0:
+                    raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} MaxConcurrency cannot be negative.")
+            count = state.get("ToleratedFailureCount")
+            if "ToleratedFailureCountPath" in state:
+                count = self._path_number(state, "ToleratedFailureCount", data, context, name, "integer")
+            if count is not None and count < 0:
+                raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} ToleratedFailureCount cannot be negative.")
+            percentage = state.get("ToleratedFailurePercentage")
+            if "ToleratedFailurePercentagePath" in state:
+                percentage = self._path_number(state, "ToleratedFailurePercentage", data, context, name, "float")
+            if percentage is not None and not 0 <= percentage <= 100:
+                raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} ToleratedFailurePercentage must be "
+                                           "between 0 and 100.")
+            max_items = distributed.MAX_ITEMS
+            reader_config = (reader or {}).get("ReaderConfig", {})
+            if "MaxItemsPath" in reader_config:
+                max_items = self._path_number(reader_config, "MaxItems", data, context, name, "integer")
+            elif "MaxItems" in reader_config:
+                max_items = reader_config["MaxItems"]
+            batch_items = batch_bytes = None
+            batch_input: Any = None
+            if batcher is not None:
+                for key in ("MaxItemsPerBatch", "MaxInputBytesPerBatch"):
+                    value = batcher.get(key)
+                    if key + "Path" in batcher:
+                        value = self._path_number(batcher, key, data, context, name, "integer")
+                    if value is not None and value <= 0:
+                        raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} {key} must be positive.")
+                    if key == "MaxItemsPerBatch":
+                        batch_items = value
+                    else:
+                        batch_bytes = value
+                if "BatchInput" in batcher:
+                    batch_input = self._render(batcher["BatchInput"], data, context, name, "ItemBatcher.BatchInput")
+            map_run_id = str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+            map_run_arn = f"arn:aws:states:{parent.region}:{parent.account_id}:mapRun:{parent.name}/{label}:" \
+                          f"{map_run_id}"
+            self._event(frame, "MapRunStarted", {"mapRunArn": map_run_arn})
+            try:
+                output = self._map_run(name, state, data, context, frame, items, reader, max_items, selector,
+                                       batch_items, batch_bytes, batch_input, batcher is not None, concurrency,
+                                       count, percentage, child_machine, express, map_run_arn, writer)
+            except StatesError as err:
+                self._event(frame, "MapRunFailed", _error_details(err.error, err.cause))
+                self._event(frame, "MapStateFailed", None)
+                raise
+            self._event(frame, "MapRunSucceeded", None)
+            run_done = frame.last_event
+            self._event(frame, "MapStateSucceeded", None)
+            frame.last_event = run_done  # MapStateExited follows MapRunSucceeded in the service's history
+            return self._finish_result(state, name, raw, output, context)
+
+        return self._retry_and_catch(name, state, raw, frame, attempt)
+
+    def _map_run(self, name: str, state: dict[str, Any], data: Any, context: dict[str, Any], frame: _Frame,
+                 items: list[Any] | None, reader: dict[str, Any] | None, max_items: int, selector: Any,
+                 batch_items: int | None, batch_bytes: int | None, batch_input: Any, batching: bool,
+                 concurrency: int, count: int | None, percentage: float | None, child_machine: StateMachine,
+                 express: bool, map_run_arn: str, writer: dict[str, Any] | None) -> Any:
+        """One Map Run: read, select, batch, run each child execution, judge the failures, write results."""
+        if max_items < 0:
+            raise StatesError(distributed.ITEM_READER_FAILED, "field MaxItems must be positive")
+        limit = min(max_items or distributed.MAX_ITEMS, distributed.MAX_ITEMS)
+        if reader is not None:
+            parameters = self._render(reader.get("Parameters", {}), data, context, name, "ItemReader.Parameters")
+            items = distributed.read_items(reader["Resource"], parameters, reader.get("ReaderConfig", {}), limit,
+                                           self.state_machine.region)
+        assert items is not None
+        if reader is None:
+            items = items[:limit] if max_items else items
+        if selector is not None:
+            items = [self._render(selector, data, dict(context, Map={"Item": {"Index": i, "Value": item}}), name,
+                                  "ItemSelector") for i, item in enumerate(items)]
+
+        def batch_payload(batch: list[Any]) -> Any:
+            payload: dict[str, Any] = {"BatchInput": batch_input} if batch_input is not None else {}
+            payload["Items"] = batch
+            return payload
+
+        if batching:
+            groups = distributed.batches(items, batch_items, batch_bytes, lambda b: _size(batch_payload(b)))
+            inputs = [(len(batch), batch_payload(batch)) for _, batch in groups]
+        else:
+            inputs = [(1, item) for item in items]
+        total = len(items)
+        names = [str(uuid.UUID(int=self._rng.getrandbits(128), version=4)) for _ in inputs]
+        run_cancel = Cancel(frame.cancel)
+        lock = threading.Lock()
+        failed = [0]
+        exceeded = threading.Event()
+
+        def over() -> bool:
+            if count is None and percentage is None:
+                return failed[0] > 0
+            if count is not None and failed[0] > count:
+                return True
+            return percentage is not None and total > 0 and failed[0] * 100.0 / total > percentage
+
+        def child(index: int, job: _Frame) -> Execution | None:
+            if exceeded.is_set() or run_cancel.is_set():
+                return None  # never started: the Map Run already failed
+            weight, child_input = inputs[index]
+            execution = Execution(child_machine, child_input, name=names[index], registry=self._registry,
+                                  mock=self._mock, clock=self.clock, on_event=None, rng=self._rng)
+            execution._invocations = self._invocations
+            execution._invocation_lock = self._invocation_lock
+            execution._cancel = Cancel(job.cancel)
+            limit_seconds = distributed.EXPRESS_CHILD_SECONDS if express else MAX_EXECUTION_SECONDS
+            execution._deadline = min(self._deadline, execution.start_date + timedelta(seconds=limit_seconds))
+            if express:
+                execution._history_limit = 2**62
+            try:
+                self._limit(child_input, name, "the child execution input")
+            except StatesError as err:
+                execution._finish("FAILED", error=err.error, cause=err.cause)
+            else:
+                execution._execute()
+            if execution.status != "SUCCEEDED" and not run_cancel.is_set():
+                with lock:
+                    failed[0] += weight
+                    if over():
+                        exceeded.set()
+                        run_cancel.set()  # the children still running are stopped
+            return execution
+
+        workers = concurrency or 10_000  # the service's own ceiling of a Map Run's concurrency
+        results = self._run_jobs([functools.partial(child, i) for i in range(len(inputs))],
+                                 _Frame(frame.last_event, run_cancel), workers, thread_cap=16)
+        self._check(frame)  # an abort or a timeout of the parent ends it here, not as a failed Map Run
+        children = [c for c in results if c is not None]
+        self.map_runs[map_run_arn] = {"executions": [] if express else children, "itemCount": total,
+                                      "failures": failed[0], "express": express}
+        if writer is not None:
+            records: dict[str, list[dict[str, Any]]] = {"SUCCEEDED": [], "FAILED": [], "PENDING": []}
+            for execution in children:
+                status = {"SUCCEEDED": "SUCCEEDED", "ABORTED": "PENDING"}.get(execution.status, "FAILED")
+                if exceeded.is_set() and execution.status not in ("SUCCEEDED", "FAILED") \
+                        and execution.error is None:
+                    status = "PENDING"
+                records[status].append(self._child_record(execution, express))
+            parameters = self._render(writer.get("Parameters", {}), data, context, name, "ResultWriter.Parameters")
+            details = distributed.write_results(self.state_machine.region, parameters.get("Bucket"),
+                                                parameters.get("Prefix"), map_run_arn, records)
+        if exceeded.is_set():
+            raise StatesError(distributed.EXCEED_TOLERATED_FAILURE_THRESHOLD,
+                              distributed.EXCEED_TOLERATED_FAILURE_CAUSE)
+        if writer is not None:
+            return {"MapRunArn": map_run_arn, "ResultWriterDetails": details}
+        # Tolerated failures leave null in their place, so the output stays aligned with the items.
+        return [c.output if c.status == "SUCCEEDED" else None for c in children]
+
+    @staticmethod
+    def _child_record(execution: Execution, express: bool) -> dict[str, Any]:
+        """One entry of a ResultWriter file: DescribeExecution's fields as the service writes them."""
+        record: dict[str, Any] = {"ExecutionArn": execution.arn, "Input": _dumps(execution.input),
+                                  "InputDetails": {"Included": True}, "Name": execution.name}
+        if execution.status == "SUCCEEDED":
+            record["Output"] = _dumps(execution.output)
+            record["OutputDetails"] = {"Included": True}
+        else:
+            if execution.error:
+                record["Error"] = execution.error
+            if execution.cause:
+                record["Cause"] = execution.cause
+        record["RedriveCount"] = 0
+        if express or execution.status == "SUCCEEDED":
+            record["RedriveStatus"] = "NOT_REDRIVABLE"
+            record["RedriveStatusReason"] = ("Execution is of type EXPRESS and cannot be redriven" if express and
+                                             execution.status != "SUCCEEDED" else
+                                             f"Execution is {execution.status} and cannot be redriven")
+        else:
+            record["RedriveStatus"] = "REDRIVABLE"
+        record["StartDate"] = iso(execution.start_date)
+        record["StateMachineArn"] = execution.state_machine.arn
+        record["Status"] = execution.status
+        record["StopDate"] = iso(execution.stop_date or execution.clock.now())
+        return record
+
     # ----- task invocation ----------------------------------------------------------------------
     def _invoke(self, name: str, resource: str, parameters: Any, context: dict[str, Any], frame: _Frame,
                 timeout: float | None, heartbeat: float | None, retry_count: int) -> Any:
-        with self._lock:
+        with self._invocation_lock:
             invocation = self._invocations.get(name, 0)
             self._invocations[name] = invocation + 1
         prefix, service_details = self._task_event_shape(resource)

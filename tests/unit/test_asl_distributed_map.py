@@ -1,0 +1,262 @@
+"""Distributed Map in the ASL interpreter against moto's S3 server: readers, selector, batching,
+tolerated failures, ResultWriter files, child executions, and ``d2ops asl run`` with an ItemReader."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+from d2ops.asl import AslDefinitionError, StateMachine, TaskFailed
+
+BUCKET = "items"
+
+
+@pytest.fixture(scope="module")
+def moto_url() -> Iterator[str]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                             "AWS_DEFAULT_REGION")}
+    os.environ.update({"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "offline", "AWS_SECRET_ACCESS_KEY": "offline",
+                       "AWS_DEFAULT_REGION": "us-east-1"})
+    try:
+        boto3.client("s3", region_name="us-east-1", endpoint_url=url).create_bucket(Bucket=BUCKET)
+        yield url
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        server.stop()
+
+
+@pytest.fixture
+def s3(moto_url: str) -> Any:
+    return boto3.client("s3", region_name="us-east-1", endpoint_url=moto_url)
+
+
+def _map(extra: dict[str, Any], child: dict[str, Any] | None = None, execution_type: str = "STANDARD") -> dict:
+    processor = {"ProcessorConfig": {"Mode": "DISTRIBUTED", "ExecutionType": execution_type},
+                 "StartAt": "Child", "States": {"Child": child or {"Type": "Pass", "End": True}}}
+    return {"StartAt": "Map", "States": {"Map": {"Type": "Map", "ItemProcessor": processor, "End": True, **extra}}}
+
+
+def _reader(kind: str, key: str, **config: Any) -> dict[str, Any]:
+    return {"ItemReader": {"Resource": "arn:aws:states:::s3:getObject", "ReaderConfig": {"InputType": kind, **config},
+                           "Parameters": {"Bucket": BUCKET, "Key": key}}}
+
+
+def _run(definition: dict, data: Any = None, **options: Any) -> Any:
+    return StateMachine.from_definition(definition, name="dm").run(data, **options)
+
+
+def test_json_reader_output_in_item_order_and_history_names_the_map_run(s3: Any) -> None:
+    s3.put_object(Bucket=BUCKET, Key="a.json", Body=json.dumps([{"n": i} for i in range(5)]))
+    execution = _run(_map({**_reader("JSON", "a.json"), "Label": "Lbl", "MaxConcurrency": 2}))
+    assert execution.status == "SUCCEEDED", execution.cause
+    assert execution.output == [{"n": i} for i in range(5)]
+    types = [e["type"] for e in execution.history]
+    assert types == ["ExecutionStarted", "MapStateEntered", "MapStateStarted", "MapRunStarted", "MapRunSucceeded",
+                     "MapStateSucceeded", "MapStateExited", "ExecutionSucceeded"]
+    started = execution.history[2]["mapStateStartedEventDetails"]
+    assert started == {"length": 0}
+    arn = execution.history[3]["mapRunStartedEventDetails"]["mapRunArn"]
+    assert arn.startswith("arn:aws:states:us-east-1:123456789012:mapRun:dm/Lbl:")
+    assert execution.history[6]["previousEventId"] == 5  # MapStateExited follows MapRunSucceeded, as AWS records
+    children = execution.map_runs[arn]["executions"]
+    assert [c.arn.rsplit(":", 1)[0] for c in children] == ["arn:aws:states:us-east-1:123456789012:execution:dm/Lbl"] * 5
+
+
+def test_jsonl_csv_given_delimiter_and_max_items(s3: Any) -> None:
+    s3.put_object(Bucket=BUCKET, Key="a.jsonl", Body=b'{"k": 1}\n\n{"k": 2}\n{"k": 3}\n')
+    assert _run(_map(_reader("JSONL", "a.jsonl", MaxItems=2))).output == [{"k": 1}, {"k": 2}]
+    s3.put_object(Bucket=BUCKET, Key="a.csv", Body=b"Col1,Col2\nValue1,Value2\nValue3\nV5,V6,extra\n")
+    out = _run(_map(_reader("CSV", "a.csv", CSVHeaderLocation="FIRST_ROW"))).output
+    assert out == [{"Col1": "Value1", "Col2": "Value2"}, {"Col1": "Value3", "Col2": ""}, {"Col1": "V5", "Col2": "V6"}]
+    s3.put_object(Bucket=BUCKET, Key="b.csv", Body=b"a|b\nc|d\n")
+    out = _run(_map(_reader("CSV", "b.csv", CSVHeaderLocation="GIVEN", CSVHeaders=["X", "Y"],
+                            CSVDelimiter="PIPE"))).output
+    assert out == [{"X": "a", "Y": "b"}, {"X": "c", "Y": "d"}]
+    # MaxItemsPath from the input; 0 means no limit.
+    definition = _map({**_reader("JSONL", "a.jsonl")})
+    definition["States"]["Map"]["ItemReader"]["ReaderConfig"]["MaxItemsPath"] = "$.max"
+    assert len(_run(definition, {"max": 0}).output) == 3
+    assert len(_run(definition, {"max": 1}).output) == 1
+
+
+def test_reader_failures_use_the_services_errors(s3: Any) -> None:
+    s3.put_object(Bucket=BUCKET, Key="dup.csv", Body=b"x\n")
+    failed = _run(_map(_reader("CSV", "dup.csv", CSVHeaderLocation="GIVEN", CSVHeaders=["H", "H"])))
+    assert (failed.error, failed.cause) == ("States.ItemReaderFailed", "CSV headers cannot contain duplicates.")
+    assert [e["type"] for e in failed.history][-3:] == ["MapRunFailed", "MapStateFailed", "ExecutionFailed"]
+    s3.put_object(Bucket=BUCKET, Key="obj.json", Body=b'{"a": 1}')
+    failed = _run(_map(_reader("JSON", "obj.json")))
+    assert (failed.error, failed.cause) == ("States.ItemReaderFailed", "Attempting to map over non-iterable node.")
+    definition = _map(_reader("JSON", "obj.json"))
+    definition["States"]["Map"]["ItemReader"]["ReaderConfig"]["MaxItemsPath"] = "$.max"
+    negative = _run(definition, {"max": -1})
+    assert (negative.error, negative.cause) == ("States.ItemReaderFailed", "field MaxItems must be positive")
+    fraction = _run(definition, {"max": 1.5})
+    assert fraction.error == "States.Runtime"
+    assert fraction.cause.endswith('The MaxItemsPath field refers to value "1.5" which is not a valid integer: $.max')
+    missing = _run(_map(_reader("JSON", "no-such.json")))
+    assert missing.error == "States.ItemReaderFailed" and "no-such.json" in missing.cause
+
+
+def test_manifest_and_list_objects_v2(s3: Any) -> None:
+    rows = b"src,photos/1.jpg,10\nsrc,photos/2.jpg,20\n"
+    s3.put_object(Bucket=BUCKET, Key="inv/data/f1.csv.gz", Body=gzip.compress(rows))
+    manifest = {"sourceBucket": "src", "destinationBucket": f"arn:aws:s3:::{BUCKET}", "fileFormat": "CSV",
+                "fileSchema": "Bucket, Key, Size", "files": [{"key": "inv/data/f1.csv.gz", "size": 1}]}
+    s3.put_object(Bucket=BUCKET, Key="inv/manifest.json", Body=json.dumps(manifest))
+    out = _run(_map(_reader("MANIFEST", "inv/manifest.json"))).output
+    assert out == [{"Bucket": "src", "Key": "photos/1.jpg", "Size": "10"},
+                   {"Bucket": "src", "Key": "photos/2.jpg", "Size": "20"}]
+    for name in ("p/file_0.txt", "p/file_1.txt"):
+        s3.put_object(Bucket=BUCKET, Key=name, Body=b"hello world!")
+    reader = {"ItemReader": {"Resource": "arn:aws:states:::s3:listObjectsV2",
+                             "Parameters": {"Bucket.$": "$.bucket", "Prefix": "p/"}}}
+    out = _run(_map(reader), {"bucket": BUCKET}).output
+    assert [list(item) for item in out] == [["Etag", "LastModified", "Key", "Size", "StorageClass"]] * 2
+    assert [(i["Key"], i["Size"], i["StorageClass"]) for i in out] == [("p/file_0.txt", 12, "STANDARD"),
+                                                                       ("p/file_1.txt", 12, "STANDARD")]
+    assert out[0]["Etag"].startswith('"')
+
+
+def test_selector_batcher_and_child_context(s3: Any) -> None:
+    child = {"Type": "Pass", "Parameters": {"input.$": "$", "exec.$": "$$.Execution.Id", "name.$": "$$.Execution.Name"},
+             "End": True}
+    extra = {"ItemsPath": "$.items", "ItemSelector": {"v.$": "$$.Map.Item.Value", "i.$": "$$.Map.Item.Index",
+                                                      "tag.$": "$.tag"},
+             "ItemBatcher": {"MaxItemsPerBatch": 2, "BatchInput": {"run.$": "$.tag"}}}
+    execution = _run(_map(extra, child), {"items": ["a", "b", "c"], "tag": "T"})
+    assert execution.status == "SUCCEEDED", execution.cause
+    inputs = [o["input"] for o in execution.output]
+    assert inputs == [{"BatchInput": {"run": "T"}, "Items": [{"v": "a", "i": 0, "tag": "T"},
+                                                             {"v": "b", "i": 1, "tag": "T"}]},
+                      {"BatchInput": {"run": "T"}, "Items": [{"v": "c", "i": 2, "tag": "T"}]}]
+    names = [o["name"] for o in execution.output]
+    assert len(set(names)) == 2
+    assert all(o["exec"].endswith(f":execution:dm/Map:{o['name']}") for o in execution.output)
+    # MaxInputBytesPerBatch splits by the child input's size.
+    extra = {"ItemsPath": "$.items", "ItemBatcher": {"MaxInputBytesPerBatch": 40}}
+    out = _run(_map(extra), {"items": ["x" * 10, "y" * 10, "z" * 10]}).output
+    assert [len(batch["Items"]) for batch in out] == [2, 1]
+
+
+def _failing(resource: str, parameters: Any, context: Any) -> Any:
+    if parameters.get("bad"):
+        raise TaskFailed("Bad", f"item {parameters['id']}")
+    return parameters["id"]
+
+
+_TASK = {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "End": True}
+_ITEMS = {"items": [{"id": i, "bad": i in (1, 3)} for i in range(6)]}
+
+
+@pytest.mark.parametrize(("tolerance", "succeeds"), [
+    ({}, False), ({"ToleratedFailureCount": 2}, True), ({"ToleratedFailureCount": 1}, False),
+    ({"ToleratedFailurePercentage": 34}, True), ({"ToleratedFailurePercentage": 33}, False),
+])
+def test_tolerated_failures_at_and_over_the_threshold(tolerance: dict[str, Any], succeeds: bool) -> None:
+    execution = _run(_map({"ItemsPath": "$.items", **tolerance}, _TASK), _ITEMS,
+                     executors={"arn:aws:states:::lambda:invoke": _failing})
+    if succeeds:
+        assert execution.status == "SUCCEEDED", execution.cause
+        assert execution.output == [0, None, 2, None, 4, 5]
+    else:
+        assert (execution.error, execution.cause) == ("States.ExceedToleratedFailureThreshold",
+                                                      "The specified tolerated failure threshold was exceeded")
+        failed = next(e for e in execution.history if e["type"] == "MapRunFailed")
+        assert failed["mapRunFailedEventDetails"]["error"] == "States.ExceedToleratedFailureThreshold"
+
+
+def test_tolerance_path_errors_are_the_services_words() -> None:
+    definition = _map({"ItemsPath": "$.items", "ToleratedFailureCountPath": "$.n"})
+    bad = _run(definition, {"items": [0], "n": "NoNumber"})
+    assert bad.cause.endswith('The ToleratedFailureCountPath field refers to value "NoNumber" which is not a '
+                              "valid integer: $.n")
+    assert _run(definition, {"items": [0], "n": -1}).cause.endswith("ToleratedFailureCount cannot be negative.")
+    definition = _map({"ItemsPath": "$.items", "ToleratedFailurePercentagePath": "$.n"})
+    assert _run(definition, {"items": [0], "n": 100.1}).cause.endswith(
+        "ToleratedFailurePercentage must be between 0 and 100.")
+    assert _run(definition, {"items": [0], "n": 1.1}).status == "SUCCEEDED"
+
+
+def test_result_writer_files_and_manifest(s3: Any) -> None:
+    extra = {"ItemsPath": "$.items", "ToleratedFailureCount": 5, "MaxConcurrency": 3,
+             "ResultWriter": {"Resource": "arn:aws:states:::s3:putObject",
+                              "Parameters": {"Bucket": BUCKET, "Prefix.$": "$.prefix"}}}
+    execution = _run(_map(extra, _TASK, "EXPRESS"), {**_ITEMS, "prefix": "runs/r1/results"},
+                     executors={"arn:aws:states:::lambda:invoke": _failing})
+    assert execution.status == "SUCCEEDED", execution.cause
+    arn = execution.output["MapRunArn"]
+    run_id = arn.rsplit(":", 1)[1]
+    key = f"runs/r1/results/{run_id}/manifest.json"
+    assert execution.output == {"MapRunArn": arn, "ResultWriterDetails": {"Bucket": BUCKET, "Key": key}}
+    manifest = json.loads(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    assert manifest["DestinationBucket"] == BUCKET and manifest["MapRunArn"] == arn
+    files = manifest["ResultFiles"]
+    assert files["PENDING"] == [] and [f["Key"] for f in files["SUCCEEDED"]] == [
+        f"runs/r1/results/{run_id}/SUCCEEDED_0.json"]
+    body = s3.get_object(Bucket=BUCKET, Key=files["SUCCEEDED"][0]["Key"])["Body"].read()
+    assert files["SUCCEEDED"][0]["Size"] == len(body)
+    succeeded = json.loads(body)
+    assert [json.loads(r["Output"]) for r in succeeded] == [0, 2, 4, 5]
+    assert {r["Status"] for r in succeeded} == {"SUCCEEDED"}
+    assert set(succeeded[0]) >= {"ExecutionArn", "Input", "InputDetails", "Name", "Output", "OutputDetails",
+                                 "StartDate", "StateMachineArn", "Status", "StopDate"}
+    failed = json.loads(s3.get_object(Bucket=BUCKET, Key=files["FAILED"][0]["Key"])["Body"].read())
+    assert [(r["Error"], r["Cause"]) for r in failed] == [("Bad", "item 1"), ("Bad", "item 3")]
+    assert "Output" not in failed[0]
+    assert execution.map_runs[arn]["executions"] == []  # Express children keep no history
+
+
+def test_express_children_time_out_after_five_minutes() -> None:
+    child = {"Type": "Wait", "Seconds": 301, "End": True}
+    execution = _run(_map({"ItemsPath": "$", "ToleratedFailureCount": 1}, child, "EXPRESS"), [1])
+    assert execution.status == "SUCCEEDED"
+    assert execution.output == [None]
+    standard = _run(_map({"ItemsPath": "$"}, child, "STANDARD"), [1])
+    assert standard.output == [1]
+
+
+def test_definition_checks_for_distributed_fields() -> None:
+    inline = {"StartAt": "M", "States": {"M": {"Type": "Map", "End": True, "ToleratedFailureCount": 1,
+                                               "ItemProcessor": {"StartAt": "P", "States": {"P": {"Type": "Pass",
+                                                                                                  "End": True}}}}}}
+    with pytest.raises(AslDefinitionError, match="only a Distributed Map"):
+        StateMachine.from_definition(inline)
+    with pytest.raises(AslDefinitionError, match="ExecutionType"):
+        StateMachine.from_definition(_map({}, execution_type="BOGUS"))
+    with pytest.raises(AslDefinitionError, match="CSVHeaderLocation"):
+        StateMachine.from_definition(_map(_reader("CSV", "k")))
+    with pytest.raises(AslDefinitionError, match="ToleratedFailurePercentage"):
+        StateMachine.from_definition(_map({"ToleratedFailurePercentage": 101}))
+    with pytest.raises(AslDefinitionError, match="putObject"):
+        StateMachine.from_definition(_map({"ResultWriter": {"Resource": "arn:aws:states:::s3:getObject",
+                                                            "Parameters": {"Bucket": "b"}}}))
+
+
+def test_asl_run_cli_reads_items_through_aws_endpoint_url(s3: Any, moto_url: str, tmp_path: Path) -> None:
+    s3.put_object(Bucket=BUCKET, Key="cli.jsonl", Body=b'"a"\n"b"\n')
+    definition = tmp_path / "dm.asl.json"
+    definition.write_text(json.dumps(_map(_reader("JSONL", "cli.jsonl"))))
+    env = {**os.environ, "AWS_ENDPOINT_URL": moto_url}
+    done = subprocess.run([sys.executable, "-m", "d2ops", "asl", "run", str(definition), "--quiet"],
+                          capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["a", "b"]
