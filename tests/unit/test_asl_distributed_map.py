@@ -260,3 +260,65 @@ def test_asl_run_cli_reads_items_through_aws_endpoint_url(s3: Any, moto_url: str
                           capture_output=True, text=True, env=env, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == ["a", "b"]
+
+
+def test_items_path_is_ignored_when_an_item_reader_supplies_the_items(s3: Any) -> None:
+    s3.put_object(Bucket=BUCKET, Key="nested.json", Body=json.dumps([["from-bucket"]]))
+    definition = _map({**_reader("JSON", "nested.json"), "ItemsPath": "$.other", "MaxConcurrency": 1})
+    assert _run(definition, {"other": ["from-input"]}).output == [["from-bucket"]]
+
+
+def test_real_clock_threads_honour_max_concurrency_and_keep_item_order() -> None:
+    import threading
+    import time
+
+    from d2ops.asl import Clock
+
+    lock = threading.Lock()
+    running, peak = [0], [0]
+
+    def slow(resource: str, parameters: Any, context: Any) -> Any:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.05 * (5 - parameters["id"] % 5))  # later items finish first
+        with lock:
+            running[0] -= 1
+        return parameters["id"]
+
+    machine = StateMachine.from_definition(_map({"ItemsPath": "$.items", "MaxConcurrency": 3}, _TASK), name="dm")
+    execution = machine.start({"items": [{"id": i} for i in range(10)]}, clock=Clock(),
+                              executors={"arn:aws:states:::lambda:invoke": slow})
+    assert execution.wait(30)
+    assert execution.status == "SUCCEEDED", execution.cause
+    assert execution.output == list(range(10))
+    assert peak[0] == 3
+
+
+def test_siblings_stopped_by_the_threshold_are_aborted_and_pending(s3: Any) -> None:
+    from d2ops.asl import Clock
+
+    def slow_or_bad(resource: str, parameters: Any, context: Any) -> Any:
+        if parameters["id"] == 0:
+            raise TaskFailed("Bad", "first")
+        context.sleep(5)  # cancelled when the Map Run fails
+        return parameters["id"]
+
+    extra = {"ItemsPath": "$.items", "ResultWriter": {"Resource": "arn:aws:states:::s3:putObject",
+                                                      "Parameters": {"Bucket": BUCKET, "Prefix": "stop"}}}
+    machine = StateMachine.from_definition(_map(extra, _TASK), name="dm")
+    execution = machine.start({"items": [{"id": i} for i in range(3)]}, clock=Clock(),
+                              executors={"arn:aws:states:::lambda:invoke": slow_or_bad})
+    assert execution.wait(30)
+    assert execution.error == "States.ExceedToleratedFailureThreshold"
+    assert (execution.stop_date - execution.start_date).total_seconds() < 4  # the 5 s siblings were stopped
+    (run,) = execution.map_runs.values()
+    statuses = sorted(c.status for c in run["executions"])  # a sibling may not have started at all
+    assert statuses.count("FAILED") == 1 and set(statuses) <= {"ABORTED", "FAILED"}
+    manifest_key = next(o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="stop/")["Contents"]
+                        if o["Key"].endswith("manifest.json"))
+    files = json.loads(s3.get_object(Bucket=BUCKET, Key=manifest_key)["Body"].read())["ResultFiles"]
+    assert (len(files["FAILED"]), files["SUCCEEDED"]) == (1, [])
+    pending = [json.loads(s3.get_object(Bucket=BUCKET, Key=f["Key"])["Body"].read()) for f in files["PENDING"]]
+    assert sum(len(p) for p in pending) == statuses.count("ABORTED")
+    assert all(r["Status"] == "ABORTED" for p in pending for r in p)

@@ -2,7 +2,7 @@
 
 Every problem is collected with its location (``States.Train.Retry[0].BackoffRate: ...``) and
 reported at once in an ``AslDefinitionError``. Features the interpreter does not implement
-(JSONata, variables, Distributed Map, activities' credentials) are refused here by name, so a
+(JSONata, variables, activities' credentials) are refused here by name, so a
 definition either runs with the service's semantics or does not start.
 """
 
@@ -454,8 +454,6 @@ class _Validator:
                                            "<>{}[]?*\"#%\\^|~`$&,;:/")
         if "ItemReader" in state:
             self.item_reader(state["ItemReader"], f"{where}.ItemReader")
-        if "ItemReader" in state and "ItemsPath" in state:
-            self.problem(where, "ItemsPath and ItemReader are mutually exclusive (the reader supplies the items)")
         if "ItemBatcher" in state:
             self.item_batcher(state["ItemBatcher"], f"{where}.ItemBatcher")
         if "ResultWriter" in state:

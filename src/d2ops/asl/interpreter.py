@@ -275,6 +275,8 @@ class Execution:
         self._invocations: dict[str, int] = {}
         self._invocation_lock = threading.Lock()  # shared with Distributed Map children (mock counters)
         self._history_limit = MAX_HISTORY_EVENTS  # an Express child keeps no history of its own to limit
+        self._cancel_means_abort = False  # True for a Distributed Map child (see _execute)
+        self._timeout_cause_text: str | None = None
         # Distributed Map runs: map run ARN -> {"executions": [child Execution (Standard children only)], ...}
         self.map_runs: dict[str, dict[str, Any]] = {}
         self._cancel = Cancel()
@@ -346,11 +348,19 @@ class Execution:
             cause = f"The execution reached the maximum number of history events ({MAX_HISTORY_EVENTS})."
             self._finish("FAILED", error=RUNTIME, cause=cause)
             self._event(frame, "ExecutionFailed", _error_details(RUNTIME, cause))
-        except (ExecutionTimedOut, _BranchCancelled):
+        except (ExecutionTimedOut, _BranchCancelled) as exc:
+            if isinstance(exc, _BranchCancelled) and self._cancel_means_abort and not self._timed_out:
+                # A Distributed Map child its Map Run stopped (a failed sibling over the threshold, the
+                # parent's end): ABORTED, as the service records such children.
+                self._finish("ABORTED")
+                self._event(frame, "ExecutionAborted", None)
+                return
             limit = self.state_machine.definition.get("TimeoutSeconds")
             cause = (f"the execution ran longer than its TimeoutSeconds ({limit})" if limit and
                      limit <= MAX_EXECUTION_SECONDS else "the execution ran longer than one year, the "
                      "maximum duration of a Standard workflow execution")
+            if self._timeout_cause_text and not (limit and limit <= MAX_EXECUTION_SECONDS):
+                cause = self._timeout_cause_text
             self._finish("TIMED_OUT", error=TIMEOUT, cause=cause)
             self._event(frame, "ExecutionTimedOut", _error_details(TIMEOUT, cause))
         except Exception as exc:  # an interpreter or executor bug must still end the execution
@@ -924,10 +934,14 @@ class Execution:
             execution._invocations = self._invocations
             execution._invocation_lock = self._invocation_lock
             execution._cancel = Cancel(job.cancel)
+            execution._cancel_means_abort = True
             limit_seconds = distributed.EXPRESS_CHILD_SECONDS if express else MAX_EXECUTION_SECONDS
             execution._deadline = min(self._deadline, execution.start_date + timedelta(seconds=limit_seconds))
             if express:
                 execution._history_limit = 2**62
+                execution._timeout_cause_text = ("the Express child execution ran longer than "
+                                                 f"{distributed.EXPRESS_CHILD_SECONDS} seconds, the maximum "
+                                                 "duration of an Express workflow execution")
             try:
                 self._limit(child_input, name, "the child execution input")
             except StatesError as err:
@@ -952,10 +966,8 @@ class Execution:
         if writer is not None:
             records: dict[str, list[dict[str, Any]]] = {"SUCCEEDED": [], "FAILED": [], "PENDING": []}
             for execution in children:
+                # Children the Map Run stopped before they ended are PENDING (they could be redriven).
                 status = {"SUCCEEDED": "SUCCEEDED", "ABORTED": "PENDING"}.get(execution.status, "FAILED")
-                if exceeded.is_set() and execution.status not in ("SUCCEEDED", "FAILED") \
-                        and execution.error is None:
-                    status = "PENDING"
                 records[status].append(self._child_record(execution, express))
             parameters = self._render(writer.get("Parameters", {}), data, context, name, "ResultWriter.Parameters")
             details = distributed.write_results(self.state_machine.region, parameters.get("Bucket"),
