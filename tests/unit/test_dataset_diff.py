@@ -238,6 +238,8 @@ def test_s3_prefixes_give_the_directories_counts(s3_versions: Any, versions: tup
     capsys.readouterr()
     assert main(["diff", "s3://data/datasets/pets/v1/", "s3://data/datasets/none/"]) == 2
     assert capsys.readouterr().err == "d2ops diff: s3://data/datasets/none/: no manifest.json (not a dataset version)\n"
+    assert main(["diff", "s3://data/datasets/pets/v1/", "s3://no-such-bucket/v1/"]) == 2
+    assert capsys.readouterr().err == "d2ops diff: s3://no-such-bucket/v1/manifest.json: NoSuchBucket\n"
 
 
 def snapshot_run(s3: Any, run_id: str, prefix: str, entries: list[Any], *, artifacts: str = "artifacts",
