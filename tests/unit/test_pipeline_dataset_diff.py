@@ -112,3 +112,21 @@ def test_the_time_budget_ends_the_diff_not_the_run(aws: Any, tmp_path: Path) -> 
 def test_no_champion_no_diff(aws: Any) -> None:
     aws.delete_object(Bucket=support.ARTIFACTS_BUCKET, Key=CHAMPION_KEY)
     assert prepare()["dataset_diff"] is None
+
+
+def test_a_champion_older_than_inventories_is_read_from_its_prefix_and_the_diff_says_so(aws: Any,
+                                                                                       tmp_path: Path) -> None:
+    upload(aws, support.DATA_BUCKET, CHAMPION_DATASET.prefix, write_version(tmp_path / "a", VERSION_A, version="v1"))
+    new = upload(aws, support.DATA_BUCKET, "datasets/shapes/v1/", write_version(tmp_path / "b", VERSION_B,
+                                                                                version="v2"))
+    snapshot_run(aws, RUN_ID, "datasets/shapes/v1/", new, artifacts=support.ARTIFACTS_BUCKET,
+                 data=support.DATA_BUCKET)  # only this run has an inventory
+    summary = prepare()["dataset_diff"]
+    assert summary["error"] is None and "has no inventory" in summary["notes"][0]
+    document = DatasetDiff.model_validate_json(
+        aws.get_object(Bucket=support.ARTIFACTS_BUCKET, Key=runs.dataset_diff_key(RUN_ID))["Body"].read())
+    assert document.a.source == "dataset prefix (no inventory)"
+    # No image is downloaded in the Lambda: content is not compared, so no rename is claimed either.
+    assert (document.images.not_compared, document.images.renamed, document.images.content_changed) == (4, 0, 0)
+    assert (document.images.added, document.images.removed) == (2, 3)
+    assert document.images.annotations_changed == 1 and document.images.split_moved == 1
