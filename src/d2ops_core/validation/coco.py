@@ -1,6 +1,12 @@
 """Checks of one COCO instances file (a split), in bounded memory and faster than loading it with pycocotools.
 
-How it stays small and fast on train2017-sized files (450 MB, 860k instances): the file is
+A well-formed file is read by the bounded reader (``_check_bounded``, at the end of this module):
+the top-level object key by key, the arrays a window at a time, the mapped file's pages dropped
+as it passes them, so memory grows with the number of images, not annotations (train2017: 130 MB
+peak where the whole-file decoder below takes 1 GB; docs/benchmarks.md). Anything unusual goes
+to the whole-file decoder, whose findings are the reference.
+
+How that decoder stays small and fast on train2017-sized files (450 MB, 860k instances): the file is
 decoded straight from a memory map into typed msgspec Structs whose fields are ``Any``
 (so a wrong type becomes an issue with its path instead of aborting the decode), while each
 ``segmentation`` is kept as ``msgspec.Raw`` -- a zero-copy slice of the map. Polygons are
@@ -32,7 +38,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from d2ops_core.images import MAX_ASPECT_RATIO, MAX_PIXELS
+from d2ops_core.images import MAX_ASPECT_RATIO, MAX_PIXELS_ENV, max_pixels
 from d2ops_core.validation.codes import Code
 from d2ops_core.validation.encoding import encoding_problem, line_col, utf8_problem
 from d2ops_core.validation.manifest import unsafe_relative_path
@@ -532,6 +538,7 @@ class _SplitChecker:
         sizes: dict[int, tuple[int, int] | None] = {}
         seen_names: dict[str, int] = {}
         seen_loose: dict[str, int] = {}  # loose_name -> first image with it
+        limit = max_pixels()  # the operator's MAX_IMAGE_PIXELS, the same limit the image checks apply
         for i, im in enumerate(images):
             path = f"images[{i}]"
             has_id = self.field(im.id, path, "id", "integer")
@@ -545,9 +552,9 @@ class _SplitChecker:
             if has_w and has_h and not dims_ok:
                 self.add(Code.IMAGE_DIMENSIONS_INVALID,
                          f"width and height must be positive, got {im.width}x{im.height}", path)
-            elif dims_ok and im.width * im.height > MAX_PIXELS:
+            elif dims_ok and im.width * im.height > limit:
                 self.add(Code.IMAGE_TOO_LARGE, f"the annotations say {im.width}x{im.height} "
-                         f"({im.width * im.height:,} pixels); the limit is {MAX_PIXELS:,} pixels", path)
+                         f"({im.width * im.height:,} pixels); the limit is {limit:,} pixels ({MAX_PIXELS_ENV})", path)
                 dims_ok = False
             elif dims_ok and max(im.width, im.height) > MAX_ASPECT_RATIO * min(im.width, im.height):
                 self.add(Code.IMAGE_SHAPE_UNSUPPORTED, f"the annotations say {im.width}x{im.height}: the longer side "
