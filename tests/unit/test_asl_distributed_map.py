@@ -322,3 +322,29 @@ def test_siblings_stopped_by_the_threshold_are_aborted_and_pending(s3: Any) -> N
     pending = [json.loads(s3.get_object(Bucket=BUCKET, Key=f["Key"])["Body"].read()) for f in files["PENDING"]]
     assert sum(len(p) for p in pending) == statuses.count("ABORTED")
     assert all(r["Status"] == "ABORTED" for p in pending for r in p)
+
+
+@pytest.mark.parametrize(("label", "problem"), [
+    ("", "Label cannot be empty"), ("x" * 41, "Label cannot exceed 40 characters"),
+    ("label_ ", "Label contains invalid character: ' '"), ("label_\x96", "Label contains invalid character: '\\x96'"),
+    ("label_:", "Label contains invalid character: ':'"),
+])
+def test_labels_are_checked_with_the_services_words(label: str, problem: str) -> None:
+    with pytest.raises(AslDefinitionError) as raised:
+        StateMachine.from_definition(_map({"Label": label}))
+    assert raised.value.problems == [f"States.Map.Label: {problem}"]
+
+
+def test_map_run_is_described_like_describe_map_run() -> None:
+    execution = _run(_map({"ItemsPath": "$.items", "ToleratedFailurePercentage": 50,
+                           "ItemBatcher": {"MaxItemsPerBatch": 2}}, _TASK | {"Parameters": {"id.$": "$.Items[0].id",
+                                                                                               "bad.$": "$.Items[0].bad"}}),
+                     {"items": [{"id": i, "bad": i == 2} for i in range(5)]},
+                     executors={"arn:aws:states:::lambda:invoke": _failing})
+    assert execution.status == "SUCCEEDED", execution.cause
+    (run,) = execution.map_runs.values()
+    assert run["status"] == "SUCCEEDED" and run["toleratedFailurePercentage"] == 50.0
+    assert run["executionCounts"] | {} == {"aborted": 0, "failed": 1, "pending": 0, "resultsWritten": 0,
+                                           "running": 0, "succeeded": 2, "timedOut": 0, "total": 3}
+    assert run["itemCounts"]["failed"] == 2 and run["itemCounts"]["total"] == 5
+    assert execution.output == [0, None, 4]

@@ -42,7 +42,7 @@ FIELDS: dict[str, set[str]] = {
 DISTRIBUTED_ONLY = ("ItemReader", "ItemBatcher", "ResultWriter", "ToleratedFailureCount", "ToleratedFailureCountPath",
                     "ToleratedFailurePercentage", "ToleratedFailurePercentagePath", "Label")
 _READER_RESOURCES = ("arn:aws:states:::s3:getObject", "arn:aws:states:::s3:listObjectsV2")
-_LABEL = re.compile(r"^[^\s<>{}\[\]?*\"#%\\^|~`$&,;:/\x00-\x1f\x7f-\x9f]{1,40}$")
+_LABEL_INVALID = set(' ?*<>{}[]:;,\\|^~$#%&`"/')
 # Fields of the service the interpreter refuses, with the reason given to the user.
 REFUSED: dict[str, str] = {
     "QueryLanguage": "the JSONata query language is not supported (only JSONPath)",
@@ -449,9 +449,19 @@ class _Validator:
         percentage = state.get("ToleratedFailurePercentage")
         if percentage is not None and (not _is_number(percentage) or not 0 <= percentage <= 100):
             self.problem(f"{where}.ToleratedFailurePercentage", "must be a number from 0 to 100")
-        if "Label" in state and (not isinstance(state["Label"], str) or not _LABEL.match(state["Label"])):
-            self.problem(f"{where}.Label", "must be 1-40 characters without whitespace or any of "
-                                           "<>{}[]?*\"#%\\^|~`$&,;:/")
+        if "Label" in state:
+            label = state["Label"]
+            # The service's words (CreateStateMachine's InvalidDefinition messages).
+            if not isinstance(label, str):
+                self.problem(f"{where}.Label", "must be a string")
+            elif not label:
+                self.problem(f"{where}.Label", "Label cannot be empty")
+            elif len(label) > 40:
+                self.problem(f"{where}.Label", "Label cannot exceed 40 characters")
+            else:
+                bad = next((c for c in label if c in _LABEL_INVALID or ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0), None)
+                if bad is not None:
+                    self.problem(f"{where}.Label", f"Label contains invalid character: {bad!r}")
         if "ItemReader" in state:
             self.item_reader(state["ItemReader"], f"{where}.ItemReader")
         if "ItemBatcher" in state:

@@ -277,7 +277,7 @@ class Execution:
         self._history_limit = MAX_HISTORY_EVENTS  # an Express child keeps no history of its own to limit
         self._cancel_means_abort = False  # True for a Distributed Map child (see _execute)
         self._timeout_cause_text: str | None = None
-        # Distributed Map runs: map run ARN -> {"executions": [child Execution (Standard children only)], ...}
+        # Distributed Map runs: map run ARN -> DescribeMapRun's fields + "executions" (the Standard children)
         self.map_runs: dict[str, dict[str, Any]] = {}
         self._cancel = Cancel()
         self._abort_requested = threading.Event()
@@ -961,8 +961,9 @@ class Execution:
                                  _Frame(frame.last_event, run_cancel), workers, thread_cap=16)
         self._check(frame)  # an abort or a timeout of the parent ends it here, not as a failed Map Run
         children = [c for c in results if c is not None]
-        self.map_runs[map_run_arn] = {"executions": [] if express else children, "itemCount": total,
-                                      "failures": failed[0], "express": express}
+        self.map_runs[map_run_arn] = self._describe_map_run(map_run_arn, children, results, inputs, concurrency,
+                                                            count, percentage, writer is not None, exceeded.is_set())
+        self.map_runs[map_run_arn]["executions"] = [] if express else children
         if writer is not None:
             records: dict[str, list[dict[str, Any]]] = {"SUCCEEDED": [], "FAILED": [], "PENDING": []}
             for execution in children:
@@ -979,6 +980,27 @@ class Execution:
             return {"MapRunArn": map_run_arn, "ResultWriterDetails": details}
         # Tolerated failures leave null in their place, so the output stays aligned with the items.
         return [c.output if c.status == "SUCCEEDED" else None for c in children]
+
+    def _describe_map_run(self, arn: str, children: list[Execution], results: list[Execution | None],
+                          inputs: list[tuple[int, Any]], concurrency: int, count: int | None,
+                          percentage: float | None, written: bool, failed: bool) -> dict[str, Any]:
+        """DescribeMapRun's shape: the Map Run's status and its children/items counted by status."""
+        keys = {"SUCCEEDED": "succeeded", "FAILED": "failed", "TIMED_OUT": "timedOut", "ABORTED": "aborted"}
+        executions = dict.fromkeys(("aborted", "failed", "pending", "resultsWritten", "running", "succeeded",
+                                    "timedOut", "total"), 0)
+        items = dict(executions)
+        for (weight, _), child in zip(inputs, results, strict=True):
+            key = keys.get(child.status, "failed") if child is not None else "pending"
+            for counts, amount in ((executions, 1), (items, weight)):
+                counts[key] += amount
+                counts["total"] += amount
+                if written and child is not None:
+                    counts["resultsWritten"] += amount
+        return {"mapRunArn": arn, "executionArn": self.arn, "status": "FAILED" if failed else "SUCCEEDED",
+                "startDate": min((c.start_date for c in children), default=self.clock.now()),
+                "stopDate": self.clock.now(), "maxConcurrency": concurrency,
+                "toleratedFailureCount": count or 0, "toleratedFailurePercentage": float(percentage or 0),
+                "itemCounts": items, "executionCounts": executions}
 
     @staticmethod
     def _child_record(execution: Execution, express: bool) -> dict[str, Any]:
