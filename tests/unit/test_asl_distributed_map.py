@@ -336,9 +336,9 @@ def test_labels_are_checked_with_the_services_words(label: str, problem: str) ->
 
 
 def test_map_run_is_described_like_describe_map_run() -> None:
+    first_of_batch = _TASK | {"Parameters": {"id.$": "$.Items[0].id", "bad.$": "$.Items[0].bad"}}
     execution = _run(_map({"ItemsPath": "$.items", "ToleratedFailurePercentage": 50,
-                           "ItemBatcher": {"MaxItemsPerBatch": 2}}, _TASK | {"Parameters": {"id.$": "$.Items[0].id",
-                                                                                               "bad.$": "$.Items[0].bad"}}),
+                           "ItemBatcher": {"MaxItemsPerBatch": 2}}, first_of_batch),
                      {"items": [{"id": i, "bad": i == 2} for i in range(5)]},
                      executors={"arn:aws:states:::lambda:invoke": _failing})
     assert execution.status == "SUCCEEDED", execution.cause
