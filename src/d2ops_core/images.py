@@ -13,8 +13,9 @@ The rule (docs/security.md, "Images"):
   EPS, the TIFF, WebP or GIF plugins) ever sees a file. A file name whose extension disagrees
   with the content is a validator warning (IMAGE_EXTENSION_MISMATCH), because every reader here
   sniffs the content and so reads it correctly; content that is neither JPEG nor PNG is an error.
-- **Size**: at most MAX_PIXELS (36 megapixels, e.g. 6000x6000), checked from the header before
-  a single pixel is decoded, so a small file that expands to a huge bitmap costs nothing.
+- **Size**: at most max_pixels() (36 megapixels, e.g. 6000x6000, unless the operator sets the stack
+  parameter MaxImagePixels, which reaches every part as env MAX_IMAGE_PIXELS), checked from the header
+  before a single pixel is decoded, so a small file that expands to a huge bitmap costs nothing.
 - **EXIF orientation is applied everywhere**: an image whose EXIF says "rotate 90 degrees" is
   read rotated, in its upright frame, by every part. That is how browsers, annotation tools and
   detectron2's ``read_image`` show it, so COCO boxes drawn on it are in that frame; the validator
@@ -42,8 +43,15 @@ OPENERS = ("JPEG", "PNG")
 EXTENSIONS: dict[str, str] = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG"}
 # The Content-Type an image of each accepted format is sent with (its content, not its name, decides).
 CONTENT_TYPES: dict[str, str] = {"JPEG": "image/jpeg", "MPO": "image/jpeg", "PNG": "image/png"}
-# The decoded-size limit, applied from the header before decoding (serving's limit since issue 4).
+# The decoded-size limit by default, applied from the header before decoding (serving's limit since
+# issue 4). The operator may set another (stack parameter MaxImagePixels): every part reads it with
+# max_pixels(), from the environment variable below, at call time.
 MAX_PIXELS = 36_000_000
+MAX_PIXELS_ENV = "MAX_IMAGE_PIXELS"
+# The range the stack parameter allows (template.yaml). Above 150 MP a decoded RGB image takes 600 MB
+# and Pillow's own decompression-bomb check (about 179 MP) would refuse it before this rule is asked.
+MIN_PIXELS_LIMIT = 1_000_000
+MAX_PIXELS_LIMIT = 150_000_000
 # The detectors scale the shorter side up and cap the longer one: past this ratio the shorter
 # side rounds to 0 pixels and the model fails (a 500 at the endpoint, a crash in training).
 # Panoramas (about 4:1) stay well inside it.
@@ -66,6 +74,31 @@ _MAGIC = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"))
 
 Reason = Literal["empty", "not_an_image", "unsupported_format", "too_large", "bad_shape", "corrupt"]
 Source = bytes | bytearray | memoryview | str | os.PathLike[str] | IO[bytes]
+
+
+class PixelLimitError(ValueError):
+    """MAX_IMAGE_PIXELS is set to something that is not a pixel count in the allowed range."""
+
+
+def max_pixels() -> int:
+    """The pixel limit in force: env MAX_IMAGE_PIXELS (the stack's MaxImagePixels) if set, else MAX_PIXELS.
+
+    Read at every call, so a Lambda, a job or a test sees the value its environment holds now. A bad
+    value raises PixelLimitError naming the variable: a misconfigured limit must stop the part, never
+    silently fall back to another limit than validation used.
+    """
+    raw = os.environ.get(MAX_PIXELS_ENV, "").strip()
+    if not raw:
+        return MAX_PIXELS
+    try:
+        value = int(raw)
+    except ValueError:
+        raise PixelLimitError(f"{MAX_PIXELS_ENV}={raw!r} is not a whole number of pixels "
+                              f"(the stack parameter MaxImagePixels, e.g. 36000000)") from None
+    if not MIN_PIXELS_LIMIT <= value <= MAX_PIXELS_LIMIT:
+        raise PixelLimitError(f"{MAX_PIXELS_ENV}={value} is outside {MIN_PIXELS_LIMIT:,}..{MAX_PIXELS_LIMIT:,} "
+                              "pixels (the stack parameter MaxImagePixels)")
+    return value
 
 
 class ImageRejected(ValueError):
@@ -144,9 +177,10 @@ def check_header(image: Image.Image, where: str = "image") -> None:
     width, height = image.size
     if width <= 0 or height <= 0:
         raise ImageRejected("corrupt", f"{where} is a {width}x{height} image: it has no pixels")
-    if width * height > MAX_PIXELS:
+    limit = max_pixels()
+    if width * height > limit:
         raise ImageRejected("too_large", f"{where} is {width}x{height} ({width * height:,} pixels); the limit is "
-                                         f"{MAX_PIXELS:,} pixels")
+                                         f"{limit:,} pixels ({MAX_PIXELS_ENV})")
     if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
         raise ImageRejected("bad_shape", f"{where} is {width}x{height}; its longer side may be at most "
                                          f"{MAX_ASPECT_RATIO} times its shorter side")

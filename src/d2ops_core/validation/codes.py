@@ -143,8 +143,8 @@ MEANINGS: dict[Code, str] = {
     Code.IMAGE_UNREADABLE: "an image file is empty or cannot be decoded",
     Code.IMAGE_SIZE_MISMATCH: "an image's real size (after EXIF rotation) differs from its width/height",
     Code.IMAGE_FORMAT_UNSUPPORTED: "an image file is not a JPEG (MPO included) or PNG, whatever its name says",
-    Code.IMAGE_TOO_LARGE: ("an image has more than 36 megapixels (d2ops_core.images.MAX_PIXELS), in its file or in the "
-                           "annotations' width x height"),
+    Code.IMAGE_TOO_LARGE: ("an image has more pixels than the stack's limit (MaxImagePixels, env MAX_IMAGE_PIXELS, "
+                           "d2ops_core.images.max_pixels()), in its file or in the annotations' width x height"),
     Code.IMAGE_SHAPE_UNSUPPORTED: ("an image's longer side is more than 20 times its shorter side "
                                    "(d2ops_core.images.MAX_ASPECT_RATIO): the detectors would shrink it to nothing"),
     Code.IMAGE_WITHOUT_ANNOTATIONS: "an image has no annotations (fine for negatives, often a labelling gap)",

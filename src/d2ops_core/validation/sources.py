@@ -39,8 +39,11 @@ from d2ops_core.validation.inventory import SNAPSHOT_TAGGING, InventoryEntry, cl
 # S3 images up to this size are downloaded whole and decoded; of larger ones this much is read, which
 # holds the header. Bounds a Lambda's memory: 8 probing threads hold at most 8 of these at once.
 FULL_DECODE_BYTES = 16 * 1024 * 1024
-# Pixels being decoded at once, over all probing threads: one image at the rule's limit (36 MP at
-# 4 bytes a pixel, 144 MB) fits twice. An image larger than the budget waits until it can run alone.
+# Pixels being decoded at once, over all probing threads: one image at the default limit (36 MP at
+# 4 bytes a pixel, 144 MB) fits twice. An image larger than the budget waits until it can run alone
+# (reserve() clamps to the budget), so the budget admits one image at any pixel limit the operator
+# sets (MaxImagePixels, at most images.MAX_PIXELS_LIMIT): the decoding peak is
+# max(this budget, one image at the limit) -- 320 MB up to 80 MP, 600 MB at 150 MP.
 DECODE_BUDGET_BYTES = 320 * 1024 * 1024
 
 
