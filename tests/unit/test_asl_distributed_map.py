@@ -348,3 +348,25 @@ def test_map_run_is_described_like_describe_map_run() -> None:
                                            "running": 0, "succeeded": 2, "timedOut": 0, "total": 3}
     assert run["itemCounts"]["failed"] == 2 and run["itemCounts"]["total"] == 5
     assert execution.output == [0, None, 4]
+
+
+def test_aborting_the_parent_aborts_the_map_run_and_its_children() -> None:
+    import time
+
+    from d2ops.asl import Clock
+
+    def sleepy(resource: str, parameters: Any, context: Any) -> Any:
+        context.sleep(30)
+        return parameters["id"]
+
+    machine = StateMachine.from_definition(_map({"ItemsPath": "$.items"}, _TASK), name="dm")
+    execution = machine.start({"items": [{"id": i} for i in range(2)]}, clock=Clock(),
+                              executors={"arn:aws:states:::lambda:invoke": sleepy})
+    deadline = time.monotonic() + 10
+    while not any(e["type"] == "MapRunStarted" for e in execution.history) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)
+    execution.abort("Stop", "by the test")
+    assert execution.wait(10)
+    assert execution.status == "ABORTED"
+    assert [e["type"] for e in execution.history][-3:] == ["MapRunAborted", "MapStateAborted", "ExecutionAborted"]

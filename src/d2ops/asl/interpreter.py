@@ -873,6 +873,9 @@ class Execution:
                 self._event(frame, "MapRunFailed", _error_details(err.error, err.cause))
                 self._event(frame, "MapStateFailed", None)
                 raise
+            except (ExecutionAborted, ExecutionTimedOut, _BranchCancelled):
+                self._event(frame, "MapRunAborted", None)  # the parent ended: its Map Run is aborted
+                raise
             self._event(frame, "MapRunSucceeded", None)
             run_done = frame.last_event
             self._event(frame, "MapStateSucceeded", None)
