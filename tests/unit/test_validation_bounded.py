@@ -165,3 +165,33 @@ def test_the_id_set_tells_repeats_apart_whatever_the_id() -> None:
     # a bit per id numbered densely; the sparse ones in the set
     assert len(ids.bits) <= 2 * coco._IdSet.MIN_DENSE // 8
     assert ids.sparse == {late, 900100000001, -1, -(2**63), 2**63 - 1}
+
+
+def _check_either(data: bytes, window: int) -> Any:
+    """check_split as it runs (bounded, falling back when it must) at a given window."""
+    log = IssueLog()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(coco, "WINDOW", window)
+        result = coco.check_split(data, "train", "annotations/train.json", log)
+    return _outcome(log, result)
+
+
+def test_mutated_and_damaged_documents_read_the_same_both_ways(tmp_path: Path) -> None:
+    """Hypothesis' hostile documents (test_validation_properties' strategy): whether the bounded
+    reader reads them or gives up, the findings are the whole-file decoder's."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from d2ops import synth
+    from tests.unit.test_validation_properties import FAST, mutated_document
+
+    synth.generate(tmp_path / "ds", images=6, seed=3, size=32)
+    base = json.loads((tmp_path / "ds/annotations/train.json").read_text())
+
+    @settings(FAST, max_examples=120)
+    @given(data=st.booleans().flatmap(lambda damage: mutated_document(base, damage=damage)),
+           window=st.sampled_from([48, 256, 1 << 20]))
+    def check(data: bytes, window: int) -> None:
+        assert _check_either(data, window) == _check(data, bounded=False)
+
+    check()
