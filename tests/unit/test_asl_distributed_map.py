@@ -133,7 +133,14 @@ def test_manifest_and_list_objects_v2(s3: Any) -> None:
     assert [list(item) for item in out] == [["Etag", "LastModified", "Key", "Size", "StorageClass"]] * 2
     assert [(i["Key"], i["Size"], i["StorageClass"]) for i in out] == [("p/file_0.txt", 12, "STANDARD"),
                                                                        ("p/file_1.txt", 12, "STANDARD")]
-    assert out[0]["Etag"].startswith('"')
+    assert out[0]["Etag"].startswith('"') and isinstance(out[0]["LastModified"], int)
+    # A versioned source is read at the VersionId named in Parameters.
+    s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+    first = s3.put_object(Bucket=BUCKET, Key="v.jsonl", Body=b'"old"\n')["VersionId"]
+    s3.put_object(Bucket=BUCKET, Key="v.jsonl", Body=b'"new"\n')
+    definition = _map(_reader("JSONL", "v.jsonl"))
+    definition["States"]["Map"]["ItemReader"]["Parameters"]["VersionId.$"] = "$.version"
+    assert _run(definition, {"version": first}).output == ["old"]
 
 
 def test_selector_batcher_and_child_context(s3: Any) -> None:

@@ -499,9 +499,16 @@ class _Validator:
             self.template(reader["Parameters"], f"{where}.Parameters")
         config = reader.get("ReaderConfig", {})
         if not self._fields(config, f"{where}.ReaderConfig", {"InputType", "CSVHeaderLocation", "CSVHeaders",
-                                                              "CSVDelimiter", "MaxItems", "MaxItemsPath"}):
+                                                              "CSVDelimiter", "MaxItems", "MaxItemsPath",
+                                                              "ManifestType"}):
             return
         input_type = config.get("InputType")
+        if input_type == "PARQUET":
+            self.problem(f"{where}.ReaderConfig.InputType", "InputType PARQUET is not supported by the interpreter")
+            return
+        if "ManifestType" in config and (input_type != "MANIFEST" or config["ManifestType"] != "S3_INVENTORY"):
+            self.problem(f"{where}.ReaderConfig.ManifestType", "only ManifestType S3_INVENTORY (with InputType "
+                                                               "MANIFEST) is supported by the interpreter")
         if normalised == _READER_RESOURCES[0] and input_type not in ("JSON", "JSONL", "CSV", "MANIFEST"):
             self.problem(f"{where}.ReaderConfig.InputType", "s3:getObject needs InputType JSON, JSONL, CSV or "
                                                             f"MANIFEST (got {input_type!r})")

@@ -67,11 +67,11 @@ def _client_error(exc: Exception) -> str:
     return repr(exc)
 
 
-def _get_text(client: Any, bucket: Any, key: Any, what: str) -> bytes:
+def _get_text(client: Any, bucket: Any, key: Any, what: str, **extra: Any) -> bytes:
     if not isinstance(bucket, str) or not isinstance(key, str):
         raise StatesError(ITEM_READER_FAILED, f"the ItemReader's Parameters need string Bucket and Key ({what})")
     try:
-        body: bytes = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        body: bytes = client.get_object(Bucket=bucket, Key=key, **extra)["Body"].read()
     except Exception as exc:
         raise StatesError(ITEM_READER_FAILED, f"cannot read s3://{bucket}/{key}: {_client_error(exc)}") from exc
     return body
@@ -131,8 +131,9 @@ def _manifest_items(client: Any, bucket: str, key: str, text: str, limit: int) -
 
 def _listing_item(entry: dict[str, Any]) -> dict[str, Any]:
     modified = entry.get("LastModified")
+    # The ItemReader page's example item gives LastModified in epoch seconds (a number).
     return {"Etag": entry.get("ETag"),
-            "LastModified": modified.isoformat() if isinstance(modified, datetime) else modified,
+            "LastModified": int(modified.timestamp()) if isinstance(modified, datetime) else modified,
             "Key": entry["Key"], "Size": entry.get("Size"), "StorageClass": entry.get("StorageClass", "STANDARD")}
 
 
@@ -158,7 +159,9 @@ def read_items(resource: str, parameters: Any, config: dict[str, Any], limit: in
                                                   f"{parameters.get('Prefix', '')}: {_client_error(exc)}") from exc
         return items
     bucket, key = parameters.get("Bucket"), parameters.get("Key")
-    raw = _get_text(client, bucket, key, "getObject")
+    # A versioned source is read at the version named (VersionId), as the service does.
+    extra = {k: v for k, v in parameters.items() if k in ("VersionId", "ExpectedBucketOwner", "RequestPayer")}
+    raw = _get_text(client, bucket, key, "getObject", **extra)
     assert isinstance(bucket, str) and isinstance(key, str)  # _get_text refused anything else
     text = _decode(raw, bucket, key)
     kind = config.get("InputType", "JSON")
