@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from d2ops_core import pretrained
+from d2ops_core import images, pretrained
 from d2ops_core.documents.run_state import (  # re-exported: the prepare step's output
     CapacitySize,
     ChampionRef,
@@ -31,10 +31,22 @@ class ManifestSettings(BaseModel):
     gate: Gate | None = None
 
 
+class ValidatedDataset(BaseModel):
+    """What prepare needs of ``$.validation.summary`` (validate_dataset.models.ValidationSummary): the run's
+    snapshot, which the jobs read instead of the mutable data prefix, and the inventory's digest."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    images_pending: bool = False
+    snapshot_uri: str | None = None
+    inventory_digest: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$")
+
+
 class PrepareEvent(BaseModel):
     run_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,80}$")
     dataset: DatasetRef
     manifest: ManifestSettings = Field(default_factory=ManifestSettings)
+    validation: ValidatedDataset | None = Field(None, description="the validation summary; None is refused")
 
 
 class PrepareSettings(BaseModel):
@@ -70,6 +82,8 @@ class PrepareSettings(BaseModel):
     pretrained_weights_key: str = Field(min_length=1, max_length=1024, pattern=pretrained.KEY_PATTERN,
                                         description="PretrainedWeightsKey: the checkpoint's key, or 'none'")
     stack_name: str | None = Field(None, description="AWS::StackName, for the command a failure names")
+    max_image_pixels: int = Field(images.MAX_PIXELS, ge=images.MIN_PIXELS_LIMIT, le=images.MAX_PIXELS_LIMIT,
+                                  description="MaxImagePixels: the image rule's limit, passed on to the jobs")
 
     @property
     def limits(self) -> StackLimits:

@@ -7,7 +7,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from d2ops_core import metrics, platform, pretrained, runs
+from d2ops_core import images, metrics, platform, pretrained, runs
 from d2ops_core.champion import ChampionRecord, read_champion
 from d2ops_core.dataset_diff import compare
 from d2ops_core.dataset_diff_s3 import index_run
@@ -69,6 +69,28 @@ class PretrainedWeightsAmbiguous(Exception):
 class PretrainedWeightsMismatch(Exception):
     """PretrainedWeightsKey is the documented key of one config's checkpoint and the run trains another
     (the manifest's task or training.model chose it): the job would start from the wrong model's weights."""
+
+
+class DatasetSnapshotMissing(Exception):
+    """The validation summary names no snapshot of this run (runs/<run_id>/dataset/) or no inventory digest:
+    validation did not finish (images still pending) or the execution's input skipped it. Training reads
+    only a validated snapshot, never the mutable data prefix, so the run is refused before any job starts."""
+
+
+def dataset_snapshot(settings: PrepareSettings, event: PrepareEvent) -> tuple[str, str]:
+    """The snapshot URI the train/val channels and the evaluation read, and the inventory's digest."""
+    summary = event.validation
+    expected = runs.snapshot_uri(settings.artifacts_bucket, event.run_id)
+    if summary is None or summary.images_pending or not summary.snapshot_uri or not summary.inventory_digest:
+        missing = ("no validation summary" if summary is None else
+                   "images still pending" if summary.images_pending else
+                   "no snapshot_uri" if not summary.snapshot_uri else "no inventory_digest")
+        raise DatasetSnapshotMissing(f"run {event.run_id}: the validation summary has {missing}; training reads "
+                                     f"only the validated snapshot {expected}, so nothing was started")
+    if summary.snapshot_uri != expected:
+        raise DatasetSnapshotMissing(f"run {event.run_id}: the validation summary's snapshot_uri "
+                                     f"{summary.snapshot_uri} is not this run's snapshot {expected}")
+    return expected, summary.inventory_digest
 
 
 def run_config(settings: PrepareSettings, event: PrepareEvent) -> str | None:
@@ -147,15 +169,27 @@ def hyperparameters(settings: PrepareSettings, event: PrepareEvent) -> dict[str,
         hps["weights"] = "scratch"
     for key, value in event.manifest.training.model_dump(exclude_none=True).items():
         hps[key] = str(value)
+    if event.validation is not None and event.validation.inventory_digest:
+        # Recorded in the job (DescribeTrainingJob) and by the trainer in the artifact's metadata.json.
+        hps["inventory_digest"] = event.validation.inventory_digest
     return hps
 
 
+def image_rule_environment(settings: PrepareSettings) -> dict[str, str]:
+    """The jobs' environment: the one image rule's pixel limit (MaxImagePixels), so training and evaluation
+    refuse and read exactly the images validation did (d2ops_core.images.max_pixels reads it)."""
+    return {images.MAX_PIXELS_ENV: str(settings.max_image_pixels)}
+
+
 def training_job_request(settings: PrepareSettings, event: PrepareEvent, names: JobNames) -> dict[str, Any]:
+    snapshot, _ = dataset_snapshot(settings, event)
+
     def channel(name: str) -> dict[str, Any]:
-        # Both channels are the whole dataset version (COCO layout with manifest.json): the
-        # trainer reads the split files the manifest names.
+        # Both channels are the run's snapshot of the whole dataset version (COCO layout with
+        # manifest.json, copied by VersionId at validation): the trainer reads the split files the
+        # manifest names, exactly the bytes validation checked.
         return {"ChannelName": name, "InputMode": "File",
-                "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": event.dataset.uri,
+                "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": snapshot,
                                                 "S3DataDistributionType": "FullyReplicated"}}}
 
     channels = [channel("train"), channel("val")]
@@ -178,6 +212,7 @@ def training_job_request(settings: PrepareSettings, event: PrepareEvent, names: 
                                    "MetricDefinitions": [dict(d) for d in metrics.METRIC_DEFINITIONS],
                                    "EnableSageMakerMetricsTimeSeries": True},
         "HyperParameters": hyperparameters(settings, event),
+        "Environment": image_rule_environment(settings),
         "InputDataConfig": channels,
         "OutputDataConfig": {"S3OutputPath": runs.training_output_uri(settings.artifacts_bucket, event.run_id)},
         "ResourceConfig": {"InstanceType": settings.training_instance_type,
@@ -207,7 +242,8 @@ def evaluation_job_request(settings: PrepareSettings, event: PrepareEvent, names
         return {"InputName": name, "S3Input": {"S3Uri": uri, "LocalPath": f"{PROCESSING_ROOT}/input/{name}",
                                                 "S3DataType": "S3Prefix", "S3InputMode": "File"}}
 
-    inputs = [model_input("challenger", challenger_model), model_input("val", event.dataset.uri)]
+    snapshot, _ = dataset_snapshot(settings, event)
+    inputs = [model_input("challenger", challenger_model), model_input("val", snapshot)]
     if champion is not None:
         inputs.append(model_input("champion", champion.model_data))
     return {
@@ -216,6 +252,7 @@ def evaluation_job_request(settings: PrepareSettings, event: PrepareEvent, names
         "AppSpecification": {"ImageUri": settings.evaluation_image_uri,
                              "ContainerEntrypoint": list(EVALUATION_ENTRYPOINT)},
         "ProcessingInputs": inputs,
+        "Environment": image_rule_environment(settings),
         "ProcessingOutputConfig": {"Outputs": [{
             "OutputName": "evaluation",
             "S3Output": {"S3Uri": runs.evaluation_output_uri(settings.artifacts_bucket, event.run_id),
@@ -275,6 +312,7 @@ def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: Champio
     problems = stack_limit_problems(event.manifest.gate, event.manifest.training, settings.limits)
     if problems:
         raise ManifestExceedsStackLimits("; ".join(f"{code}: {message}" for code, message, _ in problems))
+    snapshot, digest = dataset_snapshot(settings, event)
     check_instance_types(settings)
     check_weights_match(settings, event)
     names = job_names(event.run_id)
@@ -297,6 +335,8 @@ def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: Champio
         evaluation_report_uri=runs.evaluation_report_uri(settings.artifacts_bucket, event.run_id),
         champion=champion,
         dataset_diff=dataset_diff,
+        dataset_snapshot_uri=snapshot,
+        inventory_digest=digest,
     )
 
 

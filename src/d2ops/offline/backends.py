@@ -54,6 +54,7 @@ class LocalJobBackend:
             job_name=request["TrainingJobName"], channels=channels, work_dir=work_dir / "hosts",
             output_dir=work_dir / "output", hyperparameters=dict(request.get("HyperParameters") or {}),
             instance_count=int(resources.get("InstanceCount", 1)),
+            environment=dict(request.get("Environment") or {}),  # as SageMaker sets the container's
             max_runtime_seconds=stopping.get("MaxRuntimeInSeconds"))
         tee = _LogTee(work_dir / JOB_LOG)
         try:
