@@ -144,6 +144,7 @@ def test_cli_text_exit_codes_and_json(versions: tuple[Path, Path], capsys: pytes
     out = capsys.readouterr().out
     assert "images: +1 added, -2 removed, 1 renamed, 1 changed bytes, 1 relabelled, 1 moved train<->val" in out
     assert " bird | new" in out and "images/c.jpg -> images/sub/c2.jpg" in out
+    assert " dog  | changed       3 -> 3      (  +0%) train 3->3 | val 0->0  (1 images relabelled)" in out
     assert main(["diff", str(a), str(b), "--json"]) == 1
     doc = DatasetDiff.model_validate_json(capsys.readouterr().out)
     assert doc.images.renamed == 1

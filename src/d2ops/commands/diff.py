@@ -101,7 +101,8 @@ def describe(diff: Any, *, images: int = 10) -> str:
             tr, va = k.splits["train"], k.splits["val"]
             lines.append(f" {k.name:<{width}} | {k.status:<8} {k.instances_a:>6} -> {k.instances_b:<6} ({rel:>5}) "
                          f"train {tr.instances_a}->{tr.instances_b} | val {va.instances_a}->{va.instances_b} "
-                         f"{'+' * plus}{'-' * (bar_len - plus)}")
+                         f"{'+' * plus}{'-' * (bar_len - plus)}"
+                         + (f" ({k.images_changed} images relabelled)" if k.images_changed else ""))
         unchanged = len(diff.classes) - len(changed)
         if unchanged:
             lines.append(f" ({unchanged} classes unchanged)")
