@@ -277,7 +277,7 @@ class Execution:
         self._history_limit = MAX_HISTORY_EVENTS  # an Express child keeps no history of its own to limit
         self._cancel_means_abort = False  # True for a Distributed Map child (see _execute)
         self._timeout_cause_text: str | None = None
-        # Distributed Map runs: map run ARN -> DescribeMapRun's fields + "executions" (the Standard children)
+        # Distributed Map runs: map run ARN -> DescribeMapRun's fields + "executions" (the child Executions)
         self.map_runs: dict[str, dict[str, Any]] = {}
         self._cancel = Cancel()
         self._abort_requested = threading.Event()
@@ -294,6 +294,11 @@ class Execution:
     def history(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self._events)
+
+    @property
+    def children(self) -> list[Execution]:
+        """Every child execution of this execution's Distributed Map runs, in Map Run and item order."""
+        return [child for run in list(self.map_runs.values()) for child in run["executions"]]
 
     @property
     def done(self) -> bool:
@@ -966,7 +971,9 @@ class Execution:
         children = [c for c in results if c is not None]
         self.map_runs[map_run_arn] = self._describe_map_run(map_run_arn, children, results, inputs, concurrency,
                                                             count, percentage, writer is not None, exceeded.is_set())
-        self.map_runs[map_run_arn]["executions"] = [] if express else children
+        # Express children too: the service has no GetExecutionHistory for them, but offline their
+        # histories are what path tests inspect (a child Task's rendered Parameters, its retries).
+        self.map_runs[map_run_arn]["executions"] = children
         if writer is not None:
             records: dict[str, list[dict[str, Any]]] = {"SUCCEEDED": [], "FAILED": [], "PENDING": []}
             for execution in children:
