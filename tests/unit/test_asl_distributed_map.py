@@ -381,3 +381,21 @@ def test_aborting_the_parent_aborts_the_map_run_and_its_children() -> None:
     assert execution.wait(10)
     assert execution.status == "ABORTED"
     assert [e["type"] for e in execution.history][-3:] == ["MapRunAborted", "MapStateAborted", "ExecutionAborted"]
+
+
+def test_in_process_moto_serves_the_reader_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Path tests without a server: moto's in-process mock intercepts the Map's own S3 client."""
+    from moto import mock_aws
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="local")
+        s3.put_object(Bucket="local", Key="i.json", Body=b"[1, 2]")
+        definition = _map({"ItemReader": {"Resource": "arn:aws:states:::s3:getObject",
+                                          "ReaderConfig": {"InputType": "JSON"},
+                                          "Parameters": {"Bucket": "local", "Key": "i.json"}}})
+        assert _run(definition).output == [1, 2]

@@ -13,7 +13,6 @@ import csv
 import gzip
 import io
 import json
-import threading
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -37,23 +36,14 @@ MAX_ITEMS = 100_000_000
 MAX_INPUT_BYTES_PER_BATCH = 256 * 1024
 EXPRESS_CHILD_SECONDS = 5 * 60  # an Express child workflow runs at most five minutes
 
-_local = threading.local()
-
-
 def s3_client(region: str) -> Any:
-    """A boto3 S3 client per thread (clients are not shared across threads): endpoint and credentials
-    from the environment as every AWS SDK reads them, the state machine's region when none is set."""
-    import os
-
+    """A boto3 S3 client, endpoint and credentials from the environment as every AWS SDK reads them
+    (the state machine's region when none is set). One per Map Run's read or write, never cached: a
+    client made inside a test's moto mock must not outlive it."""
     import boto3
 
-    key = (region, os.environ.get("AWS_ENDPOINT_URL_S3"), os.environ.get("AWS_ENDPOINT_URL"))
-    cached = getattr(_local, "clients", {})
-    if key not in cached:
-        session = boto3.session.Session()
-        cached[key] = session.client("s3", region_name=session.region_name or region)
-        _local.clients = cached
-    return cached[key]
+    session = boto3.session.Session()
+    return session.client("s3", region_name=session.region_name or region)
 
 
 def _client_error(exc: Exception) -> str:
