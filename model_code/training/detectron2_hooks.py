@@ -49,6 +49,7 @@ from model_code.training import (
     detectron2_backbones,  # noqa: F401 (registers the CPU profile's backbone)
     detectron2_sampler,
 )
+from model_code.training.detectron2_mapper import RuleDatasetMapper
 from model_code.training.torchvision_trainer import Interrupted, StopFlag, TrainingError
 
 EXIT_STOPPED = 143
@@ -225,6 +226,13 @@ class Trainer(DefaultTrainer):
     def build_train_loader(cls, cfg: Any) -> detectron2_sampler.ResumableLoader:
         return detectron2_sampler.build_train_loader(cfg, rank=comm.get_rank(), world_size=comm.get_world_size(),
                                                      seed=data_seed(cfg))
+
+    @classmethod
+    def build_test_loader(cls, cfg: Any, dataset_name: str) -> Any:
+        from detectron2.data import build_detection_test_loader
+
+        # evaluation during training (TEST.EVAL_PERIOD) reads val images by the one image rule too
+        return build_detection_test_loader(cfg, dataset_name, mapper=RuleDatasetMapper(cfg, False))
 
     def resume_or_load(self, resume: bool = True) -> None:
         super().resume_or_load(resume=resume)

@@ -12,6 +12,7 @@ uninterrupted run would have. Here, over the whole job (every rank together):
   B: iteration i of the job covers positions [i*W*B, (i+1)*W*B), whatever the world size.
 - augmentation randomness (ResizeShortestEdge's size choice, RandomFlip, crops: numpy and
   ``random`` in detectron2's transforms) is seeded per sample from (seed, position).
+- images are read by the one image rule (detectron2_mapper.RuleDatasetMapper), not detectron2's reader.
 - aspect-ratio grouping (detectron2's default: landscape and portrait images batched apart)
   fills two buckets from the rank's stream; starting at iteration i replays the bucketing of
   the first i batches over integers (no image is read). When every image has the same
@@ -170,10 +171,11 @@ class ResumableLoader:
 
 
 def build_train_loader(cfg: Any, *, rank: int, world_size: int, seed: int) -> ResumableLoader:
-    """detectron2's train loader for ``cfg`` (dataset dicts, DatasetMapper, batch split), resumable."""
-    from detectron2.data import DatasetFromList, DatasetMapper, get_detection_dataset_dicts
+    """detectron2's train loader for ``cfg`` (dataset dicts, the rule's DatasetMapper, batch split), resumable."""
+    from detectron2.data import DatasetFromList, get_detection_dataset_dicts
 
     from model_code.training.config import ConfigError
+    from model_code.training.detectron2_mapper import RuleDatasetMapper
 
     dicts = get_detection_dataset_dicts(
         cfg.DATASETS.TRAIN, filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS,
@@ -190,5 +192,5 @@ def build_train_loader(cfg: Any, *, rank: int, world_size: int, seed: int) -> Re
     sampler = ResumableBatchSampler(len(dicts), images_per_rank=total // world_size, rank=rank,
                                     world_size=world_size, seed=seed, orientations=orientations)
     # serialised like upstream's loader: workers then share one buffer instead of copying Python objects
-    dataset = PositionKeyedDataset(DatasetFromList(dicts, copy=False), DatasetMapper(cfg, True), seed)
+    dataset = PositionKeyedDataset(DatasetFromList(dicts, copy=False), RuleDatasetMapper(cfg, True), seed)
     return ResumableLoader(dataset, sampler, int(cfg.DATALOADER.NUM_WORKERS))
