@@ -182,6 +182,30 @@ def test_the_lambdas_apply_the_stacks_limit(s3: Any, drone_dataset: Path, monkey
     assert [r.passed for r in too_large.images] == [False]
 
 
+def test_a_bad_limit_stops_validation_before_any_file_is_judged(s3: Any, drone_dataset: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from d2ops.cli import main
+
+    _upload(s3, drone_dataset)
+    monkeypatch.setenv("INLINE_IMAGE_LIMIT", "0")
+    monkeypatch.setenv(rule.MAX_PIXELS_ENV, "50000000")
+    pending = _validate("run-ok")  # its images are left for the Map's batches
+    monkeypatch.setenv(rule.MAX_PIXELS_ENV, "45 MP")
+    # never a report of CHECK_FAILED or refused images: the part stops, naming the variable
+    with pytest.raises(rule.PixelLimitError, match="MAX_IMAGE_PIXELS='45 MP'"):
+        validate_local(drone_dataset)
+    with pytest.raises(rule.PixelLimitError, match="MAX_IMAGE_PIXELS"):
+        _validate("run-bad")
+    assert pending["images_pending"]
+    with pytest.raises(rule.PixelLimitError, match="MAX_IMAGE_PIXELS"):
+        _check_drone_image(s3, "run-ok")
+    assert main(["validate", str(drone_dataset), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("d2ops validate: MAX_IMAGE_PIXELS='45 MP' is not a whole number of pixels (the stack parameter "
+                   "MaxImagePixels, e.g. 36000000)")
+
+
 def test_the_stack_parameter_reaches_every_part_that_applies_the_rule() -> None:
     stack = load_stack(parameters={"MaxImagePixels": "50000000"})
     assert load_stack().parameters["MaxImagePixels"] == "36000000"  # the default: today's limit
@@ -194,7 +218,7 @@ def test_the_stack_parameter_reaches_every_part_that_applies_the_rule() -> None:
     models = importlib.import_module("prepare_training.models")
     service = importlib.import_module("prepare_training.service")
     settings = models.PrepareSettings.from_env(stack.functions["PrepareTrainingFunction"].environment)
-    event = models.PrepareEvent.model_validate(support.load_event("prepare_training", "defaults"))
+    event = _prepare_event(models, stack)
     plan = service.build_plan(settings, event, None)
     assert plan.training_job["Environment"] == {"MAX_IMAGE_PIXELS": "50000000"}
     assert plan.evaluation_job["Environment"] == {"MAX_IMAGE_PIXELS": "50000000"}
@@ -203,6 +227,12 @@ def test_the_stack_parameter_reaches_every_part_that_applies_the_rule() -> None:
     create = _create_model_state(stack)
     assert create["Resource"].endswith(":states:::sagemaker:createModel")
     assert create["Parameters"]["PrimaryContainer"]["Environment"] == {"MAX_IMAGE_PIXELS": "50000000"}
+
+
+def _prepare_event(models: Any, stack: Any) -> Any:
+    """The sample prepare event, its run's artifacts (the snapshot it names) in this stack's bucket."""
+    text = json.dumps(support.load_event("prepare_training", "defaults"))
+    return models.PrepareEvent.model_validate_json(text.replace(support.ARTIFACTS_BUCKET, stack.artifacts_bucket))
 
 
 def _create_model_state(stack: Any) -> dict[str, Any]:
@@ -219,7 +249,7 @@ def test_what_the_pipeline_builds_is_accepted_by_sagemaker(monkeypatch: pytest.M
     models = importlib.import_module("prepare_training.models")
     service = importlib.import_module("prepare_training.service")
     settings = models.PrepareSettings.from_env(stack.functions["PrepareTrainingFunction"].environment)
-    event = models.PrepareEvent.model_validate(support.load_event("prepare_training", "defaults"))
+    event = _prepare_event(models, stack)
     plan = service.build_plan(settings, event, None)
     container = dict(_create_model_state(stack)["Parameters"]["PrimaryContainer"])
     container.pop("ModelPackageName.$")

@@ -23,6 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from d2ops_core.images import PixelLimitError
     from d2ops_core.validation import DatasetUnreadable, validate_local, validate_s3
 
     def progress(line: str) -> None:
@@ -49,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
     except DatasetUnreadable as exc:
         print(f"d2ops validate: cannot read the dataset: {exc}", file=sys.stderr)
         return 1
+    except PixelLimitError as exc:  # the environment, not the dataset, is wrong
+        print(f"d2ops validate: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(report.model_dump_json(indent=1))
     else:

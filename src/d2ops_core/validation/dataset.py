@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from d2ops_core.images import max_pixels
 from d2ops_core.validation.coco import SplitResult, Thresholds, check_split
 from d2ops_core.validation.codes import Code
 from d2ops_core.validation.errors import DatasetUnreadable, ObjectChanged, SourceFileError
@@ -176,6 +177,7 @@ def validate_version(source: Source, *, check_images: bool = True, expected: tup
     are not checked here: ``images_pending`` and ``items`` say what the Map must check. ``snapshot``:
     copy what the run reads (the source's ``copy_to_snapshot``) when it is valid so far.
     """
+    max_pixels()  # a bad MAX_IMAGE_PIXELS is PixelLimitError naming it, before any file is judged by it
     say = progress or _quiet
     limits = limits or Thresholds()
     started = time.perf_counter()

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import count
 
-from d2ops_core.images import extension_problem
+from d2ops_core.images import extension_problem, max_pixels
 from d2ops_core.validation.coco import ImageRef, loose_name
 from d2ops_core.validation.codes import Code, severity
 from d2ops_core.validation.errors import ObjectChanged
@@ -179,7 +179,12 @@ def check_items(source: Source, items: Iterable[ImageItem], *, snapshot: bool, w
 
 def check_image_batch(source: Source, items: Sequence[ImageItem], *, snapshot: bool = True,
                       workers: int = 4) -> ImageBatchResult:
-    """One Distributed Map batch: every item checked and copied; the result the Map's ResultWriter stores."""
+    """One Distributed Map batch: every item checked and copied; the result the Map's ResultWriter stores.
+
+    A bad MAX_IMAGE_PIXELS raises PixelLimitError first: the batch fails (and with it the Map), naming the
+    variable, instead of every image being refused for it.
+    """
+    max_pixels()
     checked: list[CheckedImage] = []
     issues: list[Issue] = []
     for image, found in check_items(source, items, snapshot=snapshot, workers=workers):
