@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
+from d2ops_core import images as rule
 from model_code.serving import device, launch
 
 PID_FILE = "torchserve.pid"  # the TorchServe process group, for a supervisor that must clean up after us
@@ -95,6 +96,11 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
 
 
 def serve(env: Mapping[str, str]) -> int:
+    try:  # the image rule's limit (CreateModel's Environment): a bad one fails the start, not every request
+        pixel_limit = rule.max_pixels(env)
+    except rule.PixelLimitError as exc:
+        raise launch.ServingError(str(exc)) from exc
+    print(f"d2ops serving: images up to {pixel_limit:,} pixels ({rule.MAX_PIXELS_ENV})", flush=True)
     model = Path(env.get("D2OPS_MODEL_PATH") or "/opt/ml/model")
     workdir = Path(env.get("D2OPS_SERVING_WORKDIR") or "/tmp/d2ops-serving")
     base = launch.read_properties(launch.config_path(env))

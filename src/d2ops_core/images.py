@@ -30,6 +30,7 @@ from __future__ import annotations
 import io
 import os
 import posixpath
+from collections.abc import Mapping
 from typing import IO, Literal
 
 from PIL import Image
@@ -80,14 +81,14 @@ class PixelLimitError(ValueError):
     """MAX_IMAGE_PIXELS is set to something that is not a pixel count in the allowed range."""
 
 
-def max_pixels() -> int:
+def max_pixels(env: Mapping[str, str] | None = None) -> int:
     """The pixel limit in force: env MAX_IMAGE_PIXELS (the stack's MaxImagePixels) if set, else MAX_PIXELS.
 
-    Read at every call, so a Lambda, a job or a test sees the value its environment holds now. A bad
-    value raises PixelLimitError naming the variable: a misconfigured limit must stop the part, never
-    silently fall back to another limit than validation used.
+    Read at every call (from ``env``, by default the process environment), so a Lambda, a job or a test
+    sees the value its environment holds now. A bad value raises PixelLimitError naming the variable: a
+    misconfigured limit must stop the part, never silently fall back to another limit than validation used.
     """
-    raw = os.environ.get(MAX_PIXELS_ENV, "").strip()
+    raw = (os.environ if env is None else env).get(MAX_PIXELS_ENV, "").strip()
     if not raw:
         return MAX_PIXELS
     try:

@@ -115,6 +115,15 @@ def test_entrypoint_accepts_only_serve_and_fails_fast_on_a_bad_model(tmp_path, m
     assert "batching settings" in capsys.readouterr().err
 
 
+def test_entrypoint_fails_fast_on_a_bad_pixel_limit(tmp_path, monkeypatch, capsys):
+    # CreateModel's Environment carries MaxImagePixels: a bad value stops the start, it is not a 500 per request
+    monkeypatch.setenv("D2OPS_MODEL_PATH", str(tmp_path / "absent"))
+    monkeypatch.setenv("MAX_IMAGE_PIXELS", "0")
+    assert entrypoint.main(["serve"]) == 1
+    assert capsys.readouterr().err.strip() == ("d2ops serving: error: MAX_IMAGE_PIXELS=0 is outside "
+                                               "1,000,000..150,000,000 pixels (the stack parameter MaxImagePixels)")
+
+
 def test_entrypoint_port_validation():
     with pytest.raises(launch.ServingError, match="is not a TCP port"):
         entrypoint._port({"SAGEMAKER_BIND_TO_PORT": "80a"}, "SAGEMAKER_BIND_TO_PORT", 8080)
