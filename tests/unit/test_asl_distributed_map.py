@@ -32,7 +32,6 @@ def moto_url() -> Iterator[str]:
     os.environ.update({"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "offline", "AWS_SECRET_ACCESS_KEY": "offline",
                        "AWS_DEFAULT_REGION": "us-east-1"})
     try:
-        boto3.client("s3", region_name="us-east-1", endpoint_url=url).create_bucket(Bucket=BUCKET)
         yield url
     finally:
         for key, value in saved.items():
@@ -45,7 +44,9 @@ def moto_url() -> Iterator[str]:
 
 @pytest.fixture
 def s3(moto_url: str) -> Any:
-    return boto3.client("s3", region_name="us-east-1", endpoint_url=moto_url)
+    client = boto3.client("s3", region_name="us-east-1", endpoint_url=moto_url)
+    client.create_bucket(Bucket=BUCKET)  # again: leaving an in-process mock_aws resets moto's shared backends
+    return client
 
 
 def _map(extra: dict[str, Any], child: dict[str, Any] | None = None, execution_type: str = "STANDARD") -> dict:
@@ -183,7 +184,11 @@ def test_tolerated_failures_at_and_over_the_threshold(tolerance: dict[str, Any],
                      executors={"arn:aws:states:::lambda:invoke": _failing})
     if succeeds:
         assert execution.status == "SUCCEEDED", execution.cause
-        assert execution.output == [0, None, 2, None, 4, 5]
+        # A tolerated failure stays in its item's place as the child's record (the docs' note on COMPACT).
+        output = execution.output
+        assert [output[i] for i in (0, 2, 4, 5)] == [0, 2, 4, 5]
+        assert [(output[i]["Status"], output[i]["Error"], output[i]["Cause"]) for i in (1, 3)] == [
+            ("FAILED", "Bad", "item 1"), ("FAILED", "Bad", "item 3")]
     else:
         assert (execution.error, execution.cause) == ("States.ExceedToleratedFailureThreshold",
                                                       "The specified tolerated failure threshold was exceeded")
@@ -240,7 +245,8 @@ def test_express_children_time_out_after_five_minutes() -> None:
     child = {"Type": "Wait", "Seconds": 301, "End": True}
     execution = _run(_map({"ItemsPath": "$", "ToleratedFailureCount": 1}, child, "EXPRESS"), [1])
     assert execution.status == "SUCCEEDED"
-    assert execution.output == [None]
+    (record,) = execution.output
+    assert (record["Status"], record["Error"]) == ("TIMED_OUT", "States.Timeout")
     standard = _run(_map({"ItemsPath": "$"}, child, "STANDARD"), [1])
     assert standard.output == [1]
 
@@ -358,7 +364,7 @@ def test_map_run_is_described_like_describe_map_run() -> None:
     assert run["executionCounts"] | {} == {"aborted": 0, "failed": 1, "pending": 0, "resultsWritten": 0,
                                            "running": 0, "succeeded": 2, "timedOut": 0, "total": 3}
     assert run["itemCounts"]["failed"] == 2 and run["itemCounts"]["total"] == 5
-    assert execution.output == [0, None, 4]
+    assert execution.output[0] == 0 and execution.output[2] == 4 and execution.output[1]["Error"] == "Bad"
 
 
 def test_aborting_the_parent_aborts_the_map_run_and_its_children() -> None:
@@ -382,6 +388,37 @@ def test_aborting_the_parent_aborts_the_map_run_and_its_children() -> None:
     assert execution.status == "ABORTED"
     assert [e["type"] for e in execution.history][-3:] == ["MapRunAborted", "MapStateAborted", "ExecutionAborted"]
 
+
+@pytest.mark.parametrize(("config", "expected"), [
+    ({"Transformation": "COMPACT"}, [[0, 1], [2]]),
+    ({"Transformation": "FLATTEN"}, [0, 1, 2]),
+])
+def test_writer_config_alone_shapes_the_state_output(config: dict[str, Any], expected: list[Any]) -> None:
+    child = {"Type": "Pass", "InputPath": "$.Items", "End": True}
+    extra = {"ItemsPath": "$", "ItemBatcher": {"MaxItemsPerBatch": 2}, "ResultWriter": {"WriterConfig": config}}
+    assert _run(_map(extra, child), [0, 1, 2]).output == expected
+
+
+def test_writer_config_none_gives_records_and_jsonl_export(s3: Any) -> None:
+    records = _run(_map({"ItemsPath": "$", "ResultWriter": {"WriterConfig": {"Transformation": "NONE"}}}), ["a"])
+    assert [(r["Status"], json.loads(r["Output"])) for r in records.output] == [("SUCCEEDED", "a")]
+    extra = {"ItemsPath": "$", "ResultWriter": {"WriterConfig": {"Transformation": "FLATTEN", "OutputType": "JSONL"},
+                                                "Resource": "arn:aws:states:::s3:putObject",
+                                                "Parameters": {"Bucket": BUCKET, "Prefix": "jl"}}}
+    child = {"Type": "Pass", "Parameters": {"x.$": "States.Array($, $)"}, "OutputPath": "$.x", "End": True}
+    details = _run(_map(extra, child), ["a", "b"]).output["ResultWriterDetails"]
+    manifest = json.loads(s3.get_object(Bucket=BUCKET, Key=details["Key"])["Body"].read())
+    (entry,) = manifest["ResultFiles"]["SUCCEEDED"]
+    assert entry["Key"].endswith("/SUCCEEDED_0.jsonl")
+    body = s3.get_object(Bucket=BUCKET, Key=entry["Key"])["Body"].read().decode()
+    assert [json.loads(line) for line in body.splitlines()] == ["a", "a", "b", "b"]
+
+
+def test_result_writer_needs_writer_config_or_an_export() -> None:
+    with pytest.raises(AslDefinitionError, match="cannot be empty"):
+        StateMachine.from_definition(_map({"ResultWriter": {}}))
+    with pytest.raises(AslDefinitionError, match="Transformation: must be NONE, COMPACT or FLATTEN"):
+        StateMachine.from_definition(_map({"ResultWriter": {"WriterConfig": {"Transformation": "ZIP"}}}))
 
 def test_in_process_moto_serves_the_reader_too(monkeypatch: pytest.MonkeyPatch) -> None:
     """Path tests without a server: moto's in-process mock intercepts the Map's own S3 client."""

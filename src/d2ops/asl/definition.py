@@ -550,7 +550,21 @@ class _Validator:
             self.template(batcher["BatchInput"], f"{where}.BatchInput")
 
     def result_writer(self, writer: Any, where: str) -> None:
-        if not self._fields(writer, where, {"Resource", "Parameters"}):
+        if not self._fields(writer, where, {"Resource", "Parameters", "WriterConfig"}):
+            return
+        # The documented combinations: WriterConfig alone (the state output), or Resource with Parameters
+        # (an export to S3), with or without WriterConfig.
+        if "WriterConfig" in writer:
+            config = writer["WriterConfig"]
+            if self._fields(config, f"{where}.WriterConfig", {"Transformation", "OutputType"}):
+                if config.get("Transformation", "NONE") not in ("NONE", "COMPACT", "FLATTEN"):
+                    self.problem(f"{where}.WriterConfig.Transformation", "must be NONE, COMPACT or FLATTEN")
+                if config.get("OutputType", "JSON") not in ("JSON", "JSONL"):
+                    self.problem(f"{where}.WriterConfig.OutputType", "must be JSON or JSONL")
+            if "Resource" not in writer and "Parameters" not in writer:
+                return
+        elif "Resource" not in writer and "Parameters" not in writer:
+            self.problem(where, "cannot be empty: needs WriterConfig, or Resource and Parameters")
             return
         resource = writer.get("Resource")
         normalised = re.sub(r"^arn:[^:]*:", "arn:aws:", resource) if isinstance(resource, str) else resource

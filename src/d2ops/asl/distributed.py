@@ -202,9 +202,10 @@ def batches(items: list[Any], max_items: int | None, max_bytes: int | None,
 
 
 def write_results(region: str, bucket: Any, prefix: Any, map_run_arn: str,
-                  records: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Write ``<Prefix>/<MapRunId>/{SUCCEEDED,FAILED,PENDING}_0.json`` (non-empty ones) and manifest.json;
-    return the Map's ResultWriterDetails. Errors: States.ResultWriterFailed."""
+                  records: dict[str, list[Any]], output_type: str = "JSON") -> dict[str, Any]:
+    """Write ``<Prefix>/<MapRunId>/{SUCCEEDED,FAILED,PENDING}_0.json`` (non-empty ones; a JSON array, or
+    with OutputType JSONL one entry a line in ``..._0.jsonl``) and manifest.json; return the Map's
+    ResultWriterDetails. Errors: States.ResultWriterFailed."""
     if not isinstance(bucket, str) or not bucket:
         raise StatesError(RESULT_WRITER_FAILED, "the ResultWriter's Parameters need a string Bucket")
     if prefix is not None and not isinstance(prefix, str):
@@ -218,8 +219,12 @@ def write_results(region: str, bucket: Any, prefix: Any, map_run_arn: str,
     try:
         for status in ("SUCCEEDED", "FAILED", "PENDING"):
             if records.get(status):
-                body = json.dumps(records[status], ensure_ascii=False).encode("utf-8")
-                key = f"{base}{status}_0.json"
+                if output_type == "JSONL":
+                    body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records[status]).encode()
+                    key = f"{base}{status}_0.jsonl"
+                else:
+                    body = json.dumps(records[status], ensure_ascii=False).encode("utf-8")
+                    key = f"{base}{status}_0.json"
                 client.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json")
                 files[status].append({"Key": key, "Size": len(body)})
         manifest = {"DestinationBucket": bucket, "MapRunArn": map_run_arn, "ResultFiles": files}

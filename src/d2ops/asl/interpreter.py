@@ -981,22 +981,41 @@ class Execution:
         # Express children too: the service has no GetExecutionHistory for them, but offline their
         # histories are what path tests inspect (a child Task's rendered Parameters, its retries).
         self.map_runs[map_run_arn]["executions"] = children
-        if writer is not None:
-            records: dict[str, list[dict[str, Any]]] = {"SUCCEEDED": [], "FAILED": [], "PENDING": []}
+        exporting = writer is not None and "Resource" in writer
+        config = (writer or {}).get("WriterConfig", {})
+        # ResultWriter (Map): NONE (metadata records) is the default when exporting to S3, COMPACT (the
+        # children's outputs) when there is no ResultWriter; a failed child's entry is always its record.
+        transformation = config.get("Transformation", "NONE" if exporting else "COMPACT")
+
+        def entries(executions: list[Execution]) -> list[Any]:
+            out: list[Any] = []
+            for execution in executions:
+                if transformation == "NONE" or execution.status != "SUCCEEDED":
+                    out.append(self._child_record(execution, express))
+                elif transformation == "FLATTEN" and isinstance(execution.output, list):
+                    out.extend(execution.output)
+                else:
+                    out.append(execution.output)
+            return out
+
+        if exporting:
+            assert writer is not None
+            by_status: dict[str, list[Execution]] = {"SUCCEEDED": [], "FAILED": [], "PENDING": []}
             for execution in children:
                 # Children the Map Run stopped before they ended are PENDING (they could be redriven).
                 status = {"SUCCEEDED": "SUCCEEDED", "ABORTED": "PENDING"}.get(execution.status, "FAILED")
-                records[status].append(self._child_record(execution, express))
+                by_status[status].append(execution)
             parameters = self._render(writer.get("Parameters", {}), data, context, name, "ResultWriter.Parameters")
             details = distributed.write_results(self.state_machine.region, parameters.get("Bucket"),
-                                                parameters.get("Prefix"), map_run_arn, records)
+                                                parameters.get("Prefix"), map_run_arn,
+                                                {status: entries(group) for status, group in by_status.items()},
+                                                config.get("OutputType", "JSON"))
         if exceeded.is_set():
             raise StatesError(distributed.EXCEED_TOLERATED_FAILURE_THRESHOLD,
                               distributed.EXCEED_TOLERATED_FAILURE_CAUSE)
-        if writer is not None:
+        if exporting:
             return {"MapRunArn": map_run_arn, "ResultWriterDetails": details}
-        # Tolerated failures leave null in their place, so the output stays aligned with the items.
-        return [c.output if c.status == "SUCCEEDED" else None for c in children]
+        return entries(children)
 
     def _describe_map_run(self, arn: str, children: list[Execution], results: list[Execution | None],
                           inputs: list[tuple[int, Any]], concurrency: int, count: int | None,
