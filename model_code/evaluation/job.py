@@ -21,6 +21,7 @@ import traceback
 import warnings
 from pathlib import Path
 
+from d2ops_core import images as rule
 from d2ops_core.metrics import primary_metric
 from d2ops_core.runs import EVALUATION_REPORT_NAME
 from model_code.artifact import ArtifactError, LoadedDetector, load_artifact, write_json
@@ -55,6 +56,10 @@ def load_model(root: Path, name: str) -> LoadedDetector | None:
 
 
 def evaluate(root: Path, sample_images: int = 6) -> dict[str, object]:
+    try:  # the job's Environment (MaxImagePixels): a bad limit fails the job at once, naming the variable
+        rule.max_pixels()
+    except rule.PixelLimitError as exc:
+        raise EvaluationError(str(exc)) from None
     challenger = load_model(root, "challenger")
     if challenger is None:
         raise EvaluationError(f"{root / 'processing/input/challenger'}: missing; the challenger model is required")

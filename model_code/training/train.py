@@ -72,6 +72,17 @@ def run(env: TrainingEnvironment, hp: Hyperparameters) -> None:
         torchvision_launch.run(env, hp, dict(os.environ))
 
 
+def check_pixel_limit() -> None:
+    """The job's MAX_IMAGE_PIXELS (CreateTrainingJob's Environment, from MaxImagePixels) is one the image rule
+    takes: a bad value is a ConfigError at the start, not an error in a data-loader worker hours later."""
+    from d2ops_core import images
+
+    try:
+        images.max_pixels()
+    except images.PixelLimitError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def main() -> int:
     # torch marks TorchScript deprecated; the artifact contract is TorchScript on purpose (docs/model-artifact.md).
     warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=FutureWarning)
@@ -84,6 +95,7 @@ def main() -> int:
     model_dir: Path | None = None  # set once training may have written into it
     try:
         env = load_environment()
+        check_pixel_limit()
         hp = parse_hyperparameters(env.hyperparameters)
         check_writable(env)
         model_dir = env.model_dir

@@ -263,3 +263,25 @@ def test_what_the_pipeline_builds_is_accepted_by_sagemaker(monkeypatch: pytest.M
                                PrimaryContainer={**container, "Image": image})
         assert sagemaker.describe_model(ModelName="m")["PrimaryContainer"]["Environment"] == {
             "MAX_IMAGE_PIXELS": "45000000"}
+
+
+def test_the_jobs_stop_at_once_on_a_bad_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Training and evaluation read MAX_IMAGE_PIXELS (their Environment) before anything else: one line, exit 1."""
+    from model_code.evaluation import job
+    from model_code.training import train
+
+    monkeypatch.setenv(rule.MAX_PIXELS_ENV, "lots")
+    config = tmp_path / "training" / "input" / "config"
+    config.mkdir(parents=True)
+    for channel in ("train", "val"):
+        (tmp_path / "training" / "input" / "data" / channel).mkdir(parents=True)
+    for name in ("SM_HPS", "SM_HOSTS", "SM_CURRENT_HOST", "SM_OUTPUT_DIR", "SM_INPUT_CONFIG_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("D2OPS_ML_ROOT", str(tmp_path / "training"))
+    assert train.main() == train.EXIT_FAILED
+    failure = (tmp_path / "training" / "output" / "failure").read_text()
+    assert failure.startswith("ConfigError: MAX_IMAGE_PIXELS='lots' is not a whole number") and failure.count("\n") == 1
+
+    assert job.main(["--root", str(tmp_path / "evaluation")]) == 1
+    message = (tmp_path / "evaluation" / "output" / "message").read_text()
+    assert message.startswith("EvaluationError: MAX_IMAGE_PIXELS='lots' is not a whole number"), message
