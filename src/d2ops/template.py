@@ -90,6 +90,8 @@ class ParameterSpec:
     default: str | None  # CloudFormation passes every parameter value as a string
     allowed_values: list[str] | None
     description: str
+    min_value: float | None = None  # MinValue/MaxValue of a Number parameter
+    max_value: float | None = None
 
 
 class SamTemplate:
@@ -196,6 +198,8 @@ class SamTemplate:
                 default=None if default is None else str(default),
                 allowed_values=None if allowed is None else [str(v) for v in allowed],
                 description=str(p.get("Description", "")),
+                min_value=None if p.get("MinValue") is None else float(p["MinValue"]),
+                max_value=None if p.get("MaxValue") is None else float(p["MaxValue"]),
             )
         return specs
 

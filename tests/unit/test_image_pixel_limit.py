@@ -206,6 +206,15 @@ def test_a_bad_limit_stops_validation_before_any_file_is_judged(s3: Any, drone_d
                    "MaxImagePixels, e.g. 36000000)")
 
 
+def test_the_offline_stack_refuses_a_limit_cloudformation_would_refuse() -> None:
+    from d2ops.offline.stack import StackError
+
+    with pytest.raises(StackError, match=r"MaxImagePixels=999999 is outside its range 1,000,000\.\.150,000,000"):
+        load_stack(parameters={"MaxImagePixels": "999999"})
+    with pytest.raises(StackError, match="MaxImagePixels='45MP' is not a number"):
+        load_stack(parameters={"MaxImagePixels": "45MP"})
+
+
 def test_the_stack_parameter_reaches_every_part_that_applies_the_rule() -> None:
     stack = load_stack(parameters={"MaxImagePixels": "50000000"})
     assert load_stack().parameters["MaxImagePixels"] == "36000000"  # the default: today's limit

@@ -73,6 +73,20 @@ class StackError(Exception):
     """The template cannot be resolved into an offline stack."""
 
 
+def _check_number(name: str, value: str, low: float | None, high: float | None) -> None:
+    """A Number parameter's value as CloudFormation checks it: a number within MinValue..MaxValue."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise StackError(f"stack parameter {name}={value!r} is not a number") from None
+    def shown(bound: float | None, none: str) -> str:
+        return none if bound is None else f"{int(bound):,}" if bound.is_integer() else str(bound)
+
+    if (low is not None and number < low) or (high is not None and number > high):
+        raise StackError(f"stack parameter {name}={value} is outside its range {shown(low, 'any')}.."
+                         f"{shown(high, 'any')} (MinValue..MaxValue in the template)")
+
+
 @dataclass(frozen=True)
 class LocalFunction:
     logical_id: str
@@ -228,6 +242,8 @@ def load_stack(template_path: str | Path | None = None, parameters: Mapping[str,
             raise StackError(f"stack parameter {name} has no default and no offline value")
         if spec.allowed_values is not None and params[name] not in spec.allowed_values:
             raise StackError(f"stack parameter {name}={params[name]!r} is not one of {spec.allowed_values}")
+        if spec.type == "Number":
+            _check_number(name, params[name], spec.min_value, spec.max_value)
     resources = tpl.resources
     refs: dict[str, Any] = {"AWS::StackName": stack_name, "AWS::Region": REGION, "AWS::AccountId": ACCOUNT_ID,
                             **params}
