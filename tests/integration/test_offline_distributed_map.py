@@ -43,6 +43,11 @@ def test_the_offline_runtime_reads_items_and_writes_results_in_its_own_s3(tmp_pa
             assert time.monotonic() < deadline, "the execution did not end"
             time.sleep(0.1)
         assert described["status"] == "SUCCEEDED", described
+        events = sfn.get_execution_history(executionArn=arn)["events"]  # the Map Run events pass the API
+        started = next(e for e in events if e["type"] == "MapRunStarted")["mapRunStartedEventDetails"]
+        assert started["mapRunArn"].startswith(f"arn:aws:states:{rt.machine.region}:{rt.machine.account_id}:"
+                                               "mapRun:dm/Offline:")
+        assert [e["type"] for e in events].count("MapRunSucceeded") == 1
         details = json.loads(described["output"])["map"]["ResultWriterDetails"]
         manifest = json.loads(s3.get_object(Bucket=details["Bucket"], Key=details["Key"])["Body"].read())
         (result_file,) = manifest["ResultFiles"]["SUCCEEDED"]
