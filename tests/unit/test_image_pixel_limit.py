@@ -294,3 +294,26 @@ def test_the_jobs_stop_at_once_on_a_bad_limit(tmp_path: Path, monkeypatch: pytes
     assert job.main(["--root", str(tmp_path / "evaluation")]) == 1
     message = (tmp_path / "evaluation" / "output" / "message").read_text()
     assert message.startswith("EvaluationError: MAX_IMAGE_PIXELS='lots' is not a whole number"), message
+
+
+def test_the_decode_budget_admits_one_image_at_the_highest_limit() -> None:
+    """A 150 MP image (600 MB decoded) is more than the 320 MB budget: it waits for the others, then runs alone."""
+    import threading
+
+    from d2ops_core.validation.sources import DECODE_BUDGET_BYTES, DecodeBudget
+
+    budget = DecodeBudget(DECODE_BUDGET_BYTES)
+    largest = rule.MAX_PIXELS_LIMIT * rule.DECODED_BYTES_PER_PIXEL
+    assert largest > DECODE_BUDGET_BYTES
+    done = threading.Event()
+
+    def decode_largest() -> None:
+        with budget.reserve(largest):
+            done.set()
+
+    with budget.reserve(rule.MAX_PIXELS * rule.DECODED_BYTES_PER_PIXEL):  # one 36 MP image decoding
+        worker = threading.Thread(target=decode_largest)
+        worker.start()
+        assert not done.wait(0.2)  # it does not fit beside another image
+    worker.join(5)
+    assert done.is_set() and budget.used == 0 and budget.peak == DECODE_BUDGET_BYTES  # alone, then released
