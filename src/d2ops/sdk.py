@@ -213,6 +213,7 @@ def experiment_job(settings: Any, dataset_uri: str, *, sagemaker_session: Any, r
         use_spot_instances=request["EnableManagedSpotTraining"],
         output_path=request["OutputDataConfig"]["S3OutputPath"],
         hyperparameters=request["HyperParameters"], metric_definitions=algorithm["MetricDefinitions"],
+        environment=request.get("Environment"),  # the image rule's MAX_IMAGE_PIXELS, as the pipeline's job has
         enable_sagemaker_metrics=algorithm["EnableSageMakerMetricsTimeSeries"],
         enable_network_isolation=request["EnableNetworkIsolation"],
         encrypt_inter_container_traffic=request["EnableInterContainerTrafficEncryption"],
