@@ -67,6 +67,9 @@ class Hyperparameters(BaseModel):
     eval_period: int = Field(default=0, ge=0, le=MAX_ITERATIONS, description="0: evaluate only at the end")
     checkpoint_period: int = Field(default=500, ge=1, le=MAX_ITERATIONS)
     log_period: int = Field(default=20, ge=1, le=MAX_ITERATIONS)
+    # The pipeline's validated inventory (prepare_training sets it): recorded in the artifact's metadata
+    # so a model names the exact dataset bytes it learned from.
+    inventory_digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     overrides: str = Field(default="", description="detectron2: JSON object or 'KEY VALUE ...'")
     weights: Literal["pretrained", "scratch"] = Field(

@@ -188,7 +188,8 @@ def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None
     metadata = artifact.ArtifactMetadata(
         framework="detectron2", task=job["task"], model=job["source"]["location"],
         class_names=train_reg["thing_classes"], category_ids=ids, training_job=job["job_name"],
-        dataset=DatasetVersion(name=job["dataset_name"], version=job["dataset_version"]), checkpoint=checkpoint,
+        dataset=DatasetVersion(name=job["dataset_name"], version=job["dataset_version"],
+                               inventory_digest=job.get("inventory_digest")), checkpoint=checkpoint,
         initial_weights=job.get("initial_weights"))
     model_dir = Path(job["model_dir"])
     artifact.save_artifact(model_dir, module, metadata, cuda_module=cuda_module)

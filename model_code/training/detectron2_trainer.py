@@ -261,6 +261,7 @@ class Detectron2Job:
     log_period: int = 20
     checkpoints_kept: int = CHECKPOINTS_KEPT
     initial_weights: dict[str, Any] | None = None  # model_code.artifact.InitialWeights of MODEL.WEIGHTS
+    inventory_digest: str | None = None  # the pipeline's validated inventory (hyperparameter), into the metadata
 
 
 def plan_job(env: TrainingEnvironment, hp: Hyperparameters, environ: Mapping[str, str]
@@ -289,7 +290,7 @@ def plan_job(env: TrainingEnvironment, hp: Hyperparameters, environ: Mapping[str
                         registrations=dataset_registrations(train, val, categories), task=train.task,
                         model_dir=str(env.model_dir), output_data_dir=str(env.output_data_dir),
                         job_name=env.job_name, dataset_name=train.name, dataset_version=train.version,
-                        log_period=hp.log_period)
+                        log_period=hp.log_period, inventory_digest=hp.inventory_digest)
     return job, plan
 
 

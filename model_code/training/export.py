@@ -27,7 +27,8 @@ def write_artifact(ctx: RunContext, model: nn.Module, directory: Path, *, iterat
     metadata = artifact.ArtifactMetadata(
         framework="torchvision", task=ctx.dataset.task, model=ctx.model_name, class_names=ctx.categories.names,
         category_ids=ctx.categories.ids, training_job=ctx.env.job_name,
-        dataset=DatasetVersion(name=ctx.dataset.name, version=ctx.dataset.version), checkpoint=checkpoint)
+        dataset=DatasetVersion(name=ctx.dataset.name, version=ctx.dataset.version,
+                               inventory_digest=ctx.hp.inventory_digest), checkpoint=checkpoint)
     artifact.save_artifact(directory, export_torchvision(model, ctx.has_masks), metadata)
     detector = artifact.load_artifact(directory)
     gt = read_coco(ctx.val_dataset.val_json)

@@ -72,6 +72,9 @@ class DatasetVersion(BaseModel):
     version: str
     uri: str | None = Field(default=None, description="s3://<bucket>/datasets/<name>/<version>/, where the writer "
                                                       "knows it")
+    inventory_digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$",
+                                         description="the run's validated inventory (runs/<run_id>/inventory.jsonl) "
+                                                     "the job read its snapshot by; None outside the pipeline")
 
 
 class Trigger(BaseModel):

@@ -351,7 +351,8 @@ def test_the_mocked_plan_is_what_the_prepare_lambda_builds() -> None:
     config = json.loads(support.MOCK_CONFIG.read_text())
     mocked = config["MockedResponses"]["PlanFirstRun"]["0"]["Return"]["Payload"]
     settings = PrepareSettings.from_env(support.PREPARE_ENV)
-    event = PrepareEvent(run_id=support.RUN_ID, dataset=support.DATASET, manifest={"task": "detection"})
+    event = PrepareEvent(run_id=support.RUN_ID, dataset=support.DATASET, manifest={"task": "detection"},
+                         validation=support.load_event("prepare_training", "defaults")["validation"])
     assert mocked == build_plan(settings, event, None).model_dump(mode="json")
     with_champion = Plan.model_validate(config["MockedResponses"]["PlanWithChampion"]["0"]["Return"]["Payload"])
     assert with_champion.champion is not None
@@ -367,8 +368,11 @@ def test_every_mocked_lambda_answer_is_a_valid_lambda_output() -> None:
     from summarize_evaluation.models import EvaluationSummary
     from validate_dataset.models import ValidationSummary
 
+    from d2ops_core.validation.inventory import ImageBatchResult
+
     models = {"Validate dataset": ValidationSummary, "Prepare training job": Plan,
-              "Read evaluation report": EvaluationSummary, "Smoke test endpoint": SmokeTestResult}
+              "Read evaluation report": EvaluationSummary, "Smoke test endpoint": SmokeTestResult,
+              "Check image batch": ImageBatchResult, "Summarize image checks": ValidationSummary}
     config = json.loads(support.MOCK_CONFIG.read_text())
     checked = 0
     for case in config["StateMachines"]["training_pipeline"]["TestCases"].values():
@@ -438,3 +442,51 @@ def test_creates_retried_after_lost_responses_find_what_they_created_and_deploy(
     assert states.count("Find created endpoint config") == 1 and "Create endpoint" in states
     (find,) = task_parameters(ex, "Find created endpoint config")
     assert find == {"EndpointConfigName": "shapes-v1-bf3cc289798108cc-config"}
+
+
+def test_a_version_with_pending_images_goes_through_the_distributed_map_and_back() -> None:
+    """images_pending: Check images (ItemReader over the items file, 50 a batch) then Summarize image checks,
+    whose final summary Dataset valid? judges; training starts only after it, on the snapshot it names."""
+    ex = run_case("ImagesCheckedByTheMap")
+    assert ex.status == "SUCCEEDED", ex.cause
+    states = entered_states(ex)
+    assert states[:4] == ["Validate dataset", "Dataset valid?", "Check images", "Summarize image checks"]
+    assert states[4] == "Dataset valid?" and states.count("Check images") == 1
+    assert states.index("Summarize image checks") < states.index("Prepare training job")
+    batches = task_parameters(ex, "Check image batch")
+    assert [len(b["Payload"]["Items"]) for b in batches] == [50, 10]  # 60 items, MaxItemsPerBatch 50
+    assert {json.dumps(b["Payload"]["BatchInput"], sort_keys=True) for b in batches} == {json.dumps(
+        {"bucket": support.DATA_BUCKET, "prefix": support.DATASET.prefix, "run_id": support.RUN_ID}, sort_keys=True)}
+    (summarize,) = task_parameters(ex, "Summarize image checks")
+    details = summarize["Payload"]["result_writer"]
+    assert details["Bucket"] == support.ARTIFACTS_BUCKET
+    assert details["Key"].startswith(f"runs/{support.RUN_ID}/validation/image-results/")
+    assert details["Key"].endswith("/manifest.json")
+    (prepare,) = task_parameters(ex, "Prepare training job")
+    assert prepare["Payload"]["validation"]["images_pending"] is False  # the final summary, not the pending one
+    assert prepare["Payload"]["validation"]["snapshot_uri"].endswith(f"runs/{support.RUN_ID}/dataset/")
+    (register,) = task_parameters(ex, "Register model version")
+    assert register["CustomerMetadataProperties"]["inventory_digest"].startswith("sha256:")
+
+
+def test_a_failed_image_batch_fails_the_map_into_the_validation_failure() -> None:
+    """ToleratedFailureCount 0: one child failing (after its retries) fails the Map, and the run ends in
+    ValidationFailed with nothing trained."""
+    from d2ops.asl.mock import MockConfig
+
+    config = json.loads(support.MOCK_CONFIG.read_text())
+    config["MockedResponses"]["ImageBatchRefused"] = {"0-30": {"Throw": {
+        "Error": "ImageCheckCrashed", "Cause": "the batch Lambda crashed"}}}
+    case = dict(config["StateMachines"]["training_pipeline"]["TestCases"]["ImagesCheckedByTheMap"])
+    case["Check image batch"] = "ImageBatchRefused"
+    config["StateMachines"]["training_pipeline"]["TestCases"]["ImagesCheckedByTheMap"] = case
+    sm = support.machine()
+    mock = MockConfig(config).test_case(sm.name, "ImagesCheckedByTheMap")
+    with support._map_items(60):
+        ex = sm.run(support.INPUT, executors={"arn:aws:states:::lambda:invoke": support._describe_failure,
+                                              "arn:aws:*": support._unexpected},
+                    mock=mock, execution_name=support.RUN_ID)
+    assert ex.status == "FAILED" and ex.error == "ValidationFailed", (ex.error, ex.cause)
+    states = entered_states(ex)
+    assert "Summarize image checks" not in states and "Prepare training job" not in states
+    assert "Record validation error" in states

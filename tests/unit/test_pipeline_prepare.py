@@ -48,12 +48,17 @@ def test_the_training_request_is_accepted_by_sagemaker(aws: dict[str, Any]) -> N
     run_id = support.load_event("prepare_training", "defaults")["run_id"]
     assert job["OutputDataConfig"]["S3OutputPath"] == f"s3://{support.ARTIFACTS_BUCKET}/runs/{run_id}/training/"
     assert [c["ChannelName"] for c in job["InputDataConfig"]] == ["train", "val", "pretrained"]
-    for channel in job["InputDataConfig"][:2]:
-        assert channel["DataSource"]["S3DataSource"]["S3Uri"] == "s3://d2ops-data-example/datasets/shapes/v1/"
+    for channel in job["InputDataConfig"][:2]:  # the run's snapshot, never the mutable data prefix
+        assert channel["DataSource"]["S3DataSource"]["S3Uri"] == runs.snapshot_uri(support.ARTIFACTS_BUCKET, run_id)
     assert job["InputDataConfig"][2]["DataSource"]["S3DataSource"]["S3Uri"] == (
         f"s3://d2ops-data-example/{support.PREPARE_ENV['PRETRAINED_WEIGHTS_KEY']}")
     assert job["ResourceConfig"]["InstanceCount"] == 2 and job["ResourceConfig"]["InstanceType"] == "ml.g4dn.xlarge"
-    assert job["HyperParameters"] == {"framework": "detectron2"}
+    digest = support.load_event("prepare_training", "defaults")["validation"]["inventory_digest"]
+    assert job["HyperParameters"] == {"framework": "detectron2", "inventory_digest": digest}
+    assert plan["inventory_digest"] == digest
+    assert plan["dataset_snapshot_uri"] == runs.snapshot_uri(support.ARTIFACTS_BUCKET, run_id)
+    val_input = next(i for i in plan["evaluation_job"]["ProcessingInputs"] if i["InputName"] == "val")
+    assert val_input["S3Input"]["S3Uri"] == runs.snapshot_uri(support.ARTIFACTS_BUCKET, run_id)
     # The release function knows the run's job by the same rule ("Created ... job is ours?"): name and output.
     assert job["TrainingJobName"] == runs.sagemaker_name(run_id, runs.TRAINING_JOB_SUFFIX)
     assert runs.described_job_output(described) == runs.training_output_uri(support.ARTIFACTS_BUCKET, run_id)
@@ -80,7 +85,9 @@ def test_manifest_overrides_become_string_hyperparameters_and_gate_thresholds(aw
     support.put_pretrained_weights(aws["s3"], support.MASK_WEIGHTS_KEY)
     plan = prepare("manifest_overrides")
     assert plan["training_job"]["HyperParameters"] == {
-        "framework": "detectron2", "max_iter": "3000", "ims_per_batch": "8", "base_lr": "0.01", "seed": "7"}
+        "framework": "detectron2", "max_iter": "3000", "ims_per_batch": "8", "base_lr": "0.01", "seed": "7",
+        "inventory_digest": support.load_event("prepare_training", "manifest_overrides")["validation"][
+            "inventory_digest"]}
     # The manifest's task is instance_segmentation: the gate judges mask AP.
     assert plan["gate"] == {"primary_metric": "segm_AP", "min_map": 0.5, "max_regression": 0.005,
                             "max_class_regression": 0.05, "min_class_instances": 10}
@@ -198,3 +205,32 @@ def test_the_plan_carries_a_traffic_routing_sagemaker_accepts_for_the_instance_c
     endpoint = prepare()["endpoint"]
     assert endpoint["traffic_routing"] == routing
     assert endpoint["instance_count"] == int(instances or 1)
+
+
+@pytest.mark.parametrize(("validation", "says"), [
+    (None, "no validation summary was passed"),
+    ({"valid": True, "images_pending": True, "snapshot_uri": None, "inventory_digest": None},
+     "still has images_pending"),
+    ({"valid": True, "images_pending": False, "snapshot_uri": None,
+      "inventory_digest": "sha256:" + "0" * 64}, "has no snapshot_uri"),
+    ({"valid": True, "images_pending": False, "snapshot_uri": "s3://d2ops-artifacts-example/runs/x/dataset/",
+      "inventory_digest": None}, "has no inventory_digest"),
+])
+def test_a_run_without_a_validated_snapshot_is_refused(aws: dict[str, Any], validation: Any, says: str) -> None:
+    """Training reads only the snapshot validation made; a summary without one starts nothing."""
+    from prepare_training.service import DatasetSnapshotMissing
+
+    with pytest.raises(DatasetSnapshotMissing, match=says) as caught:
+        prepare(validation=validation)
+    assert "\n" not in str(caught.value) and "runs/shapes_v1_bf3cc289798108cc/dataset/" in str(caught.value)
+    assert aws["sagemaker"].list_training_jobs()["TrainingJobSummaries"] == []
+
+
+def test_a_snapshot_of_another_run_is_refused(aws: dict[str, Any]) -> None:
+    """A summary pointing the channels at another run's (or any other) prefix is not this run's snapshot."""
+    from prepare_training.service import DatasetSnapshotMissing
+
+    validation = {**support.load_event("prepare_training", "defaults")["validation"],
+                  "snapshot_uri": "s3://d2ops-artifacts-example/runs/someone_else/dataset/"}
+    with pytest.raises(DatasetSnapshotMissing, match="is not this run's snapshot"):
+        prepare(validation=validation)

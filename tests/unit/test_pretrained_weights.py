@@ -139,14 +139,16 @@ def test_none_trains_from_scratch_without_a_channel_or_a_check(aws: Any, monkeyp
     monkeypatch.setenv("PRETRAINED_WEIGHTS_KEY", pretrained.SCRATCH)
     plan = prepare()  # nothing at any key
     assert set(channels(plan)) == {"train", "val"}
-    assert plan["training_job"]["HyperParameters"] == {"framework": "detectron2", "weights": "scratch"}
+    assert plan["training_job"]["HyperParameters"] == {"framework": "detectron2", "weights": "scratch",
+                                                       "inventory_digest": plan["inventory_digest"]}
 
 
 def test_the_torchvision_trainer_gets_no_detectron2_checkpoint(aws: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FRAMEWORK", "torchvision")
     plan = prepare()
     assert set(channels(plan)) == {"train", "val"}
-    assert plan["training_job"]["HyperParameters"] == {"framework": "torchvision"}
+    assert plan["training_job"]["HyperParameters"] == {"framework": "torchvision",
+                                                       "inventory_digest": plan["inventory_digest"]}
 
 
 def test_a_key_with_wildcards_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -224,7 +224,11 @@ def test_function_follows_the_layout(logical_id: str) -> None:
     m = re.fullmatch(r"functions/([a-z_]+)/", fn.code_uri)
     assert m, f"{logical_id}: CodeUri {fn.code_uri!r} is not functions/<fn>/"
     name = m.group(1)
-    assert fn.handler == f"{name}.handler.handler", f"{logical_id}: Handler {fn.handler!r}"
+    module = fn.handler.removesuffix(".handler")
+    # One handler per package, or a second task of the same code in its own module (Summarize image checks).
+    assert fn.handler == f"{name}.handler.handler" or (
+        module.startswith(f"{name}.") and (fn.code_dir / (module.replace(".", "/") + ".py")).is_file()
+    ), f"{logical_id}: Handler {fn.handler!r}"
     assert fn.runtime == "python3.11"
     assert (fn.code_dir / name / "handler.py").is_file(), f"{logical_id}: {fn.code_uri}{name}/handler.py missing"
     assert (fn.code_dir / "requirements.txt").is_file(), f"{logical_id}: {fn.code_uri}requirements.txt missing"
@@ -242,7 +246,9 @@ def test_validate_dataset_function() -> None:
     fn = T.function_for_code_dir("validate_dataset")
     assert fn.handler == "validate_dataset.handler.handler"
     assert fn.environment["ARTIFACTS_BUCKET"] == {"Ref": "ArtifactsBucket"}
-    assert fn.environment["IMAGE_SAMPLE_SIZE"] == {"Ref": "ImageSampleSize"}
+    assert "IMAGE_SAMPLE_SIZE" not in fn.environment
+    assert fn.environment["INLINE_IMAGE_LIMIT"] == {"Ref": "InlineImageLimit"}
+    assert fn.environment["IMAGE_CHECK_CONCURRENCY"] == {"Ref": "ImageCheckConcurrency"}
     # ~450 MB annotation files: the validator peaks under 2 GiB; leave headroom.
     assert fn.memory_size is not None and fn.memory_size >= 4096
     assert fn.timeout == 900
@@ -252,11 +258,17 @@ def test_validate_dataset_function() -> None:
     grants = {(a, str(r)) for st in statements for a in as_list(st["Action"]) for r in as_list(st["Resource"])}
     assert grants == {
         ("s3:ListBucket", str({"Fn::GetAtt": ["DataBucket", "Arn"]})),
+        ("s3:ListBucketVersions", str({"Fn::GetAtt": ["DataBucket", "Arn"]})),
         ("s3:GetObject", str({"Fn::Sub": "${DataBucket.Arn}/datasets/*"})),
+        ("s3:GetObjectVersion", str({"Fn::Sub": "${DataBucket.Arn}/datasets/*"})),
         ("s3:PutObject", str({"Fn::Sub": "${ArtifactsBucket.Arn}/runs/*/validation/*"})),
+        ("s3:PutObject", str({"Fn::Sub": "${ArtifactsBucket.Arn}/runs/*/inventory.jsonl"})),
+        ("s3:PutObject", str({"Fn::Sub": "${ArtifactsBucket.Arn}/runs/*/dataset/*"})),
+        ("s3:PutObjectTagging", str({"Fn::Sub": "${ArtifactsBucket.Arn}/runs/*/dataset/*"})),
     }
-    (listing,) = [st for st in statements if st["Action"] == "s3:ListBucket"]
-    assert listing["Condition"] == {"StringLike": {"s3:prefix": "datasets/*"}}
+    for action in ("s3:ListBucket", "s3:ListBucketVersions"):
+        (listing,) = [st for st in statements if st["Action"] == action]
+        assert listing["Condition"] == {"StringLike": {"s3:prefix": "datasets/*"}}
 
 
 # ---------------------------------------------------------------- storage
@@ -344,12 +356,21 @@ def test_notification_email_is_optional() -> None:
 EXPECTED_PARAMETERS = {
     "TrainingImageUri", "ServingImageUri", "TrainingInstanceType", "TrainingInstanceCount", "UseSpotTraining",
     "MaxTrainingSeconds", "EvaluationInstanceType", "EndpointInstanceType", "EndpointInstanceCount", "MinMap",
-    "MaxRegression", "NotificationEmail", "ImageSampleSize",
+    "MaxRegression", "NotificationEmail", "InlineImageLimit", "ImageCheckConcurrency", "SnapshotRetentionDays",
 }
 
 
 def test_expected_parameters_exist() -> None:
     assert set(T.parameters()) >= EXPECTED_PARAMETERS
+    assert "ImageSampleSize" not in T.parameters()  # every image is checked now, none sampled
+
+
+def test_image_check_parameters_are_bounded() -> None:
+    params = T.document["Parameters"]
+    concurrency = params["ImageCheckConcurrency"]
+    assert concurrency["Default"] == 100 and concurrency["MinValue"] == 1 and concurrency["MaxValue"] <= 1000
+    assert params["InlineImageLimit"]["Default"] == 2000
+    assert params["SnapshotRetentionDays"]["Default"] == 30 and params["SnapshotRetentionDays"]["MinValue"] >= 1
 
 
 @pytest.mark.parametrize("name", sorted(T.parameters()))
@@ -520,6 +541,11 @@ def _resolved_statements(role: str) -> list[dict[str, Any]]:
         return tpl.condition(name, refs)
 
     statements: list[dict[str, Any]] = []
+    if RESOURCES[role]["Type"] in ("AWS::Serverless::Function", "AWS::Serverless::StateMachine"):
+        # SAM's Policies: the inline documents (policy templates such as LambdaInvokePolicy aside).
+        own = [st for rid, st in identity_statements() if rid == role]
+        others = {rid: f"ref-{rid}" for rid in RESOURCES}  # topics, tables...: names stand in for their Refs
+        return [st for st in resolve(own, {**others, **refs}, getatt, conditions=conditions) if st]
     for policy in props(role).get("Policies", []):
         statements += resolve(policy["PolicyDocument"]["Statement"], refs, getatt, conditions=conditions)
     for managed in props(role).get("ManagedPolicyArns", []):
@@ -578,7 +604,7 @@ def test_each_job_role_reaches_the_keys_its_job_uses_and_the_endpoint_nothing_bu
     assert train["RoleArn"].endswith("/d2ops-TrainingJobRole")
     assert evaluation["RoleArn"].endswith("/d2ops-EvaluationJobRole")
     dataset_uri = train["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"]
-    data_bucket, dataset_prefix = _s3(dataset_uri)
+    snapshot_bucket, dataset_prefix = _s3(dataset_uri)
     artifacts = f"arn:aws:s3:::{support.ARTIFACTS_BUCKET}"
     model_bucket, model_key = _s3(f"{train['OutputDataConfig']['S3OutputPath']}{train['TrainingJobName']}/output/"
                                   "model.tar.gz")
@@ -586,9 +612,15 @@ def test_each_job_role_reaches_the_keys_its_job_uses_and_the_endpoint_nothing_bu
     _, evaluation_prefix = _s3(evaluation["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"])
     champion_model = _s3(plan["champion"]["model_data"])[1]
 
-    # training: lists and reads its dataset version, writes its output, syncs its checkpoints
-    assert allows("TrainingJobRole", "s3:ListBucket", data_bucket, prefix=dataset_prefix)
-    assert allows("TrainingJobRole", "s3:GetObject", f"{data_bucket}/{dataset_prefix}annotations/train.json")
+    # training: lists and reads its run's snapshot (never the mutable data prefix), writes its output,
+    # syncs its checkpoints
+    assert (snapshot_bucket, dataset_prefix) == (artifacts, f"runs/{support.RUN_ID}/dataset/")
+    data_bucket = f"arn:aws:s3:::{support.DATA_BUCKET}"
+    assert allows("TrainingJobRole", "s3:ListBucket", snapshot_bucket, prefix=dataset_prefix)
+    assert allows("TrainingJobRole", "s3:GetObject", f"{snapshot_bucket}/{dataset_prefix}annotations/train.json")
+    for role in ("TrainingJobRole", "EvaluationJobRole"):
+        assert not allows(role, "s3:GetObject", f"{data_bucket}/datasets/shapes/v1/annotations/train.json")
+        assert not allows(role, "s3:ListBucket", data_bucket, prefix="datasets/shapes/v1/")
     weights_bucket, weights_key = _s3(next(c["DataSource"]["S3DataSource"]["S3Uri"] for c in train["InputDataConfig"]
                                            if c["ChannelName"] == "pretrained"))
     assert allows("TrainingJobRole", "s3:ListBucket", weights_bucket, prefix=weights_key)
@@ -601,13 +633,13 @@ def test_each_job_role_reaches_the_keys_its_job_uses_and_the_endpoint_nothing_bu
     assert allows("TrainingJobRole", "s3:ListBucket", artifacts, prefix=checkpoint_prefix)
     assert not allows("TrainingJobRole", "s3:PutObject", f"{artifacts}/champion.json")
     assert not allows("TrainingJobRole", "s3:PutObject", f"{artifacts}/{evaluation_prefix}evaluation.json")
-    assert not allows("TrainingJobRole", "s3:PutObject", f"{data_bucket}/{dataset_prefix}images/a.jpg")
+    assert not allows("TrainingJobRole", "s3:PutObject", f"{snapshot_bucket}/{dataset_prefix}images/a.jpg")
 
     # evaluation: reads both models and the val split, writes its report, nothing else
     for key in (model_key, champion_model):
         assert allows("EvaluationJobRole", "s3:GetObject", f"{artifacts}/{key}")
         assert allows("EvaluationJobRole", "s3:ListBucket", artifacts, prefix=key)
-    assert allows("EvaluationJobRole", "s3:GetObject", f"{data_bucket}/{dataset_prefix}annotations/val.json")
+    assert allows("EvaluationJobRole", "s3:GetObject", f"{snapshot_bucket}/{dataset_prefix}annotations/val.json")
     assert allows("EvaluationJobRole", "s3:PutObject", f"{artifacts}/{evaluation_prefix}evaluation.json")
     assert not allows("EvaluationJobRole", "s3:PutObject", f"{artifacts}/{model_key}")
     assert not allows("EvaluationJobRole", "s3:GetObject", f"{artifacts}/{checkpoint_prefix}model_final.pth")
@@ -616,7 +648,7 @@ def test_each_job_role_reaches_the_keys_its_job_uses_and_the_endpoint_nothing_bu
     assert allows("EndpointRole", "s3:GetObject", f"{artifacts}/{model_key}")
     for action, arn in [("s3:PutObject", f"{artifacts}/{model_key}"), ("s3:DeleteObject", f"{artifacts}/{model_key}"),
                         ("s3:PutObject", f"{artifacts}/{champion_model}"),
-                        ("s3:GetObject", f"{data_bucket}/{dataset_prefix}annotations/train.json"),
+                        ("s3:GetObject", f"{snapshot_bucket}/{dataset_prefix}annotations/train.json"),
                         ("s3:GetObject", f"{artifacts}/{evaluation_prefix}evaluation.json"),
                         ("s3:GetObject", f"{artifacts}/{checkpoint_prefix}model_final.pth"),
                         ("s3:GetObject", f"{artifacts}/champion.json"), ("s3:ListBucket", data_bucket)]:
@@ -658,3 +690,82 @@ def test_jobs_and_the_endpoint_run_without_network_and_multi_host_traffic_is_enc
     assert create_model["EnableNetworkIsolation"] is True and create_model["ExecutionRoleArn"] == "${EndpointRoleArn}"
     substitution = props("PipelineStateMachine")["DefinitionSubstitutions"]["EndpointRoleArn"]
     assert substitution == {"Fn::GetAtt": ["EndpointRole", "Arn"]} or substitution == {"Fn::GetAtt": "EndpointRole.Arn"}
+
+
+# ---------------------------------------------------------------- the Distributed Map (Check images)
+
+STATES_ARN = "arn:aws:states:us-east-1:123456789012"
+DATA, ARTIFACTS = "d2ops-data-example", "d2ops-artifacts-example"  # tests.fixtures.pipeline.support's names
+# CloudFormation names the state machine <logical id>-<suffix>; its ARN is unknown to its own role.
+MACHINE = "PipelineStateMachine-Ab12Cd34Ef56"
+
+
+def test_the_state_machine_may_run_and_track_its_own_map_children_and_nothing_else() -> None:
+    sm = "PipelineStateMachine"
+    assert allows(sm, "states:StartExecution", f"{STATES_ARN}:stateMachine:{MACHINE}")
+    assert not allows(sm, "states:StartExecution", f"{STATES_ARN}:stateMachine:SomeoneElses")
+    assert not allows(sm, "states:StartExecution", f"arn:aws:states:eu-west-1:123456789012:stateMachine:{MACHINE}")
+    for action in ("states:DescribeExecution", "states:StopExecution"):
+        for kind in ("execution", "express"):  # Standard and Express children of the ImageChecks Map Run
+            assert allows(sm, action, f"{STATES_ARN}:{kind}:{MACHINE}/ImageChecks:0b8e2f3c-1d2e:child-1")
+    assert not allows(sm, "states:StopExecution", f"{STATES_ARN}:execution:SomeoneElses:run-1")
+    assert not allows(sm, "states:StopExecution", f"{STATES_ARN}:execution:{MACHINE}:another-run")
+    # The label the grant names is the Map's.
+    import json
+
+    states = json.loads((REPO_ROOT / "statemachine" / "training_pipeline.asl.json").read_text())["States"]
+    assert states["Check images"]["Label"] == "ImageChecks"
+
+
+def test_the_state_machine_reads_the_map_items_and_writes_its_results_under_the_run_only() -> None:
+    sm, artifacts, run = "PipelineStateMachine", f"arn:aws:s3:::{ARTIFACTS}", "shapes_v1_0123456789abcdef"
+    assert allows(sm, "s3:GetObject", f"{artifacts}/runs/{run}/validation/image-items.jsonl")
+    for action in ("s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"):
+        assert allows(sm, action, f"{artifacts}/runs/{run}/validation/image-results/0b8e2f3c/SUCCEEDED_0.json")
+    assert not allows(sm, "s3:GetObject", f"{artifacts}/runs/{run}/dataset/images/a.jpg")
+    assert not allows(sm, "s3:PutObject", f"{artifacts}/runs/{run}/validation/report.json")
+    assert not allows(sm, "s3:PutObject", f"{artifacts}/runs/{run}/inventory.jsonl")
+    policies = props(sm)["Policies"]
+    for fn in ("CheckImagesFunction", "SummarizeImagesFunction"):
+        assert {"LambdaInvokePolicy": {"FunctionName": {"Ref": fn}}} in policies
+    subs = props(sm)["DefinitionSubstitutions"]
+    assert subs["CheckImagesFunctionArn"] == {"Fn::GetAtt": ["CheckImagesFunction", "Arn"]}
+    assert subs["SummarizeImagesFunctionArn"] == {"Fn::GetAtt": ["SummarizeImagesFunction", "Arn"]}
+
+
+def _grants(logical_id: str) -> set[tuple[str, str]]:
+    return {(a, r) for st in _resolved_statements(logical_id) for a in as_list(st["Action"])
+            for r in as_list(st["Resource"])}
+
+
+def test_the_image_check_lambdas_have_exactly_what_their_steps_need() -> None:
+    data, artifacts = f"arn:aws:s3:::{DATA}", f"arn:aws:s3:::{ARTIFACTS}"
+    # A batch reads its images by VersionId and copies them (tagged) into the run's snapshot.
+    assert _grants("CheckImagesFunction") == {
+        ("s3:GetObject", f"{data}/datasets/*"), ("s3:GetObjectVersion", f"{data}/datasets/*"),
+        ("s3:PutObject", f"{artifacts}/runs/*/dataset/*"), ("s3:PutObjectTagging", f"{artifacts}/runs/*/dataset/*"),
+    }
+    # The merge reads the items, the pending inventory and the ResultWriter's files; writes report and inventory.
+    assert _grants("SummarizeImagesFunction") == {
+        ("s3:GetObject", f"{artifacts}/runs/*/validation/*"),
+        ("s3:PutObject", f"{artifacts}/runs/*/validation/report.json"),
+        ("s3:PutObject", f"{artifacts}/runs/*/inventory.jsonl"),
+    }
+    check = FUNCTIONS["CheckImagesFunction"]
+    assert check.code_uri == "functions/check_images/" and check.handler == "check_images.handler.handler"
+    assert check.environment["ARTIFACTS_BUCKET"] == {"Ref": "ArtifactsBucket"}  # the snapshot's bucket
+    summarize = FUNCTIONS["SummarizeImagesFunction"]
+    assert summarize.handler == "validate_dataset.summarize_images.handler"
+    assert summarize.environment["IMAGE_CHECK_CONCURRENCY"] == {"Ref": "ImageCheckConcurrency"}
+
+
+def test_snapshot_objects_expire_by_their_tag_after_the_retention() -> None:
+    from d2ops_core.validation.inventory import SNAPSHOT_TAGGING
+
+    rules = {r["Id"]: r for r in props("ArtifactsBucket")["LifecycleConfiguration"]["Rules"]}
+    rule = rules["expire-dataset-snapshots"]
+    assert rule["Status"] == "Enabled"
+    # The tag the copies carry (CopyObject's Tagging) is the one the rule filters on.
+    assert [f"{f['Key']}={f['Value']}" for f in rule["TagFilters"]] == [SNAPSHOT_TAGGING]
+    assert rule["ExpirationInDays"] == {"Ref": "SnapshotRetentionDays"}
+    assert "Prefix" not in rule  # the tag alone: inventories and reports under runs/ stay

@@ -31,10 +31,22 @@ class ManifestSettings(BaseModel):
     gate: Gate | None = None
 
 
+class ValidatedDataset(BaseModel):
+    """What prepare needs of ``$.validation.summary`` (validate_dataset.models.ValidationSummary): the run's
+    snapshot, which the jobs read instead of the mutable data prefix, and the inventory's digest."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    images_pending: bool = False
+    snapshot_uri: str | None = None
+    inventory_digest: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$")
+
+
 class PrepareEvent(BaseModel):
     run_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,80}$")
     dataset: DatasetRef
     manifest: ManifestSettings = Field(default_factory=ManifestSettings)
+    validation: ValidatedDataset | None = Field(None, description="the validation summary; None is refused")
 
 
 class PrepareSettings(BaseModel):

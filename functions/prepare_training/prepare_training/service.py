@@ -71,6 +71,29 @@ class PretrainedWeightsMismatch(Exception):
     (the manifest's task or training.model chose it): the job would start from the wrong model's weights."""
 
 
+class DatasetSnapshotMissing(Exception):
+    """The validation summary names no snapshot of this run (runs/<run_id>/dataset/) or no inventory digest:
+    validation did not finish (images still pending) or the execution's input skipped it. Training reads
+    only a validated snapshot, never the mutable data prefix, so the run is refused before any job starts."""
+
+
+def dataset_snapshot(settings: PrepareSettings, event: PrepareEvent) -> tuple[str, str]:
+    """The snapshot URI the train/val channels and the evaluation read, and the inventory's digest."""
+    summary = event.validation
+    expected = runs.snapshot_uri(settings.artifacts_bucket, event.run_id)
+    if summary is None or summary.images_pending or not summary.snapshot_uri or not summary.inventory_digest:
+        missing = ("no validation summary was passed" if summary is None else
+                   "the validation summary still has images_pending" if summary.images_pending else
+                   "the validation summary has no snapshot_uri" if not summary.snapshot_uri else
+                   "the validation summary has no inventory_digest")
+        raise DatasetSnapshotMissing(f"run {event.run_id}: {missing}; training reads only the validated snapshot "
+                                     f"{expected}, so nothing was started")
+    if summary.snapshot_uri != expected:
+        raise DatasetSnapshotMissing(f"run {event.run_id}: the validation summary's snapshot_uri "
+                                     f"{summary.snapshot_uri} is not this run's snapshot {expected}")
+    return expected, summary.inventory_digest
+
+
 def run_config(settings: PrepareSettings, event: PrepareEvent) -> str | None:
     """The model-zoo config the run's trainer picks (model_code.training.detectron2_trainer.config_source):
     the manifest's ``training.model``, else the task's default on a GPU. None where it is no model-zoo
@@ -147,6 +170,9 @@ def hyperparameters(settings: PrepareSettings, event: PrepareEvent) -> dict[str,
         hps["weights"] = "scratch"
     for key, value in event.manifest.training.model_dump(exclude_none=True).items():
         hps[key] = str(value)
+    if event.validation is not None and event.validation.inventory_digest:
+        # Recorded in the job (DescribeTrainingJob) and by the trainer in the artifact's metadata.json.
+        hps["inventory_digest"] = event.validation.inventory_digest
     return hps
 
 
@@ -157,11 +183,14 @@ def image_rule_environment(settings: PrepareSettings) -> dict[str, str]:
 
 
 def training_job_request(settings: PrepareSettings, event: PrepareEvent, names: JobNames) -> dict[str, Any]:
+    snapshot, _ = dataset_snapshot(settings, event)
+
     def channel(name: str) -> dict[str, Any]:
-        # Both channels are the whole dataset version (COCO layout with manifest.json): the
-        # trainer reads the split files the manifest names.
+        # Both channels are the run's snapshot of the whole dataset version (COCO layout with
+        # manifest.json, copied by VersionId at validation): the trainer reads the split files the
+        # manifest names, exactly the bytes validation checked.
         return {"ChannelName": name, "InputMode": "File",
-                "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": event.dataset.uri,
+                "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": snapshot,
                                                 "S3DataDistributionType": "FullyReplicated"}}}
 
     channels = [channel("train"), channel("val")]
@@ -214,7 +243,8 @@ def evaluation_job_request(settings: PrepareSettings, event: PrepareEvent, names
         return {"InputName": name, "S3Input": {"S3Uri": uri, "LocalPath": f"{PROCESSING_ROOT}/input/{name}",
                                                 "S3DataType": "S3Prefix", "S3InputMode": "File"}}
 
-    inputs = [model_input("challenger", challenger_model), model_input("val", event.dataset.uri)]
+    snapshot, _ = dataset_snapshot(settings, event)
+    inputs = [model_input("challenger", challenger_model), model_input("val", snapshot)]
     if champion is not None:
         inputs.append(model_input("champion", champion.model_data))
     return {
@@ -283,6 +313,7 @@ def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: Champio
     problems = stack_limit_problems(event.manifest.gate, event.manifest.training, settings.limits)
     if problems:
         raise ManifestExceedsStackLimits("; ".join(f"{code}: {message}" for code, message, _ in problems))
+    snapshot, digest = dataset_snapshot(settings, event)
     check_instance_types(settings)
     check_weights_match(settings, event)
     names = job_names(event.run_id)
@@ -305,6 +336,8 @@ def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: Champio
         evaluation_report_uri=runs.evaluation_report_uri(settings.artifacts_bucket, event.run_id),
         champion=champion,
         dataset_diff=dataset_diff,
+        dataset_snapshot_uri=snapshot,
+        inventory_digest=digest,
     )
 
 

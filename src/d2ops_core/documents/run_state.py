@@ -96,6 +96,10 @@ class Plan(BaseModel):
     champion: ChampionRef | None
     # What changed in the data since the champion's run (the full diff: its ``uri``); None without a champion.
     dataset_diff: DatasetDiffSummary | None = None
+    # What the jobs read (runs/<run_id>/dataset/) and the validated inventory's digest, which the
+    # registry entry and the artifact's metadata record. None in plans written before issue 21.
+    dataset_snapshot_uri: str | None = None
+    inventory_digest: str | None = None
 
 
 class _Section(BaseModel):
@@ -104,9 +108,32 @@ class _Section(BaseModel):
 
 
 class ValidationSummaryRef(_Section):
-    """``$.validation.summary``: the validate Lambda's answer (validate_dataset.models.ValidationSummary)."""
+    """``$.validation.summary``: the validate Lambda's answer (validate_dataset.models.ValidationSummary),
+    or, for a version the Distributed Map checked, Summarize image checks' final one."""
 
     report_uri: str | None = None
+    # True between Validate dataset and Summarize image checks (the Map is checking the images).
+    images_pending: bool = False
+    image_count: int | None = None
+    snapshot_uri: str | None = None
+    inventory_uri: str | None = None
+    inventory_digest: str | None = None
+
+
+class ResultWriterRef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    Bucket: str
+    Key: str  # <Prefix>/<MapRunId>/manifest.json
+
+
+class ImageCheck(BaseModel):
+    """``$.image_check``: the Distributed Map's (Check images) output, as Step Functions writes it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    MapRunArn: str | None = None
+    ResultWriterDetails: ResultWriterRef | None = None
 
 
 class ValidationSection(BaseModel):
@@ -195,6 +222,7 @@ class RunState(BaseModel):
 
     dataset: DatasetRef | None = Field(None, description="the execution input's dataset (start_pipeline)")
     validation: ValidationSection | None = Field(None, description="'Validate dataset': the validate Lambda's summary")
+    image_check: ImageCheck | None = Field(None, description="'Check images': the Distributed Map's results")
     plan: Plan | None = Field(None, description="'Prepare training job': the prepare Lambda's plan")
     training: TrainingResult | None = Field(None, description="'Train model' / 'Read created training job'")
     evaluation_job: EvaluationJobResult | None = Field(
