@@ -125,7 +125,8 @@ class WithUpdateEndpoint(Boto3Integrations):
         return {"EndpointArn": endpoint["EndpointArn"]}
 
 
-def run(stack: dict[str, Any], dataset: runs.DatasetRef) -> tuple[Execution, Boto3Integrations]:
+def run(stack: dict[str, Any], dataset: runs.DatasetRef,
+        lambdas: Any = None) -> tuple[Execution, Boto3Integrations]:
     # One answer per smoke-test request (the state's Payload.requests).
     requests = support.machine().definition["States"]["Smoke test endpoint"]["Parameters"]["Payload"]["requests"]
     FakeRuntime.answers += [(200, "application/json", json.dumps(DETECTIONS).encode())] * requests
@@ -133,7 +134,7 @@ def run(stack: dict[str, Any], dataset: runs.DatasetRef) -> tuple[Execution, Bot
     trigger = runs.Trigger(source="s3-event", object_key=dataset.manifest_key, object_version=dataset.manifest_version)
     run_id = runs.run_id_for(dataset.name, dataset.version, dataset.manifest_version)
     execution = support.machine().run(runs.execution_input(dataset, trigger), execution_name=run_id,
-                                      executors={"arn:aws:states:::lambda:invoke": stack["lambdas"],
+                                      executors={"arn:aws:states:::lambda:invoke": lambdas or stack["lambdas"],
                                                  "arn:aws:states:::*": aws})
     return execution, aws
 
@@ -251,3 +252,71 @@ def test_a_version_without_val_runs_on_a_derived_split_recorded_in_the_run(stack
     job = stack["sagemaker"].describe_training_job(TrainingJobName=execution.output["plan"]["names"]["training_job"])
     # no val split of its own: the val channel is the version, and the trainer derives the same split
     assert {c["ChannelName"] for c in job["InputDataConfig"]} == {"train", "val", "pretrained"}
+
+
+def test_a_version_over_the_inline_limit_is_checked_by_the_distributed_map_and_trains_on_its_snapshot(
+        stack: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past InlineImageLimit the images are checked and copied by the Distributed Map's real check_images
+    Lambda (ItemReader, ItemBatcher, ResultWriter through moto's S3), merged by the real summarize handler;
+    an image overwritten in the data bucket right after validation never reaches the jobs: their channels
+    are the snapshot, which holds the validated bytes."""
+    import hashlib
+
+    monkeypatch.setenv("INLINE_IMAGE_LIMIT", "2")
+    dataset = upload(stack, tmp_path, "v7")
+    local = tmp_path / "v7"
+    images = sorted(p for p in (local / "images").rglob("*") if p.is_file())
+    assert len(images) > 2  # over the limit: the Map path
+    victim = images[0].relative_to(local).as_posix()
+    validated = images[0].read_bytes()
+    summarize_arn = support.substitutions()["SummarizeImagesFunctionArn"]
+
+    def overwrite_after_validation(resource: str, parameters: Any, context: Any) -> Any:
+        answer = stack["lambdas"](resource, parameters, context)
+        if parameters["FunctionName"] == summarize_arn:  # validated, snapshotted: now someone syncs again
+            stack["s3"].put_object(Bucket=support.DATA_BUCKET, Key=dataset.prefix + victim, Body=b"tampered")
+        return answer
+
+    execution, aws = run(stack, dataset, lambdas=overwrite_after_validation)
+    assert execution.status == "SUCCEEDED", (execution.error, execution.cause)
+    entered = support.entered_states(execution)
+    assert entered[:5] == ["Validate dataset", "Dataset valid?", "Check images", "Summarize image checks",
+                           "Dataset valid?"]
+    batches = support.task_parameters(execution, "Check image batch")
+    assert sum(len(b["Payload"]["Items"]) for b in batches) == len(images)
+    summary = execution.output["validation"]["summary"]
+    assert summary["valid"] is True and summary["images_pending"] is False
+    snapshot = runs.snapshot_uri(support.ARTIFACTS_BUCKET, execution.name)
+    assert summary["snapshot_uri"] == snapshot
+    manifest_key = execution.output["image_check"]["ResultWriterDetails"]["Key"]
+    assert manifest_key.startswith(runs.image_results_prefix(execution.name) + "/")
+    stack["s3"].head_object(Bucket=support.ARTIFACTS_BUCKET, Key=manifest_key)
+
+    # The data bucket now holds other bytes; the jobs read the snapshot, which holds the validated ones.
+    assert stack["s3"].get_object(Bucket=support.DATA_BUCKET, Key=dataset.prefix + victim)["Body"].read() == b"tampered"
+    (train_request,) = [p for name, p in aws.calls if name == "sagemaker:createTrainingJob"]
+    channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in train_request["InputDataConfig"]}
+    assert channels["train"] == channels["val"] == snapshot
+    (eval_request,) = [p for name, p in aws.calls if name == "sagemaker:createProcessingJob"]
+    assert {i["InputName"]: i["S3Input"]["S3Uri"] for i in eval_request["ProcessingInputs"]}["val"] == snapshot
+    bucket, prefix = runs.parse_s3_uri(snapshot)
+    trained_on = stack["s3"].get_object(Bucket=bucket, Key=prefix + victim)
+    assert trained_on["Body"].read() == validated
+    tags = stack["s3"].get_object_tagging(Bucket=bucket, Key=prefix + victim)["TagSet"]
+    assert {"Key": "d2ops-snapshot", "Value": "true"} in tags
+    # Every object the channel hands the job is the local version's file, byte for byte.
+    listed = stack["s3"].list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]
+    assert {o["Key"][len(prefix):] for o in listed} == {p.relative_to(local).as_posix() for p in local.rglob("*")
+                                                        if p.is_file()}
+    for obj in listed:
+        body = stack["s3"].get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
+        assert body == (local / obj["Key"][len(prefix):]).read_bytes(), obj["Key"]
+
+    # The inventory's digest: in the summary, the training job, the plan and the registry entry.
+    inventory = stack["s3"].get_object(Bucket=support.ARTIFACTS_BUCKET, Key=runs.inventory_key(execution.name))
+    digest = "sha256:" + hashlib.sha256(inventory["Body"].read()).hexdigest()
+    assert summary["inventory_digest"] == digest
+    assert train_request["HyperParameters"]["inventory_digest"] == digest
+    (register,) = [p for name, p in aws.calls if name == "sagemaker:createModelPackage"]
+    assert register["CustomerMetadataProperties"]["inventory_digest"] == digest
+    assert register["CustomerMetadataProperties"]["dataset_snapshot"] == snapshot
