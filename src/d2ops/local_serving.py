@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -55,11 +56,13 @@ class LocalEndpoint:
 
     def __init__(self, model_path: Path | str, port: int = 0, *, batch_size: int | None = None,
                  max_batch_delay_ms: int | None = None, workers: int | None = None,
-                 startup_timeout: float = 180.0, workdir: Path | str | None = None, host: str = "127.0.0.1") -> None:
+                 startup_timeout: float = 180.0, workdir: Path | str | None = None, host: str = "127.0.0.1",
+                 environment: Mapping[str, str] | None = None) -> None:
         self.model_path = Path(model_path).resolve()
         self.host = host
         self.port = port or free_port(host)
         self.startup_timeout = startup_timeout
+        self.container_env = dict(environment or {})  # as CreateModel's container Environment sets it
         self.settings = {"D2OPS_BATCH_SIZE": batch_size, "D2OPS_MAX_BATCH_DELAY_MS": max_batch_delay_ms,
                          "D2OPS_WORKERS": workers}
         self._own_workdir = workdir is None
@@ -93,7 +96,7 @@ class LocalEndpoint:
         return self.workdir / "logs"
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = {**os.environ, **self.container_env}
         management, metrics, grpc_inference, grpc_management = free_ports(4)
         env.update({  # model_code is an installed package: no PYTHONPATH, as in the image
             "D2OPS_MODEL_PATH": str(self.model_path),

@@ -55,8 +55,8 @@ class AlarmOnStart:
     def __init__(self, serving: ServingBackend, cloudwatch: Any, alarm: str) -> None:
         self.serving, self.cloudwatch, self.alarm = serving, cloudwatch, alarm
 
-    def start(self, model_tar: Path, work_dir: Path, name: str) -> ServedModel:
-        served = self.serving.start(model_tar, work_dir, name)
+    def start(self, model_tar: Path, work_dir: Path, name: str, environment: Any = None) -> ServedModel:
+        served = self.serving.start(model_tar, work_dir, name, environment=environment)
         self.cloudwatch.set_alarm_state(AlarmName=self.alarm, StateValue="ALARM",
                                         StateReason="Threshold Crossed: 5 Invocation5XXErrors in 1 minute")
         return served
@@ -68,8 +68,9 @@ class ServeInstead:
     def __init__(self, serving: ServingBackend, replacement: Path) -> None:
         self.serving, self.replacement, self.active = serving, replacement, False
 
-    def start(self, model_tar: Path, work_dir: Path, name: str) -> ServedModel:
-        return self.serving.start(self.replacement if self.active else model_tar, work_dir, name)
+    def start(self, model_tar: Path, work_dir: Path, name: str, environment: Any = None) -> ServedModel:
+        return self.serving.start(self.replacement if self.active else model_tar, work_dir, name,
+                                  environment=environment)
 
 
 @pytest.fixture(scope="module")

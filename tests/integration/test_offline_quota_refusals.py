@@ -34,7 +34,7 @@ class _Served:
 
 
 class _StubServing:
-    def start(self, model_tar: Path, work_dir: Path, name: str) -> _Served:
+    def start(self, model_tar: Path, work_dir: Path, name: str, environment: Any = None) -> _Served:
         return _Served()
 
 

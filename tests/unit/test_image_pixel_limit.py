@@ -317,3 +317,16 @@ def test_the_decode_budget_admits_one_image_at_the_highest_limit() -> None:
         assert not done.wait(0.2)  # it does not fit beside another image
     worker.join(5)
     assert done.is_set() and budget.used == 0 and budget.peak == DECODE_BUDGET_BYTES  # alone, then released
+
+
+def test_a_local_endpoint_runs_with_its_containers_environment(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The offline endpoint's TorchServe gets CreateModel's container Environment over the runtime's own."""
+    from d2ops.local_serving import LocalEndpoint
+
+    monkeypatch.setenv(rule.MAX_PIXELS_ENV, "36000000")  # the runtime process's (every Lambda's) value
+    endpoint = LocalEndpoint(tmp_path / "model.tar.gz", workdir=tmp_path / "serve",
+                             environment={rule.MAX_PIXELS_ENV: "50000000"})
+    assert endpoint.environment()[rule.MAX_PIXELS_ENV] == "50000000"
+    monkeypatch.delenv(rule.MAX_PIXELS_ENV)
+    assert rule.MAX_PIXELS_ENV not in LocalEndpoint(tmp_path / "m", workdir=tmp_path / "s").environment()

@@ -66,10 +66,13 @@ class ModelServer:
 class Serving:
     def __init__(self) -> None:
         self.started: dict[bytes, ModelServer] = {}
+        self.environments: dict[bytes, dict[str, str]] = {}
 
-    def start(self, model_tar: Path, work_dir: Path, name: str) -> ModelServer:
+    def start(self, model_tar: Path, work_dir: Path, name: str,
+              environment: dict[str, str] | None = None) -> ModelServer:
         server = ModelServer(model_tar.read_bytes())
         self.started[server.answer] = server
+        self.environments[server.answer] = dict(environment or {})
         return server
 
 
@@ -83,7 +86,8 @@ def sagemaker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple
             s3.put_object(Bucket=BUCKET, Key=f"{model}/model.tar.gz", Body=model.encode())
             registry.create_model(ModelName=f"{model}-model", ExecutionRoleArn=ROLE, PrimaryContainer={
                 "Image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/d2ops-serving:1",
-                "ModelDataUrl": f"s3://{BUCKET}/{model}/model.tar.gz"})
+                "ModelDataUrl": f"s3://{BUCKET}/{model}/model.tar.gz",
+                **({"Environment": {"MAX_IMAGE_PIXELS": "50000000"}} if model == "green" else {})})
             registry.create_endpoint_config(EndpointConfigName=f"{model}-config", ProductionVariants=[{
                 "VariantName": "AllTraffic", "ModelName": f"{model}-model", "InstanceType": "ml.m5.large",
                 "InitialInstanceCount": instances}])
@@ -134,6 +138,15 @@ def test_all_at_once_sends_everything_to_the_new_fleet_and_an_alarm_in_the_bake_
     described = wait_until(local, lambda d: d["EndpointStatus"] == "InService")
     assert described["EndpointConfigName"] == "blue-config" and ALARM in described["FailureReason"]
     assert answers(local, 3) == [b"blue"] * 3 and serving.started[b"green"].stopped
+
+
+def test_each_fleet_runs_with_its_models_container_environment(sagemaker: tuple[LocalSageMaker, Serving, Any]) -> None:
+    """As SageMaker does: the server gets CreateModel's PrimaryContainer.Environment (the pipeline's
+    MAX_IMAGE_PIXELS), per model; a model without one gets none."""
+    local, serving, _ = sagemaker
+    update(local, "green-config", traffic_routing(1).model_dump())
+    wait_until(local, baking)
+    assert serving.environments == {b"blue": {}, b"green": {"MAX_IMAGE_PIXELS": "50000000"}}
 
 
 def test_all_at_once_keeps_the_old_fleet_until_the_bake_ends(sagemaker: tuple[LocalSageMaker, Serving, Any],

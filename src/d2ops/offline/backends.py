@@ -8,6 +8,7 @@ translate the SageMaker requests into their arguments and their results back.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -104,8 +105,9 @@ class LocalJobBackend:
 
 
 class TorchServeBackend:
-    def start(self, model_tar: Path, work_dir: Path, name: str) -> ServedModel:
+    def start(self, model_tar: Path, work_dir: Path, name: str,
+              environment: Mapping[str, str] | None = None) -> ServedModel:
         # LocalEndpoint gives each server its own ports (HTTP and gRPC): a blue/green update runs two.
         endpoint = local_serving.LocalEndpoint(model_tar, workdir=work_dir / "serve",
-                                               startup_timeout=ENDPOINT_STARTUP_SECONDS)
+                                               startup_timeout=ENDPOINT_STARTUP_SECONDS, environment=environment)
         return endpoint.start()

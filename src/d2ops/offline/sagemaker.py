@@ -31,7 +31,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -129,7 +129,9 @@ class ServedModel(Protocol):
 
 
 class ServingBackend(Protocol):
-    def start(self, model_tar: Path, work_dir: Path, name: str) -> ServedModel: ...
+    # ``environment``: the model's container Environment (CreateModel), set in the server's environment
+    def start(self, model_tar: Path, work_dir: Path, name: str,
+              environment: Mapping[str, str] | None = None) -> ServedModel: ...
 
 
 def _now() -> datetime:
@@ -564,6 +566,13 @@ class LocalSageMaker:
         described = self.registry.describe_model_package(ModelPackageName=package)
         return str(described["InferenceSpecification"]["Containers"][0]["ModelDataUrl"])
 
+    def _container_environment(self, config_name: str) -> dict[str, str]:
+        """The environment SageMaker gives the endpoint's container: the model's PrimaryContainer Environment."""
+        variant = self.registry.describe_endpoint_config(EndpointConfigName=config_name)["ProductionVariants"][0]
+        model = self.registry.describe_model(ModelName=variant["ModelName"])
+        container = model.get("PrimaryContainer") or (model.get("Containers") or [{}])[0]
+        return {str(k): str(v) for k, v in (container.get("Environment") or {}).items()}
+
     def _serve(self, name: str, config_name: str) -> ServedModel:
         model_uri = self._model_data(config_name)
         serve_dir = self.work_dir / "endpoints" / name / config_name
@@ -572,7 +581,7 @@ class LocalSageMaker:
         bucket, key = parse_s3_uri(model_uri)
         tar_path = serve_dir / "model.tar.gz"
         self.s3.download_file(bucket, key, str(tar_path))
-        return self.serving.start(tar_path, serve_dir, name)
+        return self.serving.start(tar_path, serve_dir, name, environment=self._container_environment(config_name))
 
     def create_endpoint(self, request: dict[str, Any]) -> dict[str, Any]:
         name, config = request.get("EndpointName", ""), request.get("EndpointConfigName", "")
