@@ -62,7 +62,10 @@ def zoo_checkpoint(path: Path) -> Path:
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineRuntime]:
     root = tmp_path_factory.mktemp("pretrained")
+    # InlineImageLimit 2: every run here checks its images on the Distributed Map (the real check_images
+    # and summarize Lambdas in the runtime) before a real detectron2 job trains on the snapshot.
     with OfflineRuntime(root / "work", function_env={"PrepareTrainingFunction": {"FRAMEWORK": "detectron2"}},
+                        parameters={"InlineImageLimit": "2", "LeaseWaitSeconds": "1"},
                         training_defaults={"num_workers": "0", "log_period": "1", "report_images": "0"}) as rt:
         yield rt
 
@@ -124,3 +127,78 @@ def test_uploaded_weights_are_the_jobs_starting_point(runtime: OfflineRuntime, t
     initial = metadata["initial_weights"]
     assert initial["sha256"] == digest and initial["path"].endswith(f"/input/data/pretrained/{name}")
     assert initial["bytes"] == weights.stat().st_size
+
+
+def test_an_image_overwritten_after_validation_never_reaches_the_training_job(runtime: OfflineRuntime,
+                                                                              tmp_path: Path) -> None:
+    """The bytes the job trains on are the validated ones: the Map copied them by VersionId into the run's
+    snapshot and the channels read the snapshot. Another run holds the endpoint lease, so this one waits
+    after validation (as a real run may, for hours): the overwrite lands then, before any job exists."""
+    import threading
+
+    from d2ops.asl import StateMachine
+
+    weights = zoo_checkpoint(tmp_path / "model_final_coco.pkl")
+    s3, sfn = runtime.client("s3"), runtime.client("stepfunctions")
+    s3.upload_file(str(weights), runtime.stack.data_bucket, runtime.stack.parameters["PretrainedWeightsKey"])
+    dataset = tiny_dataset(tmp_path, "shapes", "v3", training=TRAINING, gate=GATE)
+    victim = sorted(p for p in (dataset / "images").rglob("*") if p.is_file())[0]
+    relative, validated = victim.relative_to(dataset).as_posix(), victim.read_bytes()
+    overwritten: dict[str, float] = {}
+    # The lease's holder: a running execution of another machine, stopped once the overwrite is done.
+    holder_machine = StateMachine.from_definition(
+        {"StartAt": "Hold", "States": {"Hold": {"Type": "Wait", "Seconds": 600, "End": True}}},
+        name="lease-holder", region=runtime.machine.region, account_id=runtime.machine.account_id)
+    runtime.sfn.add_state_machine(holder_machine)
+    holder = sfn.start_execution(stateMachineArn=holder_machine.arn, name="holder")["executionArn"]
+    subs = runtime.stack.substitutions
+    runtime.client("dynamodb").put_item(TableName=subs["LeaseTableName"], Item={
+        "endpoint_name": {"S": subs["EndpointName"]}, "holder": {"S": holder}, "run_id": {"S": "holder"},
+        "acquired_at": {"S": "2026-01-01T00:00:00Z"}})
+
+    def overwrite_while_the_run_waits_for_the_lease() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not overwritten:
+            for ex in sfn.list_executions(stateMachineArn=runtime.stack.state_machine_arn)["executions"]:
+                if not ex["name"].startswith("shapes_v3_"):
+                    continue
+                events = sfn.get_execution_history(executionArn=ex["executionArn"], maxResults=1000)["events"]
+                if any(e.get("stateEnteredEventDetails", {}).get("name") == "Wait for endpoint lease" for e in events):
+                    s3.put_object(Bucket=runtime.stack.data_bucket, Key=f"datasets/shapes/v3/{relative}",
+                                  Body=b"not what was validated")
+                    overwritten["at"] = time.time()
+                    sfn.stop_execution(executionArn=holder)
+                    return
+            time.sleep(0.1)
+
+    poller = threading.Thread(target=overwrite_while_the_run_waits_for_the_lease, daemon=True)
+    poller.start()
+    summary = run_pipeline(runtime, dataset, out=lambda line: None, timeout=600)
+    poller.join(timeout=5)
+    assert (summary.status, summary.error) == ("FAILED", "QualityGateFailed"), summary.output.get("failure")
+    assert "at" in overwritten, summary.states_visited
+    visited = summary.states_visited
+    assert visited.index("Check images") < visited.index("Wait for endpoint lease") < visited.index("Train model")
+    job_name = summary.output["plan"]["names"]["training_job"]
+    job = runtime.client("sagemaker").describe_training_job(TrainingJobName=job_name)
+    assert job["CreationTime"].timestamp() > overwritten["at"]  # the overwrite came before the job existed
+    snapshot = summary.output["validation"]["summary"]["snapshot_uri"]
+    channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in job["InputDataConfig"]}
+    assert channels["train"] == channels["val"] == snapshot
+    trained_on = runtime.sagemaker.job_dir(job_name) / "channels" / "train" / relative
+    assert trained_on.read_bytes() == validated  # what the job read from its channel
+    data = s3.get_object(Bucket=runtime.stack.data_bucket, Key=f"datasets/shapes/v3/{relative}")["Body"].read()
+    assert data == b"not what was validated"
+
+    # The artifact names the inventory it was trained from.
+    bucket, artifact_key = parse_s3_uri(summary.output["plan"]["evaluation_job"]["ProcessingInputs"][0]["S3Input"]
+                                        ["S3Uri"])
+    archive = tmp_path / "model.tar.gz"
+    s3.download_file(bucket, artifact_key, str(archive))
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("metadata.json")
+        assert member is not None
+        metadata: dict[str, Any] = json.loads(member.read())
+    digest = summary.output["validation"]["summary"]["inventory_digest"]
+    assert digest and metadata["dataset"]["inventory_digest"] == digest
+    assert job["HyperParameters"]["inventory_digest"] == digest
