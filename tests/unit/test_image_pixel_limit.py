@@ -206,6 +206,14 @@ def test_a_bad_limit_stops_validation_before_any_file_is_judged(s3: Any, drone_d
                    "MaxImagePixels, e.g. 36000000)")
 
 
+def test_the_template_parameter_and_the_rule_agree_on_default_and_range() -> None:
+    from d2ops.template import load_template
+
+    spec = load_template().parameters()["MaxImagePixels"]
+    assert spec.type == "Number" and spec.default == str(rule.MAX_PIXELS)
+    assert (spec.min_value, spec.max_value) == (rule.MIN_PIXELS_LIMIT, rule.MAX_PIXELS_LIMIT)
+
+
 def test_the_offline_stack_refuses_a_limit_cloudformation_would_refuse() -> None:
     from d2ops.offline.stack import StackError
 
