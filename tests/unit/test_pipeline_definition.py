@@ -23,7 +23,10 @@ support.function_path("validate_dataset")
 from prepare_training.models import Plan, PrepareEvent  # noqa: E402
 from smoke_test_endpoint.models import SmokeTestEvent, SmokeTestResult  # noqa: E402
 from summarize_evaluation.models import EvaluationSummary, SummarizeEvent  # noqa: E402
-from validate_dataset.models import ValidateDatasetEvent  # noqa: E402
+from validate_dataset.models import SummarizeImagesEvent, ValidateDatasetEvent  # noqa: E402
+
+support.function_path("check_images")
+from check_images.models import BatchInput  # noqa: E402
 
 TEXT = support.DEFINITION.read_text()
 DEFINITION = json.loads(TEXT)
@@ -195,6 +198,58 @@ def test_lambda_payloads_and_selectors_match_the_lambda_models() -> None:
     assert _selected_keys("Read evaluation report") == set(EvaluationSummary.model_fields)
     assert _payload_keys("Smoke test endpoint") == set(SmokeTestEvent.model_fields)
     assert _selected_keys("Smoke test endpoint") <= set(SmokeTestResult.model_fields)
+    assert _payload_keys("Summarize image checks") == set(SummarizeImagesEvent.model_fields)
+    batch_input = STATES["Check images"]["ItemBatcher"]["BatchInput"]
+    assert {k.removesuffix(".$") for k in batch_input} == set(BatchInput.model_fields)
+
+
+def test_pending_images_go_through_the_distributed_map_and_back_to_the_same_choice() -> None:
+    choice = STATES["Dataset valid?"]
+    pending, valid = choice["Choices"]  # pending first: a provisional valid=true must not reach training
+    assert pending["Next"] == "Check images" and valid["Next"] == "Prepare endpoint lease wait"
+    assert {"Variable": "$.validation.summary.images_pending", "BooleanEquals": True} in pending["And"]
+    assert choice["Default"] == "Record dataset rejection"
+    check = STATES["Check images"]
+    assert check["Type"] == "Map" and check["Next"] == "Summarize image checks"
+    assert check["ItemProcessor"]["ProcessorConfig"] == {"Mode": "DISTRIBUTED", "ExecutionType": "EXPRESS"}
+    reader = check["ItemReader"]
+    assert reader["Resource"] == "arn:${Partition}:states:::s3:getObject"
+    assert reader["ReaderConfig"] == {"InputType": "JSONL"}
+    assert reader["Parameters"] == {"Bucket.$": "$.validation.summary.image_items_bucket",
+                                    "Key.$": "$.validation.summary.image_items_key"}
+    assert check["ItemBatcher"]["MaxItemsPerBatch"] == 50
+    assert check["MaxConcurrencyPath"] == "$.validation.summary.image_check_concurrency"
+    assert check["ToleratedFailureCount"] == 0 and "ToleratedFailurePercentage" not in check
+    writer = check["ResultWriter"]
+    assert writer["Resource"] == "arn:${Partition}:states:::s3:putObject"
+    assert writer["Parameters"]["Bucket"] == "${ArtifactsBucketName}"
+    assert writer["Parameters"]["Prefix.$"] == "States.Format('runs/{}/validation/image-results', $$.Execution.Name)"
+    assert runs.image_results_prefix("RUN") == "runs/RUN/validation/image-results"  # the same place
+    assert check["ResultPath"] == "$.image_check"
+    assert [c["Next"] for c in check["Catch"]] == ["Record unreadable dataset", "Record validation error"]
+    (child_name,) = check["ItemProcessor"]["States"]
+    child = check["ItemProcessor"]["States"][child_name]
+    assert child_name == "Check image batch" and child["End"] is True
+    assert child["Parameters"] == {"FunctionName": "${CheckImagesFunctionArn}", "Payload.$": "$"}
+    assert child["OutputPath"] == "$.Payload"
+    assert {"Lambda.ServiceException", "Lambda.TooManyRequestsException"} <= set(child["Retry"][0]["ErrorEquals"])
+    summarize = STATES["Summarize image checks"]
+    assert summarize["Next"] == "Dataset valid?" and summarize["ResultPath"] == "$.validation"
+    assert summarize["Parameters"]["Payload"]["result_writer.$"] == "$.image_check.ResultWriterDetails"
+    assert [c["Next"] for c in summarize["Catch"]] == ["Record unreadable dataset", "Record validation error"]
+    # The jobs and the registry read what validation's final summary says.
+    prepare = STATES["Prepare training job"]["Parameters"]["Payload"]
+    assert prepare["validation.$"] == "$.validation.summary"
+    metadata = STATES["Register model version"]["Parameters"]["CustomerMetadataProperties"]
+    assert metadata["inventory_digest.$"] == "$.plan.inventory_digest"
+
+
+def test_the_map_s_lambda_is_the_check_images_function() -> None:
+    tpl = sam.load_template()
+    subs = tpl.state_machine("PipelineStateMachine").definition_substitutions
+    assert tpl.function(subs["CheckImagesFunctionArn"]["Fn::GetAtt"][0]).code_uri == "functions/check_images/"
+    summarize = tpl.function(subs["SummarizeImagesFunctionArn"]["Fn::GetAtt"][0])
+    assert summarize.handler == "validate_dataset.summarize_images.handler"
 
 
 @pytest.mark.parametrize(("state", "function_dir"), [
