@@ -189,7 +189,8 @@ def experiment_job(settings: Any, dataset_uri: str, *, sagemaker_session: Any, r
         event = models.PrepareEvent.model_validate({
             "run_id": run_id, "dataset": dataset.model_dump(),
             "manifest": {"task": task, "training": dict(training or {})}})
-        request: dict[str, Any] = service.build_plan(settings, event, None).training_job
+        # An experiment reads the dataset prefix itself: no validation run made a snapshot for it.
+        request: dict[str, Any] = service.experiment_training_job(settings, event)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise ExperimentError(f"experiment {run_id}: {problems}") from exc

@@ -618,9 +618,10 @@ def test_each_job_role_reaches_the_keys_its_job_uses_and_the_endpoint_nothing_bu
     data_bucket = f"arn:aws:s3:::{support.DATA_BUCKET}"
     assert allows("TrainingJobRole", "s3:ListBucket", snapshot_bucket, prefix=dataset_prefix)
     assert allows("TrainingJobRole", "s3:GetObject", f"{snapshot_bucket}/{dataset_prefix}annotations/train.json")
-    for role in ("TrainingJobRole", "EvaluationJobRole"):
-        assert not allows(role, "s3:GetObject", f"{data_bucket}/datasets/shapes/v1/annotations/train.json")
-        assert not allows(role, "s3:ListBucket", data_bucket, prefix="datasets/shapes/v1/")
+    # Evaluation judges the gate: it reads the snapshot only. (The training role also reads datasets/*
+    # for d2ops.sdk experiments; a pipeline run's channels are the snapshot, test_pipeline_prepare.)
+    assert not allows("EvaluationJobRole", "s3:GetObject", f"{data_bucket}/datasets/shapes/v1/annotations/val.json")
+    assert not allows("EvaluationJobRole", "s3:ListBucket", data_bucket, prefix="datasets/shapes/v1/")
     weights_bucket, weights_key = _s3(next(c["DataSource"]["S3DataSource"]["S3Uri"] for c in train["InputDataConfig"]
                                            if c["ChannelName"] == "pretrained"))
     assert allows("TrainingJobRole", "s3:ListBucket", weights_bucket, prefix=weights_key)

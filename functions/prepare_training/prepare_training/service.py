@@ -182,8 +182,11 @@ def image_rule_environment(settings: PrepareSettings) -> dict[str, str]:
     return {images.MAX_PIXELS_ENV: str(settings.max_image_pixels)}
 
 
-def training_job_request(settings: PrepareSettings, event: PrepareEvent, names: JobNames) -> dict[str, Any]:
-    snapshot, _ = dataset_snapshot(settings, event)
+def training_job_request(settings: PrepareSettings, event: PrepareEvent, names: JobNames, *,
+                         dataset_uri: str | None = None) -> dict[str, Any]:
+    """CreateTrainingJob's request. A pipeline run reads its validated snapshot; only an SDK experiment
+    (experiment_training_job) names another ``dataset_uri``."""
+    snapshot = dataset_uri or dataset_snapshot(settings, event)[0]
 
     def channel(name: str) -> dict[str, Any]:
         # Both channels are the run's snapshot of the whole dataset version (COCO layout with
@@ -308,14 +311,26 @@ def production_variants(settings: PrepareSettings, names: JobNames) -> list[dict
     return [variant]
 
 
-def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: ChampionRef | None,
-               dataset_diff: DatasetDiffSummary | None = None) -> Plan:
+def check_request(settings: PrepareSettings, event: PrepareEvent) -> None:
+    """What refuses a run's jobs before anything starts, whatever data they read."""
     problems = stack_limit_problems(event.manifest.gate, event.manifest.training, settings.limits)
     if problems:
         raise ManifestExceedsStackLimits("; ".join(f"{code}: {message}" for code, message, _ in problems))
-    snapshot, digest = dataset_snapshot(settings, event)
     check_instance_types(settings)
     check_weights_match(settings, event)
+
+
+def experiment_training_job(settings: PrepareSettings, event: PrepareEvent) -> dict[str, Any]:
+    """The pipeline's training job on ``event.dataset``'s prefix as it is now (d2ops.sdk's experiments:
+    nothing validated, nothing snapshotted, never promoted), with the pipeline's checks."""
+    check_request(settings, event)
+    return training_job_request(settings, event, job_names(event.run_id), dataset_uri=event.dataset.uri)
+
+
+def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: ChampionRef | None,
+               dataset_diff: DatasetDiffSummary | None = None) -> Plan:
+    snapshot, digest = dataset_snapshot(settings, event)
+    check_request(settings, event)
     names = job_names(event.run_id)
     training = training_job_request(settings, event, names)
     min_map, max_regression = effective_gate(settings.limits, event.manifest.gate)
