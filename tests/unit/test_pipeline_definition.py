@@ -198,7 +198,11 @@ def test_lambda_payloads_and_selectors_match_the_lambda_models() -> None:
     assert _selected_keys("Read evaluation report") == set(EvaluationSummary.model_fields)
     assert _payload_keys("Smoke test endpoint") == set(SmokeTestEvent.model_fields)
     assert _selected_keys("Smoke test endpoint") <= set(SmokeTestResult.model_fields)
-    assert _payload_keys("Summarize image checks") == set(SummarizeImagesEvent.model_fields)
+    # One function, two calls: the Map's results to merge, or (the Map failed) its error to explain.
+    assert _payload_keys("Summarize image checks") == set(SummarizeImagesEvent.model_fields) - {"map_error"}
+    assert _payload_keys("Explain failed image checks") == set(SummarizeImagesEvent.model_fields) - {"result_writer"}
+    assert (STATES["Explain failed image checks"]["Parameters"]["FunctionName"]
+            == STATES["Summarize image checks"]["Parameters"]["FunctionName"])
     batch_input = STATES["Check images"]["ItemBatcher"]["BatchInput"]
     assert {k.removesuffix(".$") for k in batch_input} == set(BatchInput.model_fields)
 
@@ -228,7 +232,7 @@ def test_pending_images_go_through_the_distributed_map_and_back_to_the_same_choi
     assert check["ResultPath"] == "$.image_check"
     # A failed child reaches its Map only as States.ExceedToleratedFailureThreshold: a Catch naming the
     # child's own errors (DatasetUnreadable ...) would never fire, so there is one.
-    assert [(c["ErrorEquals"], c["Next"]) for c in check["Catch"]] == [(["States.ALL"], "Record validation error")]
+    assert [(c["ErrorEquals"], c["Next"]) for c in check["Catch"]] == [(["States.ALL"], "Explain failed image checks")]
     (child_name,) = check["ItemProcessor"]["States"]
     child = check["ItemProcessor"]["States"][child_name]
     assert child_name == "Check image batch" and child["End"] is True

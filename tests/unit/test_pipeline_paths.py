@@ -469,24 +469,17 @@ def test_a_version_with_pending_images_goes_through_the_distributed_map_and_back
     assert register["CustomerMetadataProperties"]["inventory_digest"].startswith("sha256:")
 
 
-def test_a_failed_image_batch_fails_the_map_into_the_validation_failure() -> None:
-    """ToleratedFailureCount 0: one child failing (after its retries) fails the Map, and the run ends in
-    ValidationFailed with nothing trained."""
-    from d2ops.asl.mock import MockConfig
-
-    config = json.loads(support.MOCK_CONFIG.read_text())
-    config["MockedResponses"]["ImageBatchRefused"] = {"0-30": {"Throw": {
-        "Error": "ImageCheckCrashed", "Cause": "the batch Lambda crashed"}}}
-    case = dict(config["StateMachines"]["training_pipeline"]["TestCases"]["ImagesCheckedByTheMap"])
-    case["Check image batch"] = "ImageBatchRefused"
-    config["StateMachines"]["training_pipeline"]["TestCases"]["ImagesCheckedByTheMap"] = case
-    sm = support.machine()
-    mock = MockConfig(config).test_case(sm.name, "ImagesCheckedByTheMap")
-    with support._map_items(60):
-        ex = sm.run(support.INPUT, executors={"arn:aws:states:::lambda:invoke": support._describe_failure,
-                                              "arn:aws:*": support._unexpected},
-                    mock=mock, execution_name=support.RUN_ID)
+def test_a_failed_image_batch_fails_the_run_with_the_batch_s_own_error() -> None:
+    """ToleratedFailureCount 0: one child failing (after its retries) fails the Map with
+    States.ExceedToleratedFailureThreshold, which says nothing about images; Explain failed image checks
+    is handed that error and raises the first failed batch's own, which the run's failure names."""
+    ex = run_case("ImageBatchFails")
     assert ex.status == "FAILED" and ex.error == "ValidationFailed", (ex.error, ex.cause)
     states = entered_states(ex)
     assert "Summarize image checks" not in states and "Prepare training job" not in states
-    assert "Record validation error" in states
+    assert states.index("Check images") < states.index("Explain failed image checks") < states.index(
+        "Record validation error")
+    (explain,) = task_parameters(ex, "Explain failed image checks")
+    assert explain["Payload"]["map_error"]["Error"] == "States.ExceedToleratedFailureThreshold"
+    assert explain["Payload"]["run_id"] == support.RUN_ID
+    assert "ImageChecksFailed" in ex.cause and "the batch Lambda crashed" in ex.cause, ex.cause

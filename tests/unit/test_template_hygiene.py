@@ -751,7 +751,10 @@ def test_the_image_check_lambdas_have_exactly_what_their_steps_need() -> None:
         ("s3:GetObject", f"{artifacts}/runs/*/validation/*"),
         ("s3:PutObject", f"{artifacts}/runs/*/validation/report.json"),
         ("s3:PutObject", f"{artifacts}/runs/*/inventory.jsonl"),
+        ("s3:ListBucket", artifacts),  # a failed Map's manifest, found by listing its results prefix
     }
+    assert allows("SummarizeImagesFunction", "s3:ListBucket", artifacts, prefix="runs/r1/validation/image-results/")
+    assert not allows("SummarizeImagesFunction", "s3:ListBucket", artifacts, prefix="runs/r1/dataset/")
     check = FUNCTIONS["CheckImagesFunction"]
     assert check.code_uri == "functions/check_images/" and check.handler == "check_images.handler.handler"
     assert check.environment["ARTIFACTS_BUCKET"] == {"Ref": "ArtifactsBucket"}  # the snapshot's bucket

@@ -13,7 +13,9 @@ import hashlib
 import importlib
 import io
 import json
+import re
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -523,3 +525,49 @@ def test_a_refused_snapshot_copy_fails_the_batch_naming_the_copy(s3: Any, datase
     monkeypatch.setenv("ARTIFACTS_BUCKET", "no-such-snapshot-bucket")
     with pytest.raises(DatasetUnreadable, match=r"cannot copy s3://data/.* to s3://no-such-snapshot-bucket/.*NoSuchBucket"):
         check_batch(items[:2], "run-nocopy")
+
+
+def _explain(s3: Any, run_id: str, error: str = "States.ExceedToleratedFailureThreshold") -> None:
+    models = importlib.import_module("validate_dataset.models")
+    service().summarize_images(models.SummarizeImagesEvent(
+        bucket="data", prefix=PREFIX, run_id=run_id,
+        map_error={"Error": error, "Cause": "The specified tolerated failure threshold was exceeded"}), s3, "artifacts")
+
+
+def _failed_map_run(s3: Any, run_id: str, name: str, error: str, message: str, when: str = "1") -> None:
+    """A failed Map Run's ResultWriter files: one FAILED child record with a Lambda error's Cause."""
+    prefix = f"{runs.image_results_prefix(run_id)}/{name}"
+    cause = json.dumps({"errorMessage": message, "errorType": error, "requestId": "r", "stackTrace": ["  File x"]})
+    record = {"ExecutionArn": f"arn:aws:states:us-east-1:123456789012:express:sm/ImageChecks:{name}", "Name": name,
+              "Input": "{}", "InputDetails": {"Included": True}, "Status": "FAILED", "Error": error, "Cause": cause,
+              "StartDate": "2026-11-26T20:00:00.000Z", "StopDate": "2026-11-26T20:00:01.000Z"}
+    s3.put_object(Bucket="artifacts", Key=f"{prefix}/FAILED_0.json", Body=json.dumps([record]).encode())
+    manifest = {"DestinationBucket": "artifacts", "MapRunArn": f"arn:aws:states:::mapRun:sm/ImageChecks:{name}",
+                "ResultFiles": {"FAILED": [{"Key": f"{prefix}/FAILED_0.json", "Size": 10}], "PENDING": [],
+                                "SUCCEEDED": []}}
+    s3.put_object(Bucket="artifacts", Key=f"{prefix}/manifest.json", Body=json.dumps(manifest).encode())
+
+
+def test_a_failed_map_is_explained_by_its_first_failed_batch(s3: Any) -> None:
+    """The Map's own error says only that the threshold was exceeded: the step raises the failed batch's
+    error, from the newest Map Run's FAILED file; a batch that could not read the data is DatasetUnreadable.
+
+    Catches: the Map's generic Cause passed on; an older Map Run (a redrive's predecessor) read instead of
+    the newest; the Lambda's stack trace in the message; a refusal to read the data reported as a crash.
+    """
+    from d2ops_core.validation import DatasetUnreadable
+
+    service_module = service()
+    with pytest.raises(service_module.ImageChecksFailed, match="before writing any result"):
+        _explain(s3, "run-x")
+    _failed_map_run(s3, "run-x", "z-old-run", "ImageCheckCrashed", "an older failure")
+    time.sleep(0.05)  # LastModified orders the Map Runs (names are UUIDs): keep them apart
+    _failed_map_run(s3, "run-x", "a-new-run", "MemoryError", "out of memory in batch 7")
+    with pytest.raises(service_module.ImageChecksFailed) as failed:
+        _explain(s3, "run-x")
+    message = str(failed.value)
+    assert "MemoryError: out of memory in batch 7" in message and "File x" not in message, message
+    assert "a-new-run/manifest.json" in message
+    _failed_map_run(s3, "run-y", "m", "DatasetUnreadable", "access denied reading s3://data/datasets/a.jpg")
+    with pytest.raises(DatasetUnreadable, match=re.escape("access denied reading s3://data/datasets/a.jpg")):
+        _explain(s3, "run-y")

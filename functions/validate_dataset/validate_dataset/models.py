@@ -65,6 +65,15 @@ class ResultWriterDetails(BaseModel):
     Key: str = Field(min_length=1, description="<prefix>/<map run id>/manifest.json")
 
 
+class MapError(BaseModel):
+    """What the Map's Catch put at ``$.error``."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    Error: str | None = None
+    Cause: str | None = None
+
+
 class SummarizeImagesEvent(BaseModel):
     """The summarize step's input: the run and the Map's ``ResultWriterDetails``."""
 
@@ -73,4 +82,6 @@ class SummarizeImagesEvent(BaseModel):
     bucket: str = Field(min_length=3, max_length=63)
     prefix: str = Field(min_length=1, max_length=900, description="datasets/<name>/<version>/")
     run_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,80}$", description="the Step Functions execution name")
-    result_writer: ResultWriterDetails
+    result_writer: ResultWriterDetails | None = Field(None, description="the Map's output; absent when the Map "
+                                                                        "failed (then the step explains why)")
+    map_error: MapError | None = Field(None, description="the Map's error, from its Catch, when it failed")

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NoReturn
 
 from d2ops_core import runs
+from d2ops_core.failures import reason
 from d2ops_core.validation import (
     Code,
     DatasetNotFound,
@@ -28,7 +29,15 @@ from d2ops_core.validation import (
 from d2ops_core.validation.codes import Severity, severity
 from d2ops_core.validation.inventory import inventory_digest, read_inventory, write_jsonl
 from d2ops_core.validation.manifest import StackLimits
-from d2ops_core.validation.merge import ImageChecksIncomplete, batch_results, merge_results, read_result_manifest
+from d2ops_core.validation.merge import (
+    ImageChecksFailed,
+    ImageChecksIncomplete,
+    batch_results,
+    first_failure,
+    merge_results,
+    newest_manifest_key,
+    read_result_manifest,
+)
 from d2ops_core.validation.sources import S3Source
 from validate_dataset.models import (
     DatasetName,
@@ -38,8 +47,8 @@ from validate_dataset.models import (
     ValidationSummary,
 )
 
-__all__ = ["DatasetNotFound", "DatasetUnreadable", "ImageChecksIncomplete", "report_key", "summarize_images",
-           "validate_dataset"]
+__all__ = ["DatasetNotFound", "DatasetUnreadable", "ImageChecksFailed", "ImageChecksIncomplete", "report_key",
+           "summarize_images", "validate_dataset"]
 FIRST_ERRORS = 5
 DEFAULT_INLINE_IMAGE_LIMIT = 2000
 DEFAULT_IMAGE_CHECK_CONCURRENCY = 100
@@ -111,6 +120,32 @@ def validate_dataset(event: ValidateDatasetEvent, s3_client: Any, artifacts_buck
                      inventory_digest=inventory_digest(data), **common)
 
 
+# A batch that failed on these fails the run as the validate step would have: the data cannot be read.
+_UNREADABLE = {"DatasetUnreadable", "DatasetNotFound"}
+
+
+def explain_failed_image_checks(event: SummarizeImagesEvent, s3_client: Any, artifacts_bucket: str) -> NoReturn:
+    """The Map failed: raise the first failed batch's own error, read from the Map Run's result files.
+
+    A failed child reaches its Map only as States.ExceedToleratedFailureThreshold, whose Cause says
+    nothing about the images; the ResultWriter writes the failed children's records all the same.
+    """
+    map_error = event.map_error.Error if event.map_error else None
+    key = newest_manifest_key(s3_client, artifacts_bucket, runs.image_results_prefix(event.run_id))
+    if key is None:
+        why = reason(event.map_error.Cause) if event.map_error else None
+        raise ImageChecksFailed(f"the image checks failed before writing any result ({map_error or 'no error'}"
+                                f"{': ' + why if why else ''})")
+    failed, error, cause = first_failure(s3_client, artifacts_bucket, read_result_manifest(s3_client,
+                                                                                           artifacts_bucket, key))
+    why = reason(cause)
+    first = f"{error or 'an unnamed error'}{': ' + why if why else ''}"
+    if error in _UNREADABLE:
+        raise DatasetUnreadable(f"an image batch could not read the dataset: {why or error}")
+    raise ImageChecksFailed(f"image batches failed ({failed} result file(s) of failures, "
+                            f"{runs.s3_uri(artifacts_bucket, key)}); the first: {first}")
+
+
 def _lines(s3: Any, bucket: str, key: str) -> Iterable[bytes]:
     """An S3 object's lines, streamed."""
     body = s3.get_object(Bucket=bucket, Key=key)["Body"]
@@ -124,6 +159,8 @@ def summarize_images(event: SummarizeImagesEvent, s3_client: Any, artifacts_buck
     Raises ImageChecksIncomplete when the results do not cover every item (the Map tolerates no failure,
     so this means results went missing): a dataset is never passed with images unchecked.
     """
+    if event.result_writer is None:
+        explain_failed_image_checks(event, s3_client, artifacts_bucket)
     key = report_key(event.run_id)
     report = ValidationReport.model_validate_json(s3_client.get_object(Bucket=artifacts_bucket, Key=key)["Body"].read())
     expected = sum(1 for line in _lines(s3_client, artifacts_bucket, runs.image_items_key(event.run_id))

@@ -30,6 +30,11 @@ class ImageChecksIncomplete(Exception):
     the dataset cannot be called valid. Step Functions routes on this name."""
 
 
+class ImageChecksFailed(Exception):
+    """Batches of the image checks failed, so the Map stopped (States.ExceedToleratedFailureThreshold says
+    no more): the message names the first failed batch's own error. Step Functions routes on this name."""
+
+
 class ResultFile(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -143,6 +148,32 @@ def batch_results(s3: Any, bucket: str, manifest: ResultWriterManifest) -> Itera
                 yield _batch_result(output)
         except ValueError as exc:  # not an array, or an Output that is not an ImageBatchResult
             raise ImageChecksIncomplete(f"{result_file.Key}: {str(exc).splitlines()[0]}") from exc
+
+
+def newest_manifest_key(s3: Any, bucket: str, results_prefix: str) -> str | None:
+    """The manifest.json of the newest Map Run written under ``results_prefix`` (None when none was)."""
+    newest: tuple[Any, str] | None = None
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=results_prefix.rstrip("/") + "/"):
+        for obj in page.get("Contents", []):
+            if obj["Key"].endswith("/manifest.json") and (newest is None or obj["LastModified"] > newest[0]):
+                newest = (obj["LastModified"], obj["Key"])
+    return newest[1] if newest else None
+
+
+def first_failure(s3: Any, bucket: str, manifest: ResultWriterManifest) -> tuple[int, str | None, Any]:
+    """(failed result files, the first failed child's Error, its Cause): what stopped the Map Run."""
+    files = manifest.ResultFiles.FAILED
+    if not files:
+        return 0, None, None
+    body = s3.get_object(Bucket=manifest.DestinationBucket or bucket, Key=files[0].Key)["Body"]
+    try:
+        for record in iter_json_array(body.iter_chunks(1024 * 1024), files[0].Key):
+            if isinstance(record, dict):
+                error = record.get("Error")
+                return len(files), error if isinstance(error, str) else None, record.get("Cause")
+    except ValueError:
+        pass  # an unreadable result file: the count alone is still worth saying
+    return len(files), None, None
 
 
 def _batch_result(output: str) -> ImageBatchResult:
