@@ -571,3 +571,36 @@ def test_a_failed_map_is_explained_by_its_first_failed_batch(s3: Any) -> None:
     _failed_map_run(s3, "run-y", "m", "DatasetUnreadable", "access denied reading s3://data/datasets/a.jpg")
     with pytest.raises(DatasetUnreadable, match=re.escape("access denied reading s3://data/datasets/a.jpg")):
         _explain(s3, "run-y")
+
+
+def test_results_are_held_to_the_items_the_map_was_given(s3: Any, dataset: Path) -> None:
+    """A result naming another image or another version, a passed image missing from the snapshot, or a
+    manifest outside the run's results prefix is refused: the counts balancing is not enough.
+
+    Catches: a merge that only counts answers (a batch skipping A and reporting B passes), that takes the
+    version from the batch's word, that ignores `copied`, or that reads results from wherever it is told.
+    """
+    upload(s3, dataset)
+    service().validate_dataset(event("run-f"), s3, "artifacts", inline_limit=0)
+    items = items_of(s3, "run-f")
+    batches = [check_batch(items[i:i + 4], "run-f") for i in range(0, len(items), 4)]
+    assert all(image.copied for batch in batches for image in batch.images)
+
+    def tampered(change: Any) -> list[ImageBatchResult]:
+        first = batches[0].images[0]
+        images = [first.model_copy(update=change(first)), *batches[0].images[1:]]
+        return [batches[0].model_copy(update={"images": images}), *batches[1:]]
+
+    renamed = tampered(lambda im: {"entry": im.entry.model_copy(update={"key": "images/elsewhere.jpg"})})
+    with pytest.raises(ImageChecksIncomplete, match="images/elsewhere.jpg, which was not an item"):
+        summarize(s3, "run-f", write_result_writer(s3, "run-f", renamed))
+    other_version = tampered(lambda im: {"entry": im.entry.model_copy(update={"version_id": "v-forged"})})
+    with pytest.raises(ImageChecksIncomplete, match="at version v-forged"):
+        summarize(s3, "run-f", write_result_writer(s3, "run-f", other_version))
+    not_copied = tampered(lambda im: {"copied": False})
+    with pytest.raises(ImageChecksIncomplete, match="not in the run's snapshot"):
+        summarize(s3, "run-f", write_result_writer(s3, "run-f", not_copied))
+    elsewhere = write_result_writer(s3, "run-other", batches)  # another run's results
+    with pytest.raises(ImageChecksIncomplete, match="expected under"):
+        summarize(s3, "run-f", elsewhere)
+    assert summarize(s3, "run-f", write_result_writer(s3, "run-f", batches)).valid  # the honest results pass

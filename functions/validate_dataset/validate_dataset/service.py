@@ -27,7 +27,7 @@ from d2ops_core.validation import (
     validate_version,
 )
 from d2ops_core.validation.codes import Severity, severity
-from d2ops_core.validation.inventory import inventory_digest, read_inventory, write_jsonl
+from d2ops_core.validation.inventory import ImageItem, inventory_digest, read_inventory, write_jsonl
 from d2ops_core.validation.manifest import StackLimits
 from d2ops_core.validation.merge import (
     ImageChecksFailed,
@@ -42,6 +42,7 @@ from d2ops_core.validation.sources import S3Source
 from validate_dataset.models import (
     DatasetName,
     IssueSummary,
+    ResultWriterDetails,
     SummarizeImagesEvent,
     ValidateDatasetEvent,
     ValidationSummary,
@@ -120,6 +121,16 @@ def validate_dataset(event: ValidateDatasetEvent, s3_client: Any, artifacts_buck
                      inventory_digest=inventory_digest(data), **common)
 
 
+def _own_results(details: ResultWriterDetails, run_id: str, artifacts_bucket: str) -> tuple[str, str]:
+    """The ResultWriter manifest's bucket and key, refused unless they are this run's own image results."""
+    bucket, key = details.Bucket, details.Key
+    prefix = runs.image_results_prefix(run_id) + "/"
+    if bucket != artifacts_bucket or not key.startswith(prefix) or not key.endswith("/manifest.json"):
+        raise ImageChecksIncomplete(f"the Map's results are expected under s3://{artifacts_bucket}/{prefix}, "
+                                    f"not at {runs.s3_uri(bucket, key)}")
+    return bucket, key
+
+
 # A batch that failed on these fails the run as the validate step would have: the data cannot be read.
 _UNREADABLE = {"DatasetUnreadable", "DatasetNotFound"}
 
@@ -163,12 +174,18 @@ def summarize_images(event: SummarizeImagesEvent, s3_client: Any, artifacts_buck
         explain_failed_image_checks(event, s3_client, artifacts_bucket)
     key = report_key(event.run_id)
     report = ValidationReport.model_validate_json(s3_client.get_object(Bucket=artifacts_bucket, Key=key)["Body"].read())
-    expected = sum(1 for line in _lines(s3_client, artifacts_bucket, runs.image_items_key(event.run_id))
-                   if line.strip())
+    items = {}
+    for line in _lines(s3_client, artifacts_bucket, runs.image_items_key(event.run_id)):
+        if line.strip():
+            item = ImageItem.model_validate_json(line)
+            items[item.key] = (item.version_id, item.etag)
     files = list(read_inventory(_lines(s3_client, artifacts_bucket, runs.pending_inventory_key(event.run_id))))
-    manifest = read_result_manifest(s3_client, event.result_writer.Bucket, event.result_writer.Key)
-    merged = merge_results(report, files, batch_results(s3_client, event.result_writer.Bucket, manifest),
-                           expected_images=expected)
+    manifest = read_result_manifest(s3_client, *_own_results(event.result_writer, event.run_id, artifacts_bucket))
+    if any(not f.Key.startswith(runs.image_results_prefix(event.run_id) + "/")
+           for f in (*manifest.ResultFiles.SUCCEEDED, *manifest.ResultFiles.FAILED, *manifest.ResultFiles.PENDING)) \
+            or manifest.DestinationBucket not in (None, artifacts_bucket):
+        raise ImageChecksIncomplete("the Map's result manifest names result files outside this run's image results")
+    merged = merge_results(report, files, batch_results(s3_client, artifacts_bucket, manifest), items=items)
     report_uri = _put(s3_client, artifacts_bucket, key, merged.report.model_dump_json(indent=1).encode(),
                       "application/json")
     inventory_uri = _put(s3_client, artifacts_bucket, runs.inventory_key(event.run_id), merged.inventory,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import codecs
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -192,11 +192,13 @@ class Merged(BaseModel):
 
 
 def merge_results(report: ValidationReport, files_inventory: Iterable[InventoryEntry],
-                  results: Iterable[ImageBatchResult], *, expected_images: int) -> Merged:
+                  results: Iterable[ImageBatchResult], *, items: Mapping[str, tuple[str | None, str | None]]) -> Merged:
     """The stored (pending) report with every batch's issues, the content overlap and the image counts.
 
-    Raises ImageChecksIncomplete when the results name a different number of distinct images than
-    the items the Map was given (``expected_images``).
+    ``items``: the Map's items, key -> (version_id, etag) as validation listed them. Raises
+    ImageChecksIncomplete unless the results answer for exactly those images at exactly those versions
+    and, when the version passes, every image is in the snapshot: results are only counted on, never
+    trusted to say which bytes were checked.
     """
     started = time.perf_counter()
     log = IssueLog.from_report(report)
@@ -204,15 +206,24 @@ def merge_results(report: ValidationReport, files_inventory: Iterable[InventoryE
     files = set(lines)
     overlap = OverlapIndex()
     images = probed = decoded = 0
+    uncopied: str | None = None
 
     def issues() -> Iterator[Issue]:
-        nonlocal images, probed, decoded
+        nonlocal images, probed, decoded, uncopied
         for result in results:
             for image in result.images:
                 key = image.entry.key
                 if key in lines and key not in files:
                     continue  # a retried batch reported it twice
+                pinned = items.get(key)
+                if pinned is None or pinned != (image.entry.version_id, image.entry.etag):
+                    what = "was not an item of the Map" if pinned is None else (
+                        f"was checked at version {image.entry.version_id} (ETag {image.entry.etag}), not the listed "
+                        f"{pinned[0]} (ETag {pinned[1]})")
+                    raise ImageChecksIncomplete(f"a batch result names {key}, which {what}")
                 images += 1
+                if not image.copied and uncopied is None:
+                    uncopied = key
                 lines[key] = image.entry.model_dump_json().encode("utf-8")
                 overlap.add(image)
                 if image.passed:
@@ -221,10 +232,12 @@ def merge_results(report: ValidationReport, files_inventory: Iterable[InventoryE
             yield from result.issues
 
     merge_image_issues(log, issues())
-    if images != expected_images:
+    if images != len(items):
         raise ImageChecksIncomplete(f"the image checks answered for {images} image files, the Map was given "
-                                    f"{expected_images}")
+                                    f"{len(items)}")
     overlap.report(log.add)
+    if uncopied is not None and log.error_count == 0:
+        raise ImageChecksIncomplete(f"{uncopied} passed its checks but is not in the run's snapshot")
     checked = ImageCheck(mode="all", referenced=report.images.referenced, missing=report.images.missing,
                          probed=probed, decoded=decoded)
     merged = ValidationReport.build(source=report.source, log=log, manifest=report.manifest, dataset=report.dataset,
