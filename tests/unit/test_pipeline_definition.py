@@ -227,8 +227,9 @@ def test_pending_images_go_through_the_distributed_map_and_back_to_the_same_choi
     writer = check["ResultWriter"]
     assert writer["Resource"] == "arn:${Partition}:states:::s3:putObject"
     assert writer["Parameters"]["Bucket"] == "${ArtifactsBucketName}"
-    assert writer["Parameters"]["Prefix.$"] == "States.Format('runs/{}/validation/image-results', $$.Execution.Name)"
-    assert runs.image_results_prefix("RUN") == "runs/RUN/validation/image-results"  # the same place
+    # A path, not an intrinsic: ResultWriter's Parameters are documented with paths only; the validate
+    # Lambda names the place (runs.image_results_prefix), which Summarize image checks holds results to.
+    assert writer["Parameters"]["Prefix.$"] == "$.validation.summary.image_results_prefix"
     assert check["ResultPath"] == "$.image_check"
     # A failed child reaches its Map only as States.ExceedToleratedFailureThreshold: a Catch naming the
     # child's own errors (DatasetUnreadable ...) would never fire, so there is one.

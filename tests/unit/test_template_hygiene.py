@@ -711,11 +711,17 @@ def test_the_state_machine_may_run_and_track_its_own_map_children_and_nothing_el
             assert allows(sm, action, f"{STATES_ARN}:{kind}:{MACHINE}/ImageChecks:0b8e2f3c-1d2e:child-1")
     assert not allows(sm, "states:StopExecution", f"{STATES_ARN}:execution:SomeoneElses:run-1")
     assert not allows(sm, "states:StopExecution", f"{STATES_ARN}:execution:{MACHINE}:another-run")
-    # The label the grant names is the Map's.
+    assert not allows(sm, "states:StopExecution", f"{STATES_ARN}:execution:SomeoneElses/ImageChecks:x:child-1")
+
+
+def test_a_snapshot_outlives_the_longest_run() -> None:
+    """SnapshotRetentionDays cannot expire a snapshot before the run that made it can reach its jobs."""
     import json
 
-    states = json.loads((REPO_ROOT / "statemachine" / "training_pipeline.asl.json").read_text())["States"]
-    assert states["Check images"]["Label"] == "ImageChecks"
+    definition = json.loads((REPO_ROOT / "statemachine" / "training_pipeline.asl.json").read_text())
+    days = T.document["Parameters"]["SnapshotRetentionDays"]
+    assert int(days["MinValue"]) * 86400 >= definition["TimeoutSeconds"]
+    assert int(days["Default"]) >= int(days["MinValue"])
 
 
 def test_the_state_machine_reads_the_map_items_and_writes_its_results_under_the_run_only() -> None:

@@ -132,6 +132,7 @@ def through_the_map(s3: Any, run_id: str, *, batch_size: int = 3) -> tuple[Any, 
     """Validate with no inline images, check every batch, merge: (pending summary, final summary)."""
     pending = service().validate_dataset(event(run_id), s3, "artifacts", inline_limit=0)
     assert pending.images_pending and pending.valid and pending.inventory_digest is None
+    assert pending.image_results_prefix == runs.image_results_prefix(run_id)  # the Map's ResultWriter Prefix
     items = items_of(s3, run_id)
     batches = [check_batch(items[i:i + batch_size], run_id) for i in range(0, len(items), batch_size)]
     return pending, summarize(s3, run_id, write_result_writer(s3, run_id, batches))

@@ -47,6 +47,8 @@ class ValidationSummary(BaseModel):
     image_items_uri: str | None = Field(default=None, description="s3:// URI of image-items.jsonl (pending only)")
     image_items_bucket: str | None = Field(default=None, description="its bucket (the Map's ItemReader.Bucket)")
     image_items_key: str | None = Field(default=None, description="its key (the Map's ItemReader.Key)")
+    image_results_prefix: str | None = Field(default=None, description="where the Map's ResultWriter writes "
+                                                                       "(its Prefix; pending only)")
     image_count: int = Field(default=0, description="distinct image files present and referenced")
     image_check_concurrency: int = Field(default=100, ge=1, description="the Map's MaxConcurrency "
                                                                           "(ImageCheckConcurrency)")

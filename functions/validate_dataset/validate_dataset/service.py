@@ -113,7 +113,8 @@ def validate_dataset(event: ValidateDatasetEvent, s3_client: Any, artifacts_buck
         _put_jsonl(s3_client, artifacts_bucket, runs.pending_inventory_key(event.run_id), result.inventory)
         items_uri = _put_jsonl(s3_client, artifacts_bucket, items_key, result.items)
         return summarize(report, report_uri, images_pending=True, image_items_uri=items_uri,
-                         image_items_bucket=artifacts_bucket, image_items_key=items_key, **common)
+                         image_items_bucket=artifacts_bucket, image_items_key=items_key,
+                         image_results_prefix=runs.image_results_prefix(event.run_id), **common)
     data = b"".join(e.model_dump_json().encode("utf-8") + b"\n" for e in result.inventory)
     inventory_uri = _put(s3_client, artifacts_bucket, runs.inventory_key(event.run_id), data, "application/x-ndjson")
     snapshot = runs.snapshot_uri(artifacts_bucket, event.run_id) if report.valid and result.snapshot_complete else None
