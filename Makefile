@@ -101,6 +101,10 @@ lint: setup  ## ruff, mypy, import-linter (package boundaries), cfn-lint, sam va
 bench-validate: setup  ## validator vs pycocotools COCO() on a train2017-sized file (time, peak RSS)
 	$(BIN)/python -m d2ops.bench.validate --workdir build/bench-validate
 
+.PHONY: bench-validate-scale
+bench-validate-scale: setup  ## every image of an Open-Images-shaped version: offline Distributed Map vs one Lambda (images/s, RSS, 1.7 M modelled)
+	nice -n 10 $(BIN)/python -m d2ops.bench.validate_scale
+
 # --- evaluation (issue 13) --------------------------------------------------------------
 .PHONY: bench-eval
 bench-eval: setup  ## our bbox evaluation (faster-coco-eval) vs pycocotools COCOeval on val2017-sized data (time, stats)
