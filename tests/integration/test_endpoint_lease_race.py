@@ -49,9 +49,12 @@ def write_evaluation(stack: dict[str, Any], kind: str, request: dict[str, Any]) 
     if kind != "ProcessingJob":
         return
     inputs = {i["InputName"] for i in request["ProcessingInputs"]}
-    report = EvaluationReport(primary_metric="bbox_AP", val_images=2, class_instances={},
-                              challenger=ModelScores(metrics={"bbox_AP": 0.55}),
-                              champion=ModelScores(metrics={"bbox_AP": 0.5}) if "champion" in inputs else None)
+    document: dict[str, Any] = {"primary_metric": "bbox_AP", "val_images": 2, "class_instances": {},
+                                "challenger": ModelScores(metrics={"bbox_AP": 0.55}).model_dump(), "champion": None}
+    if "champion" in inputs:
+        document["champion"] = ModelScores(metrics={"bbox_AP": 0.5}).model_dump()
+        document["comparison"] = support.point_comparison(document)
+    report = EvaluationReport.model_validate(document)
     bucket, prefix = runs.parse_s3_uri(request["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"])
     stack["s3"].put_object(Bucket=bucket, Key=prefix + "evaluation.json", Body=report.model_dump_json())
 

@@ -101,8 +101,10 @@ def write_evaluation(stack: dict[str, Any], kind: str, request: dict[str, Any]) 
     inputs = {i["InputName"] for i in request["ProcessingInputs"]}
     scores = {"metrics": {"bbox_AP": 0.55, "bbox_AP50": 0.9, "bbox_AP75": 0.6}, "per_class": {}}
     champion = {"metrics": {"bbox_AP": 0.5, "bbox_AP50": 0.88, "bbox_AP75": 0.5}} if "champion" in inputs else None
-    report = {"primary_metric": "bbox_AP", "val_images": 2, "class_instances": {}, "challenger": scores,
-              "champion": champion}
+    report: dict[str, Any] = {"primary_metric": "bbox_AP", "val_images": 2, "class_instances": {},
+                              "challenger": scores, "champion": champion}
+    if champion is not None:
+        report["comparison"] = support.point_comparison(report)
     bucket, prefix = runs.parse_s3_uri(request["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"])
     stack["s3"].put_object(Bucket=bucket, Key=prefix + "evaluation.json", Body=json.dumps(report))
 

@@ -40,6 +40,7 @@ def _report(challenger: float, champion: float | None) -> dict[str, Any]:
                               "class_instances": {"square": 100}}
     if champion is not None:
         report["champion"] = scores(champion)
+        report["comparison"] = support.point_comparison(report)
     return report
 
 

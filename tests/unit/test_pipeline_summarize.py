@@ -38,6 +38,8 @@ def summarize(s3: Any, report: dict[str, Any] | bytes, **gate: float | str) -> d
     if isinstance(report, dict) and "class_instances" not in report:  # every class plenty of instances
         classes = {c for who in ("challenger", "champion") for c in (report.get(who) or {}).get("per_class", {})}
         report = {**report, "class_instances": dict.fromkeys(sorted(classes), 100)}
+    if isinstance(report, dict) and isinstance(report.get("champion"), dict) and "comparison" not in report:
+        report = {**report, "comparison": support.point_comparison(report)}
     body = report if isinstance(report, bytes) else json.dumps(report).encode()
     s3.put_object(Bucket=support.ARTIFACTS_BUCKET, Key=KEY, Body=body)
     if isinstance(report, dict) and report.get("primary_metric") in {"bbox_AP", "segm_AP"}:
@@ -113,8 +115,9 @@ def per_class_report(challenger: dict[str, float], champion: dict[str, float] | 
                      instances: dict[str, int]) -> dict[str, Any]:
     def side(aps: dict[str, float]) -> dict[str, Any]:
         return {"metrics": {"bbox_AP": 0.6}, "per_class": {c: {"bbox_AP": ap} for c, ap in aps.items()}}
-    return {"primary_metric": "bbox_AP", "val_images": 40, "class_instances": instances,
-            "challenger": side(challenger), "champion": side(champion) if champion is not None else None}
+    report = {"primary_metric": "bbox_AP", "val_images": 40, "class_instances": instances,
+              "challenger": side(challenger), "champion": side(champion) if champion is not None else None}
+    return {**report, "comparison": support.point_comparison(report)} if champion is not None else report
 
 
 def test_a_class_that_regressed_beyond_the_margin_is_named_with_both_aps_and_its_count(s3: Any) -> None:

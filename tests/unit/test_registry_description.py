@@ -74,8 +74,9 @@ def report(names: list[str]) -> dict[str, Any]:
     """Every class regressed (challenger 0.1, champion 0.9, plenty of val instances)."""
     def side(ap: float) -> dict[str, Any]:
         return {"metrics": {"bbox_AP": 0.6}, "per_class": {n: {"bbox_AP": ap} for n in names}}
-    return {"primary_metric": "bbox_AP", "val_images": 40, "class_instances": dict.fromkeys(names, 100),
-            "challenger": side(0.1), "champion": side(0.9)}
+    document = {"primary_metric": "bbox_AP", "val_images": 40, "class_instances": dict.fromkeys(names, 100),
+                "challenger": side(0.1), "champion": side(0.9)}
+    return {**document, "comparison": support.point_comparison(document)}
 
 
 def summarize(names: list[str], dataset: str, version: str) -> dict[str, Any]:

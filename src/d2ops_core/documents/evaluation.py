@@ -4,6 +4,8 @@
   export, read back by ``model_code.artifact``).
 - :class:`EvaluationReport`: ``evaluation.json`` of the evaluation processing job
   (``model_code.evaluation.job`` writes it, the ``summarize_evaluation`` Lambda reads it).
+- :class:`Comparison`: the paired-bootstrap interval of challenger minus champion inside the report
+  (``model_code.evaluation.bootstrap.compare`` computes it; the gate judges its upper bound).
 - :class:`GateThresholds`: ``$.plan.gate`` (``prepare_training`` writes it, ``summarize_evaluation``
   reads it).
 
@@ -12,6 +14,8 @@ an area range) is left out rather than written as -1, so every number present is
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -33,6 +37,39 @@ class ModelEvaluation(ModelScores):
     iteration: int | None = Field(default=None, ge=0, description="the training iteration the weights come from")
 
 
+class DifferenceInterval(BaseModel):
+    """Challenger minus champion on one metric: both point estimates and the bootstrap interval of the difference."""
+
+    challenger: float = Field(description="the challenger's AP on the val images (point estimate)")
+    champion: float = Field(description="the champion's AP on the val images (point estimate)")
+    difference: float = Field(description="challenger - champion")
+    low: float = Field(description="lower end of the percentile interval of the difference")
+    high: float = Field(description="upper end of the percentile interval of the difference")
+    confidence: float = Field(gt=0, lt=1,
+                              description="two-sided level of this interval (per class: Bonferroni-adjusted)")
+    half_width: float = Field(ge=0, description="(high - low) / 2")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DifferenceInterval:
+        if self.low > self.high:
+            raise ValueError(f"interval low {self.low} is above high {self.high}")
+        return self
+
+
+class Comparison(BaseModel):
+    """The paired bootstrap over val images: the same resampled images score both models."""
+
+    method: Literal["paired_bootstrap"] = "paired_bootstrap"
+    metric: str = Field(description="the primary metric compared, e.g. bbox_AP")
+    val_images: int = Field(ge=1)
+    resamples: int = Field(ge=1)
+    seed: int
+    confidence: float = Field(gt=0, lt=1, description="two-sided level of the overall interval")
+    overall: DifferenceInterval
+    per_class: dict[str, DifferenceInterval] = Field(
+        default_factory=dict, description="judged classes only (enough val instances), Bonferroni-adjusted")
+
+
 class EvaluationReport(BaseModel):
     """``evaluation.json`` of the evaluation job: challenger and champion on the same val split."""
 
@@ -43,6 +80,8 @@ class EvaluationReport(BaseModel):
                     "judges only classes with enough of them)")
     challenger: ModelScores
     champion: ModelScores | None = None
+    comparison: Comparison | None = Field(
+        None, description="challenger vs champion by a paired bootstrap; required when there is a champion")
 
     @model_validator(mode="after")
     def _classes_are_counted(self) -> EvaluationReport:
@@ -53,6 +92,11 @@ class EvaluationReport(BaseModel):
                 raise ValueError(f"{who}.per_class names classes missing from class_instances: {uncounted}")
         if any(n < 0 for n in self.class_instances.values()):
             raise ValueError("class_instances must not be negative")
+        # Without the interval the gate could only compare two point estimates, the coin toss it replaces.
+        if self.champion is not None and self.comparison is None:
+            raise ValueError("comparison is required when there is a champion")
+        if self.comparison is not None and self.champion is None:
+            raise ValueError("comparison given without a champion")
         return self
 
 
