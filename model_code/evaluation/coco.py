@@ -25,6 +25,7 @@ from model_code.inference import Detections, image_to_tensor, predict
 
 # The names of COCOeval's first six stats, in order (AP values are fractions in [0, 1]).
 STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl")
+AREA_NAMES = ("small", "medium", "large")  # COCOeval's area ranges after "all", in its order
 MAX_DETECTIONS = 100
 
 
@@ -34,6 +35,8 @@ class IouTypeScores:
     per_class: dict[str, float]  # class name -> AP
     # precision at IoU 0.5 and averaged over IoU 0.5:0.95, per class, over recall 0:0.01:1 (-1: undefined)
     pr_curves: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    # class name -> {"small"|"medium"|"large": AP}; a size with no GT of the class left out
+    per_class_by_area: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -43,6 +46,8 @@ class Evaluation:
     per_class: dict[str, dict[str, float]]
     pr_curves: dict[str, dict[str, dict[str, list[float]]]]  # iou type -> class -> {"iou50", "iou50_95"}
     results: list[dict[str, Any]]  # COCO result dicts the metrics were computed from
+    # iou type -> class -> {"small"|"medium"|"large": AP} (COCO's APs/APm/APl per class)
+    per_class_by_area: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """The ``metrics``/``per_class`` shape of evaluation.json (docs/interfaces.md, Model evaluation)."""
@@ -131,17 +136,22 @@ def score_iou_type(gt: dict[str, Any], results: list[dict[str, Any]], iou_type: 
     cat_ids = list(evaluator.params.catIds)
     per_class: dict[str, float] = {}
     curves: dict[str, dict[str, list[float]]] = {}
+    by_area: dict[str, dict[str, float]] = {}
     for k, cat_id in enumerate(cat_ids):
         p = precision[:, :, k, 0, -1]  # area "all", maxDets 100
         valid = p[p > -1]
         name = class_names.get(int(cat_id), str(cat_id))
         if valid.size:
             per_class[name] = float(valid.mean())
+        for a, area in enumerate(AREA_NAMES, start=1):
+            in_area = precision[:, :, k, a, -1]
+            if (in_area > -1).any():
+                by_area.setdefault(name, {})[area] = float(in_area[in_area > -1].mean())
         with np.errstate(invalid="ignore"):
             mean_over_iou = np.where((p > -1).all(axis=0), p.mean(axis=0), -1.0)
         curves[name] = {"iou50": [round(float(v), 4) for v in p[0]],
                         "iou50_95": [round(float(v), 4) for v in mean_over_iou]}
-    return IouTypeScores(metrics=metrics, per_class=per_class, pr_curves=curves)
+    return IouTypeScores(metrics=metrics, per_class=per_class, pr_curves=curves, per_class_by_area=by_area)
 
 
 def evaluate_detector(detector: LoadedDetector, gt: dict[str, Any], images_dir: Path, *, batch_size: int = 4,
@@ -159,6 +169,7 @@ def score_results(gt: dict[str, Any], results: list[dict[str, Any]], iou_types: 
     metrics: dict[str, float] = {}
     per_class: dict[str, dict[str, float]] = {}
     curves: dict[str, dict[str, dict[str, list[float]]]] = {}
+    by_area: dict[str, dict[str, dict[str, float]]] = {}
     for iou_type in iou_types:
         # bbox scoring must not see the masks (loadRes would derive boxes from them)
         wanted = results if iou_type == "segm" else [{k: v for k, v in r.items() if k != "segmentation"}
@@ -168,8 +179,9 @@ def score_results(gt: dict[str, Any], results: list[dict[str, Any]], iou_types: 
         for name, ap in scores.per_class.items():
             per_class.setdefault(name, {})[f"{iou_type}_AP"] = ap
         curves[iou_type] = scores.pr_curves
+        by_area[iou_type] = scores.per_class_by_area
     return Evaluation(val_images=len(gt["images"]), metrics=metrics, per_class=per_class, pr_curves=curves,
-                      results=results)
+                      results=results, per_class_by_area=by_area)
 
 
 def print_progress(prefix: str) -> Callable[[int, int], None]:

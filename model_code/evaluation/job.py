@@ -83,7 +83,12 @@ def evaluate(root: Path, sample_images: int = 6) -> dict[str, object]:
     output.mkdir(parents=True, exist_ok=True)
     from model_code.evaluation.report import write_report
 
-    write_report(output / "report", results, gt, dataset.images_dir, sample_images=sample_images)
+    # errors.json counts detections at each class's threshold: the artifact's score_thresholds (older
+    # artifacts have none: getattr) so the matrix shows what the endpoint will answer
+    thresholds = {who: getattr(m.metadata, "score_thresholds", None)
+                  for who, m in (("challenger", challenger), ("champion", champion)) if m is not None}
+    write_report(output / "report", results, gt, dataset.images_dir, sample_images=sample_images,
+                 score_thresholds=thresholds)
     write_json(output / EVALUATION_REPORT_NAME, report)  # last: its presence means the job's work is complete
     for who, ev in results.items():
         print(f"{who}: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(ev.metrics.items())), flush=True)

@@ -7,6 +7,7 @@ so it can be opened from S3 or a laptop.
 from __future__ import annotations
 
 import html
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from PIL import Image, ImageDraw
 from d2ops_core import images as rule
 from d2ops_core.evaluation_curves import PR_CURVES_NAME, from_precisions
 from model_code.evaluation.coco import Evaluation
+from model_code.evaluation.error_report import write_errors
 
 SAMPLE_SCORE_THRESHOLD = 0.5
 COLOURS = ("#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6", "#bfef45")
@@ -77,9 +79,13 @@ def draw_sample(image: Image.Image, gt: list[dict[str, Any]], predictions: list[
 
 
 def write_report(directory: Path, evaluations: dict[str, Evaluation], gt: dict[str, Any], images_dir: Path, *,
-                 sample_images: int = 6) -> Path:
-    """Write index.html, pr_curves.png (and segm_pr_curves.png) and sample images; returns index.html."""
+                 sample_images: int = 6, score_thresholds: Mapping[str, Mapping[str, float] | None] | None = None
+                 ) -> Path:
+    """Write index.html, pr_curves.png (and segm_pr_curves.png), sample images and the error analysis
+    (errors.json, errors/*.jpg; ``score_thresholds``: model -> its artifact's, None where it has none);
+    returns index.html."""
     directory.mkdir(parents=True, exist_ok=True)
+    _, errors_html = write_errors(directory, evaluations, gt, images_dir, score_thresholds or {})
     # The same curves as numbers, for readers that draw their own (the console).
     curves = from_precisions({who: ev.pr_curves for who, ev in evaluations.items()})
     (directory / PR_CURVES_NAME).write_text(curves.model_dump_json(), encoding="utf-8")
@@ -116,7 +122,7 @@ def write_report(directory: Path, evaluations: dict[str, Evaluation], gt: dict[s
            f"<table border=1><tr><th>metric</th>{header}</tr>{table}</table>"
            + "".join(f'<p><img src="{p}"></p>' for p in pictures)
            + "<h2>Sample val images (green: ground truth; coloured: predictions with score "
-           f"&ge; {SAMPLE_SCORE_THRESHOLD})</h2><table>{''.join(rows)}</table></body></html>")
+           f"&ge; {SAMPLE_SCORE_THRESHOLD})</h2><table>{''.join(rows)}</table>{errors_html}</body></html>")
     index = directory / "index.html"
     index.write_text(doc)
     return index
