@@ -105,6 +105,13 @@ DOCUMENTS: tuple[Document, ...] = (
         "the evaluation processing job (`model_code.evaluation.job`)", "`summarize_evaluation`, `status_api`",
         "d2ops_core.documents.evaluation:EvaluationReport"),
     Document(
+        "error-analysis", "Error analysis (challenger and champion)",
+        f"`{runs.evaluation_report_uri(_ARTIFACTS, _RUN).rsplit('/', 1)[0]}/report/errors.json` (beside the "
+        "report's `index.html`, `pr_curves.json` and the drawn worst images `errors/*.jpg`)",
+        "the evaluation processing job (`model_code.evaluation.error_report`)",
+        "`status_api` (`GET /runs/{runId}/evaluation`'s `errors`), the console",
+        "d2ops_core.documents.error_analysis:ErrorAnalysis"),
+    Document(
         "gate-thresholds", "Gate thresholds",
         "state `$.plan.gate` (small: it travels in the state, not in S3)",
         "`prepare_training` (stack parameters tightened by the manifest's `gate`)", "`summarize_evaluation`",

@@ -172,8 +172,9 @@ def put_everything(s3: Any, execution: Execution) -> None:
     """Every object the API reads, present (contents need not parse: the reads are what is checked)."""
     for uri in report_uris(execution).values():
         s3.put_object(Bucket=ARTIFACTS, Key=key_of(uri), Body=b"{}")
-    curves = key_of(report_uris(execution)["evaluation"]).rsplit("/", 1)[0] + "/report/pr_curves.json"
-    s3.put_object(Bucket=ARTIFACTS, Key=curves, Body=b"{}")
+    report_dir = key_of(report_uris(execution)["evaluation"]).rsplit("/", 1)[0] + "/report/"
+    for name in ("pr_curves.json", "errors.json"):
+        s3.put_object(Bucket=ARTIFACTS, Key=report_dir + name, Body=b"{}")
     s3.put_object(Bucket=ARTIFACTS, Key=f"{history_prefix(support.ENDPOINT_NAME)}promoted-{support.RUN_ID}.json",
                   Body=b"{}")
     s3.put_object(Bucket=ARTIFACTS, Key=CHAMPION_KEY, Body=b"{}")
@@ -203,6 +204,7 @@ def test_every_s3_read_of_the_status_api_is_granted_and_listable(monkeypatch: py
                 f"{history_prefix(support.ENDPOINT_NAME)}promoted-{support.RUN_ID}.json"):
         assert ("GetObject", ARTIFACTS, key) in read, f"the API never read {key}: {sorted(read)}"
     assert any(op == "GetObject" and k.endswith("/report/pr_curves.json") for op, _, k in read)
+    assert any(op == "GetObject" and k.endswith("/report/errors.json") for op, _, k in read)
     assert ("HeadObject", DATA, "datasets/shapes/v1/manifest.json") in read
     statements = s3_statements()
     assert problems(statements, calls) == []

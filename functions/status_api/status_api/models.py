@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 from d2ops_core.champion import ChampionRecord
 from d2ops_core.cost import RunCost
 from d2ops_core.documents.dataset_diff import DatasetDiffSummary
+from d2ops_core.documents.error_analysis import ErrorAnalysis
 from d2ops_core.evaluation_curves import PrCurves
 from d2ops_core.runs import DatasetRef
 
@@ -148,7 +149,8 @@ class ModelScoresView(BaseModel):
 
 
 class EvaluationView(BaseModel):
-    """The run's evaluation report (evaluation.json) with its precision-recall curves (pr_curves.json)."""
+    """The run's evaluation report (evaluation.json) with its precision-recall curves (pr_curves.json) and
+    error analysis (errors.json)."""
 
     report_uri: str
     primary_metric: str
@@ -156,3 +158,5 @@ class EvaluationView(BaseModel):
     challenger: ModelScoresView
     champion: ModelScoresView | None = None
     pr_curves: PrCurves | None = Field(None, description="absent for reports written before the curves were kept")
+    errors: ErrorAnalysis | None = Field(None, description="AP by object size, confusion matrix with background, "
+                                         "the worst val images drawn; absent for reports written before it")

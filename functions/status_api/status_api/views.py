@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from d2ops_core import runs, state_graph
 from d2ops_core.champion import EndpointHistory, read_endpoint_history
+from d2ops_core.documents.error_analysis import ERRORS_NAME, ErrorAnalysis
 from d2ops_core.documents.run_state import RunState
 from d2ops_core.evaluation_curves import PR_CURVES_NAME, PrCurves
 from d2ops_core.validation.report import ValidationReport
@@ -104,14 +105,20 @@ def evaluation_report(sfn: Any, s3: Any, state_machine_arn: str, artifacts_bucke
     if not uri:
         raise ReportNotFound(f"run {run_id!r} has no evaluation report (yet)")
     report = json.loads(_read_json(s3, artifacts_bucket, uri, "evaluation report"))
-    # The job writes report/pr_curves.json beside evaluation.json (model_code.evaluation.report).
-    curves_uri = uri.rsplit("/", 1)[0] + f"/report/{PR_CURVES_NAME}"
+    # The job writes report/pr_curves.json and report/errors.json beside evaluation.json
+    # (model_code.evaluation.report); reports from before either was kept lack it: None.
+    report_dir = uri.rsplit("/", 1)[0] + "/report/"
     try:
         curves: PrCurves | None = PrCurves.model_validate_json(
-            _read_json(s3, artifacts_bucket, curves_uri, "precision-recall curves"))
+            _read_json(s3, artifacts_bucket, report_dir + PR_CURVES_NAME, "precision-recall curves"))
     except (ReportNotFound, ValidationError):
-        curves = None  # reports from before the curves were kept as numbers
-    return EvaluationView.model_validate({**report, "report_uri": uri, "pr_curves": curves})
+        curves = None
+    try:
+        errors: ErrorAnalysis | None = ErrorAnalysis.model_validate_json(
+            _read_json(s3, artifacts_bucket, report_dir + ERRORS_NAME, "error analysis"))
+    except (ReportNotFound, ValidationError):
+        errors = None
+    return EvaluationView.model_validate({**report, "report_uri": uri, "pr_curves": curves, "errors": errors})
 
 
 def endpoint_history(s3: Any, artifacts_bucket: str, endpoint_name: str) -> EndpointHistory:
