@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from d2ops_core.documents.evaluation import EvaluationReport, ModelEvaluation, ModelScores
+from d2ops_core.documents.evaluation import Comparison, EvaluationReport, ModelEvaluation, ModelScores
 from d2ops_core.metrics import PrimaryMetric, primary_metric
 from model_code.evaluation.coco import Evaluation
 
@@ -40,8 +40,10 @@ def class_instances(gt: dict[str, Any]) -> dict[str, int]:
 
 
 def job_report(primary: PrimaryMetric, challenger: Evaluation, champion: Evaluation | None,
-               instances: dict[str, int]) -> dict[str, Any]:
-    """What the evaluation processing job writes and the pipeline's gate reads (validated on the way out)."""
+               instances: dict[str, int], comparison: Comparison | None = None) -> dict[str, Any]:
+    """What the evaluation processing job writes and the pipeline's gate reads (validated on the way out:
+    a champion needs the ``comparison``, model_code.evaluation.comparison.compare_models)."""
     report = EvaluationReport(primary_metric=primary, val_images=challenger.val_images, class_instances=instances,
-                              challenger=scores(challenger), champion=scores(champion) if champion else None)
+                              challenger=scores(challenger), champion=scores(champion) if champion else None,
+                              comparison=comparison)
     return report.model_dump(mode="json")

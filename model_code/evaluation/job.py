@@ -22,11 +22,13 @@ import warnings
 from pathlib import Path
 
 from d2ops_core import images as rule
+from d2ops_core.gate import GateSettingError, read_job_environment
 from d2ops_core.metrics import primary_metric
 from d2ops_core.runs import EVALUATION_REPORT_NAME
 from model_code.artifact import ArtifactError, LoadedDetector, load_artifact, write_json
 from model_code.dataset_version import DatasetError, open_dataset_version, read_coco
 from model_code.evaluation.coco import Evaluation, evaluate_detector, print_progress
+from model_code.evaluation.comparison import compare_models
 from model_code.evaluation.documents import class_instances, job_report
 
 MAX_MESSAGE = 1000
@@ -58,7 +60,8 @@ def load_model(root: Path, name: str) -> LoadedDetector | None:
 def evaluate(root: Path, sample_images: int = 6) -> dict[str, object]:
     try:  # the job's Environment (MaxImagePixels): a bad limit fails the job at once, naming the variable
         rule.max_pixels()
-    except rule.PixelLimitError as exc:
+        gate = read_job_environment(os.environ)  # GATE_*: the plan's gate settings for the bootstrap
+    except (rule.PixelLimitError, GateSettingError) as exc:
         raise EvaluationError(str(exc)) from None
     challenger = load_model(root, "challenger")
     if challenger is None:
@@ -78,7 +81,10 @@ def evaluate(root: Path, sample_images: int = 6) -> dict[str, object]:
                   f"{len(gt['images'])} images", flush=True)
             results[who] = evaluate_detector(model, gt, dataset.images_dir, progress=print_progress(who))
     primary = primary_metric(challenger.metadata.task)
-    report = job_report(primary, results["challenger"], results.get("champion"), class_instances(gt))
+    instances = class_instances(gt)
+    comparison = (compare_models(gt, results["challenger"], results["champion"], primary, instances, gate)
+                  if "champion" in results else None)
+    report = job_report(primary, results["challenger"], results.get("champion"), instances, comparison)
     output = root / "processing" / "output"
     output.mkdir(parents=True, exist_ok=True)
     from model_code.evaluation.report import write_report

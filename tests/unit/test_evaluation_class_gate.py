@@ -14,8 +14,10 @@ import pytest
 
 from d2ops import synth
 from d2ops_core.documents.evaluation import EvaluationReport
+from d2ops_core.gate import GateSettings
 from model_code.dataset_version import read_coco
 from model_code.evaluation.coco import score_results
+from model_code.evaluation.comparison import compare_models
 from model_code.evaluation.documents import class_instances, job_report
 from tests.fixtures.pipeline import support
 
@@ -61,7 +63,15 @@ def test_the_class_a_challenger_stopped_detecting_is_named_with_real_aps_and_cou
     champion_dets = detections(gt, seed=0)
     challenger_dets = [d for d in champion_dets if d["category_id"] != lost_id]
     champion, challenger = (score_results(gt, champion_dets, ["bbox"]), score_results(gt, challenger_dets, ["bbox"]))
-    report = job_report("bbox_AP", challenger, champion, class_instances(gt))
+    instances = class_instances(gt)
+    comparison = compare_models(gt, challenger, champion, "bbox_AP", instances,
+                                GateSettings(resamples=200, min_class_instances=1))
+    report = job_report("bbox_AP", challenger, champion, instances, comparison)
+    # The interval is of these very APs, and each class's level is Bonferroni-adjusted over the judged
+    # classes (mutations: the point estimates from another scorer; the adjustment dropped).
+    assert comparison.overall.challenger == pytest.approx(challenger.metrics["bbox_AP"], abs=1e-9)
+    judged = [name for name, count in instances.items() if count >= 1]
+    assert [i.confidence for i in comparison.per_class.values()] == [pytest.approx(1 - 0.05 / len(judged))] * len(judged)
 
     counts = Counter(a["category_id"] for a in gt["annotations"] if not a.get("iscrowd"))
     assert report["class_instances"] == {names[i]: counts.get(i, 0) for i in names}
@@ -72,10 +82,11 @@ def test_the_class_a_challenger_stopped_detecting_is_named_with_real_aps_and_cou
 
     summary = gate(report, max_class_regression=0.1, min_class_instances=1)
     # Per-class AP is computed class by class: the other classes score exactly as before.
-    assert summary["class_regressions"] == [{"class_name": lost, "metric": "bbox_AP", "challenger_ap": 0.0,
-                                             "champion_ap": champion_ap, "drop": round(champion_ap, 9),
-                                             "instances": counts[lost_id]}]
-    assert f"{lost} 0.000 vs {champion_ap:.3f} ({counts[lost_id]} instances)" in summary["class_gate_reason"]
+    (regression,) = summary["class_regressions"]
+    assert {k: v for k, v in regression.items() if k != "interval"} == {
+        "class_name": lost, "metric": "bbox_AP", "challenger_ap": 0.0, "champion_ap": champion_ap,
+        "drop": round(champion_ap, 9), "instances": counts[lost_id]}
+    assert f"{lost} 0.000 vs {champion_ap:.3f}, difference {-champion_ap:.3f}" in summary["class_gate_reason"]
     # With fewer val instances than MinClassInstances the class is not judged, and a margin above
     # the drop lets it pass.
     assert gate(report, max_class_regression=0.1, min_class_instances=counts[lost_id] + 1)["class_regressed"] is False

@@ -15,12 +15,14 @@ from moto import mock_aws
 
 from d2ops.asl.choice import evaluate_rule
 from d2ops_core import pipeline_metrics as pm
+from d2ops_core.documents.evaluation import EvaluationReport
 from tests.fixtures.emf import emf_metrics
 from tests.fixtures.pipeline import support
 
 support.function_path("summarize_evaluation")
 from summarize_evaluation import handler as summarize_handler  # noqa: E402
-from summarize_evaluation.models import EvaluationSummary  # noqa: E402
+from summarize_evaluation.models import SummarizeEvent  # noqa: E402
+from summarize_evaluation.service import summarize  # noqa: E402
 
 SUMMARIZE_EVENT = support.load_event("summarize_evaluation", "report")
 
@@ -65,20 +67,26 @@ _FRACTION = st.sampled_from([0.0, 0.29, 0.3, 0.31, 0.5, 0.59, 0.6, 1.0])
 QUALITY_GATE = support.machine().definition["States"]["Quality gate"]
 
 
+_WIDTH = st.sampled_from([0.0, 0.005, 0.01, 0.02, 0.2])
+
+
 @settings(max_examples=200, deadline=None, derandomize=True)
-@given(challenger=_FRACTION, min_map=_FRACTION, champion=st.none() | _FRACTION, class_regressed=st.booleans())
+@given(challenger=_FRACTION, min_map=_FRACTION, champion=st.none() | _FRACTION, width=_WIDTH,
+       class_drop=st.sampled_from([0.0, 0.05, 0.3]))
 def test_the_metric_s_decision_is_the_quality_gate_choice_state_s(challenger: float, min_map: float,
-                                                                  champion: float | None,
-                                                                  class_regressed: bool) -> None:
-    """The label on GateDecisions must be what the ASL's "Quality gate" Choice decides on the same summary."""
-    summary = EvaluationSummary(
-        report_uri="s3://b/k", primary_metric="bbox_AP", challenger_value=challenger,
-        challenger_metrics={"bbox_AP": challenger}, has_champion=champion is not None, champion_value=champion,
-        champion_floor=round(champion - 0.01, 9) if champion is not None else 0.0, min_map=min_map,
-        max_regression=0.01, max_class_regression=0.05, min_class_instances=10,
-        class_regressed=class_regressed and champion is not None,
-        class_regression_count=int(class_regressed and champion is not None), class_regressions=[],
-        class_gate_reason="", class_gate_description="", description_head="shapes v1: ")
+                                                                  champion: float | None, width: float,
+                                                                  class_drop: float) -> None:
+    """The label on GateDecisions must be what the ASL's "Quality gate" Choice decides on the same summary
+    (the summary made by the Lambda's own rule from a report with an interval of the given width)."""
+    report = _report(challenger, champion)
+    if champion is not None:
+        diff = challenger - champion
+        report["comparison"]["overall"].update(low=diff - width, high=diff + width, half_width=width)
+        square = report["comparison"]["per_class"]["square"]
+        square.update(champion=min(1.0, challenger + class_drop), difference=-class_drop, low=-class_drop - width,
+                      high=-class_drop + width, half_width=width)
+    event = SummarizeEvent.model_validate({**SUMMARIZE_EVENT, "gate": {**SUMMARIZE_EVENT["gate"], "min_map": min_map}})
+    summary = summarize(EvaluationReport.model_validate(report), event)
     gate = QUALITY_GATE
     document = {"evaluation": summary.model_dump(mode="json")}
     taken = next((rule["Next"] for rule in gate["Choices"] if evaluate_rule(rule, document, {})), gate["Default"])

@@ -127,14 +127,16 @@ def test_a_class_that_regressed_beyond_the_margin_is_named_with_both_aps_and_its
     summary = summarize(s3, report, max_class_regression=0.15, min_class_instances=30)
     # star drops 0.7, disc 0.16 (> 0.15); tiny drops 0.8 but has 29 < 30 instances; square improved.
     assert summary["class_regressed"] is True and summary["class_regression_count"] == 2
-    assert summary["class_regressions"] == [
+    assert [{k: v for k, v in r.items() if k != "interval"} for r in summary["class_regressions"]] == [
         {"class_name": "star", "metric": "bbox_AP", "challenger_ap": 0.0, "champion_ap": 0.7, "drop": 0.7,
          "instances": 40},
         {"class_name": "disc", "metric": "bbox_AP", "challenger_ap": 0.44, "champion_ap": 0.6, "drop": 0.16,
          "instances": 31}]
+    assert summary["class_regressions"][1]["interval"] == report["comparison"]["per_class"]["disc"]
     assert summary["class_gate_reason"] == (
         "challenger bbox_AP trails the champion by more than 0.15 on 2 classes (challenger vs champion): "
-        "star 0.000 vs 0.700 (40 instances), disc 0.440 vs 0.600 (31 instances)")
+        "star 0.000 vs 0.700, difference -0.700, 95% interval [-0.700, -0.700] (40 instances); "
+        "disc 0.440 vs 0.600, difference -0.160, 95% interval [-0.160, -0.160] (31 instances)")
 
 
 def test_the_per_class_margin_is_exact_for_decimal_values(s3: Any) -> None:

@@ -21,10 +21,10 @@ tracer = Tracer()
 def gate_decision(summary: EvaluationSummary) -> str:
     """The decision the "Quality gate" Choice state takes on this summary (a test runs the ASL's rules).
 
-    The Choice state decides; this only labels the metric, so the dashboard can count decisions.
+    The Lambda computed the booleans the Choice state tests; this only labels the metric, so the
+    dashboard can count decisions.
     """
-    worse = summary.has_champion and (summary.challenger_value < summary.champion_floor or summary.class_regressed)
-    return "rejected" if summary.challenger_value < summary.min_map or worse else "approved"
+    return "rejected" if summary.below_min_map or summary.regressed or summary.class_regressed else "approved"
 
 
 def record_metrics(summary: EvaluationSummary) -> None:

@@ -11,13 +11,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from d2ops_core import platform
-from d2ops_core.documents.evaluation import EvaluationReport, ModelScores
+from d2ops_core.documents.evaluation import Comparison, DifferenceInterval, EvaluationReport, ModelScores
 from d2ops_core.runs import key_listed, parse_s3_uri
 from summarize_evaluation.models import ClassRegression, EvaluationSummary, SummarizeEvent
 
 MAX_REPORT_BYTES = 10 * 1024 * 1024
 # The floor is compared with numbers read from JSON; rounding keeps 0.5 - 0.01 at 0.49.
 FLOOR_DIGITS = 9
+# The comparison's point estimates are the report's own APs, recomputed by the bootstrap's scorer.
+POINT_TOLERANCE = 1e-6
 # The summary travels in the state payload: the worst classes are listed, all are counted.
 MAX_LISTED_REGRESSIONS = 10
 # The Model Registry description is "<dataset name> <version>: <gate reason>" (the ASL's "Register model
@@ -67,48 +69,96 @@ def primary_value(scores: ModelScores, metric: str, who: str) -> float:
     return value
 
 
-def _class_ap(scores: ModelScores, name: str, metric: str, who: str) -> float | None:
-    value = scores.per_class.get(name, {}).get(metric)
-    if value is not None and not (math.isfinite(value) and 0.0 <= value <= 1.0):
-        raise EvaluationReportInvalid(f"{who} per_class[{name!r}].{metric} = {value} is not a fraction in [0, 1]")
+def _fraction(value: float, what: str) -> float:
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise EvaluationReportInvalid(f"{what} = {value} is not a fraction in [0, 1]")
     return value
+
+
+def beyond(interval: DifferenceInterval, tolerance: float) -> bool:
+    """Whether the drop beyond ``tolerance`` is significant: the interval's upper end is below -tolerance.
+
+    Rounded like the old floor, so a difference of exactly -tolerance read from JSON (0.49 - 0.5) is
+    within it; a challenger is refused only when even the best case of the interval is beyond it.
+    """
+    return round(interval.high, FLOOR_DIGITS) < -tolerance
+
+
+def more_val_images(interval: DifferenceInterval, val_images: int, tolerance: float) -> int | None:
+    """About how many more val images would narrow the interval to the tolerance (None: it already is).
+
+    The interval's half-width shrinks with the square root of the number of images, so reaching
+    ``tolerance`` needs ``val_images * (half_width / tolerance)^2`` of them. A tolerance of 0 is
+    never reached by any number of images: None as well (the reason says the tolerance).
+    """
+    half_width = round(interval.half_width, FLOOR_DIGITS)
+    if tolerance <= 0 or half_width <= tolerance:
+        return None
+    return max(1, math.ceil(val_images * (half_width / tolerance) ** 2) - val_images)
+
+
+def percent(confidence: float) -> str:
+    """0.95 -> '95%'; a Bonferroni-adjusted 0.9916666 -> '99.17%'."""
+    return f"{confidence * 100:.4g}%"
+
+
+def interval_text(interval: DifferenceInterval) -> str:
+    return (f"difference {interval.difference:.3f}, {percent(interval.confidence)} interval "
+            f"[{interval.low:.3f}, {interval.high:.3f}]")
+
+
+def check_comparison(report: EvaluationReport, metric: str, challenger: float, champion: float) -> Comparison:
+    """The report's comparison, refused when it is not of the metric the gate judges or not of these scores."""
+    comparison = report.comparison
+    if comparison is None:  # the report's own validator requires it with a champion; kept for the type checker
+        raise EvaluationReportInvalid("the report has a champion but no comparison")
+    if comparison.metric != metric:
+        raise EvaluationReportInvalid(f"comparison is of {comparison.metric}, the gate judges {metric}")
+    overall = comparison.overall
+    for who, point, value in (("challenger", overall.challenger, challenger), ("champion", overall.champion, champion)):
+        if abs(_fraction(point, f"comparison.overall.{who}") - value) > POINT_TOLERANCE:
+            raise EvaluationReportInvalid(f"comparison.overall.{who} {point} is not the {who}'s {metric} {value}")
+    return comparison
 
 
 def class_regressions(report: EvaluationReport, metric: str, max_class_regression: float,
                       min_class_instances: int) -> list[ClassRegression]:
-    """Classes the challenger does worse on than the champion by more than the margin, worst first.
+    """Classes on which the challenger trails the champion significantly by more than the margin, worst first.
 
-    Only classes with at least ``min_class_instances`` val instances are judged: the AP of a
-    class seen three times swings by chance. A class the champion has an AP for and the
-    challenger has none (it predicts nothing of it) counts as AP 0. Pure: no I/O.
+    Only classes with at least ``min_class_instances`` val instances are judged (the job's
+    comparison has their Bonferroni-adjusted intervals; a judged class missing from it is an
+    invalid report, never a class waved through). Pure: no I/O.
     """
-    if report.champion is None:
+    if report.champion is None or report.comparison is None:
         return []
     found = []
     for name, instances in report.class_instances.items():
         if instances < min_class_instances:
             continue
-        champion = _class_ap(report.champion, name, metric, "champion")
-        if champion is None:  # no AP for the champion either: nothing to compare with
-            continue
-        challenger = _class_ap(report.challenger, name, metric, "challenger") or 0.0
-        drop = round(champion - challenger, FLOOR_DIGITS)  # 0.5 - 0.45 stays 0.05, as the margin reads
-        if drop > max_class_regression:
+        interval = report.comparison.per_class.get(name)
+        if interval is None:
+            raise EvaluationReportInvalid(f"comparison.per_class lacks {name!r} ({instances} val instances; classes "
+                                          f"with at least {min_class_instances} are judged)")
+        challenger = _fraction(interval.challenger, f"comparison.per_class[{name!r}].challenger")
+        champion = _fraction(interval.champion, f"comparison.per_class[{name!r}].champion")
+        if beyond(interval, max_class_regression):
             found.append(ClassRegression(class_name=name, metric=metric, challenger_ap=challenger,
-                                         champion_ap=champion, drop=drop, instances=instances))
+                                         champion_ap=champion, drop=round(champion - challenger, FLOOR_DIGITS),
+                                         instances=instances, interval=interval))
     return sorted(found, key=lambda r: (-r.drop, r.class_name))
 
 
 def class_gate_reason(regressions: list[ClassRegression], max_class_regression: float) -> str:
-    """One line naming the regressed classes with both APs and their instance counts ('' when none)."""
+    """One line naming the regressed classes with both APs, the interval and the instance counts ('' when none)."""
     if not regressions:
         return ""
     listed = regressions[:MAX_LISTED_REGRESSIONS]
-    parts = [f"{r.class_name} {r.challenger_ap:.3f} vs {r.champion_ap:.3f} ({r.instances} instances)" for r in listed]
+    parts = [f"{r.class_name} {r.challenger_ap:.3f} vs {r.champion_ap:.3f}, {interval_text(r.interval)} "
+             f"({r.instances} instances)" for r in listed]
     more = f" and {len(regressions) - len(listed)} more" if len(regressions) > len(listed) else ""
     return (f"challenger {listed[0].metric} trails the champion by more than {max_class_regression:g} on "
             f"{len(regressions)} class{'es' if len(regressions) > 1 else ''} (challenger vs champion): "
-            f"{', '.join(parts)}{more}")
+            f"{'; '.join(parts)}{more}")
 
 
 def registry_text(text: str) -> str:
@@ -141,7 +191,35 @@ def description_head(name: str, version: str) -> str:
     return bounded(registry_text(f"{name} {version}"), DESCRIPTION_HEAD_MAX - 2) + ": "
 
 
+def gate_reason(summary: EvaluationSummary) -> str:
+    """The reason of the decision the "Quality gate" Choice state takes on ``summary`` (its tests, in its order)."""
+    metric, challenger = summary.primary_metric, summary.challenger_value
+    versus = wider = ""
+    if summary.interval is not None:
+        versus = f"vs champion {summary.interval.champion:.3f}: {interval_text(summary.interval)}"
+    if summary.more_val_images is not None:
+        wider = (f"; the interval is wider than the tolerance: about {summary.more_val_images} more val images "
+                 f"({summary.val_images} now) would narrow it to \u00b1{summary.max_regression:g}")
+    if summary.below_min_map:
+        return f"challenger {metric} {challenger:.3f} is below the threshold {summary.min_map:g}" + (
+            f"; {versus}{wider}" if versus else "")
+    if summary.regressed:
+        return f"challenger {metric} {challenger:.3f} {versus}, beyond the tolerance {summary.max_regression:g}{wider}"
+    if summary.class_regressed:
+        return summary.class_gate_reason + (f"; overall {versus}" if versus else "")
+    reason = f"challenger {metric} {challenger:.3f} reaches the threshold {summary.min_map:g}"
+    if versus:
+        reason += f"; {versus}, not significantly beyond the tolerance {summary.max_regression:g}{wider}"
+    return reason
+
+
 def summarize(report: EvaluationReport, event: SummarizeEvent) -> EvaluationSummary:
+    """The gate's decision, made once: the booleans the Choice state tests and the reason it records.
+
+    Refused when the challenger's point AP is below MinMap, or when the paired-bootstrap interval of
+    challenger - champion lies wholly below -MaxRegression (the regression beyond the tolerance is
+    significant), overall or on a judged class (-MaxClassRegression); approved otherwise.
+    """
     # The plan names the metric from the manifest's task, so a report that calls bbox_AP
     # primary cannot let a segmentation model through on its box AP.
     gate = event.gate
@@ -149,19 +227,30 @@ def summarize(report: EvaluationReport, event: SummarizeEvent) -> EvaluationSumm
     challenger = primary_value(report.challenger, metric, "challenger")
     champion = primary_value(report.champion, metric, "champion") if report.champion is not None else None
     floor = round(max(0.0, champion - gate.max_regression), FLOOR_DIGITS) if champion is not None else 0.0
+    comparison = check_comparison(report, metric, challenger, champion) if champion is not None else None
+    interval = comparison.overall if comparison is not None else None
     regressions = []
     reason = ""
     if gate.max_class_regression is not None and gate.min_class_instances is not None:
         regressions = class_regressions(report, metric, gate.max_class_regression, gate.min_class_instances)
         reason = class_gate_reason(regressions, gate.max_class_regression)
-    return EvaluationSummary(
+    summary = EvaluationSummary(
         report_uri=event.report_uri, primary_metric=metric, challenger_value=challenger,
         challenger_metrics={k: v for k, v in report.challenger.metrics.items() if math.isfinite(v)},
         has_champion=champion is not None, champion_value=champion, champion_floor=floor,
         min_map=gate.min_map, max_regression=gate.max_regression,
         max_class_regression=gate.max_class_regression, min_class_instances=gate.min_class_instances,
+        below_min_map=challenger < gate.min_map,
+        regressed=interval is not None and beyond(interval, gate.max_regression),
+        interval=interval, val_images=report.val_images,
+        resamples=comparison.resamples if comparison is not None else None,
+        more_val_images=more_val_images(interval, report.val_images, gate.max_regression) if interval else None,
         class_regressed=bool(regressions), class_regression_count=len(regressions),
         class_regressions=regressions[:MAX_LISTED_REGRESSIONS],
         class_gate_reason=reason,
         class_gate_description=bounded(registry_text(reason), CLASS_GATE_DESCRIPTION_MAX),
-        description_head=description_head(event.dataset.name, event.dataset.version))
+        description_head=description_head(event.dataset.name, event.dataset.version),
+        gate_reason="", gate_description="")
+    decided = gate_reason(summary)
+    return summary.model_copy(update={"gate_reason": decided, "gate_description": bounded(
+        registry_text(decided), CLASS_GATE_DESCRIPTION_MAX)})

@@ -1,0 +1,102 @@
+"""The statistical gate's settings: one home for their defaults, bounds and environment names.
+
+The stack's ``GateConfidence``/``GateResamples`` parameters (template.yaml, whose Default/MinValue/
+MaxValue a test holds to these constants) reach ``prepare_training``, which writes them into the
+plan's gate (``GateThresholds.confidence``/``resamples``) and into the evaluation job's Environment
+(:func:`job_environment`); the job reads them back with :func:`read_job_environment`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+DEFAULT_CONFIDENCE = 0.95
+# Two-sided levels: at 0.5 or below an "interval" refuses on a coin toss; 1 is no interval at all.
+MIN_CONFIDENCE_EXCLUSIVE = 0.5
+MAX_CONFIDENCE_EXCLUSIVE = 1.0
+DEFAULT_RESAMPLES = 1000
+# Below 100 resamples the percentile ends rest on a handful of draws; above 10,000 the evaluation
+# job spends minutes for digits the val images cannot support.
+MIN_RESAMPLES = 100
+MAX_RESAMPLES = 10_000
+DEFAULT_SEED = 0
+
+CONFIDENCE_ENV = "GATE_CONFIDENCE"
+RESAMPLES_ENV = "GATE_RESAMPLES"
+MIN_CLASS_INSTANCES_ENV = "GATE_MIN_CLASS_INSTANCES"
+SEED_ENV = "GATE_SEED"
+# The stack's MinClassInstances default (template.yaml): classes with fewer val instances are not judged.
+DEFAULT_MIN_CLASS_INSTANCES = 30
+
+
+class GateSettingError(ValueError):
+    """A GATE_* variable of the evaluation job's Environment is not a value the gate accepts."""
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    """What the evaluation job's bootstrap runs with."""
+
+    confidence: float = DEFAULT_CONFIDENCE
+    resamples: int = DEFAULT_RESAMPLES
+    min_class_instances: int = DEFAULT_MIN_CLASS_INSTANCES
+    seed: int = DEFAULT_SEED
+
+
+def confidence_problem(value: float) -> str | None:
+    if not MIN_CONFIDENCE_EXCLUSIVE < value < MAX_CONFIDENCE_EXCLUSIVE:
+        return f"must be a fraction strictly between {MIN_CONFIDENCE_EXCLUSIVE:g} and {MAX_CONFIDENCE_EXCLUSIVE:g}"
+    return None
+
+
+def resamples_problem(value: int) -> str | None:
+    if not MIN_RESAMPLES <= value <= MAX_RESAMPLES:
+        return f"must be a whole number from {MIN_RESAMPLES} to {MAX_RESAMPLES}"
+    return None
+
+
+def _number(env: Mapping[str, str], name: str, kind: type[float] | type[int]) -> float | int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return kind(raw)
+    except ValueError:
+        raise GateSettingError(f"{name}={raw!r} is not a {'number' if kind is float else 'whole number'}") from None
+
+
+def read_job_environment(env: Mapping[str, str]) -> GateSettings:
+    """The job's GATE_* variables (absent ones take the defaults); a bad one raises naming the variable."""
+    settings = GateSettings()
+    confidence = _number(env, CONFIDENCE_ENV, float)
+    if confidence is not None:
+        problem = confidence_problem(confidence)
+        if problem:
+            raise GateSettingError(f"{CONFIDENCE_ENV}={env[CONFIDENCE_ENV]!r} {problem}")
+        settings = replace(settings, confidence=float(confidence))
+    resamples = _number(env, RESAMPLES_ENV, int)
+    if resamples is not None:
+        problem = resamples_problem(int(resamples))
+        if problem:
+            raise GateSettingError(f"{RESAMPLES_ENV}={env[RESAMPLES_ENV]!r} {problem}")
+        settings = replace(settings, resamples=int(resamples))
+    instances = _number(env, MIN_CLASS_INSTANCES_ENV, int)
+    if instances is not None:
+        if instances < 1:
+            raise GateSettingError(f"{MIN_CLASS_INSTANCES_ENV}={env[MIN_CLASS_INSTANCES_ENV]!r} must be at least 1")
+        settings = replace(settings, min_class_instances=int(instances))
+    seed = _number(env, SEED_ENV, int)
+    if seed is not None:
+        if not 0 <= seed < 2**32:
+            raise GateSettingError(f"{SEED_ENV}={env[SEED_ENV]!r} must be a whole number from 0 to {2**32 - 1}")
+        settings = replace(settings, seed=int(seed))
+    return settings
+
+
+def job_environment(confidence: float, resamples: int, min_class_instances: int | None) -> dict[str, str]:
+    """The evaluation job's GATE_* Environment (strings, as SageMaker passes them) from the plan's gate."""
+    env = {CONFIDENCE_ENV: repr(confidence), RESAMPLES_ENV: str(resamples), SEED_ENV: str(DEFAULT_SEED)}
+    if min_class_instances is not None:
+        env[MIN_CLASS_INSTANCES_ENV] = str(min_class_instances)
+    return env
