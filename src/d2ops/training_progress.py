@@ -7,50 +7,27 @@ MetricDefinitions); ``iter=N/TOTAL`` gives the progress, ``train:loss`` the loss
 ``train:images_per_second`` the throughput and ``train:iter_seconds`` the time left. Anything
 else in the log (other output, other hosts, half-written or hostile lines) leaves it as it was.
 
+:class:`Progress` and :func:`format_progress` live in ``d2ops_core.training_progress``: the status
+API (reading the values SageMaker published from the same lines) and ``d2ops status`` use them too.
+
 The offline runtime's follower (``d2ops.offline.pipeline``) reads the job's log as it grows
 and prints what :class:`ProgressReporter` hands it, at most one line every few seconds.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from d2ops.job_log import split_host_line
 from d2ops_core import metrics
+from d2ops_core.training_progress import Progress, format_progress
 
 DEFAULT_MIN_INTERVAL = 5.0
 # Both trainers print an iteration's lines in one order, this one last (torchvision_trainer's training
 # loop; detectron2_hooks.MetricLineWriter, where it follows train:iter_seconds): with it, the iteration is whole.
 _LAST_LINE_OF_AN_ITERATION = "train:images_per_second"
-_MAX_SECONDS_SHOWN = 100 * 3600
-
-
-@dataclass(frozen=True)
-class Progress:
-    """Where the job is: the newest training iteration its lines named, and the newest of each value."""
-
-    iteration: int
-    total: int | None = None
-    loss: float | None = None
-    images_per_second: float | None = None
-    seconds_per_iteration: float | None = None
-
-    @property
-    def fraction(self) -> float | None:
-        if not self.total:
-            return None
-        return min(1.0, max(0.0, self.iteration / self.total))
-
-    @property
-    def seconds_left(self) -> float | None:
-        """Iterations still to run times the job's own seconds per iteration (None where unknown)."""
-        seconds = self.seconds_per_iteration
-        if not self.total or seconds is None or not math.isfinite(seconds) or seconds <= 0:
-            return None
-        return max(0, self.total - self.iteration) * seconds
 
 
 class ProgressParser:
@@ -105,42 +82,6 @@ class ProgressParser:
             return False
         self.progress = self._arriving
         return True
-
-
-def _number(value: float, decimals: int) -> str:
-    """Fixed decimals where they read well (0.812, 10.40), three significant digits beyond (1.23e+05)."""
-    if not math.isfinite(value):
-        return str(value)
-    if value == 0 or 10 ** -decimals <= abs(value) < 1000:
-        return f"{value:.{decimals}f}"
-    return f"{value:.3g}"
-
-
-def _duration(seconds: float) -> str:
-    if seconds >= _MAX_SECONDS_SHOWN:
-        return f"{_MAX_SECONDS_SHOWN // 3600}+ h"
-    whole = math.ceil(seconds)
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
-
-
-def format_progress(label: str, progress: Progress) -> str:
-    """``Train model: iter 120/250 (48%)  loss 0.812  10.4 img/s  ~0:38 left`` (what is known of it)."""
-    head = f"{label}: iter {progress.iteration}"
-    fraction = progress.fraction
-    if progress.total and fraction is not None:
-        head += f"/{progress.total} ({math.floor(fraction * 100)}%)"
-    parts = [head]
-    if progress.loss is not None:
-        parts.append(f"loss {_number(progress.loss, 3)}")
-    speed = progress.images_per_second
-    if speed is not None and math.isfinite(speed) and speed > 0:
-        parts.append(f"{_number(speed, 2 if speed < 10 else 1)} img/s")
-    left = progress.seconds_left
-    if left is not None and progress.total is not None and progress.iteration < progress.total:
-        parts.append(f"~{_duration(left)} left")
-    return "  ".join(parts)
 
 
 class LineSplitter:

@@ -11,8 +11,11 @@ Training lines carry the iteration and the run's total (``iter=N/TOTAL``): with
 follower needs for progress and time left (``d2ops.training_progress``).
 
 SageMaker scrapes these lines from the job's logs with ``METRIC_DEFINITIONS`` (the
-prepare_training Lambda puts them into CreateTrainingJob's MetricDefinitions); the offline
-runner parses the same lines with :func:`parse_metric_line`. AP values are fractions in
+prepare_training Lambda puts them into CreateTrainingJob's MetricDefinitions) and publishes each
+value to CloudWatch (``TRAINING_METRICS_NAMESPACE``, dimension ``TrainingJobName``), where the
+status API reads the job's progress; the offline SageMaker applies the same definitions to the
+local job's log and publishes to moto's CloudWatch. The offline runner parses the same lines with
+:func:`parse_metric_line`. AP values are fractions in
 [0, 1], as in the evaluation report. Standard library only (the Lambda layer and the
 training image both import it).
 """
@@ -31,7 +34,8 @@ AP_SUFFIXES: tuple[str, ...] = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 VAL_METRICS: tuple[str, ...] = tuple(f"val:{kind}_{s}" for kind in ("bbox", "segm") for s in AP_SUFFIXES)
 METRIC_NAMES: tuple[str, ...] = TRAIN_METRICS + VAL_METRICS
 
-_NUMBER = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)"
+_VALUE = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+_NUMBER = rf"({_VALUE})"
 # At most 15 digits: a hostile line's 5000-digit iteration would otherwise make int() raise.
 _LINE = re.compile(rf"^{re.escape(LINE_PREFIX)} (?P<name>[A-Za-z0-9_:]+)={_NUMBER}"
                    r"(?: iter=(?P<iter>\d{1,15})(?:/(?P<total>\d{1,15}))?)?\s*$")
@@ -42,7 +46,17 @@ def metric_regex(name: str) -> str:
     return rf"{re.escape(LINE_PREFIX)} {re.escape(name)}={_NUMBER}"
 
 
-METRIC_DEFINITIONS: tuple[dict[str, str], ...] = tuple({"Name": n, "Regex": metric_regex(n)} for n in METRIC_NAMES)
+# Where the job is, read from its train:loss lines (``iter=N/TOTAL``): SageMaker keeps only group 1 of a
+# definition, so the iteration and the run's total are metrics of their own. No trainer prints these names
+# (they are not METRIC_NAMES); they are what the status API pairs the loss curve with in CloudWatch. At most
+# 15 digits and not followed by another: a hostile line's 5000-digit count is no iteration.
+PROGRESS_DEFINITIONS: tuple[dict[str, str], ...] = (
+    {"Name": "train:iteration", "Regex": rf"{re.escape(LINE_PREFIX)} train:loss={_VALUE} iter=(\d{{1,15}})(?!\d)"},
+    {"Name": "train:total_iterations",
+     "Regex": rf"{re.escape(LINE_PREFIX)} train:loss={_VALUE} iter=\d{{1,15}}/(\d{{1,15}})(?!\d)"},
+)
+METRIC_DEFINITIONS: tuple[dict[str, str], ...] = (
+    tuple({"Name": n, "Regex": metric_regex(n)} for n in METRIC_NAMES) + PROGRESS_DEFINITIONS)
 
 # The metric the quality gate compares, by the manifest's task (masks are judged by mask AP).
 PrimaryMetric = Literal["bbox_AP", "segm_AP"]

@@ -351,3 +351,29 @@ def job_can_run(cuda: Version, instance_type: str, usage: Usage, forward_compat:
     if runs_natively(cuda, JOB_HOST_DRIVER):
         return True
     return forward_compat and JOB_HOST_DRIVER.branch >= FORWARD_COMPAT_MIN_DRIVER
+
+
+# ------------------------------------------------------------------------- training job metrics
+# SageMaker publishes each value a training job's MetricDefinitions regexes find in its logs to
+# CloudWatch, in this namespace, under the definition's Name, with one dimension: the job's name.
+# The SageMaker Python SDK's TrainingJobAnalytics reads them so (Dimensions [{"Name":
+# "TrainingJobName", ...}]); its instance metrics (CPUUtilization, ...) carry "Host" instead.
+TRAINING_METRICS_SOURCE = Source("https://github.com/aws/sagemaker-python-sdk/blob/master/src/sagemaker/analytics.py")
+TRAINING_METRICS_NAMESPACE = "/aws/sagemaker/TrainingJobs"
+TRAINING_METRICS_DIMENSION = "TrainingJobName"
+
+# GetMetricData (MetricStat.Period): a metric of regular resolution (SageMaker's training metrics are
+# published at a 1-minute frequency) has periods of 60 s or multiples; a query whose StartTime is
+# 3 hours to 15 days ago must use a multiple of 60, 15 to 63 days a multiple of 300, beyond a
+# multiple of 3600, or it gets no data points. At most 100,800 data points an answer (NextToken beyond).
+METRIC_PERIODS_SOURCE = Source("https://docs.aws.amazon.com/AmazonCloudWatch/latest/APIReference/API_MetricStat.html")
+METRIC_PERIOD_BY_AGE: tuple[tuple[float, int], ...] = ((15 * 86400, 60), (63 * 86400, 300), (float("inf"), 3600))
+
+
+def metric_period(start_age_seconds: float) -> int:
+    """The finest period (seconds) CloudWatch answers for regular-resolution data starting this long ago."""
+    return next(period for age, period in METRIC_PERIOD_BY_AGE if start_age_seconds < age)
+
+# PutMetricData (MetricDatum.Value): values between -2^360 and 2^360; NaN and the infinities are refused.
+PUT_METRIC_DATA_SOURCE = Source("https://docs.aws.amazon.com/AmazonCloudWatch/latest/APIReference/API_MetricDatum.html")
+CLOUDWATCH_MAX_MAGNITUDE = 2.0 ** 360

@@ -242,7 +242,7 @@ def test_boto3_clients_are_made_once_per_environment_not_per_request(aws: dict[s
     for _ in range(3):
         assert call("GET", "/runs")[0] == 200
         assert call("GET", "/runs/shapes_v1_0000000000000000")[0] == 404
-    assert sorted(made) == ["sagemaker", "stepfunctions"]
+    assert sorted(made) == ["cloudwatch", "sagemaker", "stepfunctions"]  # cloudwatch: a run's training progress
     # Another endpoint (the offline runtime's next moto server) gets its own client, never the old one.
     first = api.clients.client("s3")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
@@ -328,6 +328,32 @@ def test_run_detail_reports_training_metrics_from_sagemaker(aws: dict[str, Any])
     # moto finishes every job at once with one final metric, train:progress = 100.
     assert (detail.training.status, detail.training.secondary_status) == ("Completed", "Completed")
     assert detail.training.metrics == {"train:progress": 100.0}
+
+
+def test_run_detail_shows_the_training_jobs_progress_from_its_published_metrics(aws: dict[str, Any]) -> None:
+    """Catches: get_run not passing its CloudWatch client on (no progress ever), progress read for another
+    job than the run's (tests/unit/test_training_progress_series.py checks the reading itself)."""
+    from d2ops_core import platform
+
+    execution = support.run_case("TrainingFailed")
+    request = json.loads(json.dumps(support.state_output(execution, "Prepare training job")["plan"]["training_job"]))
+    aws["sagemaker"].create_training_job(**request)
+    job = aws["sagemaker"].describe_training_job(TrainingJobName=request["TrainingJobName"])
+    cloudwatch = boto3.client("cloudwatch")
+    for name, value in (("train:iteration", 40.0), ("train:total_iterations", 250.0), ("train:loss", 0.8)):
+        for job_name, shift in ((request["TrainingJobName"], 0.0), ("another-run-train", 5.0)):
+            cloudwatch.put_metric_data(Namespace=platform.TRAINING_METRICS_NAMESPACE, MetricData=[{
+                "MetricName": name, "Value": value + shift, "Timestamp": job["TrainingStartTime"],
+                "Dimensions": [{"Name": platform.TRAINING_METRICS_DIMENSION, "Value": job_name}]}])
+    detail = service.get_run(InterpreterStepFunctions(execution), aws["sagemaker"], execution.state_machine.arn,
+                             support.RUN_ID, cloudwatch=cloudwatch)
+    progress = detail.training.progress
+    assert progress is not None and (progress.iteration, progress.total_iterations) == (40, 250)
+    assert [(p.iteration, p.loss) for p in progress.loss_series] == [(40, pytest.approx(0.8))]
+    assert progress.seconds_left is None  # moto's job has completed
+    without = service.get_run(InterpreterStepFunctions(execution), aws["sagemaker"], execution.state_machine.arn,
+                              support.RUN_ID)
+    assert without.training.progress is None
 
 
 def test_current_state_of_a_running_run() -> None:

@@ -84,6 +84,7 @@ def as_list(value: Any) -> list[Any]:
 RESOURCE_STAR_ALLOWED = {
     "ecr:GetAuthorizationToken",
     "cloudwatch:PutMetricData",
+    "cloudwatch:GetMetricData",  # no resource types (the status API reads training progress)
     "xray:PutTraceSegments",
     "xray:PutTelemetryRecords",
     "xray:GetSamplingRules",

@@ -13,9 +13,25 @@ def test_every_definition_extracts_exactly_its_own_metric() -> None:
     lines = [metrics.format_metric_line(name, 0.5 + i / 100, 40, 250 if name.startswith("train:") else None)
              for i, name in enumerate(metrics.METRIC_NAMES)]
     log = "\n".join(["[algo-1] some other output", *lines])
-    for i, definition in enumerate(metrics.METRIC_DEFINITIONS):
+    for i, definition in enumerate(metrics.METRIC_DEFINITIONS[:len(metrics.METRIC_NAMES)]):
         found = re.findall(definition["Regex"], log)  # SageMaker takes the first group of each match
         assert [float(v) for v in found] == [pytest.approx(0.5 + i / 100)], definition["Name"]
+
+
+def test_the_progress_definitions_read_the_iteration_and_total_of_the_loss_lines_only() -> None:
+    """Catches: a progress regex whose group 1 is the loss value (SageMaker keeps group 1), one that
+    reads other metrics' lines (each iteration would count several times), a total read from a line
+    without one."""
+    by_name = {d["Name"]: re.compile(d["Regex"]) for d in metrics.PROGRESS_DEFINITIONS}
+    assert set(by_name) <= {d["Name"] for d in metrics.METRIC_DEFINITIONS}
+    assert not set(by_name) & set(metrics.METRIC_NAMES)  # no trainer prints them
+    log = "\n".join(["[algo-1] " + metrics.format_metric_line(name, 0.75, 120, 250)
+                      for name in metrics.TRAIN_METRICS] + ["[algo-1] d2ops-metric train:loss=0.5 iter=7"])
+    assert [int(v) for v in by_name["train:iteration"].findall(log)] == [120, 7]
+    assert [int(v) for v in by_name["train:total_iterations"].findall(log)] == [250]
+    for definition in metrics.METRIC_DEFINITIONS:  # CreateTrainingJob's limits on a definition
+        assert 1 <= len(definition["Name"]) <= 255 and 1 <= len(definition["Regex"]) <= 500
+    assert len(metrics.METRIC_DEFINITIONS) <= 40  # MetricDefinitions: at most 40 a job
 
 
 def test_round_trip_and_rejections() -> None:

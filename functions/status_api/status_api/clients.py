@@ -20,7 +20,7 @@ from typing import Any, Literal
 import boto3
 
 # The services the status API calls (boto3's typed overloads need the name as a literal).
-Service = Literal["s3", "sagemaker", "stepfunctions"]
+Service = Literal["cloudwatch", "s3", "sagemaker", "stepfunctions"]
 # One environment at a time in Lambda; a handful in a test session that starts several runtimes.
 MAX_CACHED = 32
 

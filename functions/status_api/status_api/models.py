@@ -41,6 +41,29 @@ class StateStep(BaseModel):
     error: str | None = None
 
 
+class LossPoint(BaseModel):
+    iteration: int
+    loss: float
+
+
+class TrainingProgress(BaseModel):
+    """Where the training job is, from the metric values SageMaker published to CloudWatch while it runs."""
+
+    iteration: int = Field(description="the newest training iteration the job's metric lines named")
+    total_iterations: int | None = Field(None, description="the run's iterations (max_iter)")
+    fraction: float | None = Field(None, description="iteration / total_iterations, 0 to 1")
+    loss: float | None = Field(None, description="train:loss, mean of the newest period")
+    learning_rate: float | None = Field(None, description="train:lr, mean of the newest period")
+    images_per_second: float | None = None
+    seconds_per_iteration: float | None = Field(None, description="train:iter_seconds, mean of the newest period")
+    seconds_left: float | None = Field(None, description="iterations left x seconds per iteration (a running job)")
+    updated_at: str = Field(description="the newest period with a value (CloudWatch publishes about once a minute)")
+    period_seconds: int = Field(description="each loss_series point is the mean loss of one period of this length")
+    loss_series: list[LossPoint] = Field(
+        default_factory=list, description="the loss curve, oldest first: one point per period, at most 200 "
+                                          "(a longer curve is averaged over runs of neighbouring points)")
+
+
 class TrainingInfo(BaseModel):
     job_name: str
     status: str | None = None
@@ -48,6 +71,9 @@ class TrainingInfo(BaseModel):
     failure_reason: str | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
     model_data: str | None = None
+    progress: TrainingProgress | None = Field(
+        None, description="iteration, loss, learning rate, time left and the loss curve, once the job has "
+                          "published its first training metrics (none before, or when CloudWatch cannot be read)")
 
 
 class EndpointInfo(BaseModel):

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+import math
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aws_lambda_powertools import Logger
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import BaseModel
 
-from d2ops_core import cost, runs
+from d2ops_core import cost, platform, runs
 from d2ops_core.champion import read_champion
 from d2ops_core.documents.run_state import RunState
 from d2ops_core.failures import reason
+from d2ops_core.training_progress import progress_from_series
 from status_api.models import (
     EndpointInfo,
+    LossPoint,
     ModelsResponse,
     ModelVersion,
     RunDetail,
@@ -24,10 +27,17 @@ from status_api.models import (
     StartRunResponse,
     StateStep,
     TrainingInfo,
+    TrainingProgress,
 )
 
 MAX_HISTORY_PAGES = 10  # 10 000 events: far more than one run writes
 MAX_LIST_PAGES = 10  # pages scanned per GET /runs when filtering by dataset
+MAX_METRIC_PAGES = 5  # GetMetricData pages (100,800 points each) per run detail: a 28-day job needs one
+# The training job's published metrics the run detail reads, with the statistic of each period: the
+# iteration a period reached, the mean of the values it logged.
+PROGRESS_METRICS: tuple[tuple[str, str], ...] = (
+    ("train:iteration", "Maximum"), ("train:total_iterations", "Maximum"), ("train:loss", "Average"),
+    ("train:lr", "Average"), ("train:iter_seconds", "Average"), ("train:images_per_second", "Average"))
 RETRY_AFTER_SECONDS = 5
 # Error codes AWS services use for "slow down" (S3 answers SlowDown with HTTP 503).
 THROTTLING_CODES = frozenset({"Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled",
@@ -190,7 +200,8 @@ def _describe_job(sagemaker: Any, document: RunState | dict[str, Any], kind: run
                              else plan.names.evaluation_job)
 
 
-def training_info(sagemaker: Any, document: RunState, job: dict[str, Any] | None = None) -> TrainingInfo | None:
+def training_info(sagemaker: Any, document: RunState, job: dict[str, Any] | None = None,
+                  cloudwatch: Any = None) -> TrainingInfo | None:
     if document.plan is None:
         return None
     info = TrainingInfo(job_name=document.plan.names.training_job,
@@ -202,10 +213,77 @@ def training_info(sagemaker: Any, document: RunState, job: dict[str, Any] | None
     info.secondary_status = job.get("SecondaryStatus")
     info.failure_reason = job.get("FailureReason")
     info.metrics = {m["MetricName"]: float(m["Value"]) for m in job.get("FinalMetricDataList", [])}
+    if cloudwatch is not None:
+        info.progress = training_progress(cloudwatch, job)
     return info
 
 
-def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str) -> RunDetail:
+def _metric_series(cloudwatch: Any, job_name: str, start: datetime, end: datetime,
+                   period: int) -> dict[str, list[tuple[float, float]]]:
+    """GetMetricData of PROGRESS_METRICS: metric name -> (epoch seconds, value), oldest first."""
+    dimensions = [{"Name": platform.TRAINING_METRICS_DIMENSION, "Value": job_name}]
+    queries = [{"Id": f"m{i}", "ReturnData": True, "MetricStat": {
+        "Metric": {"Namespace": platform.TRAINING_METRICS_NAMESPACE, "MetricName": name, "Dimensions": dimensions},
+        "Period": period, "Stat": stat}} for i, (name, stat) in enumerate(PROGRESS_METRICS)]
+    names = {f"m{i}": name for i, (name, _) in enumerate(PROGRESS_METRICS)}
+    series: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in PROGRESS_METRICS}
+    kwargs: dict[str, Any] = {"MetricDataQueries": queries, "StartTime": start, "EndTime": end,
+                              "ScanBy": "TimestampAscending"}
+    for _ in range(MAX_METRIC_PAGES):
+        page = cloudwatch.get_metric_data(**kwargs)
+        for result in page.get("MetricDataResults", []):
+            name = names.get(result.get("Id", ""))
+            if name is not None:
+                series[name] += [(t.timestamp(), float(v)) for t, v in zip(result.get("Timestamps", []),
+                                                                           result.get("Values", []), strict=False)]
+        if not page.get("NextToken"):
+            break
+        kwargs["NextToken"] = page["NextToken"]
+    return {name: sorted(points) for name, points in series.items()}
+
+
+def training_progress(cloudwatch: Any, job: dict[str, Any], now: datetime | None = None) -> TrainingProgress | None:
+    """The job's progress and loss curve from the metric values SageMaker published to CloudWatch.
+
+    None before the job started training or published an iteration, and when CloudWatch cannot be read
+    (logged): progress is an addition to the run's detail, which must stay readable without it.
+    """
+    start: datetime | None = job.get("TrainingStartTime")
+    name = job.get("TrainingJobName")
+    if start is None or not name:
+        return None
+    now = now or datetime.now(UTC)
+    period = platform.metric_period((now - start).total_seconds())
+    # Whole periods from the one the job started in, to the end of the one it ended (or is) in.
+    first = datetime.fromtimestamp(start.timestamp() // period * period, UTC)
+    end = (job.get("TrainingEndTime") or now) + timedelta(seconds=period)
+    try:
+        series = _metric_series(cloudwatch, name, first, end, period)
+    except (ClientError, BotoCoreError) as exc:
+        logger.warning("training progress of %s left out: %s", name, exc)
+        return None
+    progress, curve = progress_from_series(series)
+    if progress is None:
+        return None
+    running = job.get("TrainingJobStatus") == "InProgress"
+    newest = max(points[-1][0] for points in series.values() if points)
+    return TrainingProgress(
+        iteration=progress.iteration, total_iterations=progress.total, fraction=progress.fraction,
+        loss=_finite(progress.loss), learning_rate=_finite(progress.learning_rate),
+        images_per_second=_finite(progress.images_per_second),
+        seconds_per_iteration=_finite(progress.seconds_per_iteration),
+        seconds_left=_finite(progress.seconds_left) if running else None,
+        updated_at=datetime.fromtimestamp(newest, UTC).isoformat(), period_seconds=period,
+        loss_series=[LossPoint(iteration=int(i), loss=loss) for i, loss in curve])
+
+
+def _finite(value: float | None) -> float | None:
+    """JSON has no NaN: a value that is not a finite number is not shown."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str, cloudwatch: Any = None) -> RunDetail:
+    """The run's detail; with ``cloudwatch``, its training job's progress (TrainingInfo.progress) too."""
     arn = runs.execution_arn(state_machine_arn, run_id)
     try:
         execution = sfn.describe_execution(executionArn=arn)
@@ -235,7 +313,7 @@ def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str) -> Ru
         dataset=dataset,
         current_state=current, timeline=steps,
         validation=_shown(doc.validation.summary if doc.validation else None),
-        training=training_info(sagemaker, doc, training_job), evaluation=_shown(doc.evaluation),
+        training=training_info(sagemaker, doc, training_job, cloudwatch), evaluation=_shown(doc.evaluation),
         gate=_shown(doc.gate), model_package_arn=doc.registration.model_package_arn if doc.registration else None,
         endpoint=endpoint, failure=_failure(doc), error=execution.get("error"), cause=_cause(execution.get("cause")),
         dataset_diff=doc.plan.dataset_diff if doc.plan else None,

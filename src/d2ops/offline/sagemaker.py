@@ -22,12 +22,10 @@ server and the old one stops.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
 import math
-import re
 import shutil
 import threading
 import time
@@ -38,6 +36,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from d2ops.offline.errors import ApiError
+from d2ops.offline.job_metrics import MetricPublisher, MetricScraper
 from d2ops.offline.quotas import AccountQuotas
 from d2ops.offline.store import write_json_atomic
 from d2ops_core.platform import QuotaUsage
@@ -140,19 +139,10 @@ def _now() -> datetime:
 
 def final_metrics(lines: list[str], definitions: list[dict[str, str]]) -> list[dict[str, Any]]:
     """FinalMetricDataList: the last value each of the job's MetricDefinitions regexes found in its logs."""
-    compiled = []
-    for definition in definitions:
-        try:
-            compiled.append((definition["Name"], re.compile(definition["Regex"])))
-        except (KeyError, re.error):
-            continue  # CreateTrainingJob validation would have refused it; nothing to scrape
+    scraper = MetricScraper(definitions)
     last: dict[str, float] = {}
     for line in lines:
-        for name, regex in compiled:
-            found = regex.search(line)
-            if found:
-                with contextlib.suppress(ValueError, IndexError):
-                    last[name] = float(found.group(1))
+        last.update(scraper.scrape(line))
     now = _now()
     return [{"MetricName": name, "Value": value, "Timestamp": now} for name, value in last.items()]
 
@@ -357,9 +347,16 @@ class LocalSageMaker:
             with self._lock:
                 self._transition(record, "Training", "Training image download completed. Training in progress.")
                 self._save("training", record)
-            outcome = self.jobs.run_training(record, channels, job_dir, stop)
-            lines = outcome.log_lines or []
             definitions = (record.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []
+            # As SageMaker does while the job runs: its metric values to CloudWatch (the status API's progress).
+            publisher = None if self.cloudwatch is None else MetricPublisher(
+                self.cloudwatch, name, self.job_log(name), definitions).start()
+            try:
+                outcome = self.jobs.run_training(record, channels, job_dir, stop)
+            finally:
+                if publisher is not None:
+                    publisher.stop()
+            lines = outcome.log_lines or []
             with self._lock:
                 record["FinalMetricDataList"] = final_metrics(lines, definitions)
             if stop.is_set():
