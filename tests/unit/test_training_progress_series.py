@@ -205,3 +205,23 @@ def test_metric_periods_follow_cloudwatchs_retention() -> None:
 def test_only_what_cloudwatch_accepts_is_published() -> None:
     assert publishable(0.0) and publishable(-3.5) and publishable(2.0 ** 360)
     assert not publishable(math.nan) and not publishable(math.inf) and not publishable(2.0 ** 361)
+
+
+# ----- d2ops status ------------------------------------------------------------------------------------------
+def test_d2ops_status_prints_the_latest_progress_line_as_the_demo_does() -> None:
+    """Catches: `d2ops status` dropping the API's progress, a line in another format than the one
+    `d2ops demo`/`d2ops run` print (d2ops_core.training_progress.format_progress), a time left shown
+    for an ended job (the API leaves seconds_left out then)."""
+    from d2ops.commands.status import format_run
+
+    progress = {"iteration": 120, "total_iterations": 250, "fraction": 0.48, "loss": 0.8121, "learning_rate": 0.02,
+                "images_per_second": 13.8, "seconds_per_iteration": 0.29, "seconds_left": 37.7,
+                "updated_at": "2026-11-26T23:20:00+00:00", "period_seconds": 60, "loss_series": []}
+    run = {"run_id": "r", "status": "RUNNING", "current_state": "Train model", "timeline": [],
+           "training": {"job_name": "r-train", "status": "InProgress", "metrics": {}, "progress": progress}}
+    lines = format_run(run)
+    assert "    progress: iter 120/250 (48%)  loss 0.812  13.8 img/s  ~0:38 left  lr 0.02  " \
+           "(as of 2026-11-26T23:20:00+00:00)" in lines
+    ended = format_run({**run, "training": {**run["training"], "progress": {**progress, "seconds_left": None}}})
+    assert not any("left" in line for line in ended)
+    assert not any("progress:" in line for line in format_run({**run, "training": {"job_name": "r-train"}}))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from d2ops.commands.errors import UsageError
+from d2ops_core.training_progress import Progress, format_progress
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -72,6 +73,19 @@ def _fmt_seconds(value: float | None) -> str:
     return f"{value:.1f}s" if value < 120 else f"{value / 60:.1f}min"
 
 
+def format_training_progress(progress: dict[str, Any]) -> str:
+    """The status API's TrainingProgress as the line ``d2ops demo`` / ``d2ops run`` print while training
+    (d2ops_core.training_progress.format_progress), with the learning rate and when it was published."""
+    line = format_progress("progress", Progress(
+        iteration=progress["iteration"], total=progress.get("total_iterations"), loss=progress.get("loss"),
+        images_per_second=progress.get("images_per_second"),
+        # the API says the time left only while the job runs
+        seconds_per_iteration=progress.get("seconds_per_iteration") if progress.get("seconds_left") else None))
+    if progress.get("learning_rate") is not None:
+        line += f"  lr {progress['learning_rate']:.3g}"
+    return f"{line}  (as of {progress.get('updated_at')})"
+
+
 def format_run(run: dict[str, Any]) -> list[str]:
     """A run as the status API returns it (GET /runs/{runId}) -> readable lines."""
     lines = [f"run {run['run_id']}: {run['status']}" + (f" ({run['error']})" if run.get("error") else "")]
@@ -95,6 +109,8 @@ def format_run(run: dict[str, Any]) -> list[str]:
         lines.append(f"  training  {training.get('job_name')} {training.get('status') or ''} {metrics}")
         if training.get("failure_reason"):
             lines.append(f"    failure: {training['failure_reason']}")
+        if training.get("progress"):
+            lines.append(f"    {format_training_progress(training['progress'])}")
     if run.get("dataset_diff"):
         lines.append(f"  data      {_data_changes(run['dataset_diff'])}")
     evaluation = run.get("evaluation") or {}
