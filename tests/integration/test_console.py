@@ -161,6 +161,65 @@ def test_the_run_shows_what_changed_in_the_data_since_the_champion(
             "not computed: DiffTimeout: the diff ran past its time budget")
 
 
+def test_the_evaluation_shows_the_error_analysis_of_both_models(
+        console: tuple[Console, OfflineRuntime, RunSummary], tmp_path: Path) -> None:
+    """The Errors panel draws the evaluation answer's errors: a real errors.json of two models (the
+    known-answer report of tests/unit/test_error_analysis.py), put into the answer the status API's own
+    model (EvaluationView) makes; the rejected run has no evaluation of its own."""
+    from d2ops_core.documents.error_analysis import ErrorAnalysis
+    from tests.fixtures.pipeline import support
+    from tests.unit.test_error_analysis import sample_report
+
+    support.function_path("status_api")
+    from status_api.models import EvaluationView
+
+    errors = ErrorAnalysis.model_validate_json((sample_report(tmp_path).parent / "errors.json").read_text())
+    answer = EvaluationView.model_validate(
+        {"report_uri": "s3://artifacts/runs/r/evaluation/evaluation.json", "primary_metric": "bbox_AP",
+         "val_images": 2, "challenger": {"metrics": {"bbox_AP": 0.6}}, "champion": {"metrics": {"bbox_AP": 0.5}},
+         "errors": errors}).model_dump(mode="json")
+    server, _, run = console
+    with browser_page() as page:
+        page.route(f"**/api/runs/{run.run_id}/evaluation",
+                   lambda route: route.fulfill(status=200, content_type="application/json", body=json.dumps(answer)))
+        page.goto(f"{server.url}#run={run.run_id}")
+        page.locator("#error-gallery figure.worst img").first.wait_for(timeout=30_000)
+        for who, model in errors.models.items():
+            matrix = page.locator(f'table.confusion[data-model="{who}"]')
+            labels = matrix.locator("thead th[scope=col]").all_inner_texts()
+            rows = matrix.locator("tbody th[scope=row]").all_inner_texts()
+            assert labels == rows == model.confusion.labels == ["cat", "dog", "background"]
+            cells = [[int(t) for t in matrix.locator("tbody tr").nth(i).locator("td").all_inner_texts()]
+                     for i in range(len(rows))]
+            assert cells == model.confusion.counts, who  # rows true, columns predicted, as the document
+        challenger = page.locator('table.confusion[data-model="challenger"]')
+        # the dog taken for a cat is in the dog's row, the cat's column; false positives in the background row
+        assert challenger.locator('td[data-true="dog"][data-predicted="cat"]').inner_text() == "1"
+        assert challenger.locator('td[data-true="cat"][data-predicted="dog"]').inner_text() == "0"
+        assert challenger.locator('td[data-true="background"]').all_inner_texts() == ["1", "1", "0"]
+        assert challenger.locator('td[data-predicted="background"]').all_inner_texts() == ["1", "0", "0"]
+
+        sizes = page.locator("#ap-by-size tbody tr").first.locator("td").all_inner_texts()
+        expected = [v for m in errors.models.values()
+                    for v in (m.ap_by_size["bbox"].small, m.ap_by_size["bbox"].medium, m.ap_by_size["bbox"].large)]
+        assert sizes[0] == "all classes"
+        assert sizes[1:] == ["-" if v is None else f"{v:.3f}" for v in expected]
+
+        figures = page.locator("#error-gallery figure.worst")
+        assert figures.count() == len(errors.gallery) == 1
+        shown = figures.first.locator(".worst-model")
+        assert [shown.nth(i).get_attribute("data-model") for i in range(shown.count())] == ["challenger", "champion"]
+        for i, who in enumerate(("challenger", "champion")):
+            img = shown.nth(i).locator("img")
+            assert img.get_attribute("src") == errors.gallery[0].thumbnails[who]
+            assert img.evaluate("i => i.complete && i.naturalWidth") > 0  # the drawn picture decoded and shown
+        assert "challenger: 1 missed, 2 false positive(s), 1 confused" in shown.nth(0).inner_text()
+        assert "champion: 2 missed, 0 false positive(s), 0 confused" in shown.nth(1).inner_text()
+        assert page.locator("#error-legend span").count() == len(errors.legend)
+        screenshot(page, "error-analysis")
+        assert page.problems == []
+
+
 def test_the_status_api_answers_the_console_routes_with_4xx_for_what_is_not_there(
         console: tuple[Console, OfflineRuntime, RunSummary]) -> None:
     _, rt, summary = console
@@ -220,3 +279,66 @@ def test_the_command_serves_the_running_runtime_and_reaches_its_endpoint_through
     finally:
         os.killpg(process.pid, signal.SIGINT)
         assert process.wait(timeout=30) == 0
+
+
+def test_the_loss_curve_grows_while_the_run_trains_and_polling_stops_when_it_ends(
+        console: tuple[Console, OfflineRuntime, RunSummary]) -> None:
+    """The Training panel draws training.progress and asks again while the run runs. The run's real answer,
+    turned into a run in "Train model" whose job published 3, then 5 periods (shaped by the status API's own
+    TrainingProgress model), then one that ended.
+
+    Catches: a curve drawn once and never refreshed, points dropped or out of order, a curve not scaled to
+    the run's iterations, time left not shown, a page that keeps asking after the run ended."""
+    from tests.fixtures.pipeline import support
+
+    support.function_path("status_api")
+    from status_api.models import TrainingProgress
+
+    server, _, run = console
+    losses = [2.0, 1.4, 1.1, 0.9, 0.8]
+
+    def progress(periods: int) -> dict[str, Any]:
+        return TrainingProgress(
+            iteration=periods * 24, total_iterations=250, fraction=periods * 24 / 250, loss=losses[periods - 1],
+            learning_rate=0.02, images_per_second=13.8, seconds_per_iteration=0.29,
+            seconds_left=(250 - periods * 24) * 0.29, updated_at=f"2026-11-26T23:0{periods}:00+00:00",
+            period_seconds=60, loss_series=[{"iteration": (i + 1) * 24, "loss": loss}
+                                            for i, loss in enumerate(losses[:periods])]).model_dump(mode="json")
+
+    asked: list[int] = []
+
+    def training(route: Any) -> None:
+        asked.append(len(asked))
+        answer = route.fetch().json()
+        if len(asked) <= 3:  # the first answer, then two polls: 3 periods, then 5
+            answer.update(status="RUNNING", stopped_at=None, current_state="Train model", training={
+                "job_name": "broken-v1-train", "status": "InProgress", "metrics": {},
+                "progress": progress(3 if len(asked) == 1 else 5)})
+        route.fulfill(json=answer)
+
+    with browser_page() as page:
+        page.goto(f"{server.url}#run={run.run_id}")  # the real rejected run: it never trained
+        page.locator("#training p.muted").wait_for(timeout=30_000)
+        assert page.locator("#training").inner_text() == "no training job (the run did not reach training)"
+
+        page.route(f"**/api/runs/{run.run_id}", training)
+        page.goto(f"{server.url}#run={run.run_id}&live")  # another hash: the view opens again
+        page.locator('#loss-curve[data-points="3"]').wait_for(timeout=30_000)
+        line = page.locator("#training-progress").inner_text()
+        assert line.startswith("iter 72/250 (28%)  ·  loss 1.100  ·  lr 0.0200  ·  13.8 img/s  ·  ~"), line
+        page.locator('#loss-curve[data-points="5"]').wait_for(timeout=30_000)  # the next poll, redrawn
+        points = [tuple(map(float, p.split(","))) for p in
+                  (page.locator("#loss-curve polyline.loss").get_attribute("points") or "").split()]
+        assert len(points) == 5
+        xs, ys = [x for x, _ in points], [y for _, y in points]
+        assert xs == sorted(xs) and ys == sorted(ys)  # later iterations to the right; a falling loss lower
+        frame = page.locator("#loss-curve rect").first
+        right = float(frame.get_attribute("x") or 0) + float(frame.get_attribute("width") or 0)
+        assert xs[-1] < right * 0.6  # iteration 120 of 250: the curve is less than half way across
+        screenshot(page, "training-loss-curve")
+        # The run ended (the next answer is the real one, FAILED): the view is drawn once more, then quiet.
+        page.locator("#training p.muted").wait_for(timeout=30_000)
+        settled = len(asked)
+        page.wait_for_timeout(6_500)  # longer than a poll interval
+        assert len(asked) == settled
+        assert page.problems == []

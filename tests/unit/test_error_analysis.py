@@ -199,13 +199,18 @@ def _pictures(tmp_path: Path) -> Path:
     return images
 
 
-def test_the_report_writes_errors_json_and_draws_the_worst_images(tmp_path: Path) -> None:
+def sample_report(tmp_path: Path) -> Path:
+    """A real report of two models on GT (the champion keeps only its detections over 0.85); its index.html."""
     images = _pictures(tmp_path)
     challenger = score_results(GT, RESULTS, ["bbox"])
     champion = score_results(GT, [r for r in RESULTS if r["score"] > 0.85], ["bbox"])
-    out = tmp_path / "report"
-    index = write_report(out, {"challenger": challenger, "champion": champion}, GT, images, sample_images=1,
-                         score_thresholds={"challenger": {"cat": 0.5, "dog": 0.5}, "champion": None})
+    return write_report(tmp_path / "report", {"challenger": challenger, "champion": champion}, GT, images,
+                        sample_images=1, score_thresholds={"challenger": {"cat": 0.5, "dog": 0.5}, "champion": None})
+
+
+def test_the_report_writes_errors_json_and_draws_the_worst_images(tmp_path: Path) -> None:
+    index = sample_report(tmp_path)
+    out = index.parent
     doc = ErrorAnalysis.model_validate_json((out / ERRORS_NAME).read_text())
     assert set(doc.models) == {"challenger", "champion"}
     assert [m.thresholds_from for m in doc.models.values()] == ["artifact", "default"]

@@ -268,3 +268,25 @@ def test_a_report_s3_refuses_is_a_clear_404_never_a_500(monkeypatch: pytest.Monk
         assert status == 404, (path, status, body)
         assert "AccessDenied" in body["message"] and "Traceback" not in body["message"], body
         assert body["message"].count("\n") == 0
+
+
+def test_the_evaluation_answer_carries_the_error_analysis(monkeypatch: pytest.MonkeyPatch, aws: dict[str, Any],
+                                                         tmp_path: Any) -> None:
+    """GET /runs/{id}/evaluation reads report/errors.json beside evaluation.json and answers it whole; an
+    errors.json that is not the document (or none) is no error analysis, never a failed answer."""
+    from d2ops_core.documents.error_analysis import ErrorAnalysis
+    from tests.unit.test_error_analysis import sample_report
+
+    analysis = ErrorAnalysis.model_validate_json((sample_report(tmp_path).parent / "errors.json").read_text())
+    evaluation = key_of(report_uris(aws["execution"])["evaluation"])
+    aws["s3"].put_object(Bucket=ARTIFACTS, Key=evaluation, Body=json.dumps(
+        {"primary_metric": "bbox_AP", "val_images": 2, "challenger": {"metrics": {"bbox_AP": 0.5}}}).encode())
+    errors_key = evaluation.rsplit("/", 1)[0] + "/report/errors.json"
+    aws["s3"].put_object(Bucket=ARTIFACTS, Key=errors_key, Body=analysis.model_dump_json().encode())
+    use_clients(monkeypatch, aws, aws["s3"])
+    status, body = get(f"/runs/{support.RUN_ID}/evaluation")
+    assert status == 200 and body["errors"] == analysis.model_dump(mode="json")
+    assert body["errors"]["models"]["challenger"]["confusion"]["counts"] == [[1, 0, 1], [1, 1, 0], [1, 1, 0]]
+    aws["s3"].put_object(Bucket=ARTIFACTS, Key=errors_key, Body=b'{"models": {}}')  # no challenger: not the document
+    status, body = get(f"/runs/{support.RUN_ID}/evaluation")
+    assert (status, body["errors"]) == (200, None)

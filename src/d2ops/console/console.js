@@ -159,8 +159,8 @@ async function showRun(runId) {
   document.getElementById("runs-view").hidden = true;
   document.getElementById("run-view").hidden = false;
   document.getElementById("run-title").textContent = "Run " + runId;
-  for (const id of ["run-facts", "graph", "validation", "gate", "data-diff", "evaluation", "deployment", "history",
-                    "try-detections"]) clear(id);
+  for (const id of ["run-facts", "graph", "validation", "gate", "data-diff", "evaluation", "errors", "deployment",
+                    "history", "try-detections"]) clear(id);
   clear("try-canvas").setAttribute("width", "0");
   say("try-message", "");
   let run;
@@ -181,8 +181,100 @@ async function showRun(runId) {
     ["training job", run.training ? run.training.job_name + " " + (run.training.status || "") : null],
     ["cause", run.status !== "SUCCEEDED" ? run.cause : null],
   ]);
+  showTraining(run);
+  followTraining(runId, run);  // not awaited: it asks again while the run runs
   await Promise.all([drawGraph(runId), showValidation(runId, run), showGate(run), showDataDiff(run),
                      showEvaluation(runId, run), showDeployment(run)]);
+}
+
+// ----- training progress ---------------------------------------------------------------------
+// The training job's progress as the status API reads it from CloudWatch (training.progress). While the
+// run runs, the view asks for the run again every POLL_SECONDS and redraws this panel: the latest
+// iteration, loss and time left move as the job publishes them, the loss curve gains a point a period.
+const POLL_SECONDS = 5;
+
+async function followTraining(runId, run) {
+  const view = currentView;
+  let polled = false;
+  while (run.status === "RUNNING") {
+    await new Promise(resolve => setTimeout(resolve, POLL_SECONDS * 1000));
+    if (view !== currentView) return;  // the user opened another view: stop asking
+    try {
+      run = await fetchJson("/runs/" + encodeURIComponent(runId));
+    } catch (e) {
+      continue;  // asked again next time (fetchJson already retried a busy API twice)
+    }
+    if (view !== currentView) return;
+    polled = true;
+    showTraining(run);
+  }
+  if (polled && view === currentView) showRun(runId);  // it ended: the gate, evaluation and deployment now exist
+}
+
+function showTraining(run) {
+  const box = clear("training");
+  const training = run.training;
+  if (!training) {
+    box.append(el("p", {"class": "muted"}, "no training job (the run did not reach training)"));
+    return;
+  }
+  const progress = training.progress;
+  if (!progress) {
+    const waiting = run.status === "RUNNING" && run.current_state === "Train model";
+    box.append(el("p", {"class": "muted"}, waiting ? "training job " + training.job_name + " has published no "
+      + "metrics yet (SageMaker publishes them about once a minute)" : "no training progress published"));
+    return;
+  }
+  box.append(el("p", {"id": "training-progress"}, progressLine(progress)));
+  box.append(lossChart(progress));
+}
+
+function progressLine(p) {
+  const known = v => v !== null && v !== undefined;
+  let head = "iter " + p.iteration;
+  if (p.total_iterations) head += "/" + p.total_iterations + " (" + Math.floor((p.fraction || 0) * 100) + "%)";
+  const parts = [head];
+  if (known(p.loss)) parts.push("loss " + fmtNumber(p.loss, 3));
+  if (known(p.learning_rate)) parts.push("lr " + Number(p.learning_rate).toPrecision(3));
+  if (known(p.images_per_second)) parts.push(fmtNumber(p.images_per_second, 1) + " img/s");
+  if (known(p.seconds_left)) parts.push("~" + fmtSeconds(p.seconds_left) + " left");
+  parts.push("as of " + p.updated_at);
+  return parts.join("  ·  ");
+}
+
+function lossChart(p) {
+  const width = 480, height = 200, left = 56, right = 14, top = 24, bottom = 34;
+  const points = p.loss_series || [];
+  const root = svg("svg", {"id": "loss-curve", "width": width, "height": height, "data-points": points.length});
+  root.append(svg("text", {"x": left, "y": 14, "font-size": 12, "font-weight": "bold"},
+                  `training loss (mean of each ${p.period_seconds} s)`));
+  const plotW = width - left - right, plotH = height - top - bottom;
+  root.append(svg("rect", {"x": left, "y": top, "width": plotW, "height": plotH, "fill": "none", "stroke": "#bbb"}));
+  if (!points.length) return root;
+  // x: iterations up to the run's total (the curve grows towards the right edge); y: 0 to the highest loss
+  const xMax = Math.max(p.total_iterations || 0, ...points.map(q => q.iteration), 1);
+  const losses = points.map(q => q.loss);
+  const yMin = Math.min(0, ...losses), yMax = Math.max(...losses) > yMin ? Math.max(...losses) : yMin + 1;
+  const x = i => left + (i / xMax) * plotW, y = v => top + (1 - (v - yMin) / (yMax - yMin)) * plotH;
+  for (const [value, anchor] of [[0, "start"], [xMax, "end"]]) {
+    root.append(svg("text", {"x": x(value), "y": top + plotH + 12, "font-size": 9, "text-anchor": anchor}, value));
+  }
+  for (const value of [yMin, yMax]) {
+    root.append(svg("text", {"x": left - 4, "y": y(value) + 3, "font-size": 9, "text-anchor": "end"},
+                    fmtNumber(value, 3)));
+  }
+  root.append(svg("text", {"x": left + plotW / 2, "y": height - 4, "font-size": 10, "text-anchor": "middle"},
+                  "iteration"));
+  const line = svg("polyline", {"class": "loss", "fill": "none", "stroke": MODEL_COLOURS.challenger,
+                                "stroke-width": 1.6, "points": points.map(q => `${x(q.iteration)},${y(q.loss)}`).join(" ")});
+  line.append(svg("title", {}, "mean training loss of each period"));
+  root.append(line);
+  const last = points[points.length - 1];
+  const dot = svg("circle", {"class": "latest", "cx": x(last.iteration), "cy": y(last.loss), "r": 3,
+                             "fill": MODEL_COLOURS.challenger});
+  dot.append(svg("title", {}, `iteration ${last.iteration}: loss ${fmtNumber(last.loss, 4)}`));
+  root.append(dot);
+  return root;
 }
 
 async function drawGraph(runId) {
@@ -331,8 +423,10 @@ async function showEvaluation(runId, run) {
     report = await api("/runs/" + encodeURIComponent(runId) + "/evaluation");
   } catch (e) {
     box.append(el("p", {"class": "muted"}, e.status === 404 ? "no evaluation report" : "evaluation: " + e.message));
+    showErrors(null);
     return;
   }
+  showErrors(report.errors);
   const models = {"challenger": report.challenger};
   if (report.champion) models.champion = report.champion;
   const names = [...new Set(Object.values(models).flatMap(m => Object.keys(m.metrics)))].sort();
@@ -350,6 +444,90 @@ async function showEvaluation(runId, run) {
   const charts = el("div", {"class": "charts", "id": "pr-curves"});
   for (const name of classes) charts.append(prChart(name, report.pr_curves, iou, models));
   box.append(charts);
+}
+
+// ----- error analysis (report/errors.json, d2ops_core.documents.error_analysis) ------------------------
+const MAX_SIZE_ROWS = 40;
+
+function showErrors(errors) {
+  const box = document.getElementById("errors");
+  if (!errors) {
+    box.append(el("p", {"class": "muted"}, "no error analysis (reports written before it have none)"));
+    return;
+  }
+  const who = Object.keys(errors.models);
+  const iou = "bbox";
+  const sizeCells = sizes => ["small", "medium", "large"].map(
+    s => el("td", {"class": "num"}, fmtNumber((sizes || {})[s])));
+  const perClass = w => (errors.models[w].per_class_ap_by_size || {})[iou] || {};
+  const classes = [...new Set(who.flatMap(w => Object.keys(perClass(w))))].sort();
+  const rows = [["all classes", ...who.flatMap(w => sizeCells(errors.models[w].ap_by_size[iou]))],
+                ...classes.slice(0, MAX_SIZE_ROWS).map(c => [c, ...who.flatMap(w => sizeCells(perClass(w)[c]))])];
+  box.append(el("h4", {}, iou + " AP by object size (small < 32², medium < 96², large ≥ 96² pixels)"));
+  box.append(table(["class", ...who.flatMap(w => [w + " small", w + " medium", w + " large"])], rows,
+                   {"id": "ap-by-size"}));
+  if (classes.length > MAX_SIZE_ROWS) {
+    box.append(el("p", {"class": "muted"}, `${classes.length - MAX_SIZE_ROWS} more classes in errors.json`));
+  }
+  const matrices = el("div", {"class": "columns"});
+  for (const w of who) matrices.append(confusionTable(w, errors.models[w], errors.iou_threshold));
+  box.append(matrices);
+  box.append(el("h4", {}, "The challenger's worst val images, each model's boxes drawn"));
+  box.append(el("p", {"class": "muted"}, "ranked by " + errors.error_score));
+  const legend = el("p", {"class": "legend", "id": "error-legend"});
+  for (const [colour, meaning] of Object.entries(errors.legend)) {
+    const swatch = el("b", {}, "■ ");
+    swatch.style.color = colour;
+    legend.append(el("span", {}, swatch, meaning));
+  }
+  box.append(legend);
+  if (!errors.gallery.length) {
+    box.append(el("p", {"class": "muted", "id": "error-gallery"}, "no errors at these thresholds"));
+    return;
+  }
+  const gallery = el("div", {"class": "gallery", "id": "error-gallery"});
+  for (const image of errors.gallery) {
+    const pair = el("div", {"class": "pair"});
+    for (const w of who) {
+      const count = image.errors[w];
+      const uri = (image.thumbnails || {})[w];
+      if (!count || !uri || !uri.startsWith("data:image/")) continue;  // only pictures the job drew, inline
+      pair.append(el("div", {"class": "worst-model", "data-model": w},
+        el("img", {"src": uri, "alt": `${w}: ${image.file_name}`}),
+        el("div", {}, `${w}: ${count.missed} missed, ${count.false_positives} false positive(s), ` +
+                      `${count.confused} confused`)));
+    }
+    gallery.append(el("figure", {"class": "worst", "data-image": image.image_id}, pair,
+                      el("figcaption", {}, image.file_name)));
+  }
+  box.append(gallery);
+}
+
+function confusionTable(who, model, iouThreshold) {
+  // rows: the true class (the last, background: false positives); columns: the predicted class (the last,
+  // background: missed objects); a cell is shaded by its share of the row, the diagonal blue, errors red
+  const m = model.confusion;
+  const t = el("table", {"class": "confusion", "data-model": who});
+  t.append(el("caption", {}, `${who}: confusion at IoU ${iouThreshold}, thresholds ${model.thresholds_from}`));
+  t.append(el("thead", {}, el("tr", {}, el("th", {}, "true \\ predicted"),
+                                ...m.labels.map(l => el("th", {"scope": "col"}, l)))));
+  const body = el("tbody");
+  m.labels.forEach((label, i) => {
+    const total = m.counts[i].reduce((a, b) => a + b, 0) || 1;
+    const cells = m.counts[i].map((n, j) => {
+      const share = n / total, diagonal = i === j && label !== "background";
+      const cell = el("td", {"data-true": label, "data-predicted": m.labels[j]}, String(n));
+      // the CSSOM, not a style attribute: the page's CSP (style-src 'self') refuses inline styles
+      cell.style.background = `rgba(${diagonal ? "30,144,255" : "255,0,0"},${share.toFixed(2)})`;
+      return cell;
+    });
+    body.append(el("tr", {}, el("th", {"scope": "row"}, label), ...cells));
+  });
+  t.append(body);
+  const t2 = model.totals;
+  return el("div", {}, t, el("p", {"class": "muted"}, `${t2.objects} objects, ${t2.correct} found, ` +
+    `${t2.confused} confused, ${t2.missed} missed; ${t2.false_positives} false positive(s)` +
+    (m.folded.length ? `; ${m.folded.length} classes folded into one row` : "")));
 }
 
 function perClassChart(classes, models, metric) {
