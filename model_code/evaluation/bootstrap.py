@@ -1,0 +1,271 @@
+"""The paired bootstrap behind the quality gate: how sure is "the challenger is worse than the champion"?
+
+The gate used to compare two AP point estimates on the val split. On a few hundred images two
+samples of the same images, or two trainings of the same data, differ by more than the gate's
+tolerance, so near the champion that decision was a coin toss. Here both models are scored per
+image and the val images are resampled with replacement: each resample is scored for *both*
+models (paired, so the difference keeps only the sampling noise that is not shared), and the
+percentile interval of challenger minus champion says how far below the champion the challenger
+may really be.
+
+Three pieces:
+
+- :func:`matches_from_coco`: COCO's own per-image matching (pycocotools' reference
+  ``COCOeval.evaluateImg``: area "all", maxDets 100, IoU .50:.05:.95), kept per class as which
+  detection is a true positive, which is ignored (it matched a crowd region), and how many GT
+  instances each image holds. faster-coco-eval computes the report's AP but keeps its per-image
+  results inside C++ (its Python ``evaluateImg`` only raises a deprecation), hence pycocotools here;
+  the tests check the two agree.
+- :func:`weighted_ap`: COCO's AP (101-point interpolated precision, averaged over the IoU
+  thresholds) of the val split in which image *i* appears ``weights[r, i]`` times, for many
+  resamples *r* at once. A resample is image multiplicities, so its AP is a weighted cumulative
+  sum over the detections in COCO's score order; no detection is re-matched.
+- :func:`compare`: the seeded paired bootstrap and its percentile intervals, overall (the mean of
+  the class APs over the classes with GT in the resample, COCO's rule) and per judged class
+  (Bonferroni-adjusted, so that with many classes one unlucky class does not block a good model).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from d2ops_core.documents.evaluation import Comparison, DifferenceInterval
+
+# COCO's recall thresholds (0:.01:1), built the way COCOeval's Params builds them so that a recall
+# compares against exactly the same floats.
+RECALL_THRESHOLDS = np.linspace(0.0, 1.00, int(np.round((1.00 - 0.0) / 0.01)) + 1, endpoint=True)
+IOU_THRESHOLDS = np.linspace(0.5, 0.95, int(np.round((0.95 - 0.5) / 0.05)) + 1, endpoint=True)
+MAX_DETECTIONS = 100
+# Elements of one (resamples x detections) block: bounds the memory of weighted_ap (~8 bytes each).
+_BLOCK_ELEMENTS = 4_000_000
+
+
+@dataclass(frozen=True)
+class ClassMatches:
+    """One class on the val images, COCO's matching done (area 'all', maxDets 100, IoU .50:.05:.95)."""
+
+    gt_per_image: np.ndarray  # (n_images,) int: non-ignored GT instances on each image
+    det_image: np.ndarray  # (D,) int: image index of each detection, in COCO's accumulate order (score desc.)
+    det_tp: np.ndarray  # (T, D) bool: matched a non-ignored GT at IoU threshold t
+    det_ignore: np.ndarray  # (T, D) bool: matched an ignored GT (crowd) -> neither TP nor FP
+
+    def __post_init__(self) -> None:
+        d = self.det_image.shape[0]
+        if self.det_tp.shape != self.det_ignore.shape or self.det_tp.shape[1:] != (d,):
+            raise ValueError(f"det_tp {self.det_tp.shape} and det_ignore {self.det_ignore.shape} must be (T, {d})")
+        if (self.det_tp & self.det_ignore).any():
+            raise ValueError("a detection cannot be both a true positive and ignored at the same IoU threshold")
+        if d and (self.det_image.min() < 0 or self.det_image.max() >= self.gt_per_image.shape[0]):
+            raise ValueError(f"det_image indexes images outside 0..{self.gt_per_image.shape[0] - 1}")
+
+
+def matches_from_coco(gt: dict[str, Any], results: list[dict[str, Any]], iou_type: str) -> dict[str, ClassMatches]:
+    """Class name -> COCO's matches of ``results`` on ``gt``; images indexed in ``gt["images"]`` order.
+
+    Every category of ``gt`` is present (no detections: an empty match list), so both models of a
+    comparison name the same classes.
+    """
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    if iou_type not in {"bbox", "segm"}:
+        raise ValueError(f"iou_type must be 'bbox' or 'segm', not {iou_type!r}")
+    index = {int(img["id"]): i for i, img in enumerate(gt["images"])}
+    names = {int(c["id"]): str(c["name"]) for c in gt["categories"]}
+    n_images = len(index)
+    # loadRes writes ids, areas and polygons into the dicts it gets: give it copies. bbox scoring must
+    # not see the masks (as model_code.evaluation.coco scores it).
+    wanted = [copy.deepcopy(r) if iou_type == "segm" else {k: v for k, v in r.items() if k != "segmentation"}
+              for r in results]
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress
+        coco_gt = COCO()
+        coco_gt.dataset = copy.deepcopy(gt)
+        coco_gt.createIndex()
+        per_image: dict[int, list[dict[str, Any]]] = {}
+        if wanted:
+            evaluator = COCOeval(coco_gt, coco_gt.loadRes(wanted), iouType=iou_type)
+            evaluator.params.imgIds = sorted(index)
+            evaluator.params.catIds = sorted(names)
+            evaluator.params.areaRng, evaluator.params.areaRngLbl = [evaluator.params.areaRng[0]], ["all"]
+            evaluator.params.maxDets = [MAX_DETECTIONS]
+            evaluator.evaluate()
+            if not np.array_equal(evaluator.params.iouThrs, IOU_THRESHOLDS):
+                raise RuntimeError("pycocotools' IoU thresholds are not .50:.05:.95")
+            for entry in evaluator.evalImgs:
+                if entry is not None:
+                    per_image.setdefault(int(entry["category_id"]), []).append(entry)
+    matches: dict[str, ClassMatches] = {}
+    for cat_id, name in names.items():
+        gt_count = np.zeros(n_images, dtype=np.int64)
+        for ann in gt["annotations"]:
+            # pycocotools' rule: a GT is ignored exactly when it is a crowd region (area "all" spans any box)
+            if int(ann["category_id"]) == cat_id and not ann.get("iscrowd"):
+                gt_count[index[int(ann["image_id"])]] += 1
+        # evalImgs come in imgIds (sorted id) order, as COCOeval.accumulate concatenates them; a stable
+        # sort on the score then gives accumulate's detection order, ties included.
+        entries = sorted(per_image.get(cat_id, []), key=lambda e: int(e["image_id"]))
+        scores = [np.asarray(e["dtScores"], dtype=float)[:MAX_DETECTIONS] for e in entries]
+        images = [np.full(len(s), index[int(e["image_id"])], dtype=np.int64) for e, s in zip(entries, scores,
+                                                                                             strict=True)]
+        t = len(IOU_THRESHOLDS)
+        matched = [np.asarray(e["dtMatches"]).reshape(t, -1)[:, :MAX_DETECTIONS] for e in entries]
+        ignored = [np.asarray(e["dtIgnore"]).reshape(t, -1)[:, :MAX_DETECTIONS].astype(bool) for e in entries]
+        if scores:
+            order = np.argsort(-np.concatenate(scores), kind="mergesort")
+            m, ig = np.concatenate(matched, axis=1)[:, order], np.concatenate(ignored, axis=1)[:, order]
+            det_image = np.concatenate(images)[order]
+        else:
+            m, ig, det_image = np.zeros((t, 0)), np.zeros((t, 0), dtype=bool), np.zeros(0, dtype=np.int64)
+        matches[name] = ClassMatches(gt_per_image=gt_count, det_image=det_image, det_tp=(m > 0) & ~ig,
+                                     det_ignore=ig)
+    return matches
+
+
+def weighted_ap(matches: ClassMatches, weights: np.ndarray) -> np.ndarray:
+    """COCO AP of the class on each resample: ``weights`` (R, n_images) image multiplicities -> (R,).
+
+    With all weights 1 this is COCO's per-class AP. NaN where the resample holds no GT of the class
+    (COCO leaves such a class out of the mean).
+    """
+    weights = np.atleast_2d(np.asarray(weights, dtype=np.float64))
+    if weights.shape[1] != matches.gt_per_image.shape[0]:
+        raise ValueError(f"weights cover {weights.shape[1]} images, the matches {matches.gt_per_image.shape[0]}")
+    n_gt = weights @ matches.gt_per_image.astype(np.float64)  # (R,)
+    out = np.zeros(weights.shape[0])
+    tp_any = matches.det_tp.any(axis=0)
+    if tp_any.any():
+        # Detections after the last true positive at every threshold change no precision that COCO
+        # interpolates (they only add false positives past the highest recall): leave them out.
+        last = int(np.flatnonzero(tp_any)[-1]) + 1
+        det_image, det_tp, det_ignore = matches.det_image[:last], matches.det_tp[:, :last], matches.det_ignore[:, :last]
+        block = max(1, _BLOCK_ELEMENTS // last)
+        by_image = np.ascontiguousarray(weights.T)  # (n_images, R): resamples along the fast axis
+        for start in range(0, weights.shape[0], block):
+            rows = slice(start, start + block)
+            out[rows] = _ap_block(by_image[:, rows][det_image], det_tp, det_ignore, n_gt[rows])
+    with np.errstate(invalid="ignore"):
+        return np.where(n_gt > 0, out, np.nan)
+
+
+def _ap_block(det_weight: np.ndarray, det_tp: np.ndarray, det_ignore: np.ndarray, n_gt: np.ndarray) -> np.ndarray:
+    """AP over the IoU thresholds for a block of resamples; ``det_weight`` (D, r) each detection's multiplicity.
+
+    COCO's interpolated precision at recall threshold k is the highest precision at or after the first
+    detection whose recall reaches k. Recall only moves at true positives and precision only falls
+    between them, so it suffices to know precision and recall at the true positives: AP is the sum
+    over them of (running maximum of precision from the right) x (how many recall thresholds that
+    true positive is the first to reach), over 101. Detections run along axis 0 and resamples along
+    axis 1, so every running sum and maximum is a vectorised row-by-row operation.
+    """
+    r = det_weight.shape[1]
+    total = np.zeros(r)
+    n_gt_row = np.maximum(n_gt, 1.0)[None, :]  # resamples without GT come out NaN in weighted_ap
+    counted_cache: dict[bytes, np.ndarray] = {}
+    for t in range(det_tp.shape[0]):
+        tp_idx = np.flatnonzero(det_tp[t])
+        if tp_idx.size == 0:
+            continue
+        key = np.packbits(det_ignore[t]).tobytes()
+        if key not in counted_cache:  # the ignore mask is the same at most thresholds: one running sum each
+            kept = det_weight if not det_ignore[t].any() else det_weight * ~det_ignore[t][:, None]
+            counted_cache[key] = np.cumsum(kept, axis=0)
+        counted = counted_cache[key][tp_idx]  # TP + FP weight up to each true positive
+        tp_cum = np.cumsum(det_weight[tp_idx], axis=0)
+        precision = tp_cum / (counted + np.spacing(1))  # COCO's tp / (tp + fp + eps)
+        recall = tp_cum / n_gt_row
+        reached = _thresholds_reached(recall)
+        newly = np.diff(reached, axis=0, prepend=0)
+        best_after = np.maximum.accumulate(precision[::-1], axis=0)[::-1]
+        total += (best_after * newly).sum(axis=0) / len(RECALL_THRESHOLDS)
+    return total / det_tp.shape[0]
+
+
+def _thresholds_reached(recall: np.ndarray) -> np.ndarray:
+    """How many of COCO's recall thresholds are <= each recall (searchsorted(..., 'right'), exactly).
+
+    The thresholds are k/100 as floats; floor(100 * recall) is at most one off them, and comparing
+    with the very floats COCO uses settles it. Three passes instead of a binary search per value.
+    """
+    last = len(RECALL_THRESHOLDS) - 1
+    k = np.minimum((recall * last).astype(np.int64), last)
+    reached = k + 1 - (RECALL_THRESHOLDS[k] > recall)
+    return reached + ((k < last) & (RECALL_THRESHOLDS[np.minimum(k + 1, last)] <= recall))
+
+
+def resample_weights(n_images: int, resamples: int, seed: int) -> np.ndarray:
+    """(resamples, n_images) multiplicities of a bootstrap: n_images draws with replacement, seeded."""
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(n_images, np.full(n_images, 1.0 / n_images), size=resamples).astype(np.float64)
+
+
+def mean_over_classes(per_class: dict[str, np.ndarray]) -> np.ndarray:
+    """The overall AP of each resample: the mean over the classes with GT in it (NaN APs left out)."""
+    stacked = np.stack(list(per_class.values()))
+    present = ~np.isnan(stacked)
+    mean = np.nansum(stacked, axis=0) / np.maximum(present.sum(axis=0), 1)
+    return np.where(present.any(axis=0), mean, np.nan)
+
+
+def _interval(challenger: float, champion: float, differences: np.ndarray, confidence: float) -> DifferenceInterval:
+    finite = differences[~np.isnan(differences)]
+    alpha = 1.0 - confidence
+    low, high = (float(v) for v in np.quantile(finite, [alpha / 2, 1 - alpha / 2]))
+    return DifferenceInterval(challenger=challenger, champion=champion, difference=challenger - champion,
+                              low=low, high=high, confidence=confidence, half_width=(high - low) / 2)
+
+
+def compare(challenger: dict[str, ClassMatches], champion: dict[str, ClassMatches], *, metric: str,
+            n_images: int, resamples: int, confidence: float, seed: int,
+            judged_classes: Collection[str]) -> Comparison:
+    """Challenger minus champion by a paired bootstrap over the ``n_images`` val images.
+
+    Both models are scored on the same resampled multiset of images (their errors on an image are
+    correlated; resampling them apart would inflate the interval). Percentile intervals: overall at
+    ``confidence``; each judged class at ``1 - (1 - confidence) / len(judged_classes)`` (Bonferroni).
+    Resamples in which a judged class has no GT do not count toward that class's interval.
+    """
+    if set(challenger) != set(champion):
+        raise ValueError(f"the models' classes differ: {sorted(set(challenger) ^ set(champion))}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), not {confidence}")
+    if resamples < 1 or n_images < 1:
+        raise ValueError("resamples and n_images must be at least 1")
+    unknown = sorted(set(judged_classes) - set(challenger))
+    if unknown:
+        raise ValueError(f"judged classes with no matches: {unknown}")
+    for name in challenger:
+        if not np.array_equal(challenger[name].gt_per_image, champion[name].gt_per_image):
+            raise ValueError(f"class {name!r}: the two models were matched against different ground truth")
+        if challenger[name].gt_per_image.shape[0] != n_images:
+            raise ValueError(f"class {name!r} covers {challenger[name].gt_per_image.shape[0]} images, not {n_images}")
+    without_gt = sorted(c for c in judged_classes if challenger[c].gt_per_image.sum() == 0)
+    if without_gt:
+        raise ValueError(f"judged classes without GT on the val images: {without_gt}")
+
+    ones = np.ones((1, n_images))
+    weights = resample_weights(n_images, resamples, seed)
+    point: dict[str, dict[str, float]] = {"challenger": {}, "champion": {}}
+    boot: dict[str, dict[str, np.ndarray]] = {"challenger": {}, "champion": {}}
+    for who, matches in (("challenger", challenger), ("champion", champion)):
+        for name, m in matches.items():
+            point[who][name] = float(weighted_ap(m, ones)[0])
+            boot[who][name] = weighted_ap(m, weights)
+    with_gt = [c for c in challenger if challenger[c].gt_per_image.sum() > 0]
+    if not with_gt:
+        raise ValueError("no class has GT on the val images")
+    overall_point = {who: float(np.mean([point[who][c] for c in with_gt])) for who in point}
+    overall = _interval(overall_point["challenger"], overall_point["champion"],
+                        mean_over_classes(boot["challenger"]) - mean_over_classes(boot["champion"]), confidence)
+    judged = sorted(judged_classes)
+    class_confidence = 1.0 - (1.0 - confidence) / len(judged) if judged else confidence
+    per_class = {c: _interval(point["challenger"][c], point["champion"][c],
+                              boot["challenger"][c] - boot["champion"][c], class_confidence) for c in judged}
+    return Comparison(metric=metric, val_images=n_images, resamples=resamples, seed=seed, confidence=confidence,
+                      overall=overall, per_class=per_class)
