@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from d2ops_core.documents.evaluation import ModelEvaluation
 from d2ops_core.runs import DatasetVersion
+from d2ops_core.score_thresholds import DEFAULT_SCORE_THRESHOLD
 from model_code.archive import (  # noqa: F401  re-exported: the artifact's names in one place
     MAX_ARCHIVE_MEMBERS,
     MAX_EXTRACTED_BYTES,
@@ -88,6 +89,10 @@ class ArtifactMetadata(BaseModel):
     checkpoint: NativeCheckpoint | None = None
     initial_weights: InitialWeights | None = Field(
         default=None, description="the pretrained checkpoint training started from; None: from scratch")
+    score_thresholds: dict[str, float] = Field(
+        default_factory=dict,
+        description="class name -> the score the server keeps a detection of it from by default: the best F1 at "
+                    "IoU 0.5 on val (model_code/evaluation/thresholds.py); empty in artifacts exported before them")
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
     @model_validator(mode="after")
@@ -98,7 +103,17 @@ class ArtifactMetadata(BaseModel):
             )
         if len(set(self.category_ids)) != len(self.category_ids):
             raise ValueError("category_ids must be unique")
+        unknown = sorted(set(self.score_thresholds) - set(self.class_names))
+        if unknown:
+            raise ValueError(f"score_thresholds names classes the model does not have: {unknown}")
+        bad = {name: v for name, v in self.score_thresholds.items() if not 0.0 <= v <= 1.0}
+        if bad:
+            raise ValueError(f"score_thresholds must be scores in [0, 1]: {bad}")
         return self
+
+    def score_threshold(self, label: int) -> float:
+        """The default threshold of label index ``label``: its own, else DEFAULT_SCORE_THRESHOLD."""
+        return self.score_thresholds.get(self.class_names[label], DEFAULT_SCORE_THRESHOLD)
 
     @property
     def has_masks(self) -> bool:

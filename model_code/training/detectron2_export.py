@@ -166,6 +166,7 @@ def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None
     from model_code.evaluation.coco import evaluate_detector, print_progress
     from model_code.evaluation.documents import model_evaluation_document
     from model_code.evaluation.report import write_report
+    from model_code.evaluation.thresholds import fit_for_artifact
 
     has_masks = job["task"] == "instance_segmentation"
     # Serving on a GPU needs a trace taken on one; the CPU trace is what evaluation and CPU hosts load.
@@ -197,9 +198,12 @@ def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None
     gt = read_coco(Path(val_reg["json_file"]))
     evaluation = evaluate_detector(detector, gt, Path(val_reg["image_root"]), progress=print_progress("evaluating"))
     document = model_evaluation_document(evaluation, primary_metric(job["task"]))
+    # The operating point ships with the model: each class's best-F1 score on this same val split.
+    thresholds = fit_for_artifact(gt, evaluation.results, metadata.class_names, has_masks=has_masks)
     artifact.write_json(model_dir / artifact.EVALUATION_FILE, document)
     artifact.write_json(model_dir / artifact.METADATA_FILE,
-                        metadata.model_copy(update={"metrics": evaluation.metrics}).model_dump(mode="json"))
+                        metadata.model_copy(update={"metrics": evaluation.metrics, "score_thresholds": thresholds})
+                        .model_dump(mode="json"))
     write_report(out / artifact.REPORT_DIR, {"challenger": evaluation}, gt, Path(val_reg["image_root"]),
                  sample_images=int(job.get("report_images", 6)))
     artifact.write_json(out / artifact.EVALUATION_FILE, document)

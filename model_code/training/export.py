@@ -11,6 +11,7 @@ from model_code import artifact
 from model_code.dataset_version import read_coco
 from model_code.evaluation.coco import Evaluation, evaluate_detector, print_progress
 from model_code.evaluation.documents import model_evaluation_document, primary_metric_for
+from model_code.evaluation.thresholds import fit_for_artifact
 from model_code.training.run_context import RunContext
 from model_code.training.torchvision_export import export_torchvision
 
@@ -35,9 +36,12 @@ def write_artifact(ctx: RunContext, model: nn.Module, directory: Path, *, iterat
     evaluation = evaluate_detector(detector, gt, ctx.val_dataset.images_dir,
                                    progress=print_progress(f"evaluating iteration {iteration}"))
     document = model_evaluation_document(evaluation, primary_metric_for(ctx.dataset.task), iteration=iteration)
+    # The operating point ships with the model: each class's best-F1 score on this same val split.
+    thresholds = fit_for_artifact(gt, evaluation.results, metadata.class_names, has_masks=ctx.has_masks)
     artifact.write_json(directory / artifact.EVALUATION_FILE,  document)
     artifact.write_json(directory / artifact.METADATA_FILE,
-                        metadata.model_copy(update={"metrics": evaluation.metrics}).model_dump(mode="json"))
+                        metadata.model_copy(update={"metrics": evaluation.metrics, "score_thresholds": thresholds})
+                        .model_dump(mode="json"))
     if report:
         from model_code.evaluation.report import write_report
 

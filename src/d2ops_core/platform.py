@@ -144,6 +144,18 @@ MODEL_PACKAGE_DESCRIPTION_SOURCE = Source(
 MODEL_PACKAGE_DESCRIPTION_MAX = 1024
 MODEL_PACKAGE_DESCRIPTION_CATEGORIES = frozenset("LMZSNP")  # first letters of unicodedata.category
 
+# CreateModelPackage's CustomerMetadataProperties (botocore shapes CustomerMetadataMap, CustomerMetadataKey,
+# CustomerMetadataValue): at most 50 entries; keys of 1-128 and values of 1-256 characters, each a letter,
+# separator or number (\p{L}\p{Z}\p{N}) or one of _.:/=+-@. No JSON fits (no braces, quotes, commas), so a
+# map (the per-class score thresholds) goes in as "name=value" words, bounded (d2ops_core.score_thresholds).
+# tests/unit/test_score_thresholds_registry.py reads these from botocore's model.
+CUSTOMER_METADATA_SOURCE = MODEL_PACKAGE_DESCRIPTION_SOURCE
+CUSTOMER_METADATA_MAX_ENTRIES = 50
+CUSTOMER_METADATA_KEY_MAX = 128
+CUSTOMER_METADATA_VALUE_MAX = 256
+CUSTOMER_METADATA_CATEGORIES = frozenset("LZN")  # first letters of unicodedata.category
+CUSTOMER_METADATA_SYMBOLS = frozenset("_.:/=+-@")
+
 
 # ------------------------------------------------------------------------------ GPU hosts, CUDA
 # Whether an image's CUDA build can run on a host depends on the NVIDIA driver the host carries,
