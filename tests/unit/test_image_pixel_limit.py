@@ -238,7 +238,7 @@ def test_the_stack_parameter_reaches_every_part_that_applies_the_rule() -> None:
     event = _prepare_event(models, stack)
     plan = service.build_plan(settings, event, None)
     assert plan.training_job["Environment"] == {"MAX_IMAGE_PIXELS": "50000000"}
-    assert plan.evaluation_job["Environment"] == {"MAX_IMAGE_PIXELS": "50000000"}
+    assert plan.evaluation_job["Environment"]["MAX_IMAGE_PIXELS"] == "50000000"  # beside the gate's GATE_*
 
     # the serving model: Create model's container environment in the definition the stack deploys
     create = _create_model_state(stack)

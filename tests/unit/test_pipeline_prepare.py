@@ -90,10 +90,12 @@ def test_manifest_overrides_become_string_hyperparameters_and_gate_thresholds(aw
             "inventory_digest"]}
     # The manifest's task is instance_segmentation: the gate judges mask AP.
     assert plan["gate"] == {"primary_metric": "segm_AP", "min_map": 0.5, "max_regression": 0.005,
-                            "max_class_regression": 0.05, "min_class_instances": 10}
+                            "max_class_regression": 0.05, "min_class_instances": 10, "confidence": 0.9,
+                            "resamples": 2000}
     monkeypatch.setenv("PRETRAINED_WEIGHTS_KEY", support.PREPARE_ENV["PRETRAINED_WEIGHTS_KEY"])
     assert prepare()["gate"] == {"primary_metric": "bbox_AP", "min_map": 0.3,  # detection; stack parameters
-                                 "max_regression": 0.01, "max_class_regression": 0.1, "min_class_instances": 30}
+                                 "max_regression": 0.01, "max_class_regression": 0.1, "min_class_instances": 30,
+                                 "confidence": 0.95, "resamples": 1000}
 
 
 @pytest.mark.parametrize(("manifest", "named"), [
@@ -104,6 +106,8 @@ def test_manifest_overrides_become_string_hyperparameters_and_gate_thresholds(aw
     ({"training": {"ims_per_batch": 17}}, "TRAINING_IMS_PER_BATCH_ABOVE_STACK"),
     ({"gate": {"max_class_regression": 0.5}}, "GATE_MAX_CLASS_REGRESSION_ABOVE_STACK"),
     ({"gate": {"min_class_instances": 31}}, "GATE_MIN_CLASS_INSTANCES_ABOVE_STACK"),
+    ({"gate": {"confidence": 0.99}}, "GATE_CONFIDENCE_ABOVE_STACK"),
+    ({"gate": {"resamples": 999}}, "GATE_RESAMPLES_BELOW_STACK"),
 ])
 def test_a_manifest_never_loosens_the_stack_limits(aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
                                                    manifest: dict[str, Any], named: str) -> None:

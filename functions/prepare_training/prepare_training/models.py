@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from d2ops_core import gate as gate_settings
 from d2ops_core import images, pretrained
 from d2ops_core.documents.run_state import (  # re-exported: the prepare step's output
     CapacitySize,
@@ -76,6 +77,12 @@ class PrepareSettings(BaseModel):
     max_regression: float = Field(ge=0, le=1)
     max_class_regression: float = Field(ge=0, le=1, description="MaxClassRegression: the per-class gate's margin")
     min_class_instances: int = Field(ge=1, description="MinClassInstances: val instances a class needs to be judged")
+    gate_confidence: float = Field(gate_settings.DEFAULT_CONFIDENCE, gt=gate_settings.MIN_CONFIDENCE_EXCLUSIVE,
+                                   lt=gate_settings.MAX_CONFIDENCE_EXCLUSIVE,
+                                   description="GateConfidence: two-sided level of the interval the gate judges")
+    gate_resamples: int = Field(gate_settings.DEFAULT_RESAMPLES, ge=gate_settings.MIN_RESAMPLES,
+                                le=gate_settings.MAX_RESAMPLES,
+                                description="GateResamples: paired-bootstrap resamples of the val images")
     max_training_iterations: int | None = Field(None, ge=1, description="cap on the manifest's training.max_iter")
     max_images_per_batch: int | None = Field(None, ge=1, description="cap on the manifest's training.ims_per_batch")
     data_bucket: str = Field(min_length=3, description="DataBucket: where the pretrained weights are")
@@ -91,7 +98,8 @@ class PrepareSettings(BaseModel):
         return StackLimits(min_map=self.min_map, max_regression=self.max_regression,
                            max_iter=self.max_training_iterations, max_ims_per_batch=self.max_images_per_batch,
                            max_class_regression=self.max_class_regression,
-                           min_class_instances=self.min_class_instances)
+                           min_class_instances=self.min_class_instances,
+                           confidence=self.gate_confidence, resamples=self.gate_resamples)
 
     @property
     def fine_tunes(self) -> bool:

@@ -7,13 +7,19 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from d2ops_core import gate as gate_settings
 from d2ops_core import images, metrics, platform, pretrained, runs
 from d2ops_core.champion import ChampionRecord, read_champion
 from d2ops_core.dataset_diff import compare
 from d2ops_core.dataset_diff_s3 import index_run
 from d2ops_core.documents.dataset_diff import DatasetDiffSummary
 from d2ops_core.documents.evaluation import GateThresholds
-from d2ops_core.validation.manifest import effective_class_gate, effective_gate, stack_limit_problems
+from d2ops_core.validation.manifest import (
+    effective_class_gate,
+    effective_gate,
+    effective_interval,
+    stack_limit_problems,
+)
 from prepare_training.models import (
     CapacitySize,
     ChampionRef,
@@ -241,7 +247,8 @@ def model_artifact_uri(training_job: dict[str, Any]) -> str:
 
 
 def evaluation_job_request(settings: PrepareSettings, event: PrepareEvent, names: JobNames,
-                           challenger_model: str, champion: ChampionRef | None) -> dict[str, Any]:
+                           challenger_model: str, champion: ChampionRef | None,
+                           thresholds: GateThresholds) -> dict[str, Any]:
     def model_input(name: str, uri: str) -> dict[str, Any]:
         return {"InputName": name, "S3Input": {"S3Uri": uri, "LocalPath": f"{PROCESSING_ROOT}/input/{name}",
                                                 "S3DataType": "S3Prefix", "S3InputMode": "File"}}
@@ -256,7 +263,9 @@ def evaluation_job_request(settings: PrepareSettings, event: PrepareEvent, names
         "AppSpecification": {"ImageUri": settings.evaluation_image_uri,
                              "ContainerEntrypoint": list(EVALUATION_ENTRYPOINT)},
         "ProcessingInputs": inputs,
-        "Environment": image_rule_environment(settings),
+        # The bootstrap's settings are the plan's gate ($.plan.gate), so the interval is the one it judges.
+        "Environment": {**image_rule_environment(settings), **gate_settings.job_environment(
+            thresholds.confidence, thresholds.resamples, thresholds.min_class_instances)},
         "ProcessingOutputConfig": {"Outputs": [{
             "OutputName": "evaluation",
             "S3Output": {"S3Uri": runs.evaluation_output_uri(settings.artifacts_bucket, event.run_id),
@@ -335,13 +344,15 @@ def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: Champio
     training = training_job_request(settings, event, names)
     min_map, max_regression = effective_gate(settings.limits, event.manifest.gate)
     max_class_regression, min_class_instances = effective_class_gate(settings.limits, event.manifest.gate)
+    confidence, resamples = effective_interval(settings.limits, event.manifest.gate)
+    gate = GateThresholds(primary_metric=metrics.primary_metric(event.manifest.task), min_map=min_map,
+                          max_regression=max_regression, max_class_regression=max_class_regression,
+                          min_class_instances=min_class_instances, confidence=confidence, resamples=resamples)
     return Plan(
         training_job=training,
-        evaluation_job=evaluation_job_request(settings, event, names, model_artifact_uri(training), champion),
+        evaluation_job=evaluation_job_request(settings, event, names, model_artifact_uri(training), champion, gate),
         names=names,
-        gate=GateThresholds(primary_metric=metrics.primary_metric(event.manifest.task), min_map=min_map,
-                            max_regression=max_regression, max_class_regression=max_class_regression,
-                            min_class_instances=min_class_instances),
+        gate=gate,
         endpoint=EndpointPlan(instance_type=settings.endpoint_instance_type,
                               instance_count=settings.endpoint_instance_count,
                               production_variants=production_variants(settings, names),

@@ -19,6 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from d2ops_core import gate
 from d2ops_core.metrics import PrimaryMetric
 
 
@@ -113,3 +114,10 @@ class GateThresholds(BaseModel):
                                       "per-class gate)")
     min_class_instances: int | None = Field(
         None, ge=1, description="classes with fewer val instances are not judged per class")
+    confidence: float = Field(
+        gate.DEFAULT_CONFIDENCE, gt=gate.MIN_CONFIDENCE_EXCLUSIVE, lt=gate.MAX_CONFIDENCE_EXCLUSIVE,
+        description="two-sided level of the interval of challenger - champion the gate judges (GateConfidence; "
+                    "a manifest may lower it: a narrower interval refuses more readily)")
+    resamples: int = Field(
+        gate.DEFAULT_RESAMPLES, ge=gate.MIN_RESAMPLES, le=gate.MAX_RESAMPLES,
+        description="paired-bootstrap resamples of the val images (GateResamples; a manifest may raise it)")

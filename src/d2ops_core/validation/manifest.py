@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from d2ops_core import gate as gate_settings
 from d2ops_core.validation.codes import Code
 from d2ops_core.validation.encoding import encoding_problem, utf8_problem
 
@@ -79,6 +80,12 @@ class Gate(_Strict):
                                               "least min_class_instances val instances")
     min_class_instances: int | None = Field(
         default=None, ge=1, le=1_000_000, description="val instances a class needs to be judged per class")
+    confidence: float | None = Field(
+        default=None, gt=gate_settings.MIN_CONFIDENCE_EXCLUSIVE, lt=gate_settings.MAX_CONFIDENCE_EXCLUSIVE,
+        description="two-sided level of the interval of challenger - champion; at most the stack's GateConfidence")
+    resamples: int | None = Field(
+        default=None, ge=gate_settings.MIN_RESAMPLES, le=gate_settings.MAX_RESAMPLES,
+        description="paired-bootstrap resamples of the val images; at least the stack's GateResamples")
 
 
 class Manifest(_Strict):
@@ -133,12 +140,18 @@ class StackLimits(BaseModel):
     # The per-class gate (MaxClassRegression, MinClassInstances); None where a caller sets no such limit.
     max_class_regression: float | None = Field(default=None, ge=0, le=1)
     min_class_instances: int | None = Field(default=None, ge=1)
+    # The interval the gate judges (GateConfidence, GateResamples); None where a caller sets no such limit.
+    confidence: float | None = Field(default=None, gt=gate_settings.MIN_CONFIDENCE_EXCLUSIVE,
+                                     lt=gate_settings.MAX_CONFIDENCE_EXCLUSIVE)
+    resamples: int | None = Field(default=None, ge=gate_settings.MIN_RESAMPLES, le=gate_settings.MAX_RESAMPLES)
 
     # Environment variable -> field: template.yaml sets these on the functions that enforce them.
     ENV: ClassVar[dict[str, str]] = {"MIN_MAP": "min_map", "MAX_REGRESSION": "max_regression",
                                      "MAX_TRAINING_ITERATIONS": "max_iter", "MAX_IMAGES_PER_BATCH": "max_ims_per_batch",
                                      "MAX_CLASS_REGRESSION": "max_class_regression",
-                                     "MIN_CLASS_INSTANCES": "min_class_instances"}
+                                     "MIN_CLASS_INSTANCES": "min_class_instances",
+                                     gate_settings.CONFIDENCE_ENV: "confidence",
+                                     gate_settings.RESAMPLES_ENV: "resamples"}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> StackLimits:
@@ -172,6 +185,17 @@ def stack_limit_problems(gate: Gate | None, training: TrainingOverrides,
                          f"{gate.min_class_instances} is above the stack's MinClassInstances "
                          f"{limits.min_class_instances}: a manifest may judge more classes, not fewer",
                          "gate.min_class_instances"))
+    # A stack that sets no interval settings has the defaults (d2ops_core.gate), so it is checked against those.
+    stack_confidence = gate_settings.DEFAULT_CONFIDENCE if limits.confidence is None else limits.confidence
+    stack_resamples = gate_settings.DEFAULT_RESAMPLES if limits.resamples is None else limits.resamples
+    if gate is not None and gate.confidence is not None and gate.confidence > stack_confidence:
+        problems.append((Code.GATE_CONFIDENCE_ABOVE_STACK, f"gate.confidence {gate.confidence:g} is above the "
+                         f"stack's GateConfidence {stack_confidence:g}: a manifest may ask for a narrower interval "
+                         "(refusing a regression more readily), not a wider one", "gate.confidence"))
+    if gate is not None and gate.resamples is not None and gate.resamples < stack_resamples:
+        problems.append((Code.GATE_RESAMPLES_BELOW_STACK, f"gate.resamples {gate.resamples} is below the stack's "
+                         f"GateResamples {stack_resamples}: a manifest may ask for more resamples (up to "
+                         f"{gate_settings.MAX_RESAMPLES}), not fewer", "gate.resamples"))
     if limits.max_iter is not None and training.max_iter is not None and training.max_iter > limits.max_iter:
         problems.append((Code.TRAINING_MAX_ITER_ABOVE_STACK, f"training.max_iter {training.max_iter} is above the "
                          f"stack's MaxTrainingIterations {limits.max_iter}", "training.max_iter"))
@@ -210,6 +234,19 @@ def effective_class_gate(limits: StackLimits, gate: Gate | None) -> tuple[float 
     """
     return (_stricter(limits.max_class_regression, gate.max_class_regression if gate else None),
             _stricter(limits.min_class_instances, gate.min_class_instances if gate else None))
+
+
+def effective_interval(limits: StackLimits, gate: Gate | None) -> tuple[float, int]:
+    """(confidence, resamples) of the interval the gate judges, tightened like :func:`effective_gate`.
+
+    A lower confidence narrows the interval (a regression is refused more readily); more resamples
+    only make its ends more precise. A stack that sets neither has d2ops_core.gate's defaults.
+    """
+    stack_confidence = gate_settings.DEFAULT_CONFIDENCE if limits.confidence is None else limits.confidence
+    stack_resamples = gate_settings.DEFAULT_RESAMPLES if limits.resamples is None else limits.resamples
+    asked_confidence, asked_resamples = (gate.confidence, gate.resamples) if gate else (None, None)
+    return (min(stack_confidence, asked_confidence or stack_confidence),
+            max(stack_resamples, asked_resamples or stack_resamples))
 
 
 def manifest_json_schema() -> dict[str, Any]:
