@@ -279,3 +279,69 @@ def test_the_command_serves_the_running_runtime_and_reaches_its_endpoint_through
     finally:
         os.killpg(process.pid, signal.SIGINT)
         assert process.wait(timeout=30) == 0
+
+
+def test_the_loss_curve_grows_while_the_run_trains_and_polling_stops_when_it_ends(
+        console: tuple[Console, OfflineRuntime, RunSummary]) -> None:
+    """The Training panel draws training.progress and asks again while the run runs. The run's real answer,
+    turned into a run in "Train model" whose job published 3, then 5 periods (shaped by the status API's own
+    TrainingProgress model), then one that ended.
+
+    Catches: a curve drawn once and never refreshed, points dropped or out of order, a curve not scaled to
+    the run's iterations, time left not shown, a page that keeps asking after the run ended."""
+    from tests.fixtures.pipeline import support
+
+    support.function_path("status_api")
+    from status_api.models import TrainingProgress
+
+    server, _, run = console
+    losses = [2.0, 1.4, 1.1, 0.9, 0.8]
+
+    def progress(periods: int) -> dict[str, Any]:
+        return TrainingProgress(
+            iteration=periods * 24, total_iterations=250, fraction=periods * 24 / 250, loss=losses[periods - 1],
+            learning_rate=0.02, images_per_second=13.8, seconds_per_iteration=0.29,
+            seconds_left=(250 - periods * 24) * 0.29, updated_at=f"2026-11-26T23:0{periods}:00+00:00",
+            period_seconds=60, loss_series=[{"iteration": (i + 1) * 24, "loss": loss}
+                                            for i, loss in enumerate(losses[:periods])]).model_dump(mode="json")
+
+    asked: list[int] = []
+
+    def training(route: Any) -> None:
+        asked.append(len(asked))
+        answer = route.fetch().json()
+        if len(asked) <= 3:  # the first answer, then two polls: 3 periods, then 5
+            job = {"job_name": "broken-v1-train", "status": "InProgress", "metrics": {},
+                   "progress": progress(3 if len(asked) == 1 else 5)}
+            answer.update(status="RUNNING", stopped_at=None, error=None, cause=None, current_state="Train model",
+                          training=job)
+        route.fulfill(json=answer)
+
+    with browser_page() as page:
+        page.goto(f"{server.url}#run={run.run_id}")  # the real rejected run: it never trained
+        page.locator("#training p.muted").wait_for(timeout=30_000)
+        assert page.locator("#training").inner_text() == "no training job (the run did not reach training)"
+
+        page.route(f"**/api/runs/{run.run_id}", training)
+        page.reload()  # the view opens again, its answers now routed
+        page.locator('#loss-curve[data-points="3"]').wait_for(timeout=30_000)
+        line = page.locator("#training-progress").inner_text()
+        assert line == ("iter 72/250 (28%) · loss 1.100 · lr 0.0200 · 13.8 img/s · ~51.6 s left · "
+                        "as of 2026-11-26T23:03:00+00:00"), line
+        page.locator('#loss-curve[data-points="5"]').wait_for(timeout=30_000)  # the next poll, redrawn
+        points = [tuple(map(float, p.split(","))) for p in
+                  (page.locator("#loss-curve polyline.loss").get_attribute("points") or "").split()]
+        assert len(points) == 5
+        xs, ys = [x for x, _ in points], [y for _, y in points]
+        assert xs == sorted(xs) and ys == sorted(ys)  # later iterations to the right; a falling loss lower
+        frame = page.locator("#loss-curve rect").first
+        right = float(frame.get_attribute("x") or 0) + float(frame.get_attribute("width") or 0)
+        assert xs[-1] < right * 0.6  # iteration 120 of 250: the curve is less than half way across
+        screenshot(page, "training-loss-curve")
+        # The run ended (the next answer is the real one, FAILED): the view is drawn once more, then quiet.
+        page.locator("#training p.muted").wait_for(timeout=30_000)
+        page.wait_for_timeout(1_000)  # the view's one redraw asks once more
+        settled = len(asked)
+        page.wait_for_timeout(6_500)  # longer than a poll interval
+        assert len(asked) == settled
+        assert page.problems == []

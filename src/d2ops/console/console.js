@@ -181,8 +181,100 @@ async function showRun(runId) {
     ["training job", run.training ? run.training.job_name + " " + (run.training.status || "") : null],
     ["cause", run.status !== "SUCCEEDED" ? run.cause : null],
   ]);
+  showTraining(run);
+  followTraining(runId, run);  // not awaited: it asks again while the run runs
   await Promise.all([drawGraph(runId), showValidation(runId, run), showGate(run), showDataDiff(run),
                      showEvaluation(runId, run), showDeployment(run)]);
+}
+
+// ----- training progress ---------------------------------------------------------------------
+// The training job's progress as the status API reads it from CloudWatch (training.progress). While the
+// run runs, the view asks for the run again every POLL_SECONDS and redraws this panel: the latest
+// iteration, loss and time left move as the job publishes them, the loss curve gains a point a period.
+const POLL_SECONDS = 5;
+
+async function followTraining(runId, run) {
+  const view = currentView;
+  let polled = false;
+  while (run.status === "RUNNING") {
+    await new Promise(resolve => setTimeout(resolve, POLL_SECONDS * 1000));
+    if (view !== currentView) return;  // the user opened another view: stop asking
+    try {
+      run = await fetchJson("/runs/" + encodeURIComponent(runId));
+    } catch (e) {
+      continue;  // asked again next time (fetchJson already retried a busy API twice)
+    }
+    if (view !== currentView) return;
+    polled = true;
+    showTraining(run);
+  }
+  if (polled && view === currentView) showRun(runId);  // it ended: the gate, evaluation and deployment now exist
+}
+
+function showTraining(run) {
+  const box = clear("training");
+  const training = run.training;
+  if (!training) {
+    box.append(el("p", {"class": "muted"}, "no training job (the run did not reach training)"));
+    return;
+  }
+  const progress = training.progress;
+  if (!progress) {
+    const waiting = run.status === "RUNNING" && run.current_state === "Train model";
+    box.append(el("p", {"class": "muted"}, waiting ? "training job " + training.job_name + " has published no "
+      + "metrics yet (SageMaker publishes them about once a minute)" : "no training progress published"));
+    return;
+  }
+  box.append(el("p", {"id": "training-progress"}, progressLine(progress)));
+  box.append(lossChart(progress));
+}
+
+function progressLine(p) {
+  const known = v => v !== null && v !== undefined;
+  let head = "iter " + p.iteration;
+  if (p.total_iterations) head += "/" + p.total_iterations + " (" + Math.floor((p.fraction || 0) * 100) + "%)";
+  const parts = [head];
+  if (known(p.loss)) parts.push("loss " + fmtNumber(p.loss, 3));
+  if (known(p.learning_rate)) parts.push("lr " + Number(p.learning_rate).toPrecision(3));
+  if (known(p.images_per_second)) parts.push(fmtNumber(p.images_per_second, 1) + " img/s");
+  if (known(p.seconds_left)) parts.push("~" + fmtSeconds(p.seconds_left) + " left");
+  parts.push("as of " + p.updated_at);
+  return parts.join(" · ");
+}
+
+function lossChart(p) {
+  const width = 480, height = 200, left = 56, right = 14, top = 24, bottom = 34;
+  const points = p.loss_series || [];
+  const root = svg("svg", {"id": "loss-curve", "width": width, "height": height, "data-points": points.length});
+  root.append(svg("text", {"x": left, "y": 14, "font-size": 12, "font-weight": "bold"},
+                  `training loss (mean of each ${p.period_seconds} s)`));
+  const plotW = width - left - right, plotH = height - top - bottom;
+  root.append(svg("rect", {"x": left, "y": top, "width": plotW, "height": plotH, "fill": "none", "stroke": "#bbb"}));
+  if (!points.length) return root;
+  // x: iterations up to the run's total (the curve grows towards the right edge); y: 0 to the highest loss
+  const xMax = Math.max(p.total_iterations || 0, ...points.map(q => q.iteration), 1);
+  const losses = points.map(q => q.loss);
+  const yMin = Math.min(0, ...losses), yMax = Math.max(...losses) > yMin ? Math.max(...losses) : yMin + 1;
+  const x = i => left + (i / xMax) * plotW, y = v => top + (1 - (v - yMin) / (yMax - yMin)) * plotH;
+  for (const [value, anchor] of [[0, "start"], [xMax, "end"]]) {
+    root.append(svg("text", {"x": x(value), "y": top + plotH + 12, "font-size": 9, "text-anchor": anchor}, value));
+  }
+  for (const value of [yMin, yMax]) {
+    root.append(svg("text", {"x": left - 4, "y": y(value) + 3, "font-size": 9, "text-anchor": "end"},
+                    fmtNumber(value, 3)));
+  }
+  root.append(svg("text", {"x": left + plotW / 2, "y": height - 4, "font-size": 10, "text-anchor": "middle"},
+                  "iteration"));
+  const line = svg("polyline", {"class": "loss", "fill": "none", "stroke": MODEL_COLOURS.challenger,
+                                "stroke-width": 1.6, "points": points.map(q => `${x(q.iteration)},${y(q.loss)}`).join(" ")});
+  line.append(svg("title", {}, "mean training loss of each period"));
+  root.append(line);
+  const last = points[points.length - 1];
+  const dot = svg("circle", {"class": "latest", "cx": x(last.iteration), "cy": y(last.loss), "r": 3,
+                             "fill": MODEL_COLOURS.challenger});
+  dot.append(svg("title", {}, `iteration ${last.iteration}: loss ${fmtNumber(last.loss, 4)}`));
+  root.append(dot);
+  return root;
 }
 
 async function drawGraph(runId) {
