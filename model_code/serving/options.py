@@ -1,5 +1,8 @@
 """Per-request options: score threshold, max detections, masks.
 
+Without ``score_threshold`` a request gets the model's own per-class thresholds (the artifact's
+``score_thresholds``); with it, that one threshold for every class.
+
 A caller can set them in the JSON body, in the query string (``/invocations?score_threshold=0.3``)
 or, since SageMaker's InvokeEndpoint forwards no query string, in the
 ``X-Amzn-SageMaker-Custom-Attributes`` header (``score_threshold=0.3;masks=true``). When a key
@@ -21,13 +24,16 @@ CUSTOM_ATTRIBUTES_HEADER = "x-amzn-sagemaker-custom-attributes"
 # itself to pick a model, so it is allowed and ignored here.
 ROUTING_PARAMETERS = frozenset({"model_name"})
 MAX_CUSTOM_ATTRIBUTES_CHARS = 1024  # InvokeEndpoint's own limit
+MAX_DETECTIONS_LIMIT = 1000  # the most detections one request may ask for
 
 
 class PredictOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    score_threshold: float = Field(default=0.5, ge=0.0, le=1.0)
-    max_detections: int = Field(default=100, ge=1, le=1000)
+    # None: each class's own threshold from the artifact (metadata.json's score_thresholds, chosen on val);
+    # a number: that threshold for every class, as before thresholds shipped with the model.
+    score_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    max_detections: int = Field(default=100, ge=1, le=MAX_DETECTIONS_LIMIT)
     masks: bool = Field(default=False, description="return COCO RLE masks (instance segmentation models only)")
 
 

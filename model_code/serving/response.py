@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from pycocotools import mask as mask_utils
 
-from d2ops_core.documents.detections import Detection, ImageSize, InvocationResponse, RleMask
+from d2ops_core.documents.detections import AppliedThresholds, Detection, ImageSize, InvocationResponse, RleMask
 from model_code.artifact import ArtifactMetadata
 from model_code.inference import Detections
 from model_code.serving.options import PredictOptions
@@ -35,15 +35,25 @@ def build_response(detections: Detections, metadata: ArtifactMetadata, options: 
     rles: list[dict[str, Any]] | None = None
     if options.masks and detections.masks is not None:
         rles = encode_masks(detections.masks.detach().cpu().numpy())
-    out = []
+    kept: list[tuple[int, Detection]] = []
     for i, (box, score, label) in enumerate(zip(boxes, scores, labels, strict=True)):
         if not (math.isfinite(score) and all(math.isfinite(v) for v in box)):
             continue  # NaN/inf (a model diverging on an odd image) is no detection, and no JSON has a NaN
-        out.append(Detection(box=[round(float(v), 2) for v in box], score=round(float(score), 4),
-                             class_id=metadata.category_ids[label], class_name=metadata.class_names[label],
-                             mask=None if rles is None else RleMask.model_validate(rles[i])))
-    return InvocationResponse(detections=out, image=ImageSize(width=width, height=height))
+        kept.append((label, Detection(
+            box=[round(float(v), 2) for v in box], score=round(float(score), 4), class_id=metadata.category_ids[label],
+            class_name=metadata.class_names[label], mask=None if rles is None else RleMask.model_validate(rles[i]))))
+    return InvocationResponse(detections=[d for _, d in kept], image=ImageSize(width=width, height=height),
+                              score_thresholds=applied_thresholds(metadata, options, [label for label, _ in kept]))
 
+
+def applied_thresholds(metadata: ArtifactMetadata, options: PredictOptions, labels: list[int]) -> AppliedThresholds:
+    """The threshold that decided each class in the answer: the request's, else the model's own."""
+    request = options.score_threshold
+    by_class: dict[str, float] = {}
+    for label in labels:
+        by_class.setdefault(metadata.class_names[label], request if request is not None
+                            else metadata.score_threshold(label))
+    return AppliedThresholds(source="model" if request is None else "request", by_class=by_class)
 
 def detections_to_json(detections: Detections, metadata: ArtifactMetadata, options: PredictOptions,
                        width: int, height: int) -> dict[str, Any]:

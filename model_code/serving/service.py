@@ -22,7 +22,7 @@ from model_code.artifact import ArtifactMetadata, LoadedDetector
 from model_code.inference import Detections, predict
 from model_code.serving.decode import DecodedRequest, decode_request
 from model_code.serving.errors import RequestError, bad_request
-from model_code.serving.options import PredictOptions
+from model_code.serving.options import MAX_DETECTIONS_LIMIT, PredictOptions
 from model_code.serving.response import detections_to_json
 
 logger = logging.getLogger(__name__)
@@ -54,12 +54,19 @@ class Response:
         return json.loads(self.body)
 
 
-def narrow(detections: Detections, options: PredictOptions) -> Detections:
-    """Apply one request's threshold and limit to detections already sorted by score."""
-    keep = int((detections.scores >= options.score_threshold).sum())
-    n = min(keep, options.max_detections)
-    return Detections(boxes=detections.boxes[:n], scores=detections.scores[:n], labels=detections.labels[:n],
-                      masks=None if detections.masks is None else detections.masks[:n])
+def narrow(detections: Detections, options: PredictOptions, class_thresholds: torch.Tensor) -> Detections:
+    """Apply one request's threshold and limit to detections already sorted by score.
+
+    ``class_thresholds`` [K] is the model's own threshold of each label, used when the request sets none.
+    """
+    if options.score_threshold is not None:
+        keep = detections.scores >= options.score_threshold
+    else:
+        keep = detections.scores >= class_thresholds.to(detections.labels.device)[detections.labels]
+    index = torch.nonzero(keep).flatten()[:options.max_detections]  # still by descending score
+    return Detections(boxes=detections.boxes[index], scores=detections.scores[index],
+                      labels=detections.labels[index],
+                      masks=None if detections.masks is None else detections.masks[index])
 
 
 class DetectionService:
@@ -67,6 +74,10 @@ class DetectionService:
         self.detector = detector
         self.device = torch.device(device)
         self.ready = False
+        # The default per class (artifact.ArtifactMetadata.score_threshold: its own, else the fallback).
+        self.class_thresholds = torch.tensor(
+            [detector.metadata.score_threshold(i) for i in range(len(detector.metadata.class_names))],
+            dtype=torch.float32)
 
     @property
     def metadata(self) -> ArtifactMetadata:
@@ -88,12 +99,17 @@ class DetectionService:
         return seconds
 
     def _predict(self, images: Sequence[torch.Tensor], options: Sequence[PredictOptions]) -> list[Detections]:
-        # One model call for the whole batch with the loosest options, then each request's own.
-        loosest = min(o.score_threshold for o in options)
+        # One model call for the whole batch with the loosest options, then each request's own. The model
+        # call's limit is the largest asked for, taken from the best scores of any class: a per-class default
+        # can drop some of them, so it asks for every detection the model has where one relies on it.
+        model_lowest = float(self.class_thresholds.min())
+        loosest = min(model_lowest if o.score_threshold is None else o.score_threshold for o in options)
         most = max(o.max_detections for o in options)
+        if any(o.score_threshold is None for o in options):
+            most = MAX_DETECTIONS_LIMIT
         on_device = [image.to(self.device) for image in images]
         raw = predict(self.detector, on_device, score_threshold=loosest, max_detections=most)
-        return [narrow(det, o) for det, o in zip(raw, options, strict=True)]
+        return [narrow(det, o, self.class_thresholds) for det, o in zip(raw, options, strict=True)]
 
     def _decode(self, request: RawRequest) -> DecodedRequest:
         decoded = decode_request(request.body, request.content_type, request.query, request.headers)

@@ -28,12 +28,27 @@ def detections(masks: bool = False) -> Detections:
 
 def test_the_body_is_byte_for_byte_what_clients_parsed_before_the_model() -> None:
     # The exact bytes the hand-built dict gave (json.dumps' default separators, key order
-    # detections/image and box/score/class_id/class_name, no "mask" key without masks=true).
+    # detections/image and box/score/class_id/class_name, no "mask" key without masks=true), with one key
+    # added at the end (issue 22): the thresholds applied, which a client that knows only the first two skips.
     body = json_response(200, detections_to_json(detections(), META, PredictOptions(), 6, 4), {}).body
     assert body == (b'{"detections": [{"box": [34.5, 20.25, 98.0, 87.75], "score": 0.9731, "class_id": 7, '
                     b'"class_name": "triangle"}, {"box": [0.0, 0.0, 5.0, 5.0], "score": 0.5, "class_id": 1, '
-                    b'"class_name": "square"}], "image": {"width": 6, "height": 4}}')
+                    b'"class_name": "square"}], "image": {"width": 6, "height": 4}, '
+                    b'"score_thresholds": {"source": "model", "by_class": {"triangle": 0.5, "square": 0.5}}}')
     assert InvocationResponse.model_validate_json(body).image.width == 6
+    # A reader of an endpoint from before the key still reads its answers.
+    before = body.split(b', "score_thresholds"')[0] + b"}"
+    assert InvocationResponse.model_validate_json(before).score_thresholds is None
+
+
+def test_the_answer_names_the_thresholds_it_applied() -> None:
+    # Catches a response that claims the model's thresholds when the request overrode them, or the fallback
+    # when the artifact has its own; classes not in the answer (disc, and square's NaN-only case) are not listed.
+    meta = META.model_copy(update={"score_thresholds": {"triangle": 0.42, "disc": 0.9}})
+    by_model = detections_to_json(detections(), meta, PredictOptions(), 6, 4)["score_thresholds"]
+    assert by_model == {"source": "model", "by_class": {"triangle": 0.42, "square": 0.5}}
+    by_request = detections_to_json(detections(), meta, PredictOptions(score_threshold=0.2), 6, 4)["score_thresholds"]
+    assert by_request == {"source": "request", "by_class": {"triangle": 0.2, "square": 0.2}}
 
 
 def test_masks_come_last_in_each_detection_as_the_encoded_rle() -> None:

@@ -8,6 +8,7 @@ one model.
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -49,7 +50,20 @@ class ImageSize(BaseModel):
     height: int = Field(gt=0)
 
 
+class AppliedThresholds(BaseModel):
+    """Which score thresholds decided this answer."""
+
+    model_config = ConfigDict(extra="allow")
+
+    source: Literal["model", "request"] = Field(
+        description="model: each class's own (the artifact's score_thresholds, chosen on val; 0.5 where it has "
+                    "none); request: the request's score_threshold, for every class")
+    by_class: dict[str, float] = Field(description="the threshold of each class present in detections")
+
+
 class InvocationResponse(BaseModel):
-    # Field order is the JSON's key order (the writer dumps the model): detections, then image.
+    # Field order is the JSON's key order (the writer dumps the model): detections, image, score_thresholds.
     detections: list[Detection]
     image: ImageSize = Field(description="the upright image the boxes are in")
+    # Optional for readers: endpoints before issue 22 did not send it.
+    score_thresholds: AppliedThresholds | None = Field(default=None, description="the thresholds applied")
