@@ -7,12 +7,13 @@ and the settings from the job's Environment (:mod:`d2ops_core.gate`, set from th
 
 from __future__ import annotations
 
+import html
 import sys
 import time
 from typing import Any
 
-from d2ops_core.documents.evaluation import Comparison
-from d2ops_core.gate import GateSettings
+from d2ops_core.documents.evaluation import Comparison, DifferenceInterval
+from d2ops_core.gate import GateSettings, more_val_images, regression_beyond
 from model_code.evaluation.bootstrap import compare, matches_from_coco
 from model_code.evaluation.coco import Evaluation
 
@@ -49,3 +50,30 @@ def compare_models(gt: dict[str, Any], challenger: Evaluation, champion: Evaluat
     print(f"gate: {metric} challenger - champion = {overall.difference:.4f}, {overall.confidence:.0%} interval "
           f"[{overall.low:.4f}, {overall.high:.4f}] ({time.monotonic() - started:.1f} s)", file=sys.stderr, flush=True)
     return comparison
+
+
+def comparison_html(comparison: Comparison | None, settings: GateSettings) -> str:
+    """The report's section on the comparison: each interval, what the gate makes of it (when the job
+    knows the tolerances) and how many more val images would narrow an interval to its tolerance."""
+    if comparison is None:
+        return ""
+
+    def row(name: str, interval: DifferenceInterval, tolerance: float | None) -> str:
+        verdict = more = ""
+        if tolerance is not None:
+            verdict = ("significant regression beyond " if regression_beyond(interval.high, tolerance)
+                       else "within ") + f"&plusmn;{tolerance:g}"
+            needed = more_val_images(interval.half_width, comparison.val_images, tolerance)
+            more = f"about {needed} more" if needed is not None else "enough"
+        return (f"<tr><th>{html.escape(name)}</th><td>{interval.challenger:.4f}</td><td>{interval.champion:.4f}</td>"
+                f"<td>{interval.difference:+.4f}</td><td>[{interval.low:+.4f}, {interval.high:+.4f}]</td>"
+                f"<td>{interval.confidence:.4g}</td><td>{verdict}</td><td>{more}</td></tr>")
+
+    rows = [row(f"overall {comparison.metric}", comparison.overall, settings.max_regression)]
+    rows += [row(name, interval, settings.max_class_regression) for name, interval in comparison.per_class.items()]
+    return (f"<h2>Challenger vs champion: paired bootstrap over {comparison.val_images} val images</h2>"
+            f"<p>{comparison.resamples} resamples (seed {comparison.seed}); per-class levels are Bonferroni-adjusted "
+            f"over the {len(comparison.per_class)} judged classes. The gate refuses only when a whole interval lies "
+            f"below minus the tolerance.</p><table border=1 class='gate-comparison'><tr><th></th><th>challenger</th>"
+            f"<th>champion</th><th>difference</th><th>interval</th><th>level</th><th>gate</th>"
+            f"<th>val images to narrow it to the tolerance</th></tr>{''.join(rows)}</table>")

@@ -28,7 +28,7 @@ from d2ops_core.runs import EVALUATION_REPORT_NAME
 from model_code.artifact import ArtifactError, LoadedDetector, load_artifact, write_json
 from model_code.dataset_version import DatasetError, open_dataset_version, read_coco
 from model_code.evaluation.coco import Evaluation, evaluate_detector, print_progress
-from model_code.evaluation.comparison import compare_models
+from model_code.evaluation.comparison import compare_models, comparison_html
 from model_code.evaluation.documents import class_instances, job_report
 
 MAX_MESSAGE = 1000
@@ -94,7 +94,7 @@ def evaluate(root: Path, sample_images: int = 6) -> dict[str, object]:
     thresholds = {who: getattr(m.metadata, "score_thresholds", None)
                   for who, m in (("challenger", challenger), ("champion", champion)) if m is not None}
     write_report(output / "report", results, gt, dataset.images_dir, sample_images=sample_images,
-                 score_thresholds=thresholds)
+                 score_thresholds=thresholds, comparison_section=comparison_html(comparison, gate))
     write_json(output / EVALUATION_REPORT_NAME, report)  # last: its presence means the job's work is complete
     for who, ev in results.items():
         print(f"{who}: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(ev.metrics.items())), flush=True)

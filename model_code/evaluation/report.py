@@ -79,11 +79,12 @@ def draw_sample(image: Image.Image, gt: list[dict[str, Any]], predictions: list[
 
 
 def write_report(directory: Path, evaluations: dict[str, Evaluation], gt: dict[str, Any], images_dir: Path, *,
-                 sample_images: int = 6, score_thresholds: Mapping[str, Mapping[str, float] | None] | None = None
-                 ) -> Path:
+                 sample_images: int = 6, score_thresholds: Mapping[str, Mapping[str, float] | None] | None = None,
+                 comparison_section: str = "") -> Path:
     """Write index.html, pr_curves.png (and segm_pr_curves.png), sample images and the error analysis
-    (errors.json, errors/*.jpg; ``score_thresholds``: model -> its artifact's, None where it has none);
-    returns index.html."""
+    (errors.json, errors/*.jpg; ``score_thresholds``: model -> its artifact's, None where it has none),
+    with the gate's comparison (``comparison_section``, model_code.evaluation.comparison.comparison_html)
+    under the metrics; returns index.html."""
     directory.mkdir(parents=True, exist_ok=True)
     _, errors_html = write_errors(directory, evaluations, gt, images_dir, score_thresholds or {})
     # The same curves as numbers, for readers that draw their own (the console).
@@ -119,7 +120,7 @@ def write_report(directory: Path, evaluations: dict[str, Evaluation], gt: dict[s
     header = "".join(f"<th>{html.escape(w)}</th>" for w in evaluations)
     doc = (f"<!doctype html><html><head><meta charset='utf-8'><title>d2ops evaluation</title></head><body>"
            f"<h1>Evaluation on {len(gt['images'])} val images</h1>"
-           f"<table border=1><tr><th>metric</th>{header}</tr>{table}</table>"
+           f"<table border=1><tr><th>metric</th>{header}</tr>{table}</table>{comparison_section}"
            + "".join(f'<p><img src="{p}"></p>' for p in pictures)
            + "<h2>Sample val images (green: ground truth; coloured: predictions with score "
            f"&ge; {SAMPLE_SCORE_THRESHOLD})</h2><table>{''.join(rows)}</table>{errors_html}</body></html>")

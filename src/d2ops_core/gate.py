@@ -1,4 +1,4 @@
-"""The statistical gate's settings: one home for their defaults, bounds and environment names.
+"""The statistical gate: its rule on an interval, and its settings' defaults, bounds and environment names.
 
 The stack's ``GateConfidence``/``GateResamples`` parameters (template.yaml, whose Default/MinValue/
 MaxValue a test holds to these constants) reach ``prepare_training``, which writes them into the
@@ -8,6 +8,7 @@ plan's gate (``GateThresholds.confidence``/``resamples``) and into the evaluatio
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -26,6 +27,11 @@ CONFIDENCE_ENV = "GATE_CONFIDENCE"
 RESAMPLES_ENV = "GATE_RESAMPLES"
 MIN_CLASS_INSTANCES_ENV = "GATE_MIN_CLASS_INSTANCES"
 SEED_ENV = "GATE_SEED"
+# The tolerances, so the job's report can say what the gate will make of its intervals.
+MAX_REGRESSION_ENV = "GATE_MAX_REGRESSION"
+MAX_CLASS_REGRESSION_ENV = "GATE_MAX_CLASS_REGRESSION"
+# Differences read from JSON are rounded before the comparison: 0.49 - 0.5 stays -0.01, as a reader sees it.
+DIGITS = 9
 # The stack's MinClassInstances default (template.yaml): classes with fewer val instances are not judged.
 DEFAULT_MIN_CLASS_INSTANCES = 30
 
@@ -42,6 +48,27 @@ class GateSettings:
     resamples: int = DEFAULT_RESAMPLES
     min_class_instances: int = DEFAULT_MIN_CLASS_INSTANCES
     seed: int = DEFAULT_SEED
+    max_regression: float | None = None  # None: the report shows the intervals without the gate's verdict
+    max_class_regression: float | None = None
+
+
+def regression_beyond(high: float, tolerance: float) -> bool:
+    """The gate's rule: the regression beyond ``tolerance`` is significant when even the interval's
+    upper end (the best case for the challenger) is below -tolerance. Exactly -tolerance is within it."""
+    return round(high, DIGITS) < -tolerance
+
+
+def more_val_images(half_width: float, val_images: int, tolerance: float) -> int | None:
+    """About how many more val images would narrow an interval of ``half_width`` to ``tolerance``.
+
+    The half-width shrinks with the square root of the number of images, so reaching ``tolerance``
+    takes ``val_images * (half_width / tolerance)^2`` of them. None when it is already no wider, and
+    for a tolerance of 0, which no number of images reaches.
+    """
+    half_width = round(half_width, DIGITS)
+    if tolerance <= 0 or half_width <= tolerance:
+        return None
+    return max(1, math.ceil(val_images * (half_width / tolerance) ** 2) - val_images)
 
 
 def confidence_problem(value: float) -> str | None:
@@ -91,12 +118,22 @@ def read_job_environment(env: Mapping[str, str]) -> GateSettings:
         if not 0 <= seed < 2**32:
             raise GateSettingError(f"{SEED_ENV}={env[SEED_ENV]!r} must be a whole number from 0 to {2**32 - 1}")
         settings = replace(settings, seed=int(seed))
+    for name, field in ((MAX_REGRESSION_ENV, "max_regression"), (MAX_CLASS_REGRESSION_ENV, "max_class_regression")):
+        tolerance = _number(env, name, float)
+        if tolerance is not None:
+            if not 0 <= tolerance <= 1:
+                raise GateSettingError(f"{name}={env[name]!r} must be a fraction in [0, 1]")
+            settings = replace(settings, **{field: float(tolerance)})
     return settings
 
 
-def job_environment(confidence: float, resamples: int, min_class_instances: int | None) -> dict[str, str]:
+def job_environment(confidence: float, resamples: int, min_class_instances: int | None, max_regression: float,
+                    max_class_regression: float | None) -> dict[str, str]:
     """The evaluation job's GATE_* Environment (strings, as SageMaker passes them) from the plan's gate."""
-    env = {CONFIDENCE_ENV: repr(confidence), RESAMPLES_ENV: str(resamples), SEED_ENV: str(DEFAULT_SEED)}
+    env = {CONFIDENCE_ENV: repr(confidence), RESAMPLES_ENV: str(resamples), SEED_ENV: str(DEFAULT_SEED),
+           MAX_REGRESSION_ENV: repr(max_regression)}
     if min_class_instances is not None:
         env[MIN_CLASS_INSTANCES_ENV] = str(min_class_instances)
+    if max_class_regression is not None:
+        env[MAX_CLASS_REGRESSION_ENV] = repr(max_class_regression)
     return env

@@ -62,7 +62,8 @@ def test_the_plan_s_gate_and_the_evaluation_job_s_environment_carry_the_same_tig
     env = plan.evaluation_job["Environment"]
     # Read back the way the job reads it (mutation: the stack's values passed instead of the plan's).
     assert gate.read_job_environment(env) == gate.GateSettings(confidence=0.9, resamples=4000,
-                                                               min_class_instances=20, seed=0)
+                                                               min_class_instances=20, seed=0, max_regression=0.01,
+                                                               max_class_regression=0.1)
     assert all(isinstance(v, str) for v in env.values())  # SageMaker's Environment is strings
     # Without a manifest gate: the stack's.
     plain = _plan(stack_env, None)
@@ -104,6 +105,7 @@ def test_the_manifest_schema_bounds_the_settings() -> None:
     ({"GATE_RESAMPLES": "99"}, "GATE_RESAMPLES='99' must be a whole number from 100 to 10000"),
     ({"GATE_MIN_CLASS_INSTANCES": "0"}, "GATE_MIN_CLASS_INSTANCES='0' must be at least 1"),
     ({"GATE_SEED": "-1"}, "GATE_SEED='-1' must be a whole number"),
+    ({"GATE_MAX_REGRESSION": "2"}, "GATE_MAX_REGRESSION='2' must be a fraction in [0, 1]"),
 ])
 def test_a_bad_job_setting_names_the_variable(env: dict[str, str], message: str) -> None:
     with pytest.raises(gate.GateSettingError, match=re.escape(message)):

@@ -265,7 +265,8 @@ def evaluation_job_request(settings: PrepareSettings, event: PrepareEvent, names
         "ProcessingInputs": inputs,
         # The bootstrap's settings are the plan's gate ($.plan.gate), so the interval is the one it judges.
         "Environment": {**image_rule_environment(settings), **gate_settings.job_environment(
-            thresholds.confidence, thresholds.resamples, thresholds.min_class_instances)},
+            thresholds.confidence, thresholds.resamples, thresholds.min_class_instances, thresholds.max_regression,
+            thresholds.max_class_regression)},
         "ProcessingOutputConfig": {"Outputs": [{
             "OutputName": "evaluation",
             "S3Output": {"S3Uri": runs.evaluation_output_uri(settings.artifacts_bucket, event.run_id),

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from d2ops_core import gate as gate_rule
 from d2ops_core import platform
 from d2ops_core.documents.evaluation import Comparison, DifferenceInterval, EvaluationReport, ModelScores
 from d2ops_core.runs import key_listed, parse_s3_uri
@@ -76,25 +77,14 @@ def _fraction(value: float, what: str) -> float:
 
 
 def beyond(interval: DifferenceInterval, tolerance: float) -> bool:
-    """Whether the drop beyond ``tolerance`` is significant: the interval's upper end is below -tolerance.
-
-    Rounded like the old floor, so a difference of exactly -tolerance read from JSON (0.49 - 0.5) is
-    within it; a challenger is refused only when even the best case of the interval is beyond it.
-    """
-    return round(interval.high, FLOOR_DIGITS) < -tolerance
+    """Whether the drop beyond ``tolerance`` is significant (d2ops_core.gate.regression_beyond: the
+    interval's upper end below -tolerance; a challenger is refused only when even its best case is)."""
+    return gate_rule.regression_beyond(interval.high, tolerance)
 
 
 def more_val_images(interval: DifferenceInterval, val_images: int, tolerance: float) -> int | None:
-    """About how many more val images would narrow the interval to the tolerance (None: it already is).
-
-    The interval's half-width shrinks with the square root of the number of images, so reaching
-    ``tolerance`` needs ``val_images * (half_width / tolerance)^2`` of them. A tolerance of 0 is
-    never reached by any number of images: None as well (the reason says the tolerance).
-    """
-    half_width = round(interval.half_width, FLOOR_DIGITS)
-    if tolerance <= 0 or half_width <= tolerance:
-        return None
-    return max(1, math.ceil(val_images * (half_width / tolerance) ** 2) - val_images)
+    """About how many more val images would narrow the interval to the tolerance (d2ops_core.gate)."""
+    return gate_rule.more_val_images(interval.half_width, val_images, tolerance)
 
 
 def percent(confidence: float) -> str:

@@ -1,0 +1,35 @@
+"""The evaluation report's section on the gate's comparison (model_code.evaluation.comparison.comparison_html)."""
+
+from __future__ import annotations
+
+from d2ops_core.documents.evaluation import Comparison
+from d2ops_core.gate import GateSettings
+from model_code.evaluation.comparison import comparison_html
+
+
+def _interval(diff: float, low: float, high: float, confidence: float) -> dict[str, float]:
+    return {"challenger": 0.5 + diff, "champion": 0.5, "difference": diff, "low": low, "high": high,
+            "confidence": confidence, "half_width": (high - low) / 2}
+
+
+COMPARISON = Comparison.model_validate({
+    "metric": "bbox_AP", "val_images": 40, "resamples": 1000, "seed": 0, "confidence": 0.95,
+    "overall": _interval(-0.02, -0.05, 0.01, 0.95),
+    "per_class": {"disc": _interval(-0.3, -0.4, -0.2, 0.975), "star<b>": _interval(0.0, -0.005, 0.005, 0.975)}})
+
+
+def test_the_section_shows_each_interval_the_gate_s_reading_and_the_images_it_would_need() -> None:
+    page = comparison_html(COMPARISON, GateSettings(max_regression=0.01, max_class_regression=0.1))
+    assert "paired bootstrap over 40 val images" in page and "1000 resamples (seed 0)" in page
+    # overall: [-0.05, +0.01] reaches -0.01, so within; half-width 0.03 = 3 x 0.01 -> 9 x 40 images, 320 more
+    assert "<td>[-0.0500, +0.0100]</td><td>0.95</td><td>within &plusmn;0.01</td><td>about 320 more</td>" in page
+    # disc: its whole interval below -0.1 (mutation: the overall tolerance used per class would say the same,
+    # but star's row must then not be 'enough')
+    assert "<td>[-0.4000, -0.2000]</td><td>0.975</td><td>significant regression beyond &plusmn;0.1</td>" in page
+    assert "<th>star&lt;b&gt;</th>" in page and "<td>within &plusmn;0.1</td><td>enough</td>" in page
+
+
+def test_without_the_tolerances_the_intervals_are_shown_without_a_verdict() -> None:
+    page = comparison_html(COMPARISON, GateSettings())
+    assert "[-0.4000, -0.2000]" in page and "significant" not in page
+    assert comparison_html(None, GateSettings()) == ""  # a first model: nothing to compare
