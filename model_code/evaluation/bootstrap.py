@@ -137,8 +137,13 @@ def weighted_ap(matches: ClassMatches, weights: np.ndarray) -> np.ndarray:
     weights = np.atleast_2d(np.asarray(weights, dtype=np.float64))
     if weights.shape[1] != matches.gt_per_image.shape[0]:
         raise ValueError(f"weights cover {weights.shape[1]} images, the matches {matches.gt_per_image.shape[0]}")
-    n_gt = weights @ matches.gt_per_image.astype(np.float64)  # (R,)
-    out = np.zeros(weights.shape[0])
+    return _weighted_ap(matches, np.ascontiguousarray(weights.T))
+
+
+def _weighted_ap(matches: ClassMatches, by_image: np.ndarray) -> np.ndarray:
+    """:func:`weighted_ap` with the weights as (n_images, R), resamples along the fast axis."""
+    n_gt = matches.gt_per_image.astype(np.float64) @ by_image  # (R,)
+    out = np.zeros(by_image.shape[1])
     tp_any = matches.det_tp.any(axis=0)
     if tp_any.any():
         # Detections after the last true positive at every threshold change no precision that COCO
@@ -146,10 +151,10 @@ def weighted_ap(matches: ClassMatches, weights: np.ndarray) -> np.ndarray:
         last = int(np.flatnonzero(tp_any)[-1]) + 1
         det_image, det_tp, det_ignore = matches.det_image[:last], matches.det_tp[:, :last], matches.det_ignore[:, :last]
         block = max(1, _BLOCK_ELEMENTS // last)
-        by_image = np.ascontiguousarray(weights.T)  # (n_images, R): resamples along the fast axis
-        for start in range(0, weights.shape[0], block):
+        for start in range(0, by_image.shape[1], block):
             rows = slice(start, start + block)
-            out[rows] = _ap_block(by_image[:, rows][det_image], det_tp, det_ignore, n_gt[rows])
+            part = by_image if block >= by_image.shape[1] else np.ascontiguousarray(by_image[:, rows])
+            out[rows] = _ap_block(np.take(part, det_image, axis=0), det_tp, det_ignore, n_gt[rows])
     with np.errstate(invalid="ignore"):
         return np.where(n_gt > 0, out, np.nan)
 
@@ -174,35 +179,53 @@ def _ap_block(det_weight: np.ndarray, det_tp: np.ndarray, det_ignore: np.ndarray
             continue
         key = np.packbits(det_ignore[t]).tobytes()
         if key not in counted_cache:  # the ignore mask is the same at most thresholds: one running sum each
-            kept = det_weight if not det_ignore[t].any() else det_weight * ~det_ignore[t][:, None]
-            counted_cache[key] = np.cumsum(kept, axis=0)
+            kept = det_weight * ~det_ignore[t][:, None]
+            counted_cache[key] = _running_sum(kept)
         counted = counted_cache[key][tp_idx]  # TP + FP weight up to each true positive
-        tp_cum = np.cumsum(det_weight[tp_idx], axis=0)
+        tp_cum = _running_sum(det_weight[tp_idx])
         precision = tp_cum / (counted + np.spacing(1))  # COCO's tp / (tp + fp + eps)
         recall = tp_cum / n_gt_row
-        reached = _thresholds_reached(recall)
-        newly = np.diff(reached, axis=0, prepend=0)
-        best_after = np.maximum.accumulate(precision[::-1], axis=0)[::-1]
-        total += (best_after * newly).sum(axis=0) / len(RECALL_THRESHOLDS)
-    return total / det_tp.shape[0]
+        newly = np.diff(_thresholds_reached(recall), axis=0, prepend=0)
+        _running_max_from_end(precision)
+        total += np.einsum("ij,ij->j", precision, newly)
+    return total / (det_tp.shape[0] * len(RECALL_THRESHOLDS))
+
+
+# Running sums and maxima down axis 0, a row at a time: numpy's accumulate walks each column with a
+# stride, which is several times slower on these (detections x resamples) arrays.
+def _running_sum(values: np.ndarray) -> np.ndarray:
+    out = np.array(values, dtype=np.float64)
+    for i in range(1, out.shape[0]):
+        np.add(out[i], out[i - 1], out=out[i])
+    return out
+
+
+def _running_max_from_end(values: np.ndarray) -> None:
+    for i in range(values.shape[0] - 2, -1, -1):
+        np.maximum(values[i], values[i + 1], out=values[i])
 
 
 def _thresholds_reached(recall: np.ndarray) -> np.ndarray:
     """How many of COCO's recall thresholds are <= each recall (searchsorted(..., 'right'), exactly).
 
-    The thresholds are k/100 as floats; floor(100 * recall) is at most one off them, and comparing
-    with the very floats COCO uses settles it. Three passes instead of a binary search per value.
+    The thresholds are k/100 as floats: floor(100 * recall) + 1 is the count except where 100 * recall
+    lies within rounding of an integer; those few values are settled against the very floats COCO uses.
     """
     last = len(RECALL_THRESHOLDS) - 1
-    k = np.minimum((recall * last).astype(np.int64), last)
-    reached = k + 1 - (RECALL_THRESHOLDS[k] > recall)
-    return reached + ((k < last) & (RECALL_THRESHOLDS[np.minimum(k + 1, last)] <= recall))
+    scaled = recall * last
+    reached = scaled.astype(np.int64) + 1
+    near = np.flatnonzero(np.abs(scaled - np.rint(scaled)) < 1e-6)  # recall is at most 1: no more than 101
+    if near.size:
+        flat = reached.reshape(-1)
+        flat[near] = np.searchsorted(RECALL_THRESHOLDS, recall.reshape(-1)[near], side="right")
+    return reached
 
 
 def resample_weights(n_images: int, resamples: int, seed: int) -> np.ndarray:
     """(resamples, n_images) multiplicities of a bootstrap: n_images draws with replacement, seeded."""
-    rng = np.random.default_rng(seed)
-    return rng.multinomial(n_images, np.full(n_images, 1.0 / n_images), size=resamples).astype(np.float64)
+    draws = np.random.default_rng(seed).integers(0, n_images, size=(resamples, n_images))
+    draws += np.arange(resamples)[:, None] * n_images  # count each resample's draws in its own row
+    return np.bincount(draws.ravel(), minlength=resamples * n_images).reshape(resamples, n_images).astype(np.float64)
 
 
 def mean_over_classes(per_class: dict[str, np.ndarray]) -> np.ndarray:
@@ -249,14 +272,14 @@ def compare(challenger: dict[str, ClassMatches], champion: dict[str, ClassMatche
     if without_gt:
         raise ValueError(f"judged classes without GT on the val images: {without_gt}")
 
-    ones = np.ones((1, n_images))
-    weights = resample_weights(n_images, resamples, seed)
+    ones = np.ones((n_images, 1))
+    by_image = np.ascontiguousarray(resample_weights(n_images, resamples, seed).T)
     point: dict[str, dict[str, float]] = {"challenger": {}, "champion": {}}
     boot: dict[str, dict[str, np.ndarray]] = {"challenger": {}, "champion": {}}
     for who, matches in (("challenger", challenger), ("champion", champion)):
         for name, m in matches.items():
-            point[who][name] = float(weighted_ap(m, ones)[0])
-            boot[who][name] = weighted_ap(m, weights)
+            point[who][name] = float(_weighted_ap(m, ones)[0])
+            boot[who][name] = _weighted_ap(m, by_image)
     with_gt = [c for c in challenger if challenger[c].gt_per_image.sum() > 0]
     if not with_gt:
         raise ValueError("no class has GT on the val images")
