@@ -1,8 +1,8 @@
 """A real TorchServe (Java 17 + Python workers) serving an exported detector, through LocalEndpoint.
 
 One server for the module: /ping before and after loading, /invocations and /predictions with
-real JPEG and PNG images and the JSON form, every bad input as a 4xx with its message, and
-concurrent requests that TorchServe batches.
+real JPEG and PNG images and the JSON form, every bad input as a 4xx with its message,
+concurrent requests that TorchServe batches, and the model's per-class score thresholds as the default.
 """
 
 from __future__ import annotations
@@ -19,6 +19,12 @@ import requests
 
 from d2ops.local_serving import LocalEndpoint
 from tests.fixtures.serving.support import CATEGORY_IDS, CLASS_NAMES, cached_artifact, jpeg_bytes, png_bytes
+from tests.fixtures.serving.thresholds import (
+    SPLIT_CLASS,
+    artifact_with_thresholds,
+    expected_by_default,
+    split_thresholds,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +35,10 @@ BATCH_DELAY_MS = 150  # long enough that 8 concurrent requests reliably land in 
 def served(tmp_path_factory):
     """Start TorchServe while watching /ping from outside; yields (endpoint, observed ping answers)."""
     workdir = tmp_path_factory.mktemp("serving")
-    endpoint = LocalEndpoint(cached_artifact(pack=True), batch_size=8, max_batch_delay_ms=BATCH_DELAY_MS,
+    # The cached detector with per-class thresholds that split its own detections (the other tests here send
+    # score_threshold=0, so only test_default_is_the_model_s_per_class_thresholds sees them).
+    model = artifact_with_thresholds(tmp_path_factory.mktemp("thresholds"), split_thresholds(), pack=True)
+    endpoint = LocalEndpoint(model, batch_size=8, max_batch_delay_ms=BATCH_DELAY_MS,
                              workdir=workdir, startup_timeout=240)
     pings: list[tuple[int | None, str]] = []
     done = threading.Event()
@@ -94,6 +103,29 @@ def test_invocations_with_jpeg_and_png(served):
             assert CLASS_NAMES[CATEGORY_IDS.index(det["class_id"])] == det["class_name"]
             assert len(det["box"]) == 4 and 0 <= det["score"] <= 1
         assert body["image"]["width"] in (160, 200)
+
+
+def test_default_is_the_model_s_per_class_thresholds_and_a_request_overrides(served):
+    # Through TorchServe and SageMaker's header. Catches a server that ignores metadata.json's score_thresholds
+    # (0.5 for all: no detection), applies one class's value to all (square's 0.0: all of them), or lets the
+    # default win over the request's value.
+    endpoint, _ = served
+    thresholds = split_thresholds()
+    everything = post(endpoint.invocations_url, png_bytes(), "image/png",
+                      headers={"X-Amzn-SageMaker-Custom-Attributes": "score_threshold=0;max_detections=1000"}).json()
+    default = post(endpoint.invocations_url, png_bytes(), "image/png",
+                   headers={"X-Amzn-SageMaker-Custom-Attributes": "max_detections=1000"})
+    assert default.status_code == 200, default.text
+    expected = expected_by_default(everything["detections"], thresholds)
+    assert 0 < len(expected) < len(everything["detections"])
+    assert expected != [d for d in everything["detections"] if d["score"] >= 0.5]  # what ignoring them gives
+    assert default.json()["detections"] == expected
+    assert default.json()["score_thresholds"] == {"source": "model",
+                                                  "by_class": {SPLIT_CLASS: thresholds[SPLIT_CLASS]}}
+    assert everything["score_thresholds"]["source"] == "request"
+    override = post(endpoint.invocations_url, png_bytes(), "image/png", params={"score_threshold": "0"},
+                    headers={"X-Amzn-SageMaker-Custom-Attributes": "max_detections=1000"}).json()
+    assert override["detections"] == everything["detections"]
 
 
 def test_predictions_route_and_json_form_agree(served):

@@ -48,6 +48,7 @@ def test_the_default_applies_each_class_s_threshold(service: DetectionService, t
     default = answer(service, max_detections="1000")
     expected = expected_by_default(everything, thresholds)
     assert 0 < len(expected) < len(everything)
+    assert expected != [d for d in everything if d["score"] >= 0.5]  # what a server ignoring them answers
     assert default["detections"] == expected
     assert default["score_thresholds"] == {"source": "model", "by_class": {SPLIT_CLASS: thresholds[SPLIT_CLASS]}}
 
