@@ -137,3 +137,24 @@ def job_environment(confidence: float, resamples: int, min_class_instances: int 
     if max_class_regression is not None:
         env[MAX_CLASS_REGRESSION_ENV] = repr(max_class_regression)
     return env
+
+
+def percent(confidence: float) -> str:
+    """0.95 -> '95%'; a Bonferroni-adjusted 0.9916666 -> '99.17%'."""
+    return f"{confidence * 100:.4g}%"
+
+
+def interval_text(difference: float, low: float, high: float, confidence: float) -> str:
+    """'difference -0.018, 95% interval [-0.031, -0.006]': how every reader of the gate quotes an interval."""
+    return f"difference {difference:.3f}, {percent(confidence)} interval [{low:.3f}, {high:.3f}]"
+
+
+def interval_line(metric: str, difference: float, low: float, high: float, confidence: float, val_images: int,
+                  more: int | None, tolerance: float | None) -> str:
+    """One line on the comparison for people (the notification, ``d2ops status``): the interval, and how
+    many more val images would narrow it to the tolerance when it is wider."""
+    line = (f"{metric} challenger - champion: {interval_text(difference, low, high, confidence)} on {val_images} "
+            "val images")
+    if more is not None and tolerance is not None:
+        line += f"; wider than the tolerance \u00b1{tolerance:g}: about {more} more val images would narrow it"
+    return line

@@ -39,6 +39,9 @@ class NotificationFields(BaseModel):
     data_changes: str | None = Field(None, description="what changed in the data since the champion (gate refusals "
                                                        "only): the run's dataset diff in one line")
     dataset_diff_uri: str | None = Field(None, description="the full diff (runs/<run id>/dataset-diff.json)")
+    gate_comparison: str | None = Field(
+        None, description="the interval of challenger - champion the gate judged, in one line, with how many more "
+                          "val images would narrow it to the tolerance when it is wider (None: no champion compared)")
 
 
 class Notification(BaseModel):

@@ -14,7 +14,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from compose_notification.models import MAX_SUBJECT, Notification, NotificationEvent, NotificationFields
-from d2ops_core import cost, runs
+from d2ops_core import cost, gate, runs
 from d2ops_core.documents.dataset_diff import DatasetDiffSummary
 
 # The Fail state's error when the gate refuses (statemachine/training_pipeline.asl.json).
@@ -100,7 +100,18 @@ def compose(event: NotificationEvent, sagemaker: Any, env: Mapping[str, str] | N
                         fields=NotificationFields(cost=run, cost_summary=summary_line(run, unknown),
                                                   cost_unknown=unknown,
                                                   data_changes=diff.line() if diff else None,
-                                                  dataset_diff_uri=diff.uri if diff else None))
+                                                  dataset_diff_uri=diff.uri if diff else None,
+                                                  gate_comparison=gate_comparison(event)))
+
+
+def gate_comparison(event: NotificationEvent) -> str | None:
+    """The gate's interval in one line (d2ops_core.gate.interval_line), when the run compared with a champion."""
+    evaluation = event.document.evaluation
+    if evaluation is None or evaluation.interval is None or evaluation.val_images is None:
+        return None
+    i = evaluation.interval
+    return gate.interval_line(evaluation.primary_metric or "AP", i.difference, i.low, i.high, i.confidence,
+                              evaluation.val_images, evaluation.more_val_images, evaluation.max_regression)
 
 
 def gate_refusal_diff(event: NotificationEvent) -> DatasetDiffSummary | None:

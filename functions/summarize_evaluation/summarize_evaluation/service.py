@@ -87,14 +87,8 @@ def more_val_images(interval: DifferenceInterval, val_images: int, tolerance: fl
     return gate_rule.more_val_images(interval.half_width, val_images, tolerance)
 
 
-def percent(confidence: float) -> str:
-    """0.95 -> '95%'; a Bonferroni-adjusted 0.9916666 -> '99.17%'."""
-    return f"{confidence * 100:.4g}%"
-
-
 def interval_text(interval: DifferenceInterval) -> str:
-    return (f"difference {interval.difference:.3f}, {percent(interval.confidence)} interval "
-            f"[{interval.low:.3f}, {interval.high:.3f}]")
+    return gate_rule.interval_text(interval.difference, interval.low, interval.high, interval.confidence)
 
 
 def check_comparison(report: EvaluationReport, metric: str, challenger: float, champion: float) -> Comparison:

@@ -26,7 +26,7 @@ from pydantic import (
 
 from d2ops_core.champion import GateDecision
 from d2ops_core.documents.dataset_diff import DatasetDiffSummary
-from d2ops_core.documents.evaluation import GateThresholds
+from d2ops_core.documents.evaluation import DifferenceInterval, GateThresholds
 from d2ops_core.runs import DatasetRef
 
 
@@ -168,6 +168,11 @@ class EvaluationSection(_Section):
     report_uri: str | None = None
     primary_metric: str | None = None
     challenger_value: float | None = None
+    # The gate's comparison (the Lambda's summary): what the notification and the status readers quote.
+    interval: DifferenceInterval | None = None
+    val_images: int | None = None
+    more_val_images: int | None = None
+    max_regression: float | None = None
 
 
 class Registration(BaseModel):
