@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from d2ops.commands.errors import UsageError
+from d2ops_core.gate import interval_line
 from d2ops_core.training_progress import Progress, format_progress
 
 
@@ -119,6 +120,12 @@ def format_run(run: dict[str, Any]) -> list[str]:
         lines.append(f"  evaluation {evaluation.get('primary_metric')}: challenger "
                      f"{evaluation.get('challenger_value'):.4f}" + (f", champion {champion:.4f}" if champion is not None
                                                                     else ", no champion yet"))
+        interval = evaluation.get("interval")
+        if interval and evaluation.get("val_images"):  # the paired bootstrap the gate judged
+            lines.append("    " + interval_line(
+                str(evaluation.get("primary_metric")), interval["difference"], interval["low"], interval["high"],
+                interval["confidence"], evaluation["val_images"], evaluation.get("more_val_images"),
+                evaluation.get("max_regression")))
     gate = run.get("gate") or {}
     if gate:
         lines.append(f"  gate      {gate.get('decision')}: {gate.get('reason')}")
