@@ -36,8 +36,11 @@ from pycocotools import mask as mask_utils
 
 from d2ops import synth
 from d2ops.local_serving import LocalEndpoint
+from d2ops_core.score_thresholds import DEFAULT_SCORE_THRESHOLD
 from model_code import artifact
 from model_code.dataset_version import categories_of, open_dataset_version, read_coco
+from model_code.evaluation.coco import predict_split
+from model_code.evaluation.thresholds import score_thresholds
 from model_code.training.detectron2_export import export_and_evaluate
 from model_code.training.detectron2_trainer import ConfigSource, dataset_registrations
 from tests.fixtures.d2export import support
@@ -109,6 +112,14 @@ def test_export_writes_the_artifact_and_evaluates_through_it(exported):
     primary = "segm_AP" if job["task"] == "instance_segmentation" else "bbox_AP"
     assert primary in meta.metrics and json.loads((out / "evaluation.json").read_text()) == evaluation
     assert 0.0 <= meta.metrics[primary] <= 1.0
+    # The per-class thresholds: one for every class, what the rule gives on the shipped detector's val
+    # detections, matched on masks for a segmentation model (catches an export that skips them, fits them
+    # on boxes for Mask R-CNN, or writes them for the val split's names instead of the model's classes).
+    val = job["registrations"][1]
+    gt = read_coco(Path(val["json_file"]))
+    results = predict_split(artifact.load_artifact(model_dir), gt, Path(val["image_root"]))
+    fitted = score_thresholds(gt, results, primary.split("_")[0])
+    assert meta.score_thresholds == {n: fitted.get(n, DEFAULT_SCORE_THRESHOLD) for n in meta.class_names}
 
 
 def served_detections(endpoint: LocalEndpoint, image, masks: bool, category_ids: list[int]) -> list[support.Detection]:
