@@ -135,7 +135,16 @@ def test_a_tiny_dataset_goes_through_every_state_to_a_served_model(runtime: Offl
     assert float(last[2]) == pytest.approx(final["train:images_per_second"], rel=1e-2, abs=6e-3)
     # What the run cost, from the times SageMaker reports (offline: no spot, billable == training).
     assert 0 < job["BillableTimeInSeconds"] == job["TrainingTimeInSeconds"]
-    run_cost = offline_status_api(runtime.status_api.url).get(f"/runs/{summary.run_id}")["cost"]
+    detail = offline_status_api(runtime.status_api.url).get(f"/runs/{summary.run_id}")
+    # The status API's training progress: the job's log through its MetricDefinitions into (moto's) CloudWatch
+    # while it ran, read back with GetMetricData, as in the cloud (docs/training.md): a point per 60 s period.
+    progress = detail["training"]["progress"]
+    assert (progress["iteration"], progress["total_iterations"], progress["fraction"]) == (6, 6, 1.0), progress
+    assert progress["seconds_left"] is None and progress["period_seconds"] == 60  # the job has ended
+    iterations = [p["iteration"] for p in progress["loss_series"]]
+    assert iterations and iterations == sorted(iterations) and iterations[-1] == 6, progress
+    assert progress["loss"] > 0 and progress["loss_series"][-1]["loss"] == pytest.approx(progress["loss"])
+    run_cost = detail["cost"]
     training = run_cost["training"]
     price = cost.DEFAULT_PRICES.hourly("training", job["ResourceConfig"]["InstanceType"])
     assert price is not None and training["instance_count"] == job["ResourceConfig"]["InstanceCount"]
