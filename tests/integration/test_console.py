@@ -161,6 +161,35 @@ def test_the_run_shows_what_changed_in_the_data_since_the_champion(
             "not computed: DiffTimeout: the diff ran past its time budget")
 
 
+def test_the_gate_shows_the_interval_it_judged_and_the_val_images_it_would_need(
+        console: tuple[Console, OfflineRuntime, RunSummary]) -> None:
+    """The Gate panel draws the run's $.gate and $.evaluation as the definition makes them from the summarize
+    Lambda's answer (the mocked per-class refusal; the rejected run never reached the gate)."""
+    from tests.fixtures.pipeline import support
+
+    decided = support.state_output(support.run_case("GateFailedClassRegression"), "Register model version")
+    server, _, run = console
+
+    def with_gate(route: Any) -> None:
+        response = route.fetch()
+        route.fulfill(response=response, json={**response.json(), "gate": decided["gate"],
+                                               "evaluation": decided["evaluation"]})
+
+    with browser_page() as page:
+        page.route(f"**/api/runs/{run.run_id}", with_gate)
+        page.goto(f"{server.url}#run={run.run_id}")
+        page.locator("#gate-facts").wait_for(timeout=30_000)
+        facts = dict(zip(page.locator("#gate-facts dt").all_inner_texts(),
+                         page.locator("#gate-facts dd").all_inner_texts(), strict=True))
+        assert facts["difference"] == "0.0400" and facts["interval"] == "[0.0100, 0.0700] (95%, 1000 resamples)"
+        assert facts["more val images"] == "about 320 more (40 now) would narrow the interval to ±0.01"
+        assert "champion floor" not in facts  # the point-estimate floor no longer decides
+        row = page.locator("#gate-classes tbody tr").first.locator("td").all_inner_texts()
+        assert row == ["disc", "0.4100", "0.6000", "-0.1900", "[-0.2900, -0.1100] (97.5%)", "41"]
+        assert "97.5% interval [-0.290, -0.110]" in page.locator("#gate").inner_text()  # the reason, whole
+        assert page.problems == []
+
+
 def test_the_evaluation_shows_the_error_analysis_of_both_models(
         console: tuple[Console, OfflineRuntime, RunSummary], tmp_path: Path) -> None:
     """The Errors panel draws the evaluation answer's errors: a real errors.json of two models (the

@@ -47,3 +47,17 @@ def test_d2ops_status_shows_the_interval_and_the_images_it_would_need() -> None:
     first = {**evaluation, "interval": None, "more_val_images": None}  # no champion: no comparison line
     assert not any("interval" in line for line in format_run({"run_id": "r", "status": "FAILED", "timeline": [],
                                                                 "evaluation": first}))
+
+
+def test_the_status_api_s_evaluation_answer_keeps_the_report_s_comparison() -> None:
+    """Mutation: EvaluationView without the field drops the interval from GET /runs/{runId}/evaluation."""
+    from tests.fixtures.pipeline import support
+
+    support.function_path("status_api")
+    from status_api.models import EvaluationView
+
+    report = {"report_uri": "s3://a/runs/r/evaluation/evaluation.json", "primary_metric": "bbox_AP",
+              "val_images": 40, "challenger": {"metrics": {"bbox_AP": 0.48}},
+              "champion": {"metrics": {"bbox_AP": 0.5}}, "comparison": COMPARISON.model_dump(mode="json")}
+    answer = EvaluationView.model_validate(report).model_dump(mode="json")
+    assert answer["comparison"] == COMPARISON.model_dump(mode="json")

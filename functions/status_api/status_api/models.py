@@ -10,6 +10,7 @@ from d2ops_core.champion import ChampionRecord
 from d2ops_core.cost import RunCost
 from d2ops_core.documents.dataset_diff import DatasetDiffSummary
 from d2ops_core.documents.error_analysis import ErrorAnalysis
+from d2ops_core.documents.evaluation import Comparison
 from d2ops_core.evaluation_curves import PrCurves
 from d2ops_core.runs import DatasetRef
 
@@ -183,6 +184,9 @@ class EvaluationView(BaseModel):
     val_images: int
     challenger: ModelScoresView
     champion: ModelScoresView | None = None
+    comparison: Comparison | None = Field(
+        None, description="challenger - champion by a paired bootstrap over the val images: the interval the gate "
+                          "judged, overall and per judged class (None without a champion)")
     pr_curves: PrCurves | None = Field(None, description="absent for reports written before the curves were kept")
     errors: ErrorAnalysis | None = Field(None, description="AP by object size, confusion matrix with background, "
                                          "the worst val images drawn; absent for reports written before it")

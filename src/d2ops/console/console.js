@@ -372,11 +372,25 @@ function showGate(run) {
                 gate.decision + " (" + gate.approval_status + ")"));
   box.append(el("p", {}, gate.reason));
   if (ev) {
-    facts(box.appendChild(el("dl", {"class": "facts"})), [
+    // The gate judged the paired-bootstrap interval of challenger - champion, not the two point estimates.
+    const iv = ev.interval;
+    const level = iv => `${+(iv.confidence * 100).toPrecision(4)}%`;
+    const span = iv => `[${fmtNumber(iv.low, 4)}, ${fmtNumber(iv.high, 4)}]`;
+    facts(box.appendChild(el("dl", {"id": "gate-facts", "class": "facts"})), [
       ["metric", ev.primary_metric], ["challenger", fmtNumber(ev.challenger_value, 4)],
       ["champion", ev.has_champion ? fmtNumber(ev.champion_value, 4) : "none yet"],
+      ["difference", iv ? fmtNumber(iv.difference, 4) : null],
+      ["interval", iv ? `${span(iv)} (${level(iv)}, ${ev.resamples} resamples)` : null],
       ["min_map", fmtNumber(ev.min_map, 4)], ["max_regression", fmtNumber(ev.max_regression, 4)],
-      ["champion floor", ev.has_champion ? fmtNumber(ev.champion_floor, 4) : null]]);
+      ["more val images", ev.more_val_images ? `about ${ev.more_val_images} more (${ev.val_images} now) would ` +
+                          `narrow the interval to ±${ev.max_regression}` : null]]);
+    if (ev.class_regressions && ev.class_regressions.length) {
+      box.append(table(["class", "challenger", "champion", "difference", "interval", "instances"],
+        ev.class_regressions.map(r => [r.class_name, fmtNumber(r.challenger_ap, 4), fmtNumber(r.champion_ap, 4),
+          r.interval ? fmtNumber(r.interval.difference, 4) : "-",
+          r.interval ? `${span(r.interval)} (${level(r.interval)})` : "-", r.instances]),
+        {"id": "gate-classes"}));
+    }
   }
 }
 
