@@ -118,8 +118,11 @@ def show_run(rt: Any, summary: Any, dataset: Path) -> dict[str, Any]:
 def gate_line(run: dict[str, Any]) -> str:
     gate = run["gate"]
     champion = f"{gate['champion']:.4f}" if gate.get("champion") is not None else "none"
+    interval = gate.get("interval")
+    judged = (f", difference {interval['difference']:.4f} in [{interval['low']:.4f}, {interval['high']:.4f}] "
+              f"({interval['confidence']:.0%})" if interval else "")
     return (f"{run['run_id']} ({run['max_iter']} iterations): {gate['primary_metric']} challenger "
-            f"{gate['challenger']:.4f} vs champion {champion}; gate min_map {gate['min_map']}, "
+            f"{gate['challenger']:.4f} vs champion {champion}{judged}; gate min_map {gate['min_map']}, "
             f"max_regression {gate['max_regression']} (the stack's) -> {str(gate['decision']).upper()}")
 
 

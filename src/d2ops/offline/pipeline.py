@@ -45,7 +45,9 @@ class RunSummary:
         return {"decision": gate.get("decision"), "reason": gate.get("reason"),
                 "primary_metric": evaluation.get("primary_metric"),
                 "challenger": evaluation.get("challenger_value"), "champion": evaluation.get("champion_value"),
-                "min_map": evaluation.get("min_map"), "max_regression": evaluation.get("max_regression")}
+                "min_map": evaluation.get("min_map"), "max_regression": evaluation.get("max_regression"),
+                # the paired-bootstrap interval of challenger - champion the gate judged (None: no champion)
+                "interval": evaluation.get("interval"), "more_val_images": evaluation.get("more_val_images")}
 
     def to_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "status": self.status, "error": self.error, "seconds": round(self.seconds, 1),
