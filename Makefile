@@ -110,6 +110,11 @@ bench-validate-scale: setup  ## every image of an Open-Images-shaped version: of
 bench-eval: setup  ## our bbox evaluation (faster-coco-eval) vs pycocotools COCOeval on val2017-sized data (time, stats)
 	nice -n 10 $(BIN)/python -m d2ops.bench.eval --workdir build/bench-eval
 
+# --- the gate's statistics (issue 22) -----------------------------------------------------
+.PHONY: bench-gate
+bench-gate: setup  ## the quality gate on simulated detections: a 2-point regression caught, equal models refused (today's rule vs the interval)
+	nice -n 10 $(BIN)/python -m d2ops.bench.gate
+
 # --- serving (issue 4) ------------------------------------------------------------------
 .PHONY: bench-serve
 bench-serve: setup  ## TorchServe /invocations (concurrency 1 and 8, batching on/off) vs in-process predict
