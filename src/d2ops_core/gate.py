@@ -118,13 +118,15 @@ def read_job_environment(env: Mapping[str, str]) -> GateSettings:
         if not 0 <= seed < 2**32:
             raise GateSettingError(f"{SEED_ENV}={env[SEED_ENV]!r} must be a whole number from 0 to {2**32 - 1}")
         settings = replace(settings, seed=int(seed))
-    for name, field in ((MAX_REGRESSION_ENV, "max_regression"), (MAX_CLASS_REGRESSION_ENV, "max_class_regression")):
-        tolerance = _number(env, name, float)
-        if tolerance is not None:
-            if not 0 <= tolerance <= 1:
-                raise GateSettingError(f"{name}={env[name]!r} must be a fraction in [0, 1]")
-            settings = replace(settings, **{field: float(tolerance)})
-    return settings
+    return replace(settings, max_regression=_tolerance(env, MAX_REGRESSION_ENV),
+                   max_class_regression=_tolerance(env, MAX_CLASS_REGRESSION_ENV))
+
+
+def _tolerance(env: Mapping[str, str], name: str) -> float | None:
+    tolerance = _number(env, name, float)
+    if tolerance is not None and not 0 <= tolerance <= 1:
+        raise GateSettingError(f"{name}={env[name]!r} must be a fraction in [0, 1]")
+    return None if tolerance is None else float(tolerance)
 
 
 def job_environment(confidence: float, resamples: int, min_class_instances: int | None, max_regression: float,
