@@ -20,6 +20,7 @@ from d2ops import synth
 from d2ops.local_jobs import JobResult, ProcessingJobSpec, TrainingJobSpec, run_processing_job, run_training_job
 from d2ops.training_progress import ProgressParser
 from d2ops_core.cpu_profile import CALIBRATION_DATA, TORCHVISION_CPU_PROFILE
+from d2ops_core.documents.error_analysis import ErrorAnalysis
 from d2ops_core.documents.evaluation import EvaluationReport, ModelEvaluation
 from model_code.artifact import load_artifact
 from model_code.inference import image_to_tensor, predict
@@ -196,6 +197,21 @@ def test_evaluation_job_scores_challenger_and_champion_separately(
     assert report["challenger"]["metrics"] != report["champion"]["metrics"]
     assert (tmp_path / "eval-out" / "report" / "pr_curves.png").stat().st_size > 1000
     assert (tmp_path / "eval-out" / "report" / "samples" / "champion_121.png").is_file()
+    # The error analysis of both real models (report/errors.json): each class's matrix row holds its val
+    # objects, AP by size is the report's own APs/APm/APl, the worst images are drawn for both models.
+    errors = ErrorAnalysis.model_validate_json((tmp_path / "eval-out" / "report" / "errors.json").read_text())
+    assert list(errors.models) == ["challenger", "champion"]
+    for who, analysis in errors.models.items():
+        rows = dict(zip(analysis.confusion.labels, analysis.confusion.counts, strict=True))
+        assert {name: sum(rows[name]) for name in names.values()} == {n: counted[n] for n in names.values()}
+        sizes = analysis.ap_by_size["bbox"]
+        assert (sizes.small, sizes.medium, sizes.large) == tuple(
+            report[who]["metrics"].get(f"bbox_AP{s}") for s in "sml")
+        own = load_artifact(trained.model_artifact if who == "challenger" else cli_out / "model.tar.gz")
+        assert analysis.thresholds_from == ("artifact" if getattr(own.metadata, "score_thresholds", None)
+                                           else "default")
+    for image in errors.gallery:
+        assert all((tmp_path / "eval-out" / "report" / image.pictures[w]).is_file() for w in ("challenger", "champion"))
 
     missing = run_processing_job(ProcessingJobSpec(job_name="eval2", inputs={"val": shapes},
                                                    work_dir=tmp_path / "root2", output_dir=tmp_path / "o2"))
