@@ -242,7 +242,9 @@ def test_boto3_clients_are_made_once_per_environment_not_per_request(aws: dict[s
     for _ in range(3):
         assert call("GET", "/runs")[0] == 200
         assert call("GET", "/runs/shapes_v1_0000000000000000")[0] == 404
-    assert sorted(made) == ["cloudwatch", "sagemaker", "stepfunctions"]  # cloudwatch: a run's training progress
+    assert sorted(made) == ["sagemaker", "stepfunctions"]  # no CloudWatch client: no run here started training
+    assert api.clients.Lazy("cloudwatch").meta.service_model.service_name == "cloudwatch"  # made when used
+    assert sorted(made) == ["cloudwatch", "sagemaker", "stepfunctions"]
     # Another endpoint (the offline runtime's next moto server) gets its own client, never the old one.
     first = api.clients.client("s3")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")

@@ -50,6 +50,17 @@ def client(service: Service) -> Any:
         return cached
 
 
+class Lazy:
+    """``client(service)`` made on its first use: a request that calls nothing of the service makes no client
+    (GET /runs/{runId} reads CloudWatch only for a run whose training job started)."""
+
+    def __init__(self, service: Service) -> None:
+        self.service: Service = service
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(client(self.service), name)
+
+
 def clear() -> None:
     """Forget every client (tests that swap ``boto3.client`` for a fake)."""
     with _lock:

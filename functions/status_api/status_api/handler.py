@@ -136,7 +136,7 @@ def list_runs(
 @tracer.capture_method
 def get_run(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> RunDetail:  # the route spells it runId
     return service.get_run(clients.client("stepfunctions"), clients.client("sagemaker"),
-                           os.environ["STATE_MACHINE_ARN"], runId, cloudwatch=clients.client("cloudwatch"))
+                           os.environ["STATE_MACHINE_ARN"], runId, cloudwatch=clients.Lazy("cloudwatch"))
 
 
 def _ok(description: str, model: type) -> dict[int, OpenAPIResponse]:
