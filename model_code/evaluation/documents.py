@@ -40,10 +40,11 @@ def class_instances(gt: dict[str, Any]) -> dict[str, int]:
 
 
 def job_report(primary: PrimaryMetric, challenger: Evaluation, champion: Evaluation | None,
-               instances: dict[str, int], comparison: Comparison | None = None) -> dict[str, Any]:
+               instances: dict[str, int], comparison: Comparison | None = None,
+               challenger_score_thresholds: dict[str, float] | None = None) -> dict[str, Any]:
     """What the evaluation processing job writes and the pipeline's gate reads (validated on the way out:
     a champion needs the ``comparison``, model_code.evaluation.comparison.compare_models)."""
     report = EvaluationReport(primary_metric=primary, val_images=challenger.val_images, class_instances=instances,
                               challenger=scores(challenger), champion=scores(champion) if champion else None,
-                              comparison=comparison)
+                              comparison=comparison, challenger_score_thresholds=challenger_score_thresholds or {})
     return report.model_dump(mode="json")

@@ -84,7 +84,9 @@ def evaluate(root: Path, sample_images: int = 6) -> dict[str, object]:
     instances = class_instances(gt)
     comparison = (compare_models(gt, results["challenger"], results["champion"], primary, instances, gate)
                   if "champion" in results else None)
-    report = job_report(primary, results["challenger"], results.get("champion"), instances, comparison)
+    # The challenger's thresholds travel to the Model Registry entry through the summarize Lambda.
+    report = job_report(primary, results["challenger"], results.get("champion"), instances, comparison,
+                        challenger.metadata.score_thresholds)
     output = root / "processing" / "output"
     output.mkdir(parents=True, exist_ok=True)
     from model_code.evaluation.report import write_report

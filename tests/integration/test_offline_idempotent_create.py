@@ -33,7 +33,8 @@ INPUT = {"dataset": {"name": "shapes", "version": "v1"},
          "training": {"model_data": "s3://d2ops-artifactsbucket/runs/r1/training/output/model.tar.gz",
                       "job_name": "r1-train"},
          "evaluation": {"report_uri": "s3://d2ops-artifactsbucket/runs/r1/evaluation/evaluation.json",
-                        "primary_metric": "bbox_AP", "challenger_value": 0.55},
+                        "primary_metric": "bbox_AP", "challenger_value": 0.55,
+                        "score_thresholds": "square=0.61 disc=0.55"},
          # The registry entry records what the model was trained on (prepare_training's plan).
          "plan": {"inventory_digest": "sha256:" + "ab" * 32,
                   "dataset_snapshot_uri": "s3://d2ops-artifactsbucket/runs/r1/dataset/"}}

@@ -31,6 +31,8 @@ pytestmark = pytest.mark.integration
 
 DETECTIONS = {"detections": [{"box": [3.0, 4.0, 20.5, 30.0], "score": 0.91, "class_id": 1, "class_name": "square"}],
               "image": {"width": 64, "height": 64}}
+# The challenger artifact's score_thresholds as the evaluation job copies them into its report.
+CHALLENGER_THRESHOLDS = {"square": 0.61, "disc": 0.5538, "traffic light": 0.4}
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +104,8 @@ def write_evaluation(stack: dict[str, Any], kind: str, request: dict[str, Any]) 
     scores = {"metrics": {"bbox_AP": 0.55, "bbox_AP50": 0.9, "bbox_AP75": 0.6}, "per_class": {}}
     champion = {"metrics": {"bbox_AP": 0.5, "bbox_AP50": 0.88, "bbox_AP75": 0.5}} if "champion" in inputs else None
     report: dict[str, Any] = {"primary_metric": "bbox_AP", "val_images": 2, "class_instances": {},
-                              "challenger": scores, "champion": champion}
+                              "challenger": scores, "champion": champion,
+                              "challenger_score_thresholds": CHALLENGER_THRESHOLDS}
     if champion is not None:
         report["comparison"] = support.point_comparison(report)
     bucket, prefix = runs.parse_s3_uri(request["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"])
@@ -175,6 +178,9 @@ def test_first_deployment_then_blue_green_update(stack: dict[str, Any], tmp_path
     report = first.output["validation"]["summary"]["report_uri"]
     assert stack["s3"].head_object(**dict(zip(("Bucket", "Key"), runs.parse_s3_uri(report), strict=True)))
     assert FakeRuntime.requests[-1][0] == f"/endpoints/{support.ENDPOINT_NAME}/invocations"
+    # The challenger's per-class thresholds reach its registry entry, in the form CustomerMetadataProperties takes.
+    (register,) = [p for name, p in aws.calls if name == "sagemaker:createModelPackage"]
+    assert register["CustomerMetadataProperties"]["score_thresholds"] == "square=0.61 disc=0.5538 traffic_light=0.4"
 
     second, aws = run(stack, upload(stack, tmp_path, "v2", rename_image=True))
     assert second.status == "SUCCEEDED", (second.error, second.cause)

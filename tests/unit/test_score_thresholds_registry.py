@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from pathlib import Path
 
 import botocore.session
 import pytest
@@ -83,3 +84,73 @@ def test_any_class_names_give_a_value_sagemaker_accepts(names: list[str], scores
 def test_words_never_split(name: str) -> None:
     word = registry_word(name)
     assert word and " " not in word and "=" not in word and problems(word) == []
+
+
+# ----------------------------------------------------------------------------------- the pipeline's wiring
+
+def test_register_model_version_carries_the_summarized_value() -> None:
+    # The ASL's registry entry takes the summarize Lambda's bounded value (catches the map passed whole,
+    # which is no string, or the key dropped); its properties stay within CustomerMetadataMap's limits.
+    import json
+
+    from tests.fixtures.pipeline import support
+
+    register = json.loads(support.DEFINITION.read_text())["States"]["Register model version"]
+    properties = register["Parameters"]["CustomerMetadataProperties"]
+    assert properties[REGISTRY_KEY + ".$"] == "$.evaluation.score_thresholds"
+    assert len(properties) <= platform.CUSTOMER_METADATA_MAX_ENTRIES
+    assert all(problems(key.removesuffix(".$")) == [] and len(key) <= KEY.metadata["max"] for key in properties)
+
+
+def _summary(thresholds: dict[str, float] | None) -> dict[str, object]:
+    from d2ops_core.documents.evaluation import EvaluationReport
+    from tests.fixtures.pipeline import support
+
+    support.function_path("summarize_evaluation")
+    from summarize_evaluation import service
+    from summarize_evaluation.models import SummarizeEvent
+
+    document: dict[str, object] = {"primary_metric": "bbox_AP", "val_images": 40, "class_instances": {"disc": 9},
+                                   "challenger": {"metrics": {"bbox_AP": 0.6}}}
+    if thresholds is not None:
+        document["challenger_score_thresholds"] = thresholds
+    event = SummarizeEvent.model_validate({
+        "report_uri": "s3://b/evaluation.json", "dataset": {"name": "shapes", "version": "v1"},
+        "gate": {"primary_metric": "bbox_AP", "min_map": 0.3, "max_regression": 0.01}})
+    return service.summarize(EvaluationReport.model_validate(document), event).model_dump(mode="json")
+
+
+def test_summarize_gives_the_registry_value_of_the_challenger_s_thresholds() -> None:
+    # Catches the Lambda passing the raw map, or reading another model's: and a report from before the field
+    # (no thresholds) still summarizes, to a value SageMaker accepts.
+    many = {f"class {i}": i / 100 for i in range(60)}
+    assert _summary({"disc": 0.41234, "square": 0.5})["score_thresholds"] == "disc=0.4123 square=0.5"
+    assert _summary(many)["score_thresholds"] == registry_value(many)
+    assert str(_summary(many)["score_thresholds"]).endswith("more in metadata.json")
+    assert _summary(None)["score_thresholds"] == REGISTRY_NONE
+
+
+def test_the_evaluation_job_copies_the_challenger_s_thresholds_into_its_report(tmp_path: Path) -> None:
+    # The real job on the serving tests' exported detector (metadata with thresholds) and a synthetic val
+    # split. Catches a job that drops them, or takes the champion's.
+    import json
+
+    from d2ops import synth
+    from model_code.evaluation import job
+    from tests.fixtures.serving.thresholds import artifact_with_thresholds
+
+    thresholds = {"square": 0.25, "disc": 0.4125, "triangle": 0.5}
+    inputs = tmp_path / "processing" / "input"
+    inputs.mkdir(parents=True)
+    artifact_with_thresholds(tmp_path, thresholds).rename(inputs / "challenger")
+    synth.generate(inputs / "val", images=8, size=64, seed=2)
+    for split in ("train", "val"):  # the serving detector's category ids: 1, 2, 7
+        path = inputs / "val" / "annotations" / f"{split}.json"
+        doc = json.loads(path.read_text())
+        remap = {1: 1, 2: 2, 3: 7}
+        for item in (*doc["categories"], *doc["annotations"]):
+            key = "id" if "supercategory" in item else "category_id"
+            item[key] = remap[item[key]]
+        path.write_text(json.dumps(doc))
+    report = job.evaluate(tmp_path, sample_images=1)
+    assert report["challenger_score_thresholds"] == thresholds

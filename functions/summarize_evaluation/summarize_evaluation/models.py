@@ -81,3 +81,7 @@ class EvaluationSummary(BaseModel):
                                          "the status API's and the run's cause")
     gate_description: str = Field(description="gate_reason fit for the Model Registry, bounded like "
                                               "class_gate_description")
+    score_thresholds: str = Field(
+        min_length=1, description="the challenger's per-class score thresholds as one registry metadata value "
+                                  "(d2ops_core.score_thresholds.registry_value: name=score words, at most 256 "
+                                  "characters; the full map is the artifact's metadata.json)")

@@ -14,6 +14,7 @@ from d2ops_core import gate as gate_rule
 from d2ops_core import platform
 from d2ops_core.documents.evaluation import Comparison, DifferenceInterval, EvaluationReport, ModelScores
 from d2ops_core.runs import key_listed, parse_s3_uri
+from d2ops_core.score_thresholds import registry_value
 from summarize_evaluation.models import ClassRegression, EvaluationSummary, SummarizeEvent
 
 MAX_REPORT_BYTES = 10 * 1024 * 1024
@@ -234,7 +235,8 @@ def summarize(report: EvaluationReport, event: SummarizeEvent) -> EvaluationSumm
         class_gate_reason=reason,
         class_gate_description=bounded(registry_text(reason), CLASS_GATE_DESCRIPTION_MAX),
         description_head=description_head(event.dataset.name, event.dataset.version),
-        gate_reason="", gate_description="")
+        gate_reason="", gate_description="",
+        score_thresholds=registry_value(report.challenger_score_thresholds))
     decided = gate_reason(summary)
     return summary.model_copy(update={"gate_reason": decided, "gate_description": bounded(
         registry_text(decided), CLASS_GATE_DESCRIPTION_MAX)})

@@ -83,6 +83,9 @@ class EvaluationReport(BaseModel):
     champion: ModelScores | None = None
     comparison: Comparison | None = Field(
         None, description="challenger vs champion by a paired bootstrap; required when there is a champion")
+    challenger_score_thresholds: dict[str, float] = Field(
+        default_factory=dict, description="the challenger artifact's per-class score thresholds (its metadata.json's "
+                                          "score_thresholds; empty when it has none), for the registry entry")
 
     @model_validator(mode="after")
     def _classes_are_counted(self) -> EvaluationReport:
