@@ -373,6 +373,18 @@ def job_can_run(cuda: Version, instance_type: str, usage: Usage, forward_compat:
 TRAINING_METRICS_SOURCE = Source("https://github.com/aws/sagemaker-python-sdk/blob/master/src/sagemaker/analytics.py")
 TRAINING_METRICS_NAMESPACE = "/aws/sagemaker/TrainingJobs"
 TRAINING_METRICS_DIMENSION = "TrainingJobName"
+# The SageMaker docs document the "Host" dimension ("<job>/algo-<n>") for a training job's instance metrics
+# and say nothing of its algorithm metrics' dimension; older SDKs (before TrainingJobAnalytics moved to
+# TrainingJobName) read those under Host "<job>/algo-1", and so does this stack's dashboard. Readers ask
+# for both; rank 0 (algo-1) prints the metric lines.
+TRAINING_INSTANCE_METRICS_SOURCE = Source("https://docs.aws.amazon.com/sagemaker/latest/dg/monitoring-cloudwatch.html")
+TRAINING_METRICS_HOST_DIMENSION = "Host"
+
+
+def training_metrics_dimensions(job_name: str) -> tuple[list[dict[str, str]], ...]:
+    """The dimension sets a training job's published metric values may carry, the one SageMaker's SDK reads first."""
+    return ([{"Name": TRAINING_METRICS_DIMENSION, "Value": job_name}],
+            [{"Name": TRAINING_METRICS_HOST_DIMENSION, "Value": f"{job_name}/algo-1"}])
 
 # GetMetricData (MetricStat.Period): a metric of regular resolution (SageMaker's training metrics are
 # published at a 1-minute frequency) has periods of 60 s or multiples; a query whose StartTime is

@@ -182,6 +182,21 @@ def test_a_long_job_is_read_in_minutes_and_answered_as_a_bounded_curve(cloudwatc
     assert losses == sorted(losses, reverse=True)  # the falling curve stays a falling curve
 
 
+def test_values_published_under_the_host_dimension_are_read_too(cloudwatch: Any) -> None:
+    """Catches: a status API that finds nothing when SageMaker files the values under Host "<job>/algo-1"
+    (the dimension of its documented instance metrics) rather than TrainingJobName, or that mixes another
+    host's values in."""
+    started = datetime.now(UTC) - timedelta(seconds=30)
+    for host, iteration in (("algo-1", 40.0), ("algo-2", 99.0)):
+        cloudwatch.put_metric_data(Namespace=platform.TRAINING_METRICS_NAMESPACE, MetricData=[
+            {"MetricName": name, "Value": value, "Timestamp": started + timedelta(seconds=10),
+             "Dimensions": [{"Name": "Host", "Value": f"{JOB}/{host}"}]}
+            for name, value in (("train:iteration", iteration), ("train:total_iterations", 250.0),
+                                ("train:loss", 0.6))])
+    answer = service.training_progress(cloudwatch, _job(started))
+    assert answer is not None and (answer.iteration, answer.total_iterations) == (40, 250)
+
+
 def test_an_unreadable_cloudwatch_leaves_progress_out_not_the_run(cloudwatch: Any, monkeypatch: pytest.MonkeyPatch,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     """Catches: a CloudWatch error (AccessDenied: a stack without the new permission) failing GET /runs/{id}."""

@@ -220,26 +220,33 @@ def training_info(sagemaker: Any, document: RunState, job: dict[str, Any] | None
 
 def _metric_series(cloudwatch: Any, job_name: str, start: datetime, end: datetime,
                    period: int) -> dict[str, list[tuple[float, float]]]:
-    """GetMetricData of PROGRESS_METRICS: metric name -> (epoch seconds, value), oldest first."""
-    dimensions = [{"Name": platform.TRAINING_METRICS_DIMENSION, "Value": job_name}]
-    queries = [{"Id": f"m{i}", "ReturnData": True, "MetricStat": {
-        "Metric": {"Namespace": platform.TRAINING_METRICS_NAMESPACE, "MetricName": name, "Dimensions": dimensions},
-        "Period": period, "Stat": stat}} for i, (name, stat) in enumerate(PROGRESS_METRICS)]
-    names = {f"m{i}": name for i, (name, _) in enumerate(PROGRESS_METRICS)}
-    series: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in PROGRESS_METRICS}
+    """GetMetricData of PROGRESS_METRICS: metric name -> (epoch seconds, value), oldest first.
+
+    One call asks under each dimension set the values may carry (d2ops_core.platform); the first set
+    holding an iteration is the job's."""
+    sets = platform.training_metrics_dimensions(job_name)
+    queries, names = [], {}
+    for d, dimensions in enumerate(sets):
+        for i, (name, stat) in enumerate(PROGRESS_METRICS):
+            names[f"d{d}m{i}"] = (d, name)
+            queries.append({"Id": f"d{d}m{i}", "ReturnData": True, "MetricStat": {
+                "Metric": {"Namespace": platform.TRAINING_METRICS_NAMESPACE, "MetricName": name,
+                           "Dimensions": dimensions}, "Period": period, "Stat": stat}})
+    series: list[dict[str, list[tuple[float, float]]]] = [{name: [] for name, _ in PROGRESS_METRICS} for _ in sets]
     kwargs: dict[str, Any] = {"MetricDataQueries": queries, "StartTime": start, "EndTime": end,
                               "ScanBy": "TimestampAscending"}
     for _ in range(MAX_METRIC_PAGES):
         page = cloudwatch.get_metric_data(**kwargs)
         for result in page.get("MetricDataResults", []):
-            name = names.get(result.get("Id", ""))
-            if name is not None:
-                series[name] += [(t.timestamp(), float(v)) for t, v in zip(result.get("Timestamps", []),
-                                                                           result.get("Values", []), strict=False)]
+            where = names.get(result.get("Id", ""))
+            if where is not None:
+                series[where[0]][where[1]] += [(t.timestamp(), float(v)) for t, v in zip(
+                    result.get("Timestamps", []), result.get("Values", []), strict=False)]
         if not page.get("NextToken"):
             break
         kwargs["NextToken"] = page["NextToken"]
-    return {name: sorted(points) for name, points in series.items()}
+    found = next((s for s in series if s["train:iteration"]), series[0])
+    return {name: sorted(points) for name, points in found.items()}
 
 
 def training_progress(cloudwatch: Any, job: dict[str, Any], now: datetime | None = None) -> TrainingProgress | None:
