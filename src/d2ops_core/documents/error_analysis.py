@@ -26,11 +26,13 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+# The threshold of a class the artifact has none for: the one fallback, shared with serving (re-exported here).
+from d2ops_core.score_thresholds import DEFAULT_SCORE_THRESHOLD
+
 ERRORS_NAME = "errors.json"
 BACKGROUND = "background"
 OTHER_CLASSES = "(other classes)"
 IOU_THRESHOLD = 0.5
-DEFAULT_SCORE_THRESHOLD = 0.5
 MAX_MATRIX_CLASSES = 30  # beyond it, the classes with the most errors are kept and the rest folded together
 MAX_WORST_IMAGES = 8
 MAX_THUMBNAIL_CHARS = 150_000  # one drawn picture as a data URI; the gallery's whole size stays under ~2.5 MB
