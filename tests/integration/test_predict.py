@@ -23,7 +23,8 @@ from d2ops_core.cpu_profile import TORCHVISION_CPU_PROFILE
 from d2ops_core.documents.detections import InvocationResponse
 from tests.fixtures.offline.endpoints import endpoint_config
 from tests.fixtures.offline.support import tiny_dataset
-from tests.fixtures.serving.support import cached_artifact, png_bytes
+from tests.fixtures.serving.support import png_bytes
+from tests.fixtures.serving.thresholds import artifact_with_thresholds, expected_by_default, split_thresholds
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 REPO = Path(__file__).resolve().parents[2]
@@ -33,12 +34,19 @@ TINY_TRAINING = TORCHVISION_CPU_PROFILE | {"min_size": "64", "max_size": "64", "
 
 
 @pytest.fixture(scope="module")
-def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineRuntime]:
-    """A runtime serving the stack's endpoint with the session's exported test detector."""
+def thresholds() -> dict[str, float]:
+    return split_thresholds()
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory: pytest.TempPathFactory, thresholds: dict[str, float]) -> Iterator[OfflineRuntime]:
+    """A runtime serving the stack's endpoint with the session's exported test detector, its metadata carrying
+    per-class score thresholds that split its own detections (tests/fixtures/serving/thresholds.py)."""
+    model = artifact_with_thresholds(tmp_path_factory.mktemp("model"), thresholds, pack=True)
     with OfflineRuntime(tmp_path_factory.mktemp("predict") / "work", training_defaults=TINY_TRAINING) as rt:
         sm = rt.client("sagemaker")
         sm.create_endpoint(EndpointName=rt.stack.endpoint_name,
-                           EndpointConfigName=endpoint_config(rt, "predict", cached_artifact(pack=True)))
+                           EndpointConfigName=endpoint_config(rt, "predict", model))
         deadline = time.monotonic() + 400
         while sm.describe_endpoint(EndpointName=rt.stack.endpoint_name)["EndpointStatus"] == "Creating":
             assert time.monotonic() < deadline, "the endpoint did not come up"
@@ -69,6 +77,23 @@ def test_predict_prints_the_endpoints_detections_and_draws_them(runtime: Offline
         x1, y1, _, _ = (round(v) for v in detections[0].box)
         corner = (min(x1, 159), min(y1, 119))
         assert out.convert("RGB").getpixel(corner) != original.convert("RGB").getpixel(corner)
+
+
+def test_without_a_threshold_predict_gets_the_model_s_per_class_default(runtime: OfflineRuntime, tmp_path: Path,
+                                                                       thresholds: dict[str, float]) -> None:
+    # d2ops predict sends no threshold unless asked, so it shows what the model answers by default: exactly
+    # what the artifact's per-class thresholds keep (catches a command that sends its own, e.g. 0.5 or 0).
+    image = tmp_path / "shapes.png"
+    image.write_bytes(png_bytes())
+    done = _predict(runtime, str(image))
+    assert done.returncode == 0, done.stderr.decode()
+    answer = json.loads(done.stdout)
+    session = sdk.sagemaker_session(sdk.offline_boto_session(), endpoint_url=runtime.gateway.url)
+    everything = invoke(session, runtime.stack.endpoint_name, png_bytes(), "image/png", score_threshold=0.0)
+    expected = expected_by_default(everything["detections"], thresholds)
+    assert 0 < len(expected) < len(everything["detections"])
+    assert answer["detections"] == expected and answer["score_thresholds"]["source"] == "model"
+    assert everything["score_thresholds"]["source"] == "request"
 
 
 def test_an_unknown_endpoint_is_named(runtime: OfflineRuntime) -> None:

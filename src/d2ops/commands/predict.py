@@ -48,7 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--region", help="AWS region of --endpoint (default: the boto3 chain's)")
     p.add_argument("--profile", help="AWS profile for --endpoint (default: the boto3 chain's)")
     p.add_argument("--score-threshold", type=float, metavar="S",
-                   help="drop detections scored below S, in [0, 1] (default: the endpoint's)")
+                   help="drop detections scored below S, in [0, 1], whatever their class (default: none sent, so "
+                        "the model's own per-class thresholds apply)")
     p.add_argument("--draw", type=Path, metavar="OUT.png", help="also draw boxes, labels and scores on the image")
     p.set_defaults(func=run)
 
