@@ -74,6 +74,8 @@ def test_a_well_formed_answer_passes(s3: Any) -> None:
     ((path, content_type, body),) = FakeRuntime.requests
     assert path == f"/endpoints/{EVENT['endpoint_name']}/invocations"
     assert content_type == "image/jpeg" and body == jpeg()
+    # No options: the endpoint answers with the model's own per-class score thresholds, as for any client.
+    assert FakeRuntime.custom_attributes == [None]
 
 
 def test_a_container_error_fails_the_smoke_test(s3: Any) -> None:
