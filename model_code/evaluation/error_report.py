@@ -143,19 +143,19 @@ def _size_row(label: str, sizes: Mapping[str, SizeAP]) -> str:
 def errors_section(doc: ErrorAnalysis) -> str:
     """The report's error section: AP by size, each model's confusion matrix as a heat table, the gallery."""
     who = list(doc.models)
-    iou = "bbox"
     header = "".join(f"<th colspan=3>{html.escape(w)}</th>" for w in who)
     sizes = "<th>small</th><th>medium</th><th>large</th>" * len(who)
-    classes = sorted({c for m in doc.models.values() for c in m.per_class_ap_by_size.get(iou, {})})
-    rows = [_size_row("all classes", {w: m.ap_by_size.get(iou, SizeAP()) for w, m in doc.models.items()})]
-    rows += [_size_row(c, {w: m.per_class_ap_by_size.get(iou, {}).get(c, SizeAP()) for w, m in doc.models.items()})
-             for c in classes[:MAX_REPORT_CLASSES]]
-    more = (f"<p>{len(classes) - MAX_REPORT_CLASSES} more classes in {ERRORS_NAME}</p>"
-            if len(classes) > MAX_REPORT_CLASSES else "")
     parts = [f"<h2 id='errors'>Errors (IoU {doc.iou_threshold}, detections at or above their class's score "
-             "threshold)</h2>",
-             f"<h3>{iou} AP by object size</h3><table border=1 id='ap-by-size'><tr><th></th>{header}</tr>"
-             f"<tr><th>class</th>{sizes}</tr>{''.join(rows)}</table>{more}"]
+             "threshold)</h2>"]
+    for iou in doc.models["challenger"].ap_by_size:  # bbox, and segm for instance segmentation
+        classes = sorted({c for m in doc.models.values() for c in m.per_class_ap_by_size.get(iou, {})})
+        rows = [_size_row("all classes", {w: m.ap_by_size.get(iou, SizeAP()) for w, m in doc.models.items()})]
+        rows += [_size_row(c, {w: m.per_class_ap_by_size.get(iou, {}).get(c, SizeAP())
+                               for w, m in doc.models.items()}) for c in classes[:MAX_REPORT_CLASSES]]
+        more = (f"<p>{len(classes) - MAX_REPORT_CLASSES} more classes in {ERRORS_NAME}</p>"
+                if len(classes) > MAX_REPORT_CLASSES else "")
+        parts.append(f"<h3>{iou} AP by object size</h3><table border=1 class='ap-by-size' data-iou='{iou}'>"
+                     f"<tr><th></th>{header}</tr><tr><th>class</th>{sizes}</tr>{''.join(rows)}</table>{more}")
     for w, m in doc.models.items():
         parts.append(f"<h3>{html.escape(w)}: confusion matrix (rows: true class, columns: predicted; "
                      f"thresholds: {m.thresholds_from})</h3>" + matrix_table(m, w))

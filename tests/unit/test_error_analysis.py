@@ -163,9 +163,11 @@ def test_ap_by_size_per_class_agrees_with_pycocotools(tmp_path: Path) -> None:
 
     synth.generate(tmp_path, images=30, size=160, seed=5, val_fraction=0.5)
     gt = read_coco(tmp_path / "annotations" / "val.json")
-    results = [{k: v for k, v in r.items() if k != "segmentation"} for r in noisy_detections(gt, seed=2)]
-    ev = score_results(gt, results, ["bbox"])
+    with_masks = noisy_detections(gt, seed=2)
+    results = [{k: v for k, v in r.items() if k != "segmentation"} for r in with_masks]
+    ev = score_results(gt, with_masks, ["bbox", "segm"])
     doc, _ = model_errors(gt, ev, score_thresholds([c["name"] for c in gt["categories"]], None)[0], "default")
+    assert set(doc.ap_by_size) == set(doc.per_class_ap_by_size) == {"bbox", "segm"}  # masks: both IoU types
     ref_gt = RefCOCO()
     ref_gt.dataset = gt
     ref_gt.createIndex()
@@ -231,7 +233,7 @@ def test_the_report_writes_errors_json_and_draws_the_worst_images(tmp_path: Path
     with Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))) as thumb:
         assert thumb.format == "JPEG" and max(thumb.size) <= 360
     page = index.read_text()
-    assert "id='ap-by-size'" in page and page.count("class='confusion'") == 2
+    assert "class='ap-by-size' data-iou='bbox'" in page and page.count("class='confusion'") == 2
     assert f"src='{worst.pictures['champion']}'" in page
     assert json.loads((out / ERRORS_NAME).read_text())["models"]["challenger"]["confusion"]["labels"][-1] == BACKGROUND
 

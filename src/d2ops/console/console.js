@@ -440,7 +440,7 @@ async function showEvaluation(runId, run) {
     showErrors(null);
     return;
   }
-  showErrors(report.errors);
+  showErrors(report.errors, report.primary_metric.startsWith("segm") ? "segm" : "bbox");
   const models = {"challenger": report.challenger};
   if (report.champion) models.champion = report.champion;
   const names = [...new Set(Object.values(models).flatMap(m => Object.keys(m.metrics)))].sort();
@@ -463,14 +463,15 @@ async function showEvaluation(runId, run) {
 // ----- error analysis (report/errors.json, d2ops_core.documents.error_analysis) ------------------------
 const MAX_SIZE_ROWS = 40;
 
-function showErrors(errors) {
+function showErrors(errors, primaryIou) {
   const box = document.getElementById("errors");
   if (!errors) {
     box.append(el("p", {"class": "muted"}, "no error analysis (reports written before it have none)"));
     return;
   }
   const who = Object.keys(errors.models);
-  const iou = "bbox";
+  // AP by size of the primary IoU type (segm for instance segmentation); the matrix is on boxes
+  const iou = primaryIou in errors.models.challenger.ap_by_size ? primaryIou : "bbox";
   const sizeCells = sizes => ["small", "medium", "large"].map(
     s => el("td", {"class": "num"}, fmtNumber((sizes || {})[s])));
   const perClass = w => (errors.models[w].per_class_ap_by_size || {})[iou] || {};
