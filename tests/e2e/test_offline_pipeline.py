@@ -195,7 +195,7 @@ def test_a_gate_set_too_high_fails_without_touching_the_endpoint(runtime: Offlin
     sagemaker = runtime.client("sagemaker")
     before = sagemaker.describe_endpoint(EndpointName=runtime.stack.endpoint_name)
     dataset = tiny_dataset(datasets, "tiny", "v2", images=16, size=64, seed=1, training=TRAINING,
-                           gate={"min_map": 1.0})
+                           gate={"min_map": 1.0, "resamples": 1200})  # more resamples than the stack's 1000
     lines: list[str] = []
     summary = run_pipeline(runtime, dataset, out=lines.append, timeout=1200)
     assert (summary.status, summary.error) == ("FAILED", "QualityGateFailed"), (summary.cause, lines[-10:])
@@ -208,6 +208,17 @@ def test_a_gate_set_too_high_fails_without_touching_the_endpoint(runtime: Offlin
                                              SortBy="CreationTime", SortOrder="Descending")
     assert packages["ModelPackageSummaryList"][0]["ModelApprovalStatus"] == "Rejected"
     assert summary.output["evaluation"]["has_champion"] is True  # evaluated against the first run's model
+    # The job compared the two models by the paired bootstrap (GATE_* from the plan's gate) and the gate's
+    # reason quotes the interval; the status API serves the report's comparison, the run's summary the same one.
+    evaluation = summary.output["evaluation"]
+    interval, plan_gate = evaluation["interval"], summary.output["plan"]["gate"]
+    assert interval["low"] <= interval["high"] and interval["confidence"] == plan_gate["confidence"] == 0.95
+    assert interval["challenger"] == pytest.approx(evaluation["challenger_value"], abs=1e-9)
+    # The manifest's resamples reached the local processing job through its Environment (GATE_RESAMPLES).
+    assert evaluation["resamples"] == plan_gate["resamples"] == 1200
+    assert f"interval [{interval['low']:.3f}" in summary.cause
+    report = offline_status_api(runtime.status_api.url).get(f"/runs/{summary.run_id}/evaluation")
+    assert report["comparison"]["overall"] == interval and report["comparison"]["val_images"] == report["val_images"]
 
 
 def test_a_manifest_asking_for_a_laxer_gate_is_rejected_before_training(runtime: OfflineRuntime,
