@@ -59,6 +59,9 @@ def job(tmp: Path, dataset: Path, hps: dict[str, str], hosts: int = 1, **kw) -> 
                            instance_count=hosts, **kw)
 
 
+_FITTED = re.compile(r"score threshold '(\w+)': [01]\.\d{4}, F1 ")
+
+
 def losses(lines: list[str]) -> dict[int, float]:
     return {int(m[1]): float(m[2]) for m in map(_LOSS_LINE.search, lines) if m}
 
@@ -74,6 +77,9 @@ def check_artifact(result: JobResult) -> ModelEvaluation:
     # the metric lines SageMaker would scrape carry the same numbers as the artifact's evaluation
     assert result.metrics["val:bbox_AP50"] == pytest.approx(evaluation.metrics["bbox_AP50"], abs=1e-6)
     assert detector.metadata.metrics == evaluation.metrics
+    # the export chose a score threshold for every class on the same val split (model_code/evaluation/thresholds.py)
+    assert set(detector.metadata.score_thresholds) == {"square", "disc", "triangle"}
+    assert all(0.0 <= t <= 1.0 for t in detector.metadata.score_thresholds.values())
     assert "train:loss" in result.metrics
     with tarfile.open(result.model_artifact) as tar:
         names = set(tar.getnames())
@@ -122,6 +128,10 @@ def test_two_hosts_train_one_model_together_and_reach_the_calibrated_ap50(
     assert tensors_digest(saved_model_state(tmp / "delivered.pth")) == saved
     assert evaluation.metrics["bbox_AP50"] >= MIN_AP50, evaluation.metrics
     assert set(evaluation.per_class) == {"square", "disc", "triangle"}
+    # A model this good has detections that take boxes of every class: each threshold is fitted on val (the
+    # job's log says with what F1), not the no-evidence default.
+    fitted = {m[1] for m in map(_FITTED.search, lines) if m}
+    assert fitted == {"square", "disc", "triangle"}, [line for line in lines if "score threshold" in line]
     # only the master host writes the artifact and checkpoints
     assert not any((tmp / "hosts" / "algo-2" / "model").iterdir())
     assert not any((tmp / "hosts" / "algo-2" / "checkpoints").iterdir())
