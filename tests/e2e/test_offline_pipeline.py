@@ -280,6 +280,12 @@ def test_the_console_shows_the_runs_their_reports_the_endpoint_history_and_detec
         assert page.locator("#gate-decision").inner_text().startswith("approved")
         served = page.locator("#history-served tbody tr")
         assert served.count() == 1 and "serving now" in served.inner_text()
+        # the Training panel: the real job's published progress and loss curve (it ended: no time left)
+        page.locator("#loss-curve circle.latest").wait_for(timeout=60_000)  # a one-period curve is this dot alone
+        progress = api.get(f"/runs/{deployed}")["training"]["progress"]
+        assert page.locator("#loss-curve").get_attribute("data-points") == str(len(progress["loss_series"]))
+        line = page.locator("#training-progress").inner_text()
+        assert line.startswith("iter 6/6 (100%) · loss ") and " left" not in line, line
 
         page.set_input_files("#try-file", str(image))
         page.fill("#try-threshold", "0")
