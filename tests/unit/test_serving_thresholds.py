@@ -6,6 +6,7 @@ split its detections); tests/integration/test_serving_torchserve.py checks the s
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -70,6 +71,13 @@ def test_one_batch_mixes_default_and_override_requests(service: DetectionService
         RawRequest(png_bytes(), "image/png", {"max_detections": b"1000"}),
         RawRequest(png_bytes(), "image/png", {"score_threshold": b"0", "max_detections": b"3"})])
     assert [r.json() for r in together] == alone
+
+
+def test_a_json_null_threshold_means_the_model_s_own(service: DetectionService) -> None:
+    body = json.dumps({"image": base64.b64encode(png_bytes()).decode(), "score_threshold": None,
+                       "max_detections": 1000}).encode()
+    (response,) = service.handle_batch([RawRequest(body, "application/json")])
+    assert response.json() == answer(service, max_detections="1000")
 
 
 def test_max_detections_counts_what_the_thresholds_keep(service: DetectionService) -> None:
