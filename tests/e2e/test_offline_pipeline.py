@@ -304,6 +304,16 @@ def test_the_console_shows_the_runs_their_reports_the_endpoint_history_and_detec
         page.locator("#run-title", has_text=gated).wait_for(timeout=60_000)
         page.locator("#per-class-ap").wait_for(timeout=60_000)
         assert page.locator("#per-class-ap rect.bar.champion").count() == len(classes)  # beside the champion's
+        # the Errors panel: the evaluation job's own error analysis of both models (report/errors.json)
+        errors = api.get(f"/runs/{gated}/evaluation")["errors"]
+        assert list(errors["models"]) == ["challenger", "champion"]
+        for who, model in errors["models"].items():
+            matrix = page.locator(f'#errors table.confusion[data-model="{who}"]')
+            assert matrix.locator("tbody th[scope=row]").all_inner_texts() == model["confusion"]["labels"]
+            assert [int(n) for n in matrix.locator("tbody td").all_inner_texts()] == [
+                n for row in model["confusion"]["counts"] for n in row]
+        assert page.locator("#error-gallery figure.worst").count() == len(errors["gallery"])
+        assert page.locator("#error-gallery img").count() == 2 * len(errors["gallery"])  # both models drawn
         assert page.locator("#gate-decision").inner_text().startswith("rejected")
         assert "this run did not deploy" in page.locator("#deployment").inner_text()
         screenshot(page, "e2e-gated-run")
