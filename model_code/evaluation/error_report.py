@@ -42,6 +42,7 @@ from model_code.evaluation.errors import (
 
 PICTURE_SIDE = 800  # the report's pictures: longest side in pixels at most
 THUMBNAIL_SIDE = 360  # errors.json's copies
+MAX_UPSCALE = 4  # small images (a 64-px val set) are enlarged up to this so their boxes and labels read
 MAX_REPORT_CLASSES = 40  # rows of the per-class AP-by-size table in index.html
 _COLOUR = {v: k for k, v in LEGEND.items()}
 FOUND, MISSED = _COLOUR["true object found"], _COLOUR["true object missed"]
@@ -50,8 +51,9 @@ DETECTION_COLOUR = {CORRECT: _COLOUR["correct detection"], CONFUSED: _COLOUR["de
 
 
 def draw_errors(image: Image.Image, outcome: ImageOutcome, names: Mapping[int, str], side: int) -> Image.Image:
-    """The image scaled to ``side`` at most, true boxes (found, missed) and detections by outcome."""
-    scale = min(1.0, side / max(image.size))
+    """The image scaled to fit ``side`` (enlarged MAX_UPSCALE times at most), true boxes (found, missed)
+    and detections by outcome."""
+    scale = min(float(MAX_UPSCALE), side / max(image.size))
     canvas = image.convert("RGB").resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))))
     draw = ImageDraw.Draw(canvas)
 

@@ -222,13 +222,13 @@ def test_the_report_writes_errors_json_and_draws_the_worst_images(tmp_path: Path
     assert (worst.errors["challenger"].error_score, worst.errors["champion"].error_score) == (4, 2)
     colour = {text: tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for c, text in LEGEND.items()}
     with Image.open(out / worst.pictures["challenger"]) as picture:
-        assert picture.size == (200, 120)
+        assert picture.size == (800, 480)  # a 200x120 image, enlarged 4 times (MAX_UPSCALE) so it reads
         # edges drawn where the boxes are: the false-positive dog, the confused cat on the dog, the missed cat
-        assert _near(picture.getpixel((165, 70)), colour["false positive"])
-        assert _near(picture.getpixel((80, 10)), colour["detection of the wrong class"])
-        assert _near(picture.getpixel((130, 49)), colour["true object missed"])
-    with Image.open(out / worst.pictures["champion"]) as picture:
-        assert not _near(picture.getpixel((165, 70)), colour["false positive"])  # the champion is drawn, not a copy
+        assert _near(picture.getpixel((4 * 165, 4 * 70)), colour["false positive"])
+        assert _near(picture.getpixel((4 * 80, 4 * 10)), colour["detection of the wrong class"])
+        assert _near(picture.getpixel((4 * 130, 4 * 50 - 1)), colour["true object missed"])
+    with Image.open(out / worst.pictures["champion"]) as picture:  # the champion is drawn, not a copy
+        assert not _near(picture.getpixel((4 * 165, 4 * 70)), colour["false positive"])
     uri = worst.thumbnails["champion"]
     with Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))) as thumb:
         assert thumb.format == "JPEG" and max(thumb.size) <= 360
