@@ -194,7 +194,7 @@ def gate_reason(summary: EvaluationSummary) -> str:
         return summary.class_gate_reason + (f"; overall {versus}" if versus else "")
     reason = f"challenger {metric} {challenger:.3f} reaches the threshold {summary.min_map:g}"
     if versus:
-        reason += f"; {versus}, not significantly beyond the tolerance {summary.max_regression:g}{wider}"
+        reason += f"; {versus}, no significant regression beyond the tolerance {summary.max_regression:g}{wider}"
     return reason
 
 
