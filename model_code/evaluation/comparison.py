@@ -70,10 +70,12 @@ def comparison_html(comparison: Comparison | None, settings: GateSettings) -> st
                 f"<td>{interval.confidence:.4g}</td><td>{verdict}</td><td>{more}</td></tr>")
 
     rows = [row(f"overall {comparison.metric}", comparison.overall, settings.max_regression)]
+    judged = (f"per-class levels are Bonferroni-adjusted over the {len(comparison.per_class)} judged classes"
+              if comparison.per_class else
+              f"no class has the {settings.min_class_instances} val instances to be judged on its own")
     rows += [row(name, interval, settings.max_class_regression) for name, interval in comparison.per_class.items()]
     return (f"<h2>Challenger vs champion: paired bootstrap over {comparison.val_images} val images</h2>"
-            f"<p>{comparison.resamples} resamples (seed {comparison.seed}); per-class levels are Bonferroni-adjusted "
-            f"over the {len(comparison.per_class)} judged classes. The gate refuses only when a whole interval lies "
-            f"below minus the tolerance.</p><table border=1 class='gate-comparison'><tr><th></th><th>challenger</th>"
-            f"<th>champion</th><th>difference</th><th>interval</th><th>level</th><th>gate</th>"
+            f"<p>{comparison.resamples} resamples (seed {comparison.seed}); {judged}. The gate refuses only when a "
+            "whole interval lies below minus the tolerance.</p><table border=1 class='gate-comparison'><tr><th></th>"
+            "<th>challenger</th><th>champion</th><th>difference</th><th>interval</th><th>level</th><th>gate</th>"
             f"<th>val images to narrow it to the tolerance</th></tr>{''.join(rows)}</table>")
