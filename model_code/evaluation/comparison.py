@@ -63,7 +63,7 @@ def comparison_html(comparison: Comparison | None, settings: GateSettings) -> st
         if tolerance is not None:
             verdict = ("significant regression beyond " if regression_beyond(interval.high, tolerance)
                        else "within ") + f"&plusmn;{tolerance:g}"
-            needed = more_val_images(interval.half_width, comparison.val_images, tolerance)
+            needed = more_val_images(interval.low, interval.high, comparison.val_images, tolerance)
             more = f"about {needed} more" if needed is not None else "enough"
         return (f"<tr><th>{html.escape(name)}</th><td>{interval.challenger:.4f}</td><td>{interval.champion:.4f}</td>"
                 f"<td>{interval.difference:+.4f}</td><td>[{interval.low:+.4f}, {interval.high:+.4f}]</td>"

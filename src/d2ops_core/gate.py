@@ -58,15 +58,19 @@ def regression_beyond(high: float, tolerance: float) -> bool:
     return round(high, DIGITS) < -tolerance
 
 
-def more_val_images(half_width: float, val_images: int, tolerance: float) -> int | None:
-    """About how many more val images would narrow an interval of ``half_width`` to ``tolerance``.
+def more_val_images(low: float, high: float, val_images: int, tolerance: float) -> int | None:
+    """About how many more val images would narrow the interval ``[low, high]`` to ``tolerance``.
 
     The half-width shrinks with the square root of the number of images, so reaching ``tolerance``
-    takes ``val_images * (half_width / tolerance)^2`` of them. None when it is already no wider, and
-    for a tolerance of 0, which no number of images reaches.
+    takes ``val_images * (half_width / tolerance)^2`` of them. None when the interval is already no
+    wider; when it lies wholly on one side of -tolerance, where more images would not change the
+    decision (refused beyond doubt, or within the tolerance beyond doubt); and for a tolerance of 0,
+    which no number of images reaches.
     """
-    half_width = round(half_width, DIGITS)
+    half_width = round((high - low) / 2, DIGITS)
     if tolerance <= 0 or half_width <= tolerance:
+        return None
+    if regression_beyond(high, tolerance) or round(low, DIGITS) >= -tolerance:
         return None
     return max(1, math.ceil(val_images * (half_width / tolerance) ** 2) - val_images)
 

@@ -181,8 +181,8 @@ def test_the_gate_shows_the_interval_it_judged_and_the_val_images_it_would_need(
         page.locator("#gate-facts").wait_for(timeout=30_000)
         facts = dict(zip(page.locator("#gate-facts dt").all_inner_texts(),
                          page.locator("#gate-facts dd").all_inner_texts(), strict=True))
-        assert facts["difference"] == "0.0400" and facts["interval"] == "[0.0100, 0.0700] (95%, 1000 resamples)"
-        assert facts["more val images"] == "about 320 more (40 now) would narrow the interval to ±0.01"
+        assert facts["difference"] == "0.0400" and facts["interval"] == "[-0.0200, 0.1000] (95%, 1000 resamples)"
+        assert facts["more val images"] == "about 1400 more (40 now) would narrow the interval to ±0.01"
         assert "champion floor" not in facts  # the point-estimate floor no longer decides
         row = page.locator("#gate-classes tbody tr").first.locator("td").all_inner_texts()
         assert row == ["disc", "0.4100", "0.6000", "-0.1900", "[-0.2900, -0.1100] (97.5%)", "41"]

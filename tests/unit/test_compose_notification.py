@@ -188,10 +188,13 @@ def test_a_gate_refusal_says_what_changed_in_the_data_since_the_champion(case: s
 
 
 @pytest.mark.parametrize(("case", "expected"), [
-    # Refused on the interval: the notification quotes it and how many more val images would narrow it.
+    # Refused on the interval, wholly below the tolerance: more images would not change that, so no count.
     ("GateFailedRegression", "bbox_AP challenger - champion: difference -0.020, 95% interval [-0.034, -0.012] "
-                             "on 40 val images; wider than the tolerance \u00b10.01: about 9 more val images would "
-                             "narrow it"),
+                             "on 40 val images"),
+    # Deployed on an interval straddling -0.01: how many more val images would narrow it to the tolerance.
+    ("SmokeTestFailsRollsBack", "bbox_AP challenger - champion: difference 0.020, 95% interval [-0.025, 0.065] "
+                                "on 40 val images; wider than the tolerance \u00b10.01: about 770 more val images "
+                                "would narrow it"),
     ("GateFailedThreshold", None),  # no champion: nothing was compared
 ])
 def test_the_notification_quotes_the_gate_s_interval(case: str, expected: str | None) -> None:

@@ -117,6 +117,16 @@ def test_more_val_images_follows_the_square_root_law() -> None:
     assert more_val_images(odd, 333, 0.01) == math.ceil(333 * 1.3 ** 2) - 333
 
 
+def test_no_more_images_are_asked_for_a_settled_decision() -> None:
+    """Mutation: the count asked for whenever the interval is wide, though more images could not change the
+    decision (a challenger better beyond doubt, or refused beyond doubt)."""
+    better = DifferenceInterval.model_validate(interval(0.6, 0.5, 0.03, 0.12))  # half-width 0.045, above -0.01
+    refused = DifferenceInterval.model_validate(interval(0.4, 0.5, -0.16, -0.04))  # wholly below -0.01
+    straddling = DifferenceInterval.model_validate(interval(0.5, 0.5, -0.05, 0.04))
+    assert more_val_images(better, 40, 0.01) is None and more_val_images(refused, 40, 0.01) is None
+    assert more_val_images(straddling, 40, 0.01) == math.ceil(40 * 4.5 ** 2) - 40
+
+
 def test_the_summary_says_how_many_more_images_an_undecided_interval_needs(gate: Any) -> None:
     summary = gate(report(interval(0.5, 0.52, -0.05, 0.01), val_images=40))
     assert summary["regressed"] is False and summary["more_val_images"] == 320  # (0.03 / 0.01)^2 x 40 - 40

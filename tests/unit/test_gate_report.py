@@ -40,10 +40,10 @@ def test_d2ops_status_shows_the_interval_and_the_images_it_would_need() -> None:
     from d2ops.commands.status import format_run
     from tests.fixtures.pipeline import support
 
-    evaluation = support.state_output(support.run_case("GateFailedRegression"), "Read evaluation report")["evaluation"]
-    lines = format_run({"run_id": "r", "status": "FAILED", "timeline": [], "evaluation": evaluation})
-    assert ("    bbox_AP challenger - champion: difference -0.020, 95% interval [-0.034, -0.012] on 40 val images; "
-            "wider than the tolerance \u00b10.01: about 9 more val images would narrow it") in lines
+    evaluation = support.state_output(support.run_case("UpdateDeployment"), "Read evaluation report")["evaluation"]
+    lines = format_run({"run_id": "r", "status": "SUCCEEDED", "timeline": [], "evaluation": evaluation})
+    assert ("    bbox_AP challenger - champion: difference 0.020, 95% interval [-0.025, 0.065] on 40 val images; "
+            "wider than the tolerance \u00b10.01: about 770 more val images would narrow it") in lines
     first = {**evaluation, "interval": None, "more_val_images": None}  # no champion: no comparison line
     assert not any("interval" in line for line in format_run({"run_id": "r", "status": "FAILED", "timeline": [],
                                                                 "evaluation": first}))

@@ -60,9 +60,10 @@ class EvaluationSummary(BaseModel):
     val_images: int = Field(ge=1, description="val images both models were scored on")
     resamples: int | None = Field(description="bootstrap resamples behind the interval (None without a champion)")
     more_val_images: int | None = Field(
-        ge=1, description="when the interval is wider than the tolerance (half_width > max_regression > 0): about how "
-                          "many more val images would narrow it to the tolerance, "
-                          "ceil(val_images * (half_width / max_regression)^2) - val_images; None otherwise")
+        ge=1, description="when the interval is wider than the tolerance (half_width > max_regression > 0) and "
+                          "straddles -max_regression (the decision is uncertain): about how many more val images "
+                          "would narrow it to the tolerance, ceil(val_images * (half_width / max_regression)^2) - "
+                          "val_images; None otherwise")
     class_regressed: bool = Field(description="true when class_regressions is not empty (the Choice state's test)")
     class_regression_count: int = Field(ge=0, description="how many classes regressed (all of them)")
     class_regressions: list[ClassRegression] = Field(

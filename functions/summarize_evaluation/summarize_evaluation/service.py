@@ -84,8 +84,9 @@ def beyond(interval: DifferenceInterval, tolerance: float) -> bool:
 
 
 def more_val_images(interval: DifferenceInterval, val_images: int, tolerance: float) -> int | None:
-    """About how many more val images would narrow the interval to the tolerance (d2ops_core.gate)."""
-    return gate_rule.more_val_images(interval.half_width, val_images, tolerance)
+    """About how many more val images would narrow the interval to the tolerance, where that could change
+    the decision (d2ops_core.gate)."""
+    return gate_rule.more_val_images(interval.low, interval.high, val_images, tolerance)
 
 
 def interval_text(interval: DifferenceInterval) -> str:
