@@ -47,6 +47,6 @@ def write_artifact(ctx: RunContext, model: nn.Module, directory: Path, *, iterat
 
         out.mkdir(parents=True, exist_ok=True)
         write_report(out / artifact.REPORT_DIR, {"challenger": evaluation}, gt, ctx.val_dataset.images_dir,
-                     sample_images=ctx.hp.report_images)
+                     sample_images=ctx.hp.report_images, score_thresholds={"challenger": thresholds})
         artifact.write_json(out / artifact.EVALUATION_FILE, document)
     return evaluation

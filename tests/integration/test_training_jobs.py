@@ -92,6 +92,13 @@ def check_artifact(result: JobResult) -> ModelEvaluation:
     with tarfile.open(result.output_artifact) as tar:
         out_names = set(tar.getnames())
     assert {"evaluation.json", "report/pr_curves.png", "report/index.html", *checkpoint.files} <= out_names
+    # the report's error analysis counts detections at the thresholds the model ships with, not at 0.5
+    with tarfile.open(result.output_artifact) as tar:
+        member = tar.extractfile("report/errors.json")
+        assert member is not None
+        errors = ErrorAnalysis.model_validate_json(member.read())
+    assert errors.models["challenger"].thresholds_from == "artifact"
+    assert errors.models["challenger"].score_thresholds == detector.metadata.score_thresholds
     return evaluation
 
 
