@@ -22,7 +22,8 @@ The simulation (the assumptions the figures rest on; see docs/benchmarks.md):
 - **The known truth** is each model's AP on a large population of images (``--population``). Case
   (a)'s challenger loses skill on one class only; how much is found by bisection on that population
   (common random numbers) so that its true primary AP is exactly 2 points under the champion's. Case
-  (b)'s challenger has the champion's parameters: the same true AP, its own errors.
+  (b)'s challenger has the champion's parameters: the same true AP, its own errors. Case (c)'s
+  challenger loses the same 2 points spread over every class (``--spread-trials``).
 
 Rules, as the gate applies them (MaxRegression 0.01, MaxClassRegression 0.10, MinClassInstances 30):
 today's refuses when the point difference is below -0.01 overall or -0.10 on a class with at least
