@@ -236,3 +236,14 @@ def test_a_report_with_a_champion_must_carry_the_comparison() -> None:
     assert EvaluationReport.model_validate(report(champion=side, comparison=comparison)).comparison is not None
     with pytest.raises(ValidationError, match="without a champion"):
         EvaluationReport.model_validate(report(comparison=comparison))
+
+
+def test_resamples_scored_in_blocks_equal_resamples_scored_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Large splits are scored a block of resamples at a time (memory). Catches a block paired with
+    # another block's GT counts or weights.
+    matches = synthetic(8)["c1"]
+    weights = bootstrap.resample_weights(120, 50, 9)
+    whole = weighted_ap(matches, weights)
+    monkeypatch.setattr(bootstrap, "_BLOCK_ELEMENTS", 7 * matches.det_image.size)  # 7 resamples a block
+    assert np.allclose(weighted_ap(matches, weights), whole, rtol=0, atol=1e-12)  # summation order aside
+    assert len(set(np.round(whole, 12))) > 10  # the resamples really differ
