@@ -161,13 +161,25 @@ def test_the_run_shows_what_changed_in_the_data_since_the_champion(
             "not computed: DiffTimeout: the diff ran past its time budget")
 
 
+def _mocked_state_output(case: str, state: str, tmp_path: Path) -> dict[str, Any]:
+    """A state's output in a mocked run of the definition (tests/fixtures/pipeline), run in a process of its
+    own: its real notification handlers run under moto's in-process mock, whose start and stop reset the
+    moto backends this module's offline runtime keeps its buckets in."""
+    out = tmp_path / "state-output.json"
+    code = ("import json, sys; from pathlib import Path; from tests.fixtures.pipeline import support; "
+            "Path(sys.argv[3]).write_text(json.dumps(support.state_output(support.run_case(sys.argv[1]), "
+            "sys.argv[2])))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    subprocess.run([sys.executable, "-c", code, case, state, str(out)], cwd=REPO, env=env, check=True,
+                   capture_output=True, timeout=120)
+    return json.loads(out.read_text())
+
+
 def test_the_gate_shows_the_interval_it_judged_and_the_val_images_it_would_need(
-        console: tuple[Console, OfflineRuntime, RunSummary]) -> None:
+        console: tuple[Console, OfflineRuntime, RunSummary], tmp_path: Path) -> None:
     """The Gate panel draws the run's $.gate and $.evaluation as the definition makes them from the summarize
     Lambda's answer (the mocked per-class refusal; the rejected run never reached the gate)."""
-    from tests.fixtures.pipeline import support
-
-    decided = support.state_output(support.run_case("GateFailedClassRegression"), "Register model version")
+    decided = _mocked_state_output("GateFailedClassRegression", "Register model version", tmp_path)
     server, _, run = console
 
     def with_gate(route: Any) -> None:
