@@ -205,7 +205,7 @@ def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None
                         metadata.model_copy(update={"metrics": evaluation.metrics, "score_thresholds": thresholds})
                         .model_dump(mode="json"))
     write_report(out / artifact.REPORT_DIR, {"challenger": evaluation}, gt, Path(val_reg["image_root"]),
-                 sample_images=int(job.get("report_images", 6)))
+                 sample_images=int(job.get("report_images", 6)), score_thresholds={"challenger": thresholds})
     artifact.write_json(out / artifact.EVALUATION_FILE, document)
     from d2ops_core import metrics as metric_lines
     for name, value in sorted(evaluation.metrics.items()):

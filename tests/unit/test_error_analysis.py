@@ -95,6 +95,15 @@ def test_the_document_has_a_background_row_and_column_and_rows_sum_to_objects() 
         ConfusionMatrix(labels=["cat", "dog"], counts=[[1, 0], [0, 1]])
 
 
+def test_a_class_named_background_is_a_class_of_its_own() -> None:
+    """Mutation: the background row found by its name (a dataset's class 'background' then fails the
+    evaluation job, or its objects are read as false positives)."""
+    named = {**GT, "categories": [{"id": A, "name": "background"}, {"id": B, "name": "dog"}]}
+    doc, _ = model_errors(named, score_results(named, RESULTS, ["bbox"]), {"background": 0.5, "dog": 0.5}, "default")
+    assert doc.confusion.labels == ["background", "dog", BACKGROUND]
+    assert doc.confusion.counts == [[1, 0, 1], [1, 1, 0], [1, 1, 0]]  # the cat matrix, under the other name
+
+
 def test_each_box_gets_its_outcome() -> None:
     outcome = match_image(GT["annotations"][:4], [r for r in RESULTS if r["image_id"] == 1 and r["score"] >= 0.5])
     kinds = [(d.score, d.kind, d.true_category_id) for d in outcome.detections]

@@ -265,6 +265,8 @@ CASES: list[tuple[str, Callable[[Path], object], Code, str | None, Any]] = [
      "annotations/train.json", ...),
     ("duplicate category id", val(_duplicate("categories")), Code.DUPLICATE_CATEGORY_ID, "annotations/val.json",
      "categories[3].id"),
+    ("duplicate category name", val(_set("categories", 1, "name", "square")), Code.DUPLICATE_CATEGORY_NAME,
+     "annotations/val.json", "categories[1].name"),
     ("non-positive image size", train(_set("images", 4, "width", 0)), Code.IMAGE_DIMENSIONS_INVALID,
      "annotations/train.json", "images[4]"),
     ("file_name with ..", train(_set("images", 0, "file_name", "../../etc/passwd")), Code.FILE_NAME_UNSAFE,

@@ -530,7 +530,7 @@ function confusionTable(who, model, iouThreshold) {
   m.labels.forEach((label, i) => {
     const total = m.counts[i].reduce((a, b) => a + b, 0) || 1;
     const cells = m.counts[i].map((n, j) => {
-      const share = n / total, diagonal = i === j && label !== "background";
+      const share = n / total, diagonal = i === j && i !== m.labels.length - 1;  // the last is background, by place
       const cell = el("td", {"data-true": label, "data-predicted": m.labels[j]}, String(n));
       // the CSSOM, not a style attribute: the page's CSP (style-src 'self') refuses inline styles
       cell.style.background = `rgba(${diagonal ? "30,144,255" : "255,0,0"},${share.toFixed(2)})`;

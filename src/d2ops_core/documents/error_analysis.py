@@ -53,7 +53,8 @@ class SizeAP(BaseModel):
 
 
 class ConfusionMatrix(BaseModel):
-    labels: list[str] = Field(min_length=1, description=f"row and column labels in order; the last is {BACKGROUND!r}")
+    labels: list[str] = Field(min_length=1, description=f"row and column labels in order; the last is {BACKGROUND!r} "
+                              "(known by its place: a dataset may name a class 'background' too)")
     counts: list[list[int]] = Field(description="counts[i][j]: objects of labels[i] detected as labels[j]; row "
                                     f"{BACKGROUND!r}: false positives, column {BACKGROUND!r}: missed objects")
     folded: list[str] = Field(default_factory=list, description=f"classes summed into {OTHER_CLASSES!r} (over "
@@ -61,8 +62,8 @@ class ConfusionMatrix(BaseModel):
 
     @model_validator(mode="after")
     def _square_with_background(self) -> ConfusionMatrix:
-        if self.labels[-1] != BACKGROUND or self.labels.count(BACKGROUND) != 1:
-            raise ValueError(f"the last label (and only it) must be {BACKGROUND!r}")
+        if self.labels[-1] != BACKGROUND:
+            raise ValueError(f"the last label must be {BACKGROUND!r}")
         if len(self.counts) != len(self.labels) or any(len(row) != len(self.labels) for row in self.counts):
             raise ValueError(f"counts must be {len(self.labels)} x {len(self.labels)}")
         if self.counts[-1][-1] != 0:

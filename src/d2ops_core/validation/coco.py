@@ -586,10 +586,14 @@ class _SplitChecker:
 
     def categories(self, categories: list[_Category]) -> None:
         cats = self.result.categories
+        names: dict[str, int] = {}
         for i, c in enumerate(categories):
             path = f"categories[{i}]"
             has_id = self.field(c.id, path, "id", "integer")
             has_name = self.field(c.name, path, "name", "string")
+            if has_name and names.setdefault(c.name, i) != i:
+                self.add(Code.DUPLICATE_CATEGORY_NAME, f"category name {printable(c.name)!r} is also "
+                         f"categories[{names[c.name]}]'s", f"{path}.name")
             if has_id and c.id in cats:
                 self.add(Code.DUPLICATE_CATEGORY_ID, f"category id {c.id} is used more than once", f"{path}.id")
             elif has_id:

@@ -45,6 +45,7 @@ class Code(StrEnum):
     DUPLICATE_IMAGE_ID = "DUPLICATE_IMAGE_ID"
     DUPLICATE_ANNOTATION_ID = "DUPLICATE_ANNOTATION_ID"
     DUPLICATE_CATEGORY_ID = "DUPLICATE_CATEGORY_ID"
+    DUPLICATE_CATEGORY_NAME = "DUPLICATE_CATEGORY_NAME"
     IMAGE_DIMENSIONS_INVALID = "IMAGE_DIMENSIONS_INVALID"
     FILE_NAME_UNSAFE = "FILE_NAME_UNSAFE"
     ANNOTATION_IMAGE_UNKNOWN = "ANNOTATION_IMAGE_UNKNOWN"
@@ -126,6 +127,8 @@ MEANINGS: dict[Code, str] = {
     Code.DUPLICATE_IMAGE_ID: "two images in one split share an id",
     Code.DUPLICATE_ANNOTATION_ID: "two annotations in one split share an id",
     Code.DUPLICATE_CATEGORY_ID: "two categories in one split share an id",
+    Code.DUPLICATE_CATEGORY_NAME: ("two categories in one split share a name: per-class AP, the gate's per-class "
+                                   "intervals and the score thresholds are keyed by class name"),
     Code.IMAGE_DIMENSIONS_INVALID: "an image's width or height is not a positive integer",
     Code.FILE_NAME_UNSAFE: ("an image file_name is empty, absolute, a URL (s3://, https://), contains `..`, `.`, "
                             "`//` or a backslash, or escapes images/"),
