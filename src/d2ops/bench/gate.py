@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from d2ops.bench import cpu_model
 from model_code.evaluation.bootstrap import IOU_THRESHOLDS, ClassMatches, compare, weighted_ap
 
 MAX_REGRESSION = 0.01  # the stack's MaxRegression default
@@ -268,17 +269,6 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m d2ops.bench.gate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -300,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     s = replace(Scenario(), images=args.images, classes=args.classes, shared=args.shared)
     load = os.getloadavg()[0]
     print(f"{args.trials} trials a case, {s.images} val images, {s.classes} classes, shared {s.shared}; "
-          f"{args.resamples} resamples at {args.confidence}; CPU {_cpu_model()}, {os.cpu_count()} cores, "
+          f"{args.resamples} resamples at {args.confidence}; CPU {cpu_model()}, {os.cpu_count()} cores, "
           f"load {load:.1f}", flush=True)
     start = time.perf_counter()
     result = run(s, trials=args.trials, resamples=args.resamples, confidence=args.confidence,
@@ -337,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
            "old_spread_caught_rate": result["old_spread_caught_rate"],
            "mean_half_width": round(result["mean_half_width"], 4),
            "compare_seconds": round(result["compare_seconds"], 3), "seconds": round(seconds, 1),
-           "cpu": _cpu_model(), "load": round(load, 1),
+           "cpu": cpu_model(), "load": round(load, 1),
            "caught_rate": result["caught_rate"], "false_block_rate": result["false_block_rate"]}
     print(json.dumps(out))
     return 0

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from d2ops.bench import cpu_model
 from d2ops.bench.child import measure_in_child
 
 OPEN_IMAGES_TRAIN = 1_743_042  # Open Images V7 detection train images
@@ -257,16 +258,6 @@ def extrapolate(batch_seconds: float, single_images_per_s: float, concurrency: i
             "single_max_images": single_images_per_s * LAMBDA_SECONDS}
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m d2ops.bench.validate_scale", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -282,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_measure(args.measure, args.images, concurrency)))
         return 0
     print(f"{args.images} images, {CLASSES} classes, about {BOXES_MEAN} boxes an image; Map concurrency "
-          f"{concurrency}; CPU {_cpu_model()}, {os.cpu_count()} cores", flush=True)
+          f"{concurrency}; CPU {cpu_model()}, {os.cpu_count()} cores", flush=True)
     single = measure_in_child("d2ops.bench.validate_scale", "single", "--images", str(args.images),
                               "--concurrency", str(concurrency))
     print(f"single Lambda: {single['images']} images in {single['seconds']:.1f} s "
@@ -312,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
               "extrapolated_cloud_seconds_1_7m": round(model["map_seconds"], 1),
               "single_lambda_seconds_1_7m": round(model["single_seconds"], 1),
               "single_lambda_max_images_15min": int(model["single_max_images"]),
-              "cpu": _cpu_model()}
+              "cpu": cpu_model()}
     print(json.dumps(result))
     return 0
 
