@@ -22,7 +22,7 @@ from tests.fixtures.pipeline import support
 support.function_path("summarize_evaluation")
 from summarize_evaluation import handler as summarize_handler  # noqa: E402
 from summarize_evaluation.models import SummarizeEvent  # noqa: E402
-from summarize_evaluation.service import summarize  # noqa: E402
+from summarize_evaluation.service import decision, refused_by, summarize  # noqa: E402
 
 SUMMARIZE_EVENT = support.load_event("summarize_evaluation", "report")
 
@@ -91,4 +91,8 @@ def test_the_metric_s_decision_is_the_quality_gate_choice_state_s(challenger: fl
     document = {"evaluation": summary.model_dump(mode="json")}
     taken = next((rule["Next"] for rule in gate["Choices"] if evaluate_rule(rule, document, {})), gate["Default"])
     expected = "approved" if taken == gate["Default"] else "rejected"
-    assert summarize_handler.gate_decision(summary) == expected
+    assert decision(summary) == expected
+    # ...and the refusal its reason is written for is the branch the Choice takes.
+    assert taken == {None: gate["Default"], "below_min_map": "Below quality threshold",
+                     "regressed": "Worse than champion",
+                     "class_regressed": "Worse than champion on a class"}[refused_by(summary)]

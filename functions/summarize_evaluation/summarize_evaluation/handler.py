@@ -12,25 +12,16 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from d2ops_core import pipeline_metrics as pm
 from summarize_evaluation.models import EvaluationSummary, SummarizeEvent
-from summarize_evaluation.service import read_report, summarize
+from summarize_evaluation.service import decision, read_report, summarize
 
 logger = Logger()
 tracer = Tracer()
 
 
-def gate_decision(summary: EvaluationSummary) -> str:
-    """The decision the "Quality gate" Choice state takes on this summary (a test runs the ASL's rules).
-
-    The Lambda computed the booleans the Choice state tests; this only labels the metric, so the
-    dashboard can count decisions.
-    """
-    return "rejected" if summary.below_min_map or summary.regressed or summary.class_regressed else "approved"
-
-
 def record_metrics(summary: EvaluationSummary) -> None:
     """One gate decision and the challenger's AP (EMF; each its own document, as each has its own dimension)."""
     with single_metric(namespace=pm.NAMESPACE, name=pm.GATE_DECISIONS, unit=MetricUnit.Count, value=1) as metric:
-        metric.add_dimension(name=pm.DECISION, value=gate_decision(summary))
+        metric.add_dimension(name=pm.DECISION, value=decision(summary))
     with single_metric(namespace=pm.NAMESPACE, name=pm.CHALLENGER_AP, unit=MetricUnit.NoUnit,
                        value=summary.challenger_value) as metric:
         metric.add_dimension(name=pm.PRIMARY_METRIC, value=summary.primary_metric)

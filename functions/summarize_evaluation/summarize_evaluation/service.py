@@ -6,7 +6,7 @@ import bisect
 import itertools
 import math
 import unicodedata
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -33,6 +33,10 @@ CLASS_GATE_DESCRIPTION_MAX = platform.MODEL_PACKAGE_DESCRIPTION_MAX - DESCRIPTIO
 # Control characters that separate words become spaces; anything else outside the allowed categories
 # becomes U+FFFD (a symbol, so allowed), keeping the count of characters and where one was.
 _SPACES = frozenset("\t\n\v\f\r\x1c\x1d\x1e\x1f\x85")
+
+
+Refusal = Literal["below_min_map", "regressed", "class_regressed"]
+Decision = Literal["approved", "rejected"]
 
 
 class EvaluationReportNotFound(Exception):
@@ -177,8 +181,22 @@ def description_head(name: str, version: str) -> str:
     return bounded(registry_text(f"{name} {version}"), DESCRIPTION_HEAD_MAX - 2) + ": "
 
 
+# The gate's refusals, in the order the "Quality gate" Choice state tests the summary's booleans of the same names.
+REFUSALS: tuple[Refusal, ...] = ("below_min_map", "regressed", "class_regressed")
+
+
+def refused_by(summary: EvaluationSummary) -> Refusal | None:
+    """The refusal the "Quality gate" Choice state takes on ``summary`` (None: it passes). The reason and
+    the GateDecisions metric read the decision here; a test runs the ASL's Choice on the same summaries."""
+    return next((refusal for refusal in REFUSALS if getattr(summary, refusal)), None)
+
+
+def decision(summary: EvaluationSummary) -> Decision:
+    return "approved" if refused_by(summary) is None else "rejected"
+
+
 def gate_reason(summary: EvaluationSummary) -> str:
-    """The reason of the decision the "Quality gate" Choice state takes on ``summary`` (its tests, in its order)."""
+    """The reason of the decision the "Quality gate" Choice state takes on ``summary``."""
     metric, challenger = summary.primary_metric, summary.challenger_value
     versus = wider = ""
     if summary.interval is not None:
@@ -186,12 +204,13 @@ def gate_reason(summary: EvaluationSummary) -> str:
     if summary.more_val_images is not None:
         wider = (f"; the interval is wider than the tolerance: about {summary.more_val_images} more val images "
                  f"({summary.val_images} now) would narrow it to \u00b1{summary.max_regression:g}")
-    if summary.below_min_map:
+    refusal = refused_by(summary)
+    if refusal == "below_min_map":
         return f"challenger {metric} {challenger:.3f} is below the threshold {summary.min_map:g}" + (
             f"; {versus}{wider}" if versus else "")
-    if summary.regressed:
+    if refusal == "regressed":
         return f"challenger {metric} {challenger:.3f} {versus}, beyond the tolerance {summary.max_regression:g}{wider}"
-    if summary.class_regressed:
+    if refusal == "class_regressed":
         return summary.class_gate_reason + (f"; overall {versus}" if versus else "")
     reason = f"challenger {metric} {challenger:.3f} reaches the threshold {summary.min_map:g}"
     if versus:
