@@ -1,0 +1,587 @@
+"""Typed builders for an Amazon States Language definition, and the shapes the pipeline repeats.
+
+Each state is a small frozen dataclass whose ``asl()`` is its JSON object, keys in the order the
+committed ``statemachine/*.asl.json`` writes them (Type, Comment, inputs, outputs, error handling,
+transition), so the generated file reads like a hand-written one and diffs stay small.
+
+The repeated shapes are functions returning ``(name, state)`` pairs:
+
+- ``lambda_task``: a ``lambda:invoke`` Task whose ResultSelector is the handler's pydantic output
+  model's fields (``payload_fields``), so a field added to the model reaches ``$`` without an edit here;
+- ``sync_job_create_or_find``: the ``.sync`` SageMaker job create whose lost response is recovered by
+  finding the job the first attempt started (and whose transient refusals are retried by states,
+  since a Retry cannot tell throttling from a quota refusal);
+- ``create_or_find``: the same idea for a create call that returns at once (model, endpoint config);
+- ``FailureKind`` with ``record_failure``, ``route_failures`` and ``fail_states``: the failure triple
+  (a Pass recording ``$.failure``, the Choice routing on its error, the Fail state named after it);
+- ``RetryPolicy``: one named Retry shape per kind of call (``RETRY_POLICIES`` lists them).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+Json = dict[str, Any]
+Named = tuple[str, "State"]
+
+RUN_ID = "$$.Execution.Name"
+EXECUTION_ARN = "$$.Execution.Id"
+ENTERED_TIME = "$$.State.EnteredTime"
+
+
+class _Absent:
+    """A field left out of the state (JSON has no way to say "absent" with None: ``ResultPath: null`` discards)."""
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT = _Absent()
+
+
+def sub(name: str) -> str:
+    """A DefinitionSubstitutions placeholder (template.yaml's PipelineStateMachine supplies the value)."""
+    return "${" + name + "}"
+
+
+def resource(integration: str) -> str:
+    """A Step Functions service integration ARN, partition-aware (``lambda:invoke``, ``aws-sdk:s3:putObject``)."""
+    return f"arn:{sub('Partition')}:states:::{integration}"
+
+
+def fmt(template: str, *paths: str) -> str:
+    """``States.Format('template', path, ...)``."""
+    return f"States.Format('{template}', {', '.join(paths)})"
+
+
+def _put(out: Json, key: str, value: Any) -> None:
+    if value is not ABSENT:
+        out[key] = value
+
+
+# --- error handling --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """One Retry shape: capped exponential backoff with full jitter."""
+
+    name: str
+    errors: tuple[str, ...]
+    interval: int
+    max_attempts: int
+    max_delay: int
+    backoff: int = 2
+
+    def asl(self) -> Json:
+        return {"ErrorEquals": list(self.errors), "IntervalSeconds": self.interval, "MaxAttempts": self.max_attempts,
+                "BackoffRate": self.backoff, "MaxDelaySeconds": self.max_delay, "JitterStrategy": "FULL"}
+
+
+@dataclass(frozen=True)
+class Catch:
+    next: str
+    errors: tuple[str, ...] = ("States.ALL",)
+    result_path: str | None = "$.error"
+
+    def asl(self) -> Json:
+        return {"ErrorEquals": list(self.errors), "ResultPath": self.result_path, "Next": self.next}
+
+
+def catch_all(next: str, result_path: str | None = "$.error") -> tuple[Catch]:
+    return (Catch(next, result_path=result_path),)
+
+
+# --- states ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Task:
+    resource: str
+    next: str | None  # None: End
+    comment: str | None = None
+    input_path: str | _Absent = ABSENT
+    parameters: Json | _Absent = ABSENT
+    result_selector: Json | _Absent = ABSENT
+    result_path: str | _Absent | None = ABSENT
+    output_path: str | _Absent = ABSENT
+    timeout: int | _Absent = ABSENT
+    retry: tuple[RetryPolicy, ...] = ()
+    catch: tuple[Catch, ...] = ()
+    # The few states whose Comment the committed file writes after another key (JSON objects are
+    # unordered; kept so the generated file equals the committed one byte for byte).
+    comment_after: str = "Type"
+
+    def asl(self) -> Json:
+        out: Json = {"Type": "Task"}
+        fields: list[tuple[str, Any]] = [
+            ("Resource", self.resource), ("InputPath", self.input_path), ("Parameters", self.parameters),
+            ("ResultSelector", self.result_selector), ("ResultPath", self.result_path),
+            ("OutputPath", self.output_path), ("TimeoutSeconds", self.timeout),
+            ("Retry", [r.asl() for r in self.retry] if self.retry else ABSENT),
+            ("Catch", [c.asl() for c in self.catch] if self.catch else ABSENT),
+        ]
+        if self.comment is not None:
+            at = 0 if self.comment_after == "Type" else [k for k, _ in fields].index(self.comment_after) + 1
+            fields.insert(at, ("Comment", self.comment))
+        for key, value in fields:
+            _put(out, key, value)
+        _transition(out, self.next)
+        return out
+
+
+@dataclass(frozen=True)
+class Pass:
+    next: str
+    comment: str | None = None
+    input_path: str | _Absent = ABSENT
+    parameters: Json | _Absent = ABSENT
+    result: Json | _Absent = ABSENT
+    result_path: str | _Absent | None = ABSENT
+
+    def asl(self) -> Json:
+        out: Json = {"Type": "Pass"}
+        _put(out, "Comment", ABSENT if self.comment is None else self.comment)
+        _put(out, "InputPath", self.input_path)
+        _put(out, "Parameters", self.parameters)
+        _put(out, "Result", self.result)
+        _put(out, "ResultPath", self.result_path)
+        out["Next"] = self.next
+        return out
+
+
+@dataclass(frozen=True)
+class Choice:
+    choices: tuple[Json, ...]  # rules built with `when`
+    default: str
+    comment: str | None = None
+
+    def asl(self) -> Json:
+        out: Json = {"Type": "Choice"}
+        _put(out, "Comment", ABSENT if self.comment is None else self.comment)
+        out["Choices"] = list(self.choices)
+        out["Default"] = self.default
+        return out
+
+
+@dataclass(frozen=True)
+class Wait:
+    next: str
+    seconds: int | _Absent = ABSENT
+    seconds_path: str | _Absent = ABSENT
+    comment: str | None = None
+
+    def asl(self) -> Json:
+        out: Json = {"Type": "Wait"}
+        _put(out, "Comment", ABSENT if self.comment is None else self.comment)
+        _put(out, "Seconds", self.seconds)
+        _put(out, "SecondsPath", self.seconds_path)
+        out["Next"] = self.next
+        return out
+
+
+@dataclass(frozen=True)
+class Fail:
+    error: str
+    cause_path: str
+
+    def asl(self) -> Json:
+        return {"Type": "Fail", "Error": self.error, "CausePath": self.cause_path}
+
+
+@dataclass(frozen=True)
+class Succeed:
+    def asl(self) -> Json:
+        return {"Type": "Succeed"}
+
+
+@dataclass(frozen=True)
+class DistributedMap:
+    """A Distributed Map reading JSONL from S3, batched, its results written to S3 (``ResultWriter``)."""
+
+    next: str
+    comment: str
+    label: str
+    item_reader: Json
+    item_batcher: Json
+    max_concurrency_path: str
+    processor: Machine
+    result_writer: Json
+    result_path: str
+    catch: tuple[Catch, ...]
+    tolerated_failure_count: int = 0
+
+    def asl(self) -> Json:
+        return {"Type": "Map", "Comment": self.comment, "Label": self.label, "ItemReader": self.item_reader,
+                "ItemBatcher": self.item_batcher, "MaxConcurrencyPath": self.max_concurrency_path,
+                "ToleratedFailureCount": self.tolerated_failure_count,
+                "ItemProcessor": {"ProcessorConfig": {"Mode": "DISTRIBUTED", "ExecutionType": "EXPRESS"},
+                                  **self.processor.asl()},
+                "ResultWriter": self.result_writer, "ResultPath": self.result_path,
+                "Catch": [c.asl() for c in self.catch], "Next": self.next}
+
+
+State = Task | Pass | Choice | Wait | Fail | Succeed | DistributedMap
+
+
+def _transition(out: Json, next: str | None) -> None:
+    if next is None:
+        out["End"] = True
+    else:
+        out["Next"] = next
+
+
+@dataclass(frozen=True)
+class Machine:
+    """States in the order they are written, the first one the start (unless ``start_at`` says otherwise)."""
+
+    states: tuple[Named, ...]
+    start_at: str | None = None
+    comment: str | None = None
+    timeout: int | None = None
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for name, _ in self.states:
+            if name in seen:
+                raise ValueError(f"state {name!r} is defined twice")
+            seen.add(name)
+        if not self.states:
+            raise ValueError("a state machine needs at least one state")
+        if self.start_at is not None and self.start_at not in seen:
+            raise ValueError(f"StartAt names the missing state {self.start_at!r}")
+
+    def asl(self) -> Json:
+        out: Json = {}
+        if self.comment is not None:
+            out["Comment"] = self.comment
+        out["StartAt"] = self.start_at or self.states[0][0]
+        if self.timeout is not None:
+            out["TimeoutSeconds"] = self.timeout
+        out["States"] = {name: state.asl() for name, state in self.states}
+        return out
+
+
+def machine(*groups: Named | Iterable[Named], **kwargs: Any) -> Machine:
+    """A Machine from single ``(name, state)`` pairs and helpers' lists of them, in order."""
+    states: list[Named] = []
+    for group in groups:
+        if isinstance(group, tuple) and len(group) == 2 and isinstance(group[0], str):
+            states.append(group)
+        else:
+            states.extend(group)
+    return Machine(tuple(states), **kwargs)
+
+
+# --- Choice rules ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Var:
+    """A Choice rule's ``Variable``: ``Var("$.x").string_equals("a")`` is one comparison."""
+
+    path: str
+
+    def _rule(self, op: str, value: Any) -> Json:
+        return {"Variable": self.path, op: value}
+
+    def is_present(self, present: bool = True) -> Json:
+        return self._rule("IsPresent", present)
+
+    def is_true(self) -> Json:
+        return self._rule("BooleanEquals", True)
+
+    def string_equals(self, value: str) -> Json:
+        return self._rule("StringEquals", value)
+
+    def string_equals_path(self, path: str) -> Json:
+        return self._rule("StringEqualsPath", path)
+
+    def string_matches(self, pattern: str) -> Json:
+        return self._rule("StringMatches", pattern)
+
+    def numeric_less_than(self, value: int) -> Json:
+        return self._rule("NumericLessThan", value)
+
+    def numeric_less_than_path(self, path: str) -> Json:
+        return self._rule("NumericLessThanPath", path)
+
+    def numeric_greater_than_path(self, path: str) -> Json:
+        return self._rule("NumericGreaterThanPath", path)
+
+    def numeric_greater_than_equals_path(self, path: str) -> Json:
+        return self._rule("NumericGreaterThanEqualsPath", path)
+
+    def one_of(self, *values: str) -> Json:
+        """StringEquals any of ``values``."""
+        return any_of(*(self.string_equals(v) for v in values))
+
+    def matches_any(self, *patterns: str) -> Json:
+        return any_of(*(self.string_matches(p) for p in patterns))
+
+
+def all_of(*rules: Json) -> Json:
+    return {"And": list(rules)}
+
+
+def any_of(*rules: Json) -> Json:
+    return {"Or": list(rules)}
+
+
+def not_(rule: Json) -> Json:
+    return {"Not": rule}
+
+
+def when(rule: Json, next: str) -> Json:
+    """A Choice rule with its transition."""
+    return {**rule, "Next": next}
+
+
+# --- Lambda tasks --------------------------------------------------------------------------------
+
+LAMBDA_INVOKE = resource("lambda:invoke")
+
+
+def payload_fields(model: type[BaseModel], exclude: Sequence[str] = ()) -> Json:
+    """The ResultSelector that keeps an output model's fields from a ``lambda:invoke`` result, in its order."""
+    unknown = set(exclude) - set(model.model_fields)
+    if unknown:
+        raise ValueError(f"{model.__name__} has no field {sorted(unknown)[0]!r} to exclude")
+    return {f"{name}.$": f"$.Payload.{name}" for name in model.model_fields if name not in exclude}
+
+
+def lambda_task(name: str, function: str, payload: Json | str, *, next: str | None, retry: RetryPolicy,
+                comment: str | None = None, result_selector: Json | _Absent = ABSENT,
+                result_path: str | _Absent | None = ABSENT, output_path: str | _Absent = ABSENT,
+                timeout: int | _Absent = ABSENT, catch: tuple[Catch, ...] = ()) -> Named:
+    """Invoke ``${<function>}`` with ``payload`` (an object, or a path to pass whole)."""
+    parameters: Json = {"FunctionName": sub(function)}
+    if isinstance(payload, str):
+        parameters["Payload.$"] = payload
+    else:
+        parameters["Payload"] = payload
+    return name, Task(LAMBDA_INVOKE, next, comment=comment, parameters=parameters, result_selector=result_selector,
+                      result_path=result_path, output_path=output_path, timeout=timeout, retry=(retry,), catch=catch)
+
+
+def handler_model(reference: str) -> type[BaseModel]:
+    """``"summarize_evaluation.models:EvaluationSummary"``: a handler package's model, imported as Lambda does
+    (its function's code directory, from template.yaml, on ``sys.path``)."""
+    from d2ops.template import load_template
+
+    module, _, attribute = reference.partition(":")
+    code_dir = str(load_template().function_for_code_dir(module.partition(".")[0]).code_dir)
+    if code_dir not in sys.path:
+        sys.path.append(code_dir)
+    model = getattr(importlib.import_module(module), attribute)
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise TypeError(f"{reference} is not a pydantic model")
+    return model
+
+
+# --- counters (the bounded loops' bookkeeping) ---------------------------------------------------
+
+
+def start_counter(name: str, path: str, next: str, **initial: int) -> Named:
+    """A Pass that sets ``path`` to ``initial`` (e.g. ``attempts=0``)."""
+    return name, Pass(next, result=dict(initial), result_path=path)
+
+
+def count(name: str, path: str, next: str, *, counter: str, doubling: str | None = None) -> Named:
+    """A Pass adding one to ``path.counter`` (and doubling ``path.doubling``, a backoff)."""
+    parameters = {f"{counter}.$": f"States.MathAdd({path}.{counter}, 1)"}
+    if doubling is not None:
+        parameters[f"{doubling}.$"] = f"States.MathAdd({path}.{doubling}, {path}.{doubling})"
+    return name, Pass(next, parameters=parameters, result_path=path)
+
+
+# --- the failure triple ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FailureKind:
+    """A way the run fails: the error name of ``$.failure`` and of the Fail state that ends the run."""
+
+    error: str
+    fail_state: str
+
+
+FAILURE_PATH = "$.failure"
+FAILURE_CAUSE = "$.failure.cause"
+
+
+def record_failure(name: str, kind: FailureKind, cause: str, *, next: str, comment: str | None = None,
+                   **extra: Any) -> Named:
+    """The Pass that records ``$.failure`` (error, cause, run, dataset, then ``extra``) for the notification
+    and the Fail state. ``cause`` is a path or intrinsic (``cause.$``); ``extra`` keys are written as given."""
+    parameters: Json = {"error": kind.error, "cause.$": cause, "run_id.$": RUN_ID, "dataset.$": "$.dataset", **extra}
+    return name, Pass(next, comment=comment, parameters=parameters, result_path=FAILURE_PATH)
+
+
+def route_failures(name: str, kinds: Sequence[FailureKind], default: FailureKind) -> Named:
+    """The Choice sending each recorded failure to its Fail state."""
+    error = Var(f"{FAILURE_PATH}.error")
+    return name, Choice(tuple(when(error.string_equals(k.error), k.fail_state) for k in kinds), default.fail_state)
+
+
+def fail_states(kinds: Sequence[FailureKind]) -> list[Named]:
+    return [(k.fail_state, Fail(k.error, FAILURE_CAUSE)) for k in kinds]
+
+
+# --- create-or-find -----------------------------------------------------------------------------------
+
+
+def already_created(name: str, cause: str | tuple[str, ...], *, found: str, otherwise: str) -> Named:
+    """The Choice telling "the name is taken" (what a retry after a lost create response sees) by the Cause."""
+    comment = ("A retry after a lost response finds the name taken by what the first attempt created: "
+               "look at it instead of failing.")
+    rule = Var("$.error.Cause").string_matches(cause) if isinstance(cause, str) else \
+        Var("$.error.Cause").matches_any(*cause)
+    return name, Choice((when(rule, found),), otherwise, comment=comment)
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """How a created resource is read back: the describe call, its parameters, what it keeps and where."""
+
+    name: str
+    integration: str
+    parameters: Json
+    result_selector: Json
+    result_path: str
+
+
+def create_or_find(create: Named, *, thing: str, exists_cause: str, lookup: Lookup, ours: Json, next: str,
+                   failed: str, retry: RetryPolicy) -> list[Named]:
+    """A create call whose "already exists" refusal (a retry after a lost response) is followed by a lookup:
+    the resource is ours when ``ours`` holds, else the step fails."""
+    exists = f"{thing[0].upper()}{thing[1:]} already created?"
+    is_ours = f"Created {thing} is ours?"
+    return [
+        create,
+        already_created(exists, exists_cause, found=lookup.name, otherwise=failed),
+        (lookup.name, Task(resource(lookup.integration), is_ours, parameters=lookup.parameters,
+                           result_selector=lookup.result_selector, result_path=lookup.result_path, retry=(retry,),
+                           catch=catch_all(failed, "$.find_error"))),
+        (is_ours, Choice((when(ours, next),), failed,
+                         comment="Ours if it is what this run asked for; a name taken by something else fails the "
+                                 "deployment.")),
+    ]
+
+
+@dataclass(frozen=True)
+class SyncJob:
+    """A SageMaker job the pipeline starts with ``.sync`` (``training`` or ``evaluation``)."""
+
+    kind: str  # the word in the state names: "training", "evaluation"
+    api: str  # "TrainingJob", "ProcessingJob"
+    create_name: str  # the .sync state
+    create_comment: str
+    request_path: str  # the Create* request in $
+    result_selector: Json  # what the .sync state keeps of the job's description
+    result_path: str
+    name_taken_cause: str  # SageMaker's own message when the name is taken
+    output_field: str  # where the job writes, in its description (and the request)
+    check_every: int  # seconds between checks of a job a lost response started
+    max_checks: int
+    ours_comment_tail: str
+
+
+def sync_job_create_or_find(job: SyncJob, *, next: str, failed: str, create_retries: int = 5,
+                            first_retry_seconds: int = 15, retry: RetryPolicy) -> list[Named]:
+    """The ``.sync`` create, made safe to repeat.
+
+    A retry after a lost Create* response finds the name taken by the job the first attempt started: that
+    job is checked (ours if it writes where this run reads) and waited for, bounded. A transient refusal
+    (throttling, 5xx, no answer) is retried by states, at most ``create_retries`` times, doubling from
+    ``first_retry_seconds``; anything else fails at once (a Retry cannot tell them apart: the optimised
+    integration reports every SageMaker error as AmazonSageMakerException, the code only in the Cause).
+    """
+    k = job.kind
+    created = f"Start waiting for created {k} job"
+    retry_decision = f"Retry creating {k} job?"
+    retries_left = f"{k.capitalize()} job creation retries left?"
+    start_retrying, wait_retry = f"Start retrying {k} job creation", f"Wait to retry creating {k} job"
+    count_retry = f"Count {k} job creation retry"
+    check, is_ours = f"Check created {k} job", f"Created {k} job is ours?"
+    wait_created, count_check = f"Wait for created {k} job", f"Count created {k} job check"
+    read, read_failure = f"Read created {k} job", f"Read created {k} job failure"
+    retry_path, wait_path, created_path = f"$.{k}_create_retry", f"$.created_{k}_wait", f"$.created_{k}"
+    api = job.api
+    name_param = {f"{api}Name.$": f"{job.request_path}.{api}Name"}
+    describe = resource(f"aws-sdk:sagemaker:describe{api}")
+    status = Var(f"{created_path}.status")
+
+    def describe_task(next_state: str, result_selector: Json, result_path: str, comment: str | None = None) -> Task:
+        return Task(describe, next_state, comment=comment, parameters=name_param, result_selector=result_selector,
+                    result_path=result_path, retry=(retry,), catch=catch_all(failed),
+                    comment_after="Parameters")
+
+    return [
+        (job.create_name, Task(resource(f"sagemaker:create{api}.sync"), next, comment=job.create_comment,
+                               input_path=job.request_path, result_selector=job.result_selector,
+                               result_path=job.result_path,
+                               catch=(Catch(f"{k.capitalize()} job already created?",
+                                            ("SageMaker.AmazonSageMakerException",)), *catch_all(failed)))),
+        (f"{k.capitalize()} job already created?", Choice(
+            (when(Var("$.error.Cause").matches_any(job.name_taken_cause, "*Error Code: ResourceInUse*"), created),),
+            retry_decision,
+            comment=f"A retry after a lost Create{api} response finds the name taken by the job the first attempt "
+                    "started (ResourceInUse, named only in the Cause: the optimised integration reports every "
+                    "SageMaker error as AmazonSageMakerException). Wait for that job instead of failing.")),
+        (retry_decision, Choice(
+            (when(Var("$.error.Cause").matches_any(
+                "*Error Code: Throttling*", "*Error Code: InternalFailure*", "*Error Code: ServiceUnavailable*",
+                "*Status Code: 5*", "Unable to execute HTTP request*"), retries_left),),
+            failed,
+            comment=f"Create{api} was refused. Only a refusal that can pass is tried again: throttling, an internal "
+                    "or 5xx error, a request whose answer never came. A quota (ResourceLimitExceeded), validation or "
+                    "access refusal fails the run at once, with its reason: a Retry cannot tell them apart (one "
+                    "error name, SageMaker.AmazonSageMakerException; the code is only in the Cause).")),
+        (retries_left, Choice(
+            (when(not_(Var(retry_path).is_present()), start_retrying),
+             when(Var(f"{retry_path}.attempts").numeric_less_than(create_retries), wait_retry)),
+            failed,
+            comment=f"At most {create_retries} retries, {first_retry_seconds} s doubling "
+                    f"({first_retry_seconds * (2 ** create_retries - 1)} s of waits in all).")),
+        start_counter(start_retrying, retry_path, wait_retry, attempts=0, seconds=first_retry_seconds),
+        (wait_retry, Wait(count_retry, seconds_path=f"{retry_path}.seconds",
+                          comment="No jitter: the endpoint lease lets only one run of the stack this far at a "
+                                  "time.")),
+        count(count_retry, retry_path, job.create_name, counter="attempts", doubling="seconds"),
+        start_counter(created, wait_path, check, checks=0),
+        (check, Task(describe, is_ours, parameters=name_param,
+                     result_selector={"status.$": f"$.{api}Status", "output.$": f"$.{job.output_field}"},
+                     result_path=created_path, retry=(retry,), catch=catch_all(failed))),
+        (is_ours, Choice(
+            (when(not_(Var(f"{created_path}.output").string_equals_path(f"{job.request_path}.{job.output_field}")),
+                  failed),
+             when(status.string_equals("Completed"), read),
+             when(status.one_of("Failed", "Stopped"), read_failure),
+             when(all_of(status.one_of("InProgress", "Stopping"),
+                         Var(f"{wait_path}.checks").numeric_less_than(job.max_checks)), wait_created)),
+            failed,
+            comment="Ours if it writes where this run reads (the run id is in its name and its output path). "
+                    f"Bounded: {job.max_checks} checks {job.check_every} s apart outlast the longest such job the "
+                    "stack allows (SageMaker ends a job at its StoppingCondition)" + job.ours_comment_tail)),
+        (wait_created, Wait(count_check, seconds=job.check_every)),
+        count(count_check, wait_path, check, counter="checks"),
+        (read, describe_task(next, job.result_selector, job.result_path,
+                             "The fields the .sync state selects, in the same place.")),
+        (read_failure, describe_task(failed, {"Error": "States.TaskFailed", "Cause.$": "States.JsonToString($)"},
+                                     "$.error",
+                                     "What the .sync state's Catch records for a failed or stopped job: "
+                                     "States.TaskFailed with the job's description as the Cause.")),
+    ]
+
+
+def render(definition: Machine) -> str:
+    """The file's text: two-space indented JSON and a final newline, as the committed file is written."""
+    return json.dumps(definition.asl(), indent=2, ensure_ascii=False) + "\n"
