@@ -87,14 +87,20 @@ test-all: setup  ## the whole suite including `slow` checks
 # The handler packages (functions/<fn>/<fn>) are top-level packages for lint-imports, as in Lambda.
 FUNCTION_PATHS := $(subst $(eval) ,:,$(patsubst %/,%,$(wildcard functions/*/)))
 
-lint: setup  ## ruff, mypy, import-linter (package boundaries), cfn-lint, sam validate --lint, checkov, hadolint
+lint: setup  ## ruff, mypy, import-linter (package boundaries), the generated ASL is current, cfn-lint, sam validate --lint, checkov, hadolint
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/python -m d2ops.statemachine --check
 	PYTHONPATH=src:.:$(FUNCTION_PATHS) $(BIN)/lint-imports --no-logo
 	$(BIN)/cfn-lint template.yaml
 	$(BIN)/sam validate --lint --template template.yaml --region us-east-1
 	$(BIN)/checkov --quiet --compact --skip-download --framework cloudformation --file template.yaml
 	find containers -name Dockerfile -print0 | xargs -0 -r $(BIN)/hadolint
+
+# The state machine definitions are generated from src/d2ops/statemachine/ (edit the Python, not the JSON).
+.PHONY: asl
+asl:  ## write statemachine/*.asl.json from the typed definition in src/d2ops/statemachine/
+	$(BIN)/python -m d2ops.statemachine
 
 # --- dataset validation (issue 2) -------------------------------------------------------
 .PHONY: bench-validate

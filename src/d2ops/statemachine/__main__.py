@@ -82,9 +82,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m d2ops.statemachine", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 naming the first difference when a committed file is stale")
+    parser.add_argument("--output", type=Path, metavar="PATH",
+                        help="write or check PATH instead of the file template.yaml deploys")
     args = parser.parse_args(argv)
+    definitions = pipelines()
+    if args.output and len(definitions) > 1:
+        parser.error("--output names one file: there are several definitions")
     stale = 0
-    for name, (path, build) in pipelines().items():
+    for name, (deployed, build) in definitions.items():
+        path = args.output or deployed
         text = render(build())
         committed = path.read_text() if path.exists() else ""
         if args.check:
