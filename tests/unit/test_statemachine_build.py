@@ -14,6 +14,8 @@ import pytest
 from d2ops.statemachine import training_pipeline as tp
 from d2ops.statemachine.__main__ import first_difference, main
 from d2ops.statemachine.builder import (
+    RETRY_POLICIES,
+    SAGEMAKER_READ,
     Catch,
     Choice,
     Fail,
@@ -128,15 +130,15 @@ def all_states(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_every_retry_is_one_named_policy_and_each_policy_is_used() -> None:
-    shapes = {json.dumps(p.asl()): p.name for p in tp.RETRY_POLICIES}
-    assert len(shapes) == len(tp.RETRY_POLICIES), "two policies of one shape"
-    assert len({p.name for p in tp.RETRY_POLICIES}) == len(tp.RETRY_POLICIES), "two policies of one name"
+    shapes = {json.dumps(p.asl()): p.name for p in RETRY_POLICIES}
+    assert len(shapes) == len(RETRY_POLICIES), "two policies of one shape"
+    assert len({p.name for p in RETRY_POLICIES}) == len(RETRY_POLICIES), "two policies of one name"
     used = set()
     for name, state in all_states(json.loads(generated())).items():
         for retrier in state.get("Retry", []):
             assert json.dumps(retrier) in shapes, f"{name}: a Retry that is no named policy"
             used.add(shapes[json.dumps(retrier)])
-    assert used == {p.name for p in tp.RETRY_POLICIES}
+    assert used == {p.name for p in RETRY_POLICIES}
 
 
 def test_a_retry_policy_is_capped_full_jitter_backoff() -> None:
@@ -235,7 +237,7 @@ def test_create_or_find_shape() -> None:
 
 def test_sync_job_create_or_find_is_a_closed_bounded_loop() -> None:
     named = sync_job_create_or_find(tp.TRAINING, next="Evaluate", failed="Record training failure",
-                                    retry=tp.SAGEMAKER_READ)
+                                    retry=SAGEMAKER_READ)
     states = states_of(named)
     assert len(states) == 14 and all("training" in n.lower() or n == "Train model" for n in states)
     # Every transition stays in the loop, or leaves to the next step or the failure record.

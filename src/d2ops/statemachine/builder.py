@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +83,42 @@ class RetryPolicy:
     def asl(self) -> Json:
         return {"ErrorEquals": list(self.errors), "IntervalSeconds": self.interval, "MaxAttempts": self.max_attempts,
                 "BackoffRate": self.backoff, "MaxDelaySeconds": self.max_delay, "JitterStrategy": "FULL"}
+
+
+# The named policies: one per kind of call (tests/unit/test_statemachine_build.py checks that every Retry of
+# the generated definitions is one of them, each distinct).
+
+LAMBDA_ERRORS = ("Lambda.ServiceException", "Lambda.AWSLambdaException", "Lambda.SdkClientException",
+                 "Lambda.TooManyRequestsException")
+SAGEMAKER_ERRORS = ("SageMaker.SageMakerException", "SageMaker.SdkClientException")
+CLOUDWATCH_ERRORS = ("CloudWatch.CloudWatchException", "CloudWatch.SdkClientException")
+
+LAMBDA = RetryPolicy("lambda", LAMBDA_ERRORS, interval=2, max_attempts=6, max_delay=60)
+# The failure path's and the notifications' Lambdas: each has a fallback, so fewer attempts.
+LAMBDA_WITH_FALLBACK = RetryPolicy("lambda-with-fallback", LAMBDA_ERRORS, interval=2, max_attempts=3, max_delay=30)
+DYNAMODB = RetryPolicy("dynamodb", ("DynamoDB.ProvisionedThroughputExceededException",
+                                    "DynamoDB.RequestLimitExceededException", "DynamoDB.ThrottlingException",
+                                    "DynamoDB.InternalServerErrorException"),
+                       interval=2, max_attempts=5, max_delay=30)
+SFN = RetryPolicy("sfn", ("Sfn.SfnException", "Sfn.SdkClientException"), interval=2, max_attempts=4, max_delay=30)
+SAGEMAKER_READ = RetryPolicy("sagemaker-read", SAGEMAKER_ERRORS, interval=5, max_attempts=4, max_delay=60)
+SAGEMAKER_WRITE = RetryPolicy("sagemaker-write", SAGEMAKER_ERRORS, interval=5, max_attempts=4, max_delay=15)
+# The optimised integrations report every SageMaker error as AmazonSageMakerException.
+SAGEMAKER_OPTIMISED = RetryPolicy("sagemaker-optimised", ("SageMaker.AmazonSageMakerException",),
+                                  interval=5, max_attempts=4, max_delay=15)
+# "Find current endpoint": a missing endpoint is a SageMakerException, caught (not retried).
+SAGEMAKER_CLIENT = RetryPolicy("sagemaker-client", ("SageMaker.SdkClientException",),
+                               interval=5, max_attempts=4, max_delay=60)
+SAGEMAKER_SERVICE = RetryPolicy("sagemaker-service", ("SageMaker.SageMakerException",),
+                                interval=5, max_attempts=4, max_delay=60)
+CLOUDWATCH = RetryPolicy("cloudwatch", CLOUDWATCH_ERRORS, interval=2, max_attempts=4, max_delay=30)
+# Tripping the smoke test alarm is what makes SageMaker roll back: a little more persistence.
+CLOUDWATCH_ALARM = RetryPolicy("cloudwatch-alarm", CLOUDWATCH_ERRORS, interval=2, max_attempts=6, max_delay=30)
+S3 = RetryPolicy("s3", ("S3.S3Exception", "S3.SdkClientException"), interval=2, max_attempts=4, max_delay=30)
+SNS = RetryPolicy("sns", ("States.ALL",), interval=5, max_attempts=3, max_delay=60)
+
+RETRY_POLICIES = (LAMBDA, LAMBDA_WITH_FALLBACK, DYNAMODB, SFN, SAGEMAKER_READ, SAGEMAKER_WRITE, SAGEMAKER_OPTIMISED,
+                  SAGEMAKER_CLIENT, SAGEMAKER_SERVICE, CLOUDWATCH, CLOUDWATCH_ALARM, S3, SNS)
 
 
 @dataclass(frozen=True)
@@ -267,17 +303,6 @@ class Machine:
             out["TimeoutSeconds"] = self.timeout
         out["States"] = {name: state.asl() for name, state in self.states}
         return out
-
-
-def machine(*groups: Named | Iterable[Named], **kwargs: Any) -> Machine:
-    """A Machine from single ``(name, state)`` pairs and helpers' lists of them, in order."""
-    states: list[Named] = []
-    for group in groups:
-        if isinstance(group, tuple) and len(group) == 2 and isinstance(group[0], str):
-            states.append(group)
-        else:
-            states.extend(group)
-    return Machine(tuple(states), **kwargs)
 
 
 # --- Choice rules ------------------------------------------------------------------------------

@@ -10,9 +10,22 @@ from __future__ import annotations
 
 from d2ops.statemachine.builder import (
     ABSENT,
+    CLOUDWATCH,
+    CLOUDWATCH_ALARM,
+    DYNAMODB,
     ENTERED_TIME,
     EXECUTION_ARN,
+    LAMBDA,
+    LAMBDA_WITH_FALLBACK,
     RUN_ID,
+    S3,
+    SAGEMAKER_CLIENT,
+    SAGEMAKER_OPTIMISED,
+    SAGEMAKER_READ,
+    SAGEMAKER_SERVICE,
+    SAGEMAKER_WRITE,
+    SFN,
+    SNS,
     Catch,
     Choice,
     DistributedMap,
@@ -37,7 +50,6 @@ from d2ops.statemachine.builder import (
     fmt,
     handler_model,
     lambda_task,
-    machine,
     not_,
     payload_fields,
     record_failure,
@@ -49,40 +61,6 @@ from d2ops.statemachine.builder import (
     when,
 )
 from d2ops_core.documents.run_state import Plan
-
-# --- retry policies: one per kind of call ------------------------------------------------------
-
-LAMBDA_ERRORS = ("Lambda.ServiceException", "Lambda.AWSLambdaException", "Lambda.SdkClientException",
-                 "Lambda.TooManyRequestsException")
-SAGEMAKER_ERRORS = ("SageMaker.SageMakerException", "SageMaker.SdkClientException")
-CLOUDWATCH_ERRORS = ("CloudWatch.CloudWatchException", "CloudWatch.SdkClientException")
-
-LAMBDA = RetryPolicy("lambda", LAMBDA_ERRORS, interval=2, max_attempts=6, max_delay=60)
-# The failure path's and the notifications' Lambdas: each has a fallback, so fewer attempts.
-LAMBDA_WITH_FALLBACK = RetryPolicy("lambda-with-fallback", LAMBDA_ERRORS, interval=2, max_attempts=3, max_delay=30)
-DYNAMODB = RetryPolicy("dynamodb", ("DynamoDB.ProvisionedThroughputExceededException",
-                                    "DynamoDB.RequestLimitExceededException", "DynamoDB.ThrottlingException",
-                                    "DynamoDB.InternalServerErrorException"),
-                       interval=2, max_attempts=5, max_delay=30)
-SFN = RetryPolicy("sfn", ("Sfn.SfnException", "Sfn.SdkClientException"), interval=2, max_attempts=4, max_delay=30)
-SAGEMAKER_READ = RetryPolicy("sagemaker-read", SAGEMAKER_ERRORS, interval=5, max_attempts=4, max_delay=60)
-SAGEMAKER_WRITE = RetryPolicy("sagemaker-write", SAGEMAKER_ERRORS, interval=5, max_attempts=4, max_delay=15)
-# The optimised integrations report every SageMaker error as AmazonSageMakerException.
-SAGEMAKER_OPTIMISED = RetryPolicy("sagemaker-optimised", ("SageMaker.AmazonSageMakerException",),
-                                  interval=5, max_attempts=4, max_delay=15)
-# "Find current endpoint": a missing endpoint is a SageMakerException, caught (not retried).
-SAGEMAKER_CLIENT = RetryPolicy("sagemaker-client", ("SageMaker.SdkClientException",),
-                               interval=5, max_attempts=4, max_delay=60)
-SAGEMAKER_SERVICE = RetryPolicy("sagemaker-service", ("SageMaker.SageMakerException",),
-                                interval=5, max_attempts=4, max_delay=60)
-CLOUDWATCH = RetryPolicy("cloudwatch", CLOUDWATCH_ERRORS, interval=2, max_attempts=4, max_delay=30)
-# Tripping the smoke test alarm is what makes SageMaker roll back: a little more persistence.
-CLOUDWATCH_ALARM = RetryPolicy("cloudwatch-alarm", CLOUDWATCH_ERRORS, interval=2, max_attempts=6, max_delay=30)
-S3 = RetryPolicy("s3", ("S3.S3Exception", "S3.SdkClientException"), interval=2, max_attempts=4, max_delay=30)
-SNS = RetryPolicy("sns", ("States.ALL",), interval=5, max_attempts=3, max_delay=60)
-
-RETRY_POLICIES = (LAMBDA, LAMBDA_WITH_FALLBACK, DYNAMODB, SFN, SAGEMAKER_READ, SAGEMAKER_WRITE, SAGEMAKER_OPTIMISED,
-                  SAGEMAKER_CLIENT, SAGEMAKER_SERVICE, CLOUDWATCH, CLOUDWATCH_ALARM, S3, SNS)
 
 # --- how a run fails ----------------------------------------------------------------------------
 
@@ -103,7 +81,8 @@ PIPELINE_FAILED = FailureKind("PipelineFailed", "Run failed")  # a recorded erro
 FAILURE_KINDS = (DATASET_REJECTED, VALIDATION_FAILED, PREPARATION_FAILED, TRAINING_FAILED, EVALUATION_FAILED,
                  QUALITY_GATE_FAILED, REGISTRATION_FAILED, DEPLOYMENT_FAILED, PROMOTION_FAILED, ENDPOINT_BUSY,
                  LEASE_FAILED, PIPELINE_FAILED)
-ROUTED = (ENDPOINT_BUSY, LEASE_FAILED, *FAILURE_KINDS[:9])
+ROUTED = (ENDPOINT_BUSY, LEASE_FAILED,
+          *(k for k in FAILURE_KINDS if k not in (ENDPOINT_BUSY, LEASE_FAILED, PIPELINE_FAILED)))
 
 # Where the failure states go.
 DESCRIBE = "Describe failure"
@@ -774,9 +753,9 @@ def failures() -> list[Named]:
 
 
 def definition() -> Machine:
-    return machine(
-        *validation(), *endpoint_lease(), *train_and_evaluate(), *gate_and_register(), *deploy(), *roll_back(),
-        *promote_and_notify(), *failures(),
+    return Machine(
+        (*validation(), *endpoint_lease(), *train_and_evaluate(), *gate_and_register(), *deploy(), *roll_back(),
+         *promote_and_notify(), *failures()),
         comment="d2ops: validate a COCO dataset version, train, evaluate against the champion, gate, register, "
                 "deploy blue/green, smoke-test, promote, notify. Every failure notifies and ends in a Fail state "
                 "named after what happened.",
