@@ -319,3 +319,19 @@ def test_choice_rules() -> None:
     assert when(status.one_of("A", "B"), "N") == {
         "Or": [{"Variable": "$.s", "StringEquals": "A"}, {"Variable": "$.s", "StringEquals": "B"}], "Next": "N"}
     assert status.is_present(False) == {"Variable": "$.s", "IsPresent": False}
+
+
+# --- stages -----------------------------------------------------------------------------------------------
+
+
+def test_every_generated_state_is_in_exactly_one_stage() -> None:
+    from collections import Counter
+
+    from d2ops_core.pipeline_stages import STAGES
+
+    placed = Counter(state for stage in STAGES for state in stage.states)
+    names = tp.definition().names()
+    assert len(names) == len(set(names))
+    assert sorted(set(names) - set(placed)) == [], "states in no stage"
+    assert sorted(set(placed) - set(names)) == [], "stage states the definition does not have"
+    assert [s for s, n in placed.items() if n > 1] == [], "states in several stages"

@@ -294,6 +294,15 @@ class Machine:
         if self.start_at is not None and self.start_at not in seen:
             raise ValueError(f"StartAt names the missing state {self.start_at!r}")
 
+    def names(self) -> list[str]:
+        """Every state's name, a Map's item processor's states after the Map."""
+        out: list[str] = []
+        for name, state in self.states:
+            out.append(name)
+            if isinstance(state, DistributedMap):
+                out += state.processor.names()
+        return out
+
     def asl(self) -> Json:
         out: Json = {}
         if self.comment is not None:
