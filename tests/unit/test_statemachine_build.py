@@ -307,6 +307,14 @@ def test_a_machine_refuses_a_state_defined_twice_and_a_missing_start() -> None:
         Machine((("A", state),), start_at="B")
 
 
+def test_a_machine_refuses_a_transition_to_a_missing_state() -> None:
+    end = ("End", Pass("A"))
+    for state in (Pass("Nowhere"), Choice((when(Var("$.x").is_present(), "Nowhere"),), "End"),
+                  Choice((), "Nowhere"), Task(resource("x:y"), "End", catch=(Catch("Nowhere"),))):
+        with pytest.raises(ValueError, match="state 'A' goes to 'Nowhere', which is no state"):
+            Machine((("A", state), end))
+
+
 def test_a_comment_is_written_where_the_state_asks() -> None:
     task = Task(resource("x:y"), "N", comment="c", parameters={"a": 1}, comment_after="Parameters")
     assert list(task.asl()) == ["Type", "Resource", "Parameters", "Comment", "Next"]

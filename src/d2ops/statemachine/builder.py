@@ -24,7 +24,7 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -153,7 +153,7 @@ class Task:
     catch: tuple[Catch, ...] = ()
     # The few states whose Comment the committed file writes after another key (JSON objects are
     # unordered; kept so the generated file equals the committed one byte for byte).
-    comment_after: str = "Type"
+    comment_after: Literal["Type", "Resource", "Parameters"] = "Type"
 
     def asl(self) -> Json:
         out: Json = {"Type": "Task"}
@@ -267,6 +267,11 @@ class DistributedMap:
 State = Task | Pass | Choice | Wait | Fail | Succeed | DistributedMap
 
 
+def _targets(state: Json) -> list[str]:
+    out = [state[key] for key in ("Next", "Default") if key in state]
+    return out + [rule["Next"] for rule in state.get("Choices", []) + state.get("Catch", [])]
+
+
 def _transition(out: Json, next: str | None) -> None:
     if next is None:
         out["End"] = True
@@ -293,6 +298,11 @@ class Machine:
             raise ValueError("a state machine needs at least one state")
         if self.start_at is not None and self.start_at not in seen:
             raise ValueError(f"StartAt names the missing state {self.start_at!r}")
+        # A mistyped name fails here, at generation, not when a run first takes that branch.
+        for name, state in self.states:
+            for target in _targets(state.asl()):
+                if target not in seen:
+                    raise ValueError(f"state {name!r} goes to {target!r}, which is no state")
 
     def names(self) -> list[str]:
         """Every state's name, a Map's item processor's states after the Map."""
