@@ -21,7 +21,7 @@ from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
 from d2ops.offline.runtime import OfflineRuntime
-from d2ops.offline.sagemaker import JobOutcome
+from d2ops.offline.services.sagemaker import JobOutcome
 from d2ops_core import runs
 from tests.fixtures.offline.support import tiny_dataset
 from tests.fixtures.pipeline import support

@@ -151,7 +151,7 @@ def test_status_api_refuses_unsigned_and_badly_signed_requests(rejected: tuple[O
 def test_cli_status_reads_a_stack_by_its_outputs_and_signs(rejected: tuple[OfflineRuntime, RunSummary]) -> None:
     """``d2ops status --stack``: DescribeStacks (moto server) -> StatusApiUrl -> SigV4-signed GETs."""
     rt, summary = rejected
-    cloudformation = rt._moto_client("cloudformation")
+    cloudformation = rt.moto_client("cloudformation")
     template = {"Resources": {"Topic": {"Type": "AWS::SNS::Topic"}},
                 "Outputs": {"StatusApiUrl": {"Value": rt.status_api.url}}}
     cloudformation.create_stack(StackName="d2ops-status-test", TemplateBody=json.dumps(template))

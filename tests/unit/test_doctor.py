@@ -21,9 +21,9 @@ from d2ops import cli, doctor
 from d2ops import template as sam
 from d2ops.doctor import Check, Clients, Report, StackFacts
 from d2ops.offline import moto_fidelity
-from d2ops.offline.gateway import Gateway
+from d2ops.offline.aws_endpoint import AwsEndpoint
 from d2ops.offline.quotas import AccountQuotas, default_value
-from d2ops.offline.servicequotas import OfflineServiceQuotas
+from d2ops.offline.services.service_quotas import OfflineServiceQuotas
 from d2ops_core.platform import quota_name
 from tests.fixtures.pipeline import support
 
@@ -83,9 +83,9 @@ def account(monkeypatch: pytest.MonkeyPatch) -> Iterator[Account]:
     """A healthy account: `sam deploy` done, images pushed, weights uploaded, e-mail confirmed, quotas raised."""
     support.aws_env(monkeypatch)
     moto_fidelity.apply()
-    gateway = Gateway("http://127.0.0.1:9")  # nothing of this test is forwarded to moto through it
+    gateway = AwsEndpoint("http://127.0.0.1:9")  # nothing of this test is forwarded to moto through it
     quotas = OfflineServiceQuotas(AccountQuotas(RAISED), [GPU], REGION, ACCOUNT)
-    gateway.servicequotas = quotas
+    gateway.add(quotas)
     gateway.start()
     try:
         with mock_aws():

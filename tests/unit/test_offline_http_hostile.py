@@ -11,7 +11,7 @@ import socket
 import pytest
 
 from d2ops.commands.console import Console
-from d2ops.offline.gateway import Gateway
+from d2ops.offline.aws_endpoint import AwsEndpoint
 from d2ops.offline.request_body import BadContentLength, content_length
 
 HOSTILE = [("-1", 400), ("abc", 400), ("5, 5", 400), ("1" * 40, 400), ("\u0661", 400)]
@@ -48,7 +48,7 @@ def test_absent_and_plain_lengths_and_chunked_bodies() -> None:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("value", "status"), HOSTILE[:2])
 def test_the_gateway_and_the_console_answer_instead_of_waiting(value: str, status: int) -> None:
-    gateway = Gateway("http://127.0.0.1:9")
+    gateway = AwsEndpoint("http://127.0.0.1:9")
     gateway.start()
     try:
         answer = exchange(gateway.server.server_address[1], "/", {"Content-Length": value,

@@ -11,10 +11,10 @@ import pytest
 
 from d2ops.offline import events
 from d2ops.offline.apigw import _route_regex, http_event
+from d2ops.offline.aws_endpoint import AwsEndpoint
 from d2ops.offline.executors import error_name, json_safe
-from d2ops.offline.gateway import Gateway
 from d2ops.offline.pipeline import state_durations
-from d2ops.offline.sagemaker import final_metrics
+from d2ops.offline.services.sagemaker import final_metrics
 from d2ops.offline.stack import HttpRoute, LocalFunction, OfflineStack, StackError, load_stack
 from d2ops_core import metrics
 from d2ops_core.state_graph import outcomes, render_svg
@@ -145,8 +145,8 @@ def test_state_durations_and_outcomes_from_a_history() -> None:
 @pytest.mark.timeout(20)
 def test_a_gateway_that_never_started_stops_at_once() -> None:
     # A runtime whose start-up failed before the gateway served must still shut down (it used to hang).
-    gateway = Gateway("http://127.0.0.1:1")
+    gateway = AwsEndpoint("http://127.0.0.1:1")
     gateway.stop()
-    started = Gateway("http://127.0.0.1:1")
+    started = AwsEndpoint("http://127.0.0.1:1")
     started.start()
     started.stop()

@@ -11,9 +11,9 @@ import pytest
 from botocore.exceptions import ClientError
 from moto.server import ThreadedMotoServer
 
-from d2ops.offline.gateway import Gateway
+from d2ops.offline.aws_endpoint import AwsEndpoint
 from d2ops.offline.quotas import AccountQuotas
-from d2ops.offline.servicequotas import OfflineServiceQuotas
+from d2ops.offline.services.service_quotas import OfflineServiceQuotas
 from d2ops_core.platform import quota_name
 
 GPU = "ml.g4dn.xlarge"
@@ -26,9 +26,9 @@ def service_quotas() -> Iterator[Any]:
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     moto.start()
     host, port = moto.get_host_and_port()
-    gateway = Gateway(f"http://{host}:{port}")
-    gateway.servicequotas = OfflineServiceQuotas(AccountQuotas({RAISED: 3}), [GPU, CPU], "us-east-1",
-                                                 "123456789012")
+    gateway = AwsEndpoint(f"http://{host}:{port}")
+    gateway.add(OfflineServiceQuotas(AccountQuotas({RAISED: 3}), [GPU, CPU], "us-east-1",
+                                     "123456789012"))
     gateway.start()
     try:
         yield boto3.client("service-quotas", region_name="us-east-1", endpoint_url=gateway.url,

@@ -20,7 +20,7 @@ import pytest
 from moto import mock_aws
 
 from d2ops.offline.errors import ApiError
-from d2ops.offline.sagemaker import LocalSageMaker
+from d2ops.offline.services.sagemaker import LocalSageMaker
 from tests.fixtures.offline.endpoints import baking
 from tests.fixtures.pipeline import support
 

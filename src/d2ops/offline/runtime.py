@@ -27,7 +27,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import boto3
 from botocore.config import Config
@@ -36,20 +36,20 @@ from botocore.credentials import Credentials
 from d2ops.asl import StateMachine
 from d2ops.offline import events, moto_fidelity
 from d2ops.offline.apigw import HttpApi
-from d2ops.offline.executors import ServiceExecutors
-from d2ops.offline.gateway import Gateway
+from d2ops.offline.aws_endpoint import AwsEndpoint
 from d2ops.offline.lambdas import LocalLambdas
 from d2ops.offline.processes import ProcessWarden
 from d2ops.offline.quotas import AccountQuotas
-from d2ops.offline.sagemaker import JobBackend, LocalSageMaker, ServingBackend
-from d2ops.offline.servicequotas import OfflineServiceQuotas
-from d2ops.offline.sfn import LocalStepFunctions
+from d2ops.offline.services import SERVICES, LocalSageMaker, LocalStepFunctions
+from d2ops.offline.services.base import EmulatedService
+from d2ops.offline.services.sagemaker import JobBackend, ServingBackend
 from d2ops.offline.stack import ACCOUNT_ID, REGION, OfflineStack, load_stack
-from d2ops.offline.store import ExecutionStore, write_json_atomic
+from d2ops.offline.store import write_json_atomic
 from d2ops_core import runs
 
 log = logging.getLogger(__name__)
 
+S = TypeVar("S", bound=EmulatedService)
 DEFAULT_WORK_DIR = Path(".d2ops")
 RUNTIME_INFO = "runtime.json"  # where a running runtime's status API listens (for `d2ops status`)
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "offline", "AWS_SECRET_ACCESS_KEY": "offline", "AWS_SESSION_TOKEN": "offline"}
@@ -95,6 +95,7 @@ class OfflineRuntime:
         # thread-safe (clients are), hence the lock.
         self._session: Any = None
         self._session_lock = threading.Lock()
+        self._services: list[EmulatedService] = []  # built by service()
 
     # ----- lifecycle --------------------------------------------------------------------------
     def __enter__(self) -> OfflineRuntime:
@@ -127,29 +128,22 @@ class OfflineRuntime:
             self.moto.start()
             host, port = self.moto.get_host_and_port()
             self.moto_url = f"http://{host}:{port}"
-            self.gateway = Gateway(self.moto_url)
+            self.gateway = AwsEndpoint(self.moto_url)
             env = {**CREDENTIALS, "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
-                   # Everything moto serves goes straight to it; the gateway takes the rest.
-                   "AWS_ENDPOINT_URL": self.moto_url, "AWS_ENDPOINT_URL_SFN": self.gateway.url,
-                   "AWS_ENDPOINT_URL_SAGEMAKER": self.gateway.url,
-                   "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME": self.gateway.url,
-                   "AWS_ENDPOINT_URL_SERVICE_QUOTAS": self.gateway.url,
+                   # Everything moto serves goes straight to it; the gateway takes the services emulated here.
+                   "AWS_ENDPOINT_URL": self.moto_url,
+                   **{service.ENDPOINT_VARIABLE: self.gateway.url for service in SERVICES},
                    "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS": "false",
                    **self.stack.lambda_environment()}
             self._set_env(env)
             self._started = True
             self._create_resources()
             self.messages += self._restore_s3()
-            self.sagemaker = LocalSageMaker(self.work_dir, self.client("s3"), self._moto_client("sagemaker"),
-                                            self._jobs or _default_jobs(), self._serving or _default_serving(),
-                                            REGION, ACCOUNT_ID, self.training_defaults,
-                                            cloudwatch=self.client("cloudwatch"), quotas=self.quotas)
             (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
             self._lambda_log = open(self.work_dir / "logs" / "lambda.log", "a", encoding="utf-8")  # noqa: SIM115
             self.lambdas = LocalLambdas(self.stack.functions, self._lambda_log)
-            self.sfn = LocalStepFunctions(ExecutionStore(self.work_dir / "executions"),
-                                          ServiceExecutors(self.lambdas, self.client,
-                                                           self.lost_responses, self.throttles).registry())
+            self.sagemaker = self.service(LocalSageMaker)
+            self.sfn = self.service(LocalStepFunctions)
             self.machine = StateMachine.from_file(self.stack.definition_path, substitutions=self.stack.substitutions,
                                                   name=self.stack.state_machine_name, region=REGION,
                                                   account_id=ACCOUNT_ID)
@@ -157,12 +151,8 @@ class OfflineRuntime:
             self.sfn.add_listener(self._deliver_status_change)
             self.sfn.reload()
             self.messages += self.sfn.recovery_messages
-            self.gateway.sfn = self.sfn
-            self.gateway.sagemaker = self.sagemaker
-            self.gateway.sagemaker_owned = LocalSageMaker.OWNED
-            self.gateway.runtime = self.sagemaker
-            self.gateway.servicequotas = OfflineServiceQuotas(self.quotas, self.stack.instance_types(), REGION,
-                                                              ACCOUNT_ID)
+            for kind in SERVICES:
+                self.gateway.add(self.service(kind))
             self.gateway.start()
             self.status_api = HttpApi([r for r in self.stack.routes], lambda fn, event: self.lambdas.invoke(fn, event),
                                       ACCOUNT_ID, credentials={CREDENTIALS["AWS_ACCESS_KEY_ID"]: offline_credentials()},
@@ -212,12 +202,30 @@ class OfflineRuntime:
         with contextlib.suppress(AttributeError):
             self.warden.release()
 
+    # ----- the emulated services (d2ops.offline.services) ---------------------------------------
+    def service(self, kind: type[S]) -> S:
+        """This runtime's instance of an emulated service, built on first use (one may use another)."""
+        for built in self._services:
+            if isinstance(built, kind):
+                return built
+        made = kind.from_runtime(self)
+        assert isinstance(made, kind)
+        self._services.append(made)
+        return made
+
+    def jobs_backend(self) -> JobBackend:
+        return self._jobs or _default_jobs()
+
+    def serving_backend(self) -> ServingBackend:
+        return self._serving or _default_serving()
+
     # ----- AWS clients --------------------------------------------------------------------------
     def client(self, service: str) -> Any:
         """A boto3 client configured exactly as the handlers' are (by the environment)."""
         return self._new_client(service)
 
-    def _moto_client(self, service: str) -> Any:
+    def moto_client(self, service: str) -> Any:
+        """A boto3 client straight to moto's server."""
         return self._new_client(service, endpoint_url=self.moto_url)
 
     def _new_client(self, service: str, **options: Any) -> Any:
@@ -255,7 +263,7 @@ class OfflineRuntime:
                 for item in dynamodb.scan(TableName=name).get("Items", []):
                     dynamodb.delete_item(TableName=name, Key={k["AttributeName"]: item[k["AttributeName"]]
                                                               for k in props["KeySchema"]})
-        self._moto_client("sagemaker").create_model_package_group(ModelPackageGroupName=self.stack.model_package_group)
+        self.moto_client("sagemaker").create_model_package_group(ModelPackageGroupName=self.stack.model_package_group)
         cloudwatch = self.client("cloudwatch")
         for name, props in self.stack.alarms.items():
             # Only what PutMetricAlarm takes; moto does not evaluate metrics, so offline an alarm
@@ -270,7 +278,7 @@ class OfflineRuntime:
     def _save_s3(self) -> None:
         if not self._started:
             return
-        s3 = self._moto_client("s3")
+        s3 = self.moto_client("s3")
         target = self.work_dir / "s3.new"
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)

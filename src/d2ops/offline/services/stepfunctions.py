@@ -1,4 +1,5 @@
-"""A local Step Functions API over the ASL interpreter (the operations the pipeline's code calls).
+"""A local Step Functions API over the ASL interpreter (the operations the pipeline's code calls;
+AWS JSON 1.0, ``X-Amz-Target: AWSStepFunctions.<Op>``).
 
 StartExecution keeps the service's idempotency rule, which the S3 trigger relies on: a used
 execution name returns the original execution while it is still RUNNING with identical
@@ -21,6 +22,8 @@ from typing import Any
 from d2ops.asl import ExecutorRegistry, StateMachine
 from d2ops.asl.interpreter import Execution
 from d2ops.offline.errors import ApiError
+from d2ops.offline.executors import ServiceExecutors
+from d2ops.offline.services.base import AwsJsonService, RuntimeParts
 from d2ops.offline.store import ExecutionRecord, ExecutionStore
 
 INTERRUPTED_ERROR = "OfflineRuntimeStopped"
@@ -52,8 +55,13 @@ def _page_size(value: Any, default: int) -> int:
     return value
 
 
-class LocalStepFunctions:
+class LocalStepFunctions(AwsJsonService):
     """State machines by ARN, and their executions (live ones and those reloaded from disk)."""
+
+    CLIENT = "stepfunctions"
+    ENDPOINT_VARIABLE = "AWS_ENDPOINT_URL_SFN"
+    TARGET_PREFIX = "AWSStepFunctions"
+    JSON_VERSION = "1.0"
 
     def __init__(self, store: ExecutionStore, executors: ExecutorRegistry) -> None:
         self.store = store
@@ -64,6 +72,12 @@ class LocalStepFunctions:
         self._lock = threading.RLock()
         self._listeners: list[EventListener] = []
         self.recovery_messages: list[str] = []
+
+    @classmethod
+    def from_runtime(cls, parts: RuntimeParts) -> LocalStepFunctions:
+        """Task states run through the runtime's service integrations (its Lambdas, boto3 against its endpoints)."""
+        return cls(ExecutionStore(parts.work_dir / "executions"),
+                   ServiceExecutors(parts.lambdas, parts.client, parts.lost_responses, parts.throttles).registry())
 
     def add_state_machine(self, machine: StateMachine) -> None:
         self.machines[machine.arn] = machine

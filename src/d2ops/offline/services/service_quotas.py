@@ -21,16 +21,22 @@ from typing import Any
 
 from d2ops.offline.errors import ApiError
 from d2ops.offline.quotas import USAGES, AccountQuotas, Quota, default_value, quota_code
+from d2ops.offline.services.base import AwsJsonService, RuntimeParts, WireRequest
+from d2ops.offline.stack import ACCOUNT_ID, REGION
 from d2ops_core.platform import QUOTA_SERVICE_CODE, parse_quota_name, quota_name
 
-TARGET_PREFIX = "ServiceQuotasV20190624"
 SERVICE_NAME = "Amazon SageMaker"
 _MAX_RESULTS = 100  # Service Quotas' own cap on MaxResults
 
 
-class OfflineServiceQuotas:
-    """Serves the operations above for service code ``sagemaker``; the gateway forwards others to moto."""
+class OfflineServiceQuotas(AwsJsonService):
+    """Serves the operations above for service code ``sagemaker``; other operations and service codes
+    go on to moto."""
 
+    CLIENT = "service-quotas"
+    ENDPOINT_VARIABLE = "AWS_ENDPOINT_URL_SERVICE_QUOTAS"
+    TARGET_PREFIX = "ServiceQuotasV20190624"
+    JSON_VERSION = "1.1"
     OWNED = frozenset({"ListServiceQuotas", "ListAWSDefaultServiceQuotas", "GetServiceQuota",
                        "GetAWSDefaultServiceQuota"})
 
@@ -39,6 +45,14 @@ class OfflineServiceQuotas:
         self.instance_types = sorted(set(instance_types))
         self.region = region
         self.account_id = account_id
+
+    @classmethod
+    def from_runtime(cls, parts: RuntimeParts) -> OfflineServiceQuotas:
+        return cls(parts.quotas, parts.stack.instance_types(), REGION, ACCOUNT_ID)
+
+    def owns(self, operation: str, request: WireRequest) -> bool:
+        body = request.json_object()
+        return body is not None and operation in self.OWNED and self.serves(body)
 
     def serves(self, request: dict[str, Any]) -> bool:
         return request.get("ServiceCode") == QUOTA_SERVICE_CODE

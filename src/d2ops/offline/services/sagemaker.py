@@ -1,4 +1,9 @@
-"""The SageMaker operations that do real work offline: training and processing jobs, endpoints.
+"""The SageMaker API offline (AWS JSON 1.1, ``X-Amz-Target: SageMaker.<Op>``).
+
+The operations that do real work are served here: training and processing jobs, endpoints. Every
+other operation (models, endpoint configs, the Model Registry) goes on to the moto server, which
+keeps those control-plane records, with two of SageMaker's rules moto lacks: ``ClientToken``
+idempotency (`IDEMPOTENT_OPERATIONS`) and unique names (`UNIQUE_NAMES`).
 
 Jobs run in background threads that download their inputs from the local S3, hand them to a
 `JobBackend` (local processes honouring the training-container contract), upload what the job
@@ -38,9 +43,11 @@ from typing import Any, Protocol
 from d2ops.offline.errors import ApiError
 from d2ops.offline.job_metrics import MetricPublisher, MetricScraper
 from d2ops.offline.quotas import AccountQuotas
+from d2ops.offline.services.base import AwsJsonService, RuntimeParts, Upstream, WireRequest, WireResponse
+from d2ops.offline.stack import ACCOUNT_ID, REGION
 from d2ops.offline.store import write_json_atomic
 from d2ops_core.platform import QuotaUsage
-from d2ops_core.runs import parse_s3_uri
+from d2ops_core.s3_layout import parse_s3_uri
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +62,13 @@ DEFAULT_MAX_BAKE_SECONDS = 30.0
 Fleet = tuple[str, QuotaUsage, float]
 # A job's log (what CloudWatch Logs keeps under /aws/sagemaker/TrainingJobs), in the job's directory.
 JOB_LOG = "job.log"
+# SageMaker operations with an idempotency token (ClientToken) that moto does not honour.
+IDEMPOTENT_OPERATIONS = frozenset({"CreateModelPackage"})
+# Creates whose names SageMaker keeps unique (moto overwrites instead): name member, Describe operation, the
+# ARN member it answers and the noun of SageMaker's "Cannot create already existing ..." message.
+UNIQUE_NAMES = {"CreateModel": ("ModelName", "DescribeModel", "ModelArn", "model"),
+                "CreateEndpointConfig": ("EndpointConfigName", "DescribeEndpointConfig", "EndpointConfigArn",
+                                         "endpoint configuration")}
 
 
 @dataclass
@@ -147,9 +161,13 @@ def final_metrics(lines: list[str], definitions: list[dict[str, str]]) -> list[d
     return [{"MetricName": name, "Value": value, "Timestamp": now} for name, value in last.items()]
 
 
-class LocalSageMaker:
-    """Serves the OWNED operations; the gateway forwards all others to moto."""
+class LocalSageMaker(AwsJsonService):
+    """Serves the OWNED operations; all others go on to moto (`forward`)."""
 
+    CLIENT = "sagemaker"
+    ENDPOINT_VARIABLE = "AWS_ENDPOINT_URL_SAGEMAKER"
+    TARGET_PREFIX = "SageMaker"
+    JSON_VERSION = "1.1"
     OWNED = frozenset({"CreateTrainingJob", "DescribeTrainingJob", "StopTrainingJob", "ListTrainingJobs",
                        "CreateProcessingJob", "DescribeProcessingJob", "StopProcessingJob",
                        "CreateEndpoint", "UpdateEndpoint", "DescribeEndpoint", "DeleteEndpoint", "ListEndpoints",
@@ -186,7 +204,15 @@ class LocalSageMaker:
         self._server_configs: dict[str, str] = {}  # endpoint name -> config of self._servers[name]
         self._closing = threading.Event()
         self._records = work_dir / "sagemaker"
+        self._idempotent: dict[tuple[str, str], tuple[bytes, bytes, str]] = {}
+        self._idempotency_lock = threading.Lock()
         self._reload()
+
+    @classmethod
+    def from_runtime(cls, parts: RuntimeParts) -> LocalSageMaker:
+        return cls(parts.work_dir, parts.client("s3"), parts.moto_client("sagemaker"), parts.jobs_backend(),
+                   parts.serving_backend(), REGION, ACCOUNT_ID, parts.training_defaults,
+                   cloudwatch=parts.client("cloudwatch"), quotas=parts.quotas)
 
     # ----- persistence ---------------------------------------------------------------------
     def _save(self, kind: str, record: dict[str, Any]) -> None:
@@ -222,12 +248,60 @@ class LocalSageMaker:
                 table[record[key]] = record
 
     # ----- dispatch -------------------------------------------------------------------------
+    def owns(self, operation: str, request: WireRequest) -> bool:
+        return operation in self.OWNED
+
     def call(self, operation: str, request: dict[str, Any]) -> dict[str, Any]:
         if operation not in self.OWNED:
             raise ApiError("UnknownOperationException", f"{operation} is not served locally")
         method = "".join("_" + c.lower() if c.isupper() else c for c in operation).lstrip("_")
         result: dict[str, Any] = getattr(self, method)(request)
         return result
+
+    def forward(self, operation: str, request: WireRequest, upstream: Upstream) -> WireResponse:
+        if operation in IDEMPOTENT_OPERATIONS:
+            return self._forward_idempotent(operation, request, upstream)
+        if operation in UNIQUE_NAMES:
+            return self._forward_unique(operation, request, upstream)
+        return upstream.forward(request)
+
+    def _forward_unique(self, operation: str, request: WireRequest, upstream: Upstream) -> WireResponse:
+        """A name already in use is refused as SageMaker refuses it (a ValidationException naming the ARN)."""
+        member, describe, arn_member, noun = UNIQUE_NAMES[operation]
+        try:
+            name = json.loads(request.body or b"{}").get(member)
+        except (ValueError, AttributeError):
+            name = None
+        if isinstance(name, str):
+            found = upstream.forward(request, target=f"SageMaker.{describe}", body=json.dumps({member: name}).encode())
+            if found.status == 200:
+                arn = json.loads(found.body).get(arn_member, name)
+                message = f'Cannot create already existing {noun} "{arn}".'
+                return WireResponse.json(400, {"__type": "ValidationException", "message": message},
+                                         found.content_type)
+        return upstream.forward(request)
+
+    def _forward_idempotent(self, operation: str, request: WireRequest, upstream: Upstream) -> WireResponse:
+        """SageMaker's idempotency token (moto ignores it): a repeated ``ClientToken`` with the same request
+        answers the first call's response instead of creating again; with another request it is refused."""
+        try:
+            token = json.loads(request.body or b"{}").get("ClientToken")
+        except (ValueError, AttributeError):
+            token = None
+        if not isinstance(token, str):
+            return upstream.forward(request)
+        with self._idempotency_lock:
+            seen = self._idempotent.get((operation, token))
+            if seen is None:
+                answer = upstream.forward(request)
+                if answer.status == 200:
+                    self._idempotent[(operation, token)] = (request.body, answer.body, answer.content_type)
+                return answer
+        first_body, data, content_type = seen
+        if json.loads(first_body) != json.loads(request.body):
+            return WireResponse.json(400, {"__type": "ValidationException", "message": (
+                f"ClientToken {token} was already used for {operation} with different parameters")}, content_type)
+        return WireResponse(200, data, content_type)
 
     def job_dir(self, name: str) -> Path:
         """Where a training or processing job runs: its channels, /opt/ml trees and :data:`JOB_LOG`."""

@@ -1,0 +1,122 @@
+"""One loopback HTTP endpoint for the AWS APIs moto cannot serve the way the pipeline needs.
+
+The services it serves are `d2ops.offline.services.SERVICES` (Step Functions, SageMaker's jobs and
+endpoints, SageMaker Runtime, SageMaker's Service Quotas), each in its own module; a request goes
+to the first that accepts it (by its ``X-Amz-Target`` prefix or its REST path), and what a service
+leaves to moto is forwarded to the moto server unchanged. boto3 reaches it through each service's
+``AWS_ENDPOINT_URL_*`` variable. Signatures are not checked (dummy credentials).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from d2ops.offline.request_body import BadContentLength, content_length
+from d2ops.offline.services.base import EmulatedService, WireRequest, WireResponse
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 64 * 1024 * 1024  # generous for images; refuses absurd requests before reading them
+
+
+class MotoUpstream:
+    """moto's server, reached with the request's own headers (moto checks no signature)."""
+
+    def __init__(self, moto_url: str) -> None:
+        self.url = moto_url.rstrip("/")
+
+    def forward(self, request: WireRequest, *, target: str | None = None,
+                body: bytes | None = None) -> WireResponse:
+        headers = {k: (target if target is not None and k.lower() == "x-amz-target" else v)
+                   for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        upstream = urllib.request.Request(self.url + request.path, data=request.body if body is None else body,
+                                          headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(upstream, timeout=60) as response:
+                status, data, content_type = response.status, response.read(), response.headers.get("Content-Type")
+        except urllib.error.HTTPError as err:
+            status, data, content_type = err.code, err.read(), err.headers.get("Content-Type")
+        return WireResponse(status, data, content_type or "application/x-amz-json-1.1")
+
+
+class AwsEndpoint:
+    """Owns the HTTP server thread; services are added (`add`) before or after it starts."""
+
+    def __init__(self, moto_url: str, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.moto_url = moto_url.rstrip("/")
+        self.upstream = MotoUpstream(self.moto_url)
+        self.services: list[EmulatedService] = []
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("gateway: " + format, *args)
+
+            def do_POST(self) -> None:
+                endpoint._handle(self)
+
+            def do_GET(self) -> None:
+                endpoint._reply(self, WireResponse(404, b'{"message":"not found"}', "application/json"))
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://{host}:{self.server.server_address[1]}"
+        # stop() waits for the serve loop to notice: poll every 0.1 s, not socketserver's 0.5 (each runtime stops it)
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="offline-gateway", daemon=True)
+
+    def add(self, service: EmulatedService) -> None:
+        """Serve ``service``'s requests (asked after those added before it)."""
+        self.services.append(service)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        # shutdown() waits for serve_forever() to notice: on a gateway that never started it would wait forever.
+        if self._thread.is_alive():
+            self.server.shutdown()
+        self.server.server_close()
+
+    # ----- request handling ----------------------------------------------------------------
+    @staticmethod
+    def _reply(handler: BaseHTTPRequestHandler, response: WireResponse) -> None:
+        handler.send_response(response.status)
+        handler.send_header("Content-Type", response.content_type)
+        handler.send_header("Content-Length", str(len(response.body)))
+        for key, value in response.headers.items():
+            handler.send_header(key, value)
+        handler.end_headers()
+        handler.wfile.write(response.body)
+
+    def _handle(self, handler: BaseHTTPRequestHandler) -> None:
+        try:
+            length = content_length(handler.headers)
+        except BadContentLength as exc:
+            handler.close_connection = True
+            self._reply(handler, WireResponse.json(exc.status, {"message": exc.message}, "application/json"))
+            return
+        if length > MAX_BODY:
+            self._reply(handler, WireResponse.json(413, {"message": f"request body over {MAX_BODY} bytes"},
+                                                   "application/json"))
+            handler.close_connection = True
+            return
+        body = handler.rfile.read(length) if length else b""
+        self._reply(handler, self.dispatch(WireRequest(handler.path, handler.headers, body)))
+
+    def dispatch(self, request: WireRequest) -> WireResponse:
+        """The answer of the first service that accepts ``request``."""
+        for service in self.services:
+            if service.accepts(request):
+                return service.handle(request, self.upstream)
+        return WireResponse(400, json.dumps({"__type": "UnknownOperationException",
+                                             "message": f"no offline service for {request.target or request.path}"})
+                            .encode(), "application/x-amz-json-1.0")
