@@ -78,6 +78,14 @@ def first_difference(committed: str, generated: str) -> str | None:
     return f"the committed file has {lines[0]} lines, the generated one {lines[1]}"
 
 
+def _shown(path: Path) -> str:
+    """The path as the user would type it: relative to the working directory when under it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m d2ops.statemachine", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
@@ -91,20 +99,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     stale = 0
     for name, (deployed, build) in definitions.items():
         path = args.output or deployed
+        shown = _shown(path)
         text = render(build())
         committed = path.read_text() if path.exists() else ""
         if args.check:
             difference = first_difference(committed, text) if committed else "the file is missing"
             if difference:
-                print(f"{path}: stale ({name}): {difference}; {STALE_HINT}", file=sys.stderr)
+                print(f"{shown}: stale ({name}): {difference}; {STALE_HINT}", file=sys.stderr)
                 stale += 1
             else:
-                print(f"{path}: up to date")
+                print(f"{shown}: up to date")
         elif committed != text:
             path.write_text(text)
-            print(f"wrote {path}")
+            print(f"wrote {shown}")
         else:
-            print(f"{path}: up to date")
+            print(f"{shown}: up to date")
     return 1 if stale else 0
 
 
