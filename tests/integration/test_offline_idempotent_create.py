@@ -110,7 +110,7 @@ def _deploy_input(rt: OfflineRuntime, run: str, package: str) -> dict[str, Any]:
 
 
 def test_retried_create_model_and_endpoint_config_find_what_the_first_attempt_created(rt: OfflineRuntime) -> None:
-    from d2ops.offline.executors import ServiceExecutors
+    from d2ops.offline.task_integrations import ServiceExecutors
 
     sagemaker = rt.client("sagemaker")
     packages = [sagemaker.create_model_package(ModelPackageGroupName=rt.stack.model_package_group,

@@ -25,9 +25,9 @@ import pytest
 
 from d2ops.asl import StateMachine
 from d2ops.asl.interpreter import Execution
-from d2ops.offline.executors import ServiceExecutors
 from d2ops.offline.runtime import OfflineRuntime
 from d2ops.offline.services.sagemaker import JobOutcome
+from d2ops.offline.task_integrations import ServiceExecutors
 from d2ops_core.platform import QuotaRefusal, parse_quota_refusal, quota_name
 from d2ops_core.runs import parse_s3_uri
 from tests.fixtures.pipeline import support

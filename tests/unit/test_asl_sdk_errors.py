@@ -18,7 +18,7 @@ import pytest
 from moto import mock_aws
 
 from d2ops.asl import StateMachine
-from d2ops.offline.executors import ServiceExecutors, error_name
+from d2ops.offline.task_integrations import ServiceExecutors, error_name
 
 REGION = "us-east-1"
 NO_LAMBDAS: Any = None  # these tests call no Lambda function

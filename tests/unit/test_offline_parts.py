@@ -10,12 +10,12 @@ import boto3
 import pytest
 
 from d2ops.offline import events
-from d2ops.offline.apigw import _route_regex, http_event
 from d2ops.offline.aws_endpoint import AwsEndpoint
-from d2ops.offline.executors import error_name, json_safe
 from d2ops.offline.pipeline import state_durations
 from d2ops.offline.services.sagemaker import final_metrics
 from d2ops.offline.stack import HttpRoute, LocalFunction, OfflineStack, StackError, load_stack
+from d2ops.offline.status_api_server import _route_regex, http_event
+from d2ops.offline.task_integrations import error_name, json_safe
 from d2ops_core import metrics
 from d2ops_core.state_graph import outcomes, render_svg
 

@@ -9,7 +9,7 @@ import re
 from botocore.exceptions import ClientError
 
 from d2ops.asl.choice import evaluate_rule
-from d2ops.offline.executors import sync_create_cause
+from d2ops.offline.task_integrations import sync_create_cause
 from tests.fixtures.pipeline import support
 
 STATES = json.loads(support.DEFINITION.read_text())["States"]

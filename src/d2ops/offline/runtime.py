@@ -35,7 +35,6 @@ from botocore.credentials import Credentials
 
 from d2ops.asl import StateMachine
 from d2ops.offline import events, moto_fidelity
-from d2ops.offline.apigw import HttpApi
 from d2ops.offline.aws_endpoint import AwsEndpoint
 from d2ops.offline.lambdas import LocalLambdas
 from d2ops.offline.processes import ProcessWarden
@@ -44,6 +43,7 @@ from d2ops.offline.services import SERVICES, LocalSageMaker, LocalStepFunctions
 from d2ops.offline.services.base import EmulatedService
 from d2ops.offline.services.sagemaker import JobBackend, ServingBackend
 from d2ops.offline.stack import ACCOUNT_ID, REGION, OfflineStack, load_stack
+from d2ops.offline.status_api_server import HttpApi
 from d2ops.offline.store import write_json_atomic
 from d2ops_core import runs
 

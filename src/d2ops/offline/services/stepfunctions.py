@@ -22,9 +22,9 @@ from typing import Any
 from d2ops.asl import ExecutorRegistry, StateMachine
 from d2ops.asl.interpreter import Execution
 from d2ops.offline.errors import ApiError
-from d2ops.offline.executors import ServiceExecutors
 from d2ops.offline.services.base import AwsJsonService, RuntimeParts
 from d2ops.offline.store import ExecutionRecord, ExecutionStore
+from d2ops.offline.task_integrations import ServiceExecutors
 
 INTERRUPTED_ERROR = "OfflineRuntimeStopped"
 MAX_PAGE = 1000

@@ -1,4 +1,5 @@
-"""Task executors: how the offline runtime performs each Task state's ``Resource``.
+"""Step Functions' service integrations offline: how the runtime performs each Task state's ``Resource``
+(the executors it hands the ASL interpreter, `d2ops.asl.executors`).
 
 - ``arn:aws:states:::lambda:invoke``: the handler in-process (`lambdas.LocalLambdas`), result
   shaped like the Lambda Invoke response (``Payload``, ``StatusCode``...).
