@@ -19,8 +19,8 @@ import torch
 import torchvision  # noqa: F401  registers torchvision::nms & co., which exported detectors call
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from d2ops_core.dataset_identity import DatasetVersion
 from d2ops_core.documents.evaluation import ModelEvaluation
-from d2ops_core.runs import DatasetVersion
 from d2ops_core.score_thresholds import DEFAULT_SCORE_THRESHOLD
 from model_code.archive import (  # noqa: F401  re-exported: the artifact's names in one place
     MAX_ARCHIVE_MEMBERS,

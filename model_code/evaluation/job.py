@@ -24,7 +24,7 @@ from pathlib import Path
 from d2ops_core import images as rule
 from d2ops_core.gate import GateSettingError, read_job_environment
 from d2ops_core.metrics import primary_metric
-from d2ops_core.runs import EVALUATION_REPORT_NAME
+from d2ops_core.s3_layout import EVALUATION_REPORT_NAME
 from model_code.artifact import ArtifactError, LoadedDetector, load_artifact, write_json
 from model_code.dataset_version import DatasetError, open_dataset_version, read_coco
 from model_code.evaluation.coco import Evaluation, evaluate_detector, print_progress

@@ -159,8 +159,8 @@ def export_detectron2(cfg: Any, model: nn.Module, *, has_masks: bool, device: st
 
 def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None:
     """Trace the trained detectron2 model, write the artifact and evaluate it through the artifact."""
+    from d2ops_core.dataset_identity import DatasetVersion
     from d2ops_core.metrics import primary_metric
-    from d2ops_core.runs import DatasetVersion
     from model_code import artifact
     from model_code.dataset_version import read_coco
     from model_code.evaluation.coco import evaluate_detector, print_progress

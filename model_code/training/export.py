@@ -6,7 +6,7 @@ from pathlib import Path
 
 from torch import nn
 
-from d2ops_core.runs import DatasetVersion
+from d2ops_core.dataset_identity import DatasetVersion
 from model_code import artifact
 from model_code.dataset_version import read_coco
 from model_code.evaluation.coco import Evaluation, evaluate_detector, print_progress

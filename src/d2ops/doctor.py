@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from d2ops_core import platform, pretrained, runs
+from d2ops_core import platform, pretrained, s3_layout
 
 Status = Literal["ok", "warn", "FAIL"]
 
@@ -364,8 +364,8 @@ def _runs_here(stepfunctions: Any, s3: Any, stack: StackFacts, run_id: str) -> b
     except ClientError as exc:
         if _error(exc)[0] != "ExecutionDoesNotExist":
             raise
-    listed = s3.list_objects_v2(Bucket=stack.outputs.get("ArtifactsBucketName", ""), Prefix=runs.run_prefix(run_id),
-                                MaxKeys=1)
+    listed = s3.list_objects_v2(Bucket=stack.outputs.get("ArtifactsBucketName", ""),
+                                Prefix=s3_layout.run_prefix(run_id), MaxKeys=1)
     return bool(listed.get("KeyCount"))
 
 

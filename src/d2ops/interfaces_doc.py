@@ -22,9 +22,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from d2ops_core import runs
+from d2ops_core import s3_layout
 
-# The run's S3 layout as d2ops_core.runs derives it (placeholders for bucket and run id), never respelled here.
+# The run's S3 layout as d2ops_core.s3_layout derives it (placeholders for bucket and run id), never respelled here.
 _ARTIFACTS, _RUN = "<ArtifactsBucket>", "<runId>"
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout whose docs/ this writes
@@ -52,24 +52,24 @@ DOCUMENTS: tuple[Document, ...] = (
         "d2ops_core.validation.manifest:Manifest"),
     Document(
         "run-identity", "Run identity (state machine input `dataset`)",
-        "Step Functions execution input; the execution name is the run id (`d2ops_core.runs.run_id_for`)",
-        "`start_pipeline` (`d2ops_core.runs.start_run`)", "every state (JSONPath `$.dataset`), `status_api`",
-        "d2ops_core.runs:DatasetRef"),
+        "Step Functions execution input; the execution name is the run id (`d2ops_core.run_ids.run_id_for`)",
+        "`start_pipeline` (`d2ops_core.run_start.start_run`)", "every state (JSONPath `$.dataset`), `status_api`",
+        "d2ops_core.dataset_identity:DatasetRef"),
     Document(
         "validation-report", "Validation report",
-        f"`{runs.s3_uri(_ARTIFACTS, runs.validation_report_key(_RUN))}`",
+        f"`{s3_layout.s3_uri(_ARTIFACTS, s3_layout.validation_report_key(_RUN))}`",
         "`validate_dataset` (`d2ops_core.validation.validate_s3`)", "`status_api`, `d2ops validate` (prints it)",
         "d2ops_core.validation.report:ValidationReport"),
     Document(
         "inventory", "Dataset inventory (one entry a line)",
-        f"`{runs.s3_uri(_ARTIFACTS, runs.inventory_key(_RUN))}`: JSONL sorted by key; its digest is "
+        f"`{s3_layout.s3_uri(_ARTIFACTS, s3_layout.inventory_key(_RUN))}`: JSONL sorted by key; its digest is "
         "`sha256:<hex of the file's bytes>` (`d2ops_core.validation.inventory.inventory_digest`)",
         "`validate_dataset` (inline) or its `summarize_images` handler (after the Distributed Map)",
         "the dataset diff, the model artifact's and the registry's digest, reviewers",
         "d2ops_core.validation.inventory:InventoryEntry"),
     Document(
         "dataset-diff", "Dataset diff against the champion's dataset",
-        f"`{runs.s3_uri(_ARTIFACTS, runs.dataset_diff_key(_RUN))}`; its counts travel as "
+        f"`{s3_layout.s3_uri(_ARTIFACTS, s3_layout.dataset_diff_key(_RUN))}`; its counts travel as "
         "`$.plan.dataset_diff` (`DatasetDiffSummary`); `d2ops diff A B --json` prints the same document",
         "`prepare_training` (`d2ops_core.dataset_diff`, from both runs' inventories and snapshots), `d2ops diff`",
         "`status_api` (`GET /runs/{id}`: the summary and its URI), the console, `d2ops status`, "
@@ -77,15 +77,15 @@ DOCUMENTS: tuple[Document, ...] = (
         "d2ops_core.documents.dataset_diff:DatasetDiff"),
     Document(
         "image-items", "Image check items (one item a line)",
-        f"`{runs.s3_uri(_ARTIFACTS, runs.image_items_key(_RUN))}`: JSONL, the Distributed Map's ItemReader",
+        f"`{s3_layout.s3_uri(_ARTIFACTS, s3_layout.image_items_key(_RUN))}`: JSONL, the Distributed Map's ItemReader",
         "`validate_dataset` (when the version has more images than `InlineImageLimit`)",
         "the *Check images* Map (ItemReader, ItemBatcher `Items`), `check_images`",
         "d2ops_core.validation.inventory:ImageItem"),
     Document(
         "image-batch-result", "Image batch result",
         f"the `check_images` Lambda's return; the Map's ResultWriter stores it under "
-        f"`{runs.s3_uri(_ARTIFACTS, runs.image_results_prefix(_RUN))}/<map run id>/` (each record's `Output`, "
-        "a JSON string)",
+        f"`{s3_layout.s3_uri(_ARTIFACTS, s3_layout.image_results_prefix(_RUN))}/<map run id>/` "
+        "(each record's `Output`, a JSON string)",
         "`check_images`", "`validate_dataset.summarize_images` (`d2ops_core.validation.merge`)",
         "d2ops_core.validation.inventory:ImageBatchResult"),
     Document(
@@ -101,12 +101,12 @@ DOCUMENTS: tuple[Document, ...] = (
         "d2ops_core.documents.evaluation:ModelEvaluation"),
     Document(
         "evaluation-report", "Evaluation report (challenger and champion)",
-        f"`{runs.evaluation_report_uri(_ARTIFACTS, _RUN)}` (the processing job's output)",
+        f"`{s3_layout.evaluation_report_uri(_ARTIFACTS, _RUN)}` (the processing job's output)",
         "the evaluation processing job (`model_code.evaluation.job`)", "`summarize_evaluation`, `status_api`",
         "d2ops_core.documents.evaluation:EvaluationReport"),
     Document(
         "error-analysis", "Error analysis (challenger and champion)",
-        f"`{runs.evaluation_report_uri(_ARTIFACTS, _RUN).rsplit('/', 1)[0]}/report/errors.json` (beside the "
+        f"`{s3_layout.evaluation_report_uri(_ARTIFACTS, _RUN).rsplit('/', 1)[0]}/report/errors.json` (beside the "
         "report's `index.html`, `pr_curves.json` and the drawn worst images `errors/*.jpg`)",
         "the evaluation processing job (`model_code.evaluation.error_report`)",
         "`status_api` (`GET /runs/{runId}/evaluation`'s `errors`), the console",
@@ -198,7 +198,7 @@ def render(documents: Sequence[Document] = DOCUMENTS) -> str:
         "Every document written in one place and read in another has one pydantic model, imported by",
         "its writer and its readers. This page lists them: where each lives, who writes it, who reads",
         "it, and its fields (from the model's JSON schema). The status API's responses are described",
-        "by `docs/status-api.openapi.json`; the S3 key layout by `d2ops_core.runs` and `d2ops_core.champion`.",
+        "by `docs/status-api.openapi.json`; the S3 key layout by `d2ops_core.s3_layout` and `d2ops_core.champion`.",
         "",
         "| document | where | model |",
         "| --- | --- | --- |",

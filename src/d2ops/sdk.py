@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from d2ops_core import runs
+from d2ops_core import run_ids, s3_layout
+from d2ops_core.dataset_identity import DatasetRef
 
 # The v2 API (Predictor, Estimator, TrainingInput); v3 is a different API.
 SDK_REQUIREMENT = "sagemaker>=2.250,<3"
@@ -138,7 +139,7 @@ def stack_settings(stack_name: str, boto_session: Any = None) -> Any:
 def experiment_run_id(name: str, version: str, now: _dt.datetime | None = None) -> str:
     """``experiment-<name>-<version>-<UTC time>``: no ``_``, so it never reads as a pipeline run id."""
     stamp = (now or _dt.datetime.now(_dt.UTC)).strftime("%Y%m%dT%H%M%S")
-    return f"experiment-{runs.slug(f'{name}-{version}', 50)}-{stamp}"
+    return f"experiment-{run_ids.slug(f'{name}-{version}', 50)}-{stamp}"
 
 
 @dataclass(frozen=True)
@@ -155,13 +156,13 @@ class ExperimentJob:
         self.estimator.fit(self.inputs, job_name=self.job_name, wait=wait, logs=logs)
 
 
-def _dataset_version(dataset_uri: str) -> runs.DatasetRef:
-    """``s3://<bucket>/datasets/<name>/<version>/`` as the run's dataset (the layout is d2ops_core.runs')."""
-    bucket, key = runs.parse_s3_uri(dataset_uri)
-    name, version = runs.parse_manifest_key(key.rstrip("/") + "/" + runs.MANIFEST_NAME)
-    prefix = runs.dataset_prefix(name, version)
-    return runs.DatasetRef(bucket=bucket, prefix=prefix, name=name, version=version,
-                           manifest_key=prefix + runs.MANIFEST_NAME, manifest_version="experiment")
+def _dataset_version(dataset_uri: str) -> DatasetRef:
+    """``s3://<bucket>/datasets/<name>/<version>/`` as the run's dataset (the layout is d2ops_core.s3_layout's)."""
+    bucket, key = s3_layout.parse_s3_uri(dataset_uri)
+    name, version = s3_layout.parse_manifest_key(key.rstrip("/") + "/" + s3_layout.MANIFEST_NAME)
+    prefix = s3_layout.dataset_prefix(name, version)
+    return DatasetRef(bucket=bucket, prefix=prefix, name=name, version=version,
+                      manifest_key=prefix + s3_layout.MANIFEST_NAME, manifest_version="experiment")
 
 
 def experiment_job(settings: Any, dataset_uri: str, *, sagemaker_session: Any, run_id: str | None = None,

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from d2ops_core import runs
+from d2ops_core import s3_layout, s3_probe
 from d2ops_core.dataset_diff import (
     DiffInputError,
     Fingerprints,
@@ -49,7 +49,7 @@ def _get(s3: Any, **kwargs: Any) -> bytes | None:
     except Exception as exc:
         if _code(exc) in _MISSING:
             return None
-        if _code(exc) in {"AccessDenied", "403"} and not runs.key_listed(s3, kwargs["Bucket"], kwargs["Key"]):
+        if _code(exc) in {"AccessDenied", "403"} and not s3_probe.key_listed(s3, kwargs["Bucket"], kwargs["Key"]):
             return None  # a role that may list only some prefixes gets 403, not 404, for a missing key
         if _code(exc) in {"AccessDenied", "403", "NoSuchBucket"}:
             raise DiffInputError(f"s3://{kwargs['Bucket']}/{kwargs['Key']}: {_code(exc)}") from None
@@ -107,15 +107,15 @@ def index_run(s3: Any, artifacts_bucket: str, run_id: str, *, dataset_bucket: st
     Without an inventory it falls back to ``dataset_prefix`` in ``dataset_bucket`` (the latest objects
     there, every image downloaded) and says so; without either it raises DiffInputError.
     """
-    raw = _get(s3, Bucket=artifacts_bucket, Key=runs.inventory_key(run_id))
+    raw = _get(s3, Bucket=artifacts_bucket, Key=s3_layout.inventory_key(run_id))
     if raw is None:
         if dataset_bucket and dataset_prefix:
             note = (f"run {run_id} has no inventory (it predates snapshots): read its dataset prefix "
                     f"s3://{dataset_bucket}/{dataset_prefix} as it is now")
             return index_prefix(s3, dataset_bucket, dataset_prefix, source="dataset prefix (no inventory)",
                                 hash_images=hash_fallback_images, deadline=deadline, notes=[note])
-        raise DiffInputError(f"s3://{artifacts_bucket}/{runs.inventory_key(run_id)}: missing (no inventory)")
-    where = f"s3://{artifacts_bucket}/{runs.inventory_key(run_id)}"
+        raise DiffInputError(f"s3://{artifacts_bucket}/{s3_layout.inventory_key(run_id)}: missing (no inventory)")
+    where = f"s3://{artifacts_bucket}/{s3_layout.inventory_key(run_id)}"
 
     def entries() -> Iterator[InventoryEntry]:
         # Parsed as the merge join walks it: the file's bytes are held, never a model per line.
@@ -126,9 +126,9 @@ def index_run(s3: Any, artifacts_bucket: str, run_id: str, *, dataset_bucket: st
 
     # The manifest and annotation files (JSON), for their pinned versions and checksums: a handful.
     by_key = {e.key: e for e in entries() if e.key.endswith(".json")}
-    snapshot = runs.snapshot_prefix(run_id)
+    snapshot = s3_layout.snapshot_prefix(run_id)
     notes: list[str] = []
-    expired = not runs.key_listed(s3, artifacts_bucket, snapshot + MANIFEST_FILE)
+    expired = not s3_probe.key_listed(s3, artifacts_bucket, snapshot + MANIFEST_FILE)
     if expired and not (dataset_bucket and dataset_prefix):
         raise DiffInputError(f"s3://{artifacts_bucket}/{snapshot}: the snapshot is gone and no dataset prefix "
                              "was given to fall back to")

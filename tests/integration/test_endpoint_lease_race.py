@@ -15,7 +15,7 @@ import pytest
 
 from d2ops.asl import StateMachine
 from d2ops.asl.interpreter import Execution
-from d2ops_core import runs
+from d2ops_core import run_ids, run_start, s3_layout
 from d2ops_core.documents.evaluation import EvaluationReport, ModelScores
 from tests.fixtures.pipeline import support
 from tests.fixtures.pipeline.support import FakeRuntime, entered_states, task_parameters
@@ -55,7 +55,7 @@ def write_evaluation(stack: dict[str, Any], kind: str, request: dict[str, Any]) 
         document["champion"] = ModelScores(metrics={"bbox_AP": 0.5}).model_dump()
         document["comparison"] = support.point_comparison(document)
     report = EvaluationReport.model_validate(document)
-    bucket, prefix = runs.parse_s3_uri(request["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"])
+    bucket, prefix = s3_layout.parse_s3_uri(request["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"])
     stack["s3"].put_object(Bucket=bucket, Key=prefix + "evaluation.json", Body=report.model_dump_json())
 
 
@@ -77,11 +77,11 @@ def test_two_runs_racing_deploy_one_after_the_other(stack: dict[str, Any], tmp_p
     started = []
     for version in ("race-a", "race-b"):
         dataset = upload(stack, tmp_path, version)
-        trigger = runs.Trigger(source="s3-event", object_key=dataset.manifest_key,
-                               object_version=dataset.manifest_version)
-        execution = machine.start(runs.execution_input(dataset, trigger),
-                                  execution_name=runs.run_id_for(dataset.name, dataset.version,
-                                                                 dataset.manifest_version),
+        trigger = run_start.Trigger(source="s3-event", object_key=dataset.manifest_key,
+                                    object_version=dataset.manifest_version)
+        execution = machine.start(run_start.execution_input(dataset, trigger),
+                                  execution_name=run_ids.run_id_for(dataset.name, dataset.version,
+                                                                    dataset.manifest_version),
                                   executors={"arn:aws:states:::lambda:invoke": stack["lambdas"],
                                              "arn:aws:states:::*": aws})
         executions[execution.arn] = execution

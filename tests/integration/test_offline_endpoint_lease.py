@@ -22,7 +22,7 @@ from botocore.stub import Stubber
 
 from d2ops.offline.runtime import OfflineRuntime
 from d2ops.offline.services.sagemaker import JobOutcome
-from d2ops_core import runs
+from d2ops_core import run_ids, s3_layout
 from tests.fixtures.offline.support import tiny_dataset
 from tests.fixtures.pipeline import support
 
@@ -73,29 +73,29 @@ def rt(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineRuntime]:
 
 def training_request(rt: OfflineRuntime, run_id: str, output: str | None = None,
                      hyperparameters: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"TrainingJobName": runs.sagemaker_name(run_id, runs.TRAINING_JOB_SUFFIX),
+    return {"TrainingJobName": run_ids.sagemaker_name(run_id, run_ids.TRAINING_JOB_SUFFIX),
             "RoleArn": support.ROLE_ARN, "HyperParameters": hyperparameters or {},
             "AlgorithmSpecification": {"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/t:1",
                                        "TrainingInputMode": "File"},
-            "OutputDataConfig": {"S3OutputPath": output or runs.training_output_uri(rt.stack.artifacts_bucket,
-                                                                                    run_id)},
+            "OutputDataConfig": {"S3OutputPath": output or s3_layout.training_output_uri(rt.stack.artifacts_bucket,
+                                                                                         run_id)},
             "ResourceConfig": {"InstanceType": "ml.m5.large", "InstanceCount": 1, "VolumeSizeInGB": 1},
             "StoppingCondition": {"MaxRuntimeInSeconds": 600}}
 
 
 def processing_request(rt: OfflineRuntime, run_id: str) -> dict[str, Any]:
-    return {"ProcessingJobName": runs.sagemaker_name(run_id, runs.EVALUATION_JOB_SUFFIX),
+    return {"ProcessingJobName": run_ids.sagemaker_name(run_id, run_ids.EVALUATION_JOB_SUFFIX),
             "RoleArn": support.ROLE_ARN,
             "AppSpecification": {"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/t:1"},
             "ProcessingOutputConfig": {"Outputs": [{"OutputName": "evaluation", "S3Output": {
-                "S3Uri": runs.evaluation_output_uri(rt.stack.artifacts_bucket, run_id),
+                "S3Uri": s3_layout.evaluation_output_uri(rt.stack.artifacts_bucket, run_id),
                 "LocalPath": "/opt/ml/processing/output", "S3UploadMode": "EndOfJob"}}]},
             "ProcessingResources": {"ClusterConfig": {"InstanceCount": 1, "InstanceType": "ml.m5.large",
                                                       "VolumeSizeInGB": 1}}}
 
 
 def ended(rt: OfflineRuntime, run_id: str, status: str) -> ExecutionStatusChange:
-    arn = runs.execution_arn(rt.stack.state_machine_arn, run_id)
+    arn = run_ids.execution_arn(rt.stack.state_machine_arn, run_id)
     return ExecutionStatusChange.model_validate({
         "source": "aws.states", "detail-type": "Step Functions Execution Status Change",
         "detail": {"executionArn": arn, "stateMachineArn": rt.stack.state_machine_arn, "name": run_id,
@@ -110,7 +110,7 @@ def deliver(rt: OfflineRuntime, run_id: str, status: str, sagemaker: Any = None)
 
 
 def training_status(rt: OfflineRuntime, run_id: str) -> str | None:
-    name = runs.sagemaker_name(run_id, runs.TRAINING_JOB_SUFFIX)
+    name = run_ids.sagemaker_name(run_id, run_ids.TRAINING_JOB_SUFFIX)
     try:
         return str(rt.client("sagemaker").describe_training_job(TrainingJobName=name)["TrainingJobStatus"])
     except ClientError:
@@ -118,7 +118,7 @@ def training_status(rt: OfflineRuntime, run_id: str) -> str | None:
 
 
 def processing_status(rt: OfflineRuntime, run_id: str) -> str:
-    name = runs.sagemaker_name(run_id, runs.EVALUATION_JOB_SUFFIX)
+    name = run_ids.sagemaker_name(run_id, run_ids.EVALUATION_JOB_SUFFIX)
     return str(rt.client("sagemaker").describe_processing_job(ProcessingJobName=name)["ProcessingJobStatus"])
 
 
@@ -251,7 +251,7 @@ def test_jobs_that_are_not_the_runs_or_not_running_are_left_alone(rt: OfflineRun
                                                "processing": ("not-found", None)}
         assert training_status(rt, other) == "InProgress"
     finally:
-        sagemaker.stop_training_job(TrainingJobName=runs.sagemaker_name(other, runs.TRAINING_JOB_SUFFIX))
+        sagemaker.stop_training_job(TrainingJobName=run_ids.sagemaker_name(other, run_ids.TRAINING_JOB_SUFFIX))
     # A job that already failed; a run that never created any job; a run that succeeded (not even looked at).
     failed = "shapes_v1_dddddddddddddddd"
     sagemaker.create_training_job(**training_request(rt, failed, hyperparameters={FAILS: "1"}))
@@ -265,7 +265,7 @@ def test_jobs_that_are_not_the_runs_or_not_running_are_left_alone(rt: OfflineRun
         assert deliver(rt, running, "SUCCEEDED") == {}
         assert training_status(rt, running) == "InProgress"
     finally:
-        sagemaker.stop_training_job(TrainingJobName=runs.sagemaker_name(running, runs.TRAINING_JOB_SUFFIX))
+        sagemaker.stop_training_job(TrainingJobName=run_ids.sagemaker_name(running, run_ids.TRAINING_JOB_SUFFIX))
 
 
 def _stubbed_sagemaker() -> tuple[Any, Stubber]:
@@ -275,7 +275,7 @@ def _stubbed_sagemaker() -> tuple[Any, Stubber]:
 
 def test_a_job_that_ends_between_describe_and_stop_is_not_an_error() -> None:
     client, stubber = _stubbed_sagemaker()
-    name, output = runs.sagemaker_name(RUN_ID, "train"), runs.training_output_uri("bucket", RUN_ID)
+    name, output = run_ids.sagemaker_name(RUN_ID, "train"), s3_layout.training_output_uri("bucket", RUN_ID)
     described = {"TrainingJobName": name,
                  "TrainingJobArn": f"arn:aws:sagemaker:us-east-1:123456789012:training-job/{name}",
                  "AlgorithmSpecification": {"TrainingInputMode": "File"},
@@ -298,7 +298,7 @@ def test_other_errors_fail_the_delivery_so_eventbridge_retries_and_the_lease_is_
     stubber.add_client_error("describe_training_job", "AccessDeniedException", "not authorized", 400)
     dynamodb = rt.client("dynamodb")
     (table,) = rt.stack.tables
-    arn = runs.execution_arn(rt.stack.state_machine_arn, RUN_ID)
+    arn = run_ids.execution_arn(rt.stack.state_machine_arn, RUN_ID)
     dynamodb.put_item(TableName=table, Item={"endpoint_name": {"S": rt.stack.endpoint_name}, "holder": {"S": arn}})
     with stubber, pytest.raises(ClientError, match="AccessDenied"):
         deliver(rt, RUN_ID, "TIMED_OUT", sagemaker=client)

@@ -26,7 +26,7 @@ import pytest
 from d2ops.offline.pipeline import run_pipeline
 from d2ops.offline.runtime import OfflineRuntime
 from d2ops_core import pretrained
-from d2ops_core.runs import parse_s3_uri
+from d2ops_core.s3_layout import parse_s3_uri
 from tests.fixtures.frameworks import require_detectron2
 from tests.fixtures.offline.support import tiny_dataset
 

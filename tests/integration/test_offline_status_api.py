@@ -25,7 +25,7 @@ from d2ops.offline.pipeline import RunSummary, run_pipeline
 from d2ops.offline.runtime import CREDENTIALS, OfflineRuntime
 from d2ops.offline.stack import REGION
 from d2ops.sigv4 import SignedStatusApi
-from d2ops_core.runs import parse_s3_uri
+from d2ops_core.s3_layout import parse_s3_uri
 from tests.fixtures.offline.support import break_dataset, tiny_dataset
 
 pytestmark = pytest.mark.integration

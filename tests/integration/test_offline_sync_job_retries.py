@@ -29,7 +29,7 @@ from d2ops.offline.runtime import OfflineRuntime
 from d2ops.offline.services.sagemaker import JobOutcome
 from d2ops.offline.task_integrations import ServiceExecutors
 from d2ops_core.platform import QuotaRefusal, parse_quota_refusal, quota_name
-from d2ops_core.runs import parse_s3_uri
+from d2ops_core.s3_layout import parse_s3_uri
 from tests.fixtures.pipeline import support
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

@@ -20,9 +20,10 @@ from moto.server import ThreadedMotoServer
 from d2ops import synth
 from d2ops import template as sam
 from d2ops.asl.interpreter import Execution
-from d2ops_core import runs
+from d2ops_core import run_ids, run_start, s3_layout
 from d2ops_core.champion import CHAMPION_KEY, ChampionRecord
 from d2ops_core.dataset_diff import compare, directory_reader, index_version
+from d2ops_core.dataset_identity import DatasetRef
 from d2ops_core.documents.dataset_diff import DatasetDiff, DatasetDiffSummary
 from tests.fixtures.pipeline import support
 from tests.fixtures.pipeline.support import Boto3Integrations, FakeRuntime, LambdaInvoker
@@ -70,7 +71,7 @@ def stack() -> Iterator[dict[str, Any]]:
 
 def upload(stack: dict[str, Any], tmp: Path, version: str, *, drop_image: bool = False,
            manifest: dict[str, Any] | None = None, without_val: bool = False,
-           rename_image: bool = False) -> runs.DatasetRef:
+           rename_image: bool = False) -> DatasetRef:
     local = tmp / version
     synth.generate(local, images=8, size=64, version=version, seed=len(version))
     if rename_image:  # the first train image under a new name: the same bytes, so a rename to the dataset diff
@@ -88,12 +89,12 @@ def upload(stack: dict[str, Any], tmp: Path, version: str, *, drop_image: bool =
         (local / "manifest.json").write_text(json.dumps({**doc, **manifest}))
     if drop_image:
         next(p for p in sorted((local / "images").rglob("*")) if p.is_file()).unlink()
-    prefix = runs.dataset_prefix("shapes", version)
+    prefix = s3_layout.dataset_prefix("shapes", version)
     for path in sorted(p for p in local.rglob("*") if p.is_file() and p.name != "manifest.json"):
         stack["s3"].upload_file(str(path), support.DATA_BUCKET, prefix + path.relative_to(local).as_posix())
     key = prefix + "manifest.json"  # last, as the contract says
     put = stack["s3"].put_object(Bucket=support.DATA_BUCKET, Key=key, Body=(local / "manifest.json").read_bytes())
-    return runs.dataset_ref(support.DATA_BUCKET, key, put["VersionId"], put["ETag"])
+    return run_start.dataset_ref(support.DATA_BUCKET, key, put["VersionId"], put["ETag"])
 
 
 def write_evaluation(stack: dict[str, Any], kind: str, request: dict[str, Any]) -> None:
@@ -108,7 +109,7 @@ def write_evaluation(stack: dict[str, Any], kind: str, request: dict[str, Any]) 
                               "challenger_score_thresholds": CHALLENGER_THRESHOLDS}
     if champion is not None:
         report["comparison"] = support.point_comparison(report)
-    bucket, prefix = runs.parse_s3_uri(request["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"])
+    bucket, prefix = s3_layout.parse_s3_uri(request["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"])
     stack["s3"].put_object(Bucket=bucket, Key=prefix + "evaluation.json", Body=json.dumps(report))
 
 
@@ -130,15 +131,16 @@ class WithUpdateEndpoint(Boto3Integrations):
         return {"EndpointArn": endpoint["EndpointArn"]}
 
 
-def run(stack: dict[str, Any], dataset: runs.DatasetRef,
+def run(stack: dict[str, Any], dataset: DatasetRef,
         lambdas: Any = None) -> tuple[Execution, Boto3Integrations]:
     # One answer per smoke-test request (the state's Payload.requests).
     requests = support.machine().definition["States"]["Smoke test endpoint"]["Parameters"]["Payload"]["requests"]
     FakeRuntime.answers += [(200, "application/json", json.dumps(DETECTIONS).encode())] * requests
     aws = WithUpdateEndpoint(after_job=lambda kind, request: write_evaluation(stack, kind, request))
-    trigger = runs.Trigger(source="s3-event", object_key=dataset.manifest_key, object_version=dataset.manifest_version)
-    run_id = runs.run_id_for(dataset.name, dataset.version, dataset.manifest_version)
-    execution = support.machine().run(runs.execution_input(dataset, trigger), execution_name=run_id,
+    trigger = run_start.Trigger(source="s3-event", object_key=dataset.manifest_key,
+                                object_version=dataset.manifest_version)
+    run_id = run_ids.run_id_for(dataset.name, dataset.version, dataset.manifest_version)
+    execution = support.machine().run(run_start.execution_input(dataset, trigger), execution_name=run_id,
                                       executors={"arn:aws:states:::lambda:invoke": lambdas or stack["lambdas"],
                                                  "arn:aws:states:::*": aws})
     return execution, aws
@@ -176,7 +178,7 @@ def test_first_deployment_then_blue_green_update(stack: dict[str, Any], tmp_path
                                                   if cost[p] is not None), abs=1e-5)
     assert message["cost_summary"].startswith("$") and " so far; us-east-1 prices of " in message["cost_summary"]
     report = first.output["validation"]["summary"]["report_uri"]
-    assert stack["s3"].head_object(**dict(zip(("Bucket", "Key"), runs.parse_s3_uri(report), strict=True)))
+    assert stack["s3"].head_object(**dict(zip(("Bucket", "Key"), s3_layout.parse_s3_uri(report), strict=True)))
     assert FakeRuntime.requests[-1][0] == f"/endpoints/{support.ENDPOINT_NAME}/invocations"
     # The challenger's per-class thresholds reach its registry entry, in the form CustomerMetadataProperties takes.
     (register,) = [p for name, p in aws.calls if name == "sagemaker:createModelPackage"]
@@ -203,8 +205,8 @@ def test_first_deployment_then_blue_green_update(stack: dict[str, Any], tmp_path
     assert first.output["plan"]["dataset_diff"] is None  # no champion yet
     summary = DatasetDiffSummary.model_validate(second.output["plan"]["dataset_diff"])
     assert summary.error is None and summary.champion_run_id == first.name and summary.against == "shapes/v1"
-    bucket, key = runs.parse_s3_uri(summary.uri or "")
-    assert key == runs.dataset_diff_key(second.name)
+    bucket, key = s3_layout.parse_s3_uri(summary.uri or "")
+    assert key == s3_layout.dataset_diff_key(second.name)
     stored = DatasetDiff.model_validate_json(stack["s3"].get_object(Bucket=bucket, Key=key)["Body"].read())
     assert (stored.a.run_id, stored.b.run_id) == (first.name, second.name)
     assert stored.a.source == stored.b.source == "run snapshot"
@@ -222,7 +224,7 @@ def test_an_invalid_dataset_is_rejected_by_the_real_validator(stack: dict[str, A
     (message,) = notifications(stack)
     assert message["error"] == "DatasetRejected" and message["first_errors"]
     assert message["cost"] is None and message["cost_summary"] == "no SageMaker job ran: nothing billed"
-    bucket, key = runs.parse_s3_uri(message["report_uri"])
+    bucket, key = s3_layout.parse_s3_uri(message["report_uri"])
     report = json.loads(stack["s3"].get_object(Bucket=bucket, Key=key)["Body"].read())
     assert report  # the full report sits next to the run's artifacts
 
@@ -238,13 +240,13 @@ def test_a_manifest_that_loosens_the_stack_gate_is_rejected_before_training(stac
     assert [e["code"] for e in message["first_errors"]] == ["GATE_MIN_MAP_BELOW_STACK",
                                                             "GATE_MAX_REGRESSION_ABOVE_STACK"]
     assert message["first_errors"][0]["location"] == "manifest.json:gate.min_map"
-    bucket, key = runs.parse_s3_uri(message["report_uri"])
+    bucket, key = s3_layout.parse_s3_uri(message["report_uri"])
     report = json.loads(stack["s3"].get_object(Bucket=bucket, Key=key)["Body"].read())
     assert {i["code"] for i in report["errors"]} == {"GATE_MAX_REGRESSION_ABOVE_STACK", "GATE_MIN_MAP_BELOW_STACK"}
     assert "MinMap 0.3" in report["errors"][0]["message"]
     listed = stack["s3"].list_objects_v2(Bucket=support.ARTIFACTS_BUCKET, Prefix=f"runs/{execution.name}/")
     # only the validation report and the inventory of what it read: nothing trained, nothing snapshotted
-    assert [o["Key"] for o in listed["Contents"]] == [runs.inventory_key(execution.name), key]
+    assert [o["Key"] for o in listed["Contents"]] == [s3_layout.inventory_key(execution.name), key]
 
 
 def test_a_version_without_val_runs_on_a_derived_split_recorded_in_the_run(stack: dict[str, Any],
@@ -253,7 +255,7 @@ def test_a_version_without_val_runs_on_a_derived_split_recorded_in_the_run(stack
     assert execution.status == "SUCCEEDED", (execution.error, execution.cause)
     derived = execution.output["validation"]["summary"]["derived_split"]  # in the run, not only in the report
     assert derived["seed"] == "shapes/trainonly" and derived["val_images"] >= 1 and derived["train_images"] >= 1
-    bucket, key = runs.parse_s3_uri(execution.output["validation"]["summary"]["report_uri"])
+    bucket, key = s3_layout.parse_s3_uri(execution.output["validation"]["summary"]["report_uri"])
     report = json.loads(stack["s3"].get_object(Bucket=bucket, Key=key)["Body"].read())
     assert report["derived_split"] == derived
     assert report["splits"]["val"]["images"] == derived["val_images"]
@@ -294,10 +296,10 @@ def test_a_version_over_the_inline_limit_is_checked_by_the_distributed_map_and_t
     assert sum(len(b["Payload"]["Items"]) for b in batches) == len(images)
     summary = execution.output["validation"]["summary"]
     assert summary["valid"] is True and summary["images_pending"] is False
-    snapshot = runs.snapshot_uri(support.ARTIFACTS_BUCKET, execution.name)
+    snapshot = s3_layout.snapshot_uri(support.ARTIFACTS_BUCKET, execution.name)
     assert summary["snapshot_uri"] == snapshot
     manifest_key = execution.output["image_check"]["ResultWriterDetails"]["Key"]
-    assert manifest_key.startswith(runs.image_results_prefix(execution.name) + "/")
+    assert manifest_key.startswith(s3_layout.image_results_prefix(execution.name) + "/")
     stack["s3"].head_object(Bucket=support.ARTIFACTS_BUCKET, Key=manifest_key)
 
     # The data bucket now holds other bytes; the jobs read the snapshot, which holds the validated ones.
@@ -307,7 +309,7 @@ def test_a_version_over_the_inline_limit_is_checked_by_the_distributed_map_and_t
     assert channels["train"] == channels["val"] == snapshot
     (eval_request,) = [p for name, p in aws.calls if name == "sagemaker:createProcessingJob"]
     assert {i["InputName"]: i["S3Input"]["S3Uri"] for i in eval_request["ProcessingInputs"]}["val"] == snapshot
-    bucket, prefix = runs.parse_s3_uri(snapshot)
+    bucket, prefix = s3_layout.parse_s3_uri(snapshot)
     trained_on = stack["s3"].get_object(Bucket=bucket, Key=prefix + victim)
     assert trained_on["Body"].read() == validated
     tags = stack["s3"].get_object_tagging(Bucket=bucket, Key=prefix + victim)["TagSet"]
@@ -321,7 +323,7 @@ def test_a_version_over_the_inline_limit_is_checked_by_the_distributed_map_and_t
         assert body == (local / obj["Key"][len(prefix):]).read_bytes(), obj["Key"]
 
     # The inventory's digest: in the summary, the training job, the plan and the registry entry.
-    inventory = stack["s3"].get_object(Bucket=support.ARTIFACTS_BUCKET, Key=runs.inventory_key(execution.name))
+    inventory = stack["s3"].get_object(Bucket=support.ARTIFACTS_BUCKET, Key=s3_layout.inventory_key(execution.name))
     digest = "sha256:" + hashlib.sha256(inventory["Body"].read()).hexdigest()
     assert summary["inventory_digest"] == digest
     assert train_request["HyperParameters"]["inventory_digest"] == digest

@@ -7,8 +7,8 @@ import torch
 from torchvision.models.detection import FasterRCNN
 from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
 
+from d2ops_core.dataset_identity import DatasetVersion
 from d2ops_core.documents.evaluation import ModelEvaluation
-from d2ops_core.runs import DatasetVersion
 from model_code import artifact, inference
 from model_code.training.torchvision_export import export_torchvision
 

@@ -246,19 +246,19 @@ def test_s3_prefixes_give_the_directories_counts(s3_versions: Any, versions: tup
 def snapshot_run(s3: Any, run_id: str, prefix: str, entries: list[Any], *, artifacts: str = "artifacts",
                  data: str = "data") -> None:
     """What validation leaves for a run: its inventory and its snapshot (the files the diff reads)."""
-    from d2ops_core import runs
+    from d2ops_core import s3_layout
     from d2ops_core.validation.inventory import inventory_bytes
 
-    s3.put_object(Bucket=artifacts, Key=runs.inventory_key(run_id), Body=inventory_bytes(entries))
+    s3.put_object(Bucket=artifacts, Key=s3_layout.inventory_key(run_id), Body=inventory_bytes(entries))
     for entry in entries:
         if entry.key.endswith(".json"):  # images: the inventory's sha256 is all the diff needs of them
-            s3.copy_object(Bucket=artifacts, Key=runs.snapshot_prefix(run_id) + entry.key,
+            s3.copy_object(Bucket=artifacts, Key=s3_layout.snapshot_prefix(run_id) + entry.key,
                            CopySource={"Bucket": data, "Key": prefix + entry.key, "VersionId": entry.version_id})
 
 
 def test_runs_read_from_inventory_and_snapshot_and_fall_back_to_pinned_versions(
         s3_versions: Any, versions: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    from d2ops_core import runs
+    from d2ops_core import s3_layout
     from d2ops_core.dataset_diff_s3 import index_run
 
     s3, entries_a, entries_b = s3_versions
@@ -273,7 +273,7 @@ def test_runs_read_from_inventory_and_snapshot_and_fall_back_to_pinned_versions(
 
     # The champion's snapshot expired and its train.json was overwritten since: the pinned version is read.
     for entry in entries_a:
-        s3.delete_object(Bucket="artifacts", Key=runs.snapshot_prefix("champ") + entry.key)
+        s3.delete_object(Bucket="artifacts", Key=s3_layout.snapshot_prefix("champ") + entry.key)
     s3.put_object(Bucket="data", Key="datasets/pets/v1/annotations/train.json", Body=b'{"images": []}')
     index = index_run(s3, "artifacts", "champ", dataset_bucket="data", dataset_prefix="datasets/pets/v1/")
     assert index.side.source == "dataset prefix (pinned by the run's inventory)"

@@ -6,7 +6,7 @@ import boto3
 from moto import mock_aws
 
 from d2ops_core.champion import ChampionRecord, EndpointRollback, build_history, history_prefix, read_endpoint_history
-from d2ops_core.runs import DatasetRef
+from d2ops_core.dataset_identity import DatasetRef
 
 BUCKET = "artifacts"
 ENDPOINT = "d2ops-detector"

@@ -14,7 +14,7 @@ SRC = REPO_ROOT / "src"
 
 def test_the_core_is_one_package_beside_the_tooling() -> None:
     files = core_files(SRC)
-    assert {Path("d2ops_core/runs.py"), Path("d2ops_core/validation/manifest.py")} <= set(files)
+    assert {Path("d2ops_core/run_ids.py"), Path("d2ops_core/validation/manifest.py")} <= set(files)
     assert {f.parts[0] for f in files} == {"d2ops_core"}
 
 

@@ -12,11 +12,11 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from d2ops_core import runs
+from d2ops_core import s3_layout
 from d2ops_core.champion import CHAMPION_KEY, ChampionRecord
+from d2ops_core.dataset_identity import DatasetRef
 from d2ops_core.documents.dataset_diff import DatasetDiff
 from d2ops_core.documents.run_state import RunState
-from d2ops_core.runs import DatasetRef
 from tests.fixtures.pipeline import support
 from tests.unit.test_dataset_diff import VERSION_A, VERSION_B, snapshot_run, upload, write_version
 
@@ -72,12 +72,12 @@ def test_the_diff_is_stored_and_its_summary_travels_in_the_plan(aws: Any, tmp_pa
     assert state.plan is not None
     summary = state.plan.dataset_diff
     assert summary is not None and summary.error is None
-    assert summary.uri == f"s3://{support.ARTIFACTS_BUCKET}/{runs.dataset_diff_key(RUN_ID)}"
+    assert summary.uri == f"s3://{support.ARTIFACTS_BUCKET}/{s3_layout.dataset_diff_key(RUN_ID)}"
     assert (summary.added, summary.removed, summary.renamed, summary.content_changed) == (1, 2, 1, 1)
     assert (summary.annotations_changed, summary.split_moved, summary.instances_delta) == (1, 1, 1)
     assert summary.champion_run_id == CHAMPION_RUN and summary.against == "pets/v1"
     assert summary.classes_new == ["bird"] and summary.classes_vanished == ["cow"]
-    body = aws.get_object(Bucket=support.ARTIFACTS_BUCKET, Key=runs.dataset_diff_key(RUN_ID))["Body"].read()
+    body = aws.get_object(Bucket=support.ARTIFACTS_BUCKET, Key=s3_layout.dataset_diff_key(RUN_ID))["Body"].read()
     document = DatasetDiff.model_validate_json(body)
     assert document.a.run_id == CHAMPION_RUN and document.a.source == "run snapshot"
     assert document.b.run_id == RUN_ID and document.b.inventory_digest
@@ -91,7 +91,7 @@ def test_a_diff_that_cannot_be_computed_never_fails_the_run(aws: Any) -> None:
     summary = plan["dataset_diff"]
     assert summary["error"].startswith("DiffInputError: s3://d2ops-data-example/datasets/pets/v1/: no manifest.json")
     assert summary["champion_run_id"] == CHAMPION_RUN
-    listed = aws.list_objects_v2(Bucket=support.ARTIFACTS_BUCKET, Prefix=runs.dataset_diff_key(RUN_ID))
+    listed = aws.list_objects_v2(Bucket=support.ARTIFACTS_BUCKET, Prefix=s3_layout.dataset_diff_key(RUN_ID))
     assert listed.get("KeyCount", 0) == 0
 
 
@@ -124,7 +124,7 @@ def test_a_champion_older_than_inventories_is_read_from_its_prefix_and_the_diff_
     summary = prepare()["dataset_diff"]
     assert summary["error"] is None and "has no inventory" in summary["notes"][0]
     document = DatasetDiff.model_validate_json(
-        aws.get_object(Bucket=support.ARTIFACTS_BUCKET, Key=runs.dataset_diff_key(RUN_ID))["Body"].read())
+        aws.get_object(Bucket=support.ARTIFACTS_BUCKET, Key=s3_layout.dataset_diff_key(RUN_ID))["Body"].read())
     assert document.a.source == "dataset prefix (no inventory)"
     # No image is downloaded in the Lambda: content is not compared, so no rename is claimed either.
     assert (document.images.not_compared, document.images.renamed, document.images.content_changed) == (4, 0, 0)

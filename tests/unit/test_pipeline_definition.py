@@ -13,7 +13,7 @@ import pytest
 
 from d2ops import template as sam
 from d2ops.asl.substitution import placeholders, substitute
-from d2ops_core import runs
+from d2ops_core import run_ids
 from tests.fixtures.pipeline import support
 
 support.function_path("prepare_training")
@@ -230,7 +230,7 @@ def test_pending_images_go_through_the_distributed_map_and_back_to_the_same_choi
     assert writer["Resource"] == "arn:${Partition}:states:::s3:putObject"
     assert writer["Parameters"]["Bucket"] == "${ArtifactsBucketName}"
     # A path, not an intrinsic: ResultWriter's Parameters are documented with paths only; the validate
-    # Lambda names the place (runs.image_results_prefix), which Summarize image checks holds results to.
+    # Lambda names the place (s3_layout.image_results_prefix), which Summarize image checks holds results to.
     assert writer["Parameters"]["Prefix.$"] == "$.validation.summary.image_results_prefix"
     assert check["ResultPath"] == "$.image_check"
     # A failed child reaches its Map only as States.ExceedToleratedFailureThreshold: a Catch naming the
@@ -282,14 +282,14 @@ def test_job_names_fit_sagemaker_for_the_longest_run_ids() -> None:
     longest = "N" * 64  # d2ops_core.validation.manifest.SEGMENT_PATTERN allows 64 characters
     cases = [(longest, longest, "v" * 1024), ("a_b.c-d", "1.0_rc-1", "null-etag"), ("x", "y", "z")]
     for name, version, token in cases:
-        run_id = runs.run_id_for(name, version, token)
+        run_id = run_ids.run_id_for(name, version, token)
         assert len(run_id) <= 80 and re.fullmatch(r"[A-Za-z0-9_-]+", run_id)
         for suffix in ("train", "eval", "model", "config"):
-            job = runs.sagemaker_name(run_id, suffix)
+            job = run_ids.sagemaker_name(run_id, suffix)
             assert len(job) <= 63 and name_pattern.match(job), job
     # Truncation keeps names distinct: two uploads of the same long version differ.
-    a, b = (runs.run_id_for(longest, longest, t) for t in ("v1", "v2"))
-    assert runs.sagemaker_name(a, "train") != runs.sagemaker_name(b, "train")
+    a, b = (run_ids.run_id_for(longest, longest, t) for t in ("v1", "v2"))
+    assert run_ids.sagemaker_name(a, "train") != run_ids.sagemaker_name(b, "train")
 
 
 def _asl_validate(path: Path) -> subprocess.CompletedProcess[str]:

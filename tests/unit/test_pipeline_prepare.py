@@ -12,7 +12,7 @@ import pytest
 from moto import mock_aws
 from pydantic import ValidationError
 
-from d2ops_core import metrics, runs
+from d2ops_core import metrics, run_ids, s3_layout, sagemaker_jobs
 from d2ops_core.champion import CHAMPION_KEY
 from tests.fixtures.pipeline import support
 
@@ -49,19 +49,21 @@ def test_the_training_request_is_accepted_by_sagemaker(aws: dict[str, Any]) -> N
     assert job["OutputDataConfig"]["S3OutputPath"] == f"s3://{support.ARTIFACTS_BUCKET}/runs/{run_id}/training/"
     assert [c["ChannelName"] for c in job["InputDataConfig"]] == ["train", "val", "pretrained"]
     for channel in job["InputDataConfig"][:2]:  # the run's snapshot, never the mutable data prefix
-        assert channel["DataSource"]["S3DataSource"]["S3Uri"] == runs.snapshot_uri(support.ARTIFACTS_BUCKET, run_id)
+        snapshot = s3_layout.snapshot_uri(support.ARTIFACTS_BUCKET, run_id)
+        assert channel["DataSource"]["S3DataSource"]["S3Uri"] == snapshot
     assert job["InputDataConfig"][2]["DataSource"]["S3DataSource"]["S3Uri"] == (
         f"s3://d2ops-data-example/{support.PREPARE_ENV['PRETRAINED_WEIGHTS_KEY']}")
     assert job["ResourceConfig"]["InstanceCount"] == 2 and job["ResourceConfig"]["InstanceType"] == "ml.g4dn.xlarge"
     digest = support.load_event("prepare_training", "defaults")["validation"]["inventory_digest"]
     assert job["HyperParameters"] == {"framework": "detectron2", "inventory_digest": digest}
     assert plan["inventory_digest"] == digest
-    assert plan["dataset_snapshot_uri"] == runs.snapshot_uri(support.ARTIFACTS_BUCKET, run_id)
+    assert plan["dataset_snapshot_uri"] == s3_layout.snapshot_uri(support.ARTIFACTS_BUCKET, run_id)
     val_input = next(i for i in plan["evaluation_job"]["ProcessingInputs"] if i["InputName"] == "val")
-    assert val_input["S3Input"]["S3Uri"] == runs.snapshot_uri(support.ARTIFACTS_BUCKET, run_id)
+    assert val_input["S3Input"]["S3Uri"] == s3_layout.snapshot_uri(support.ARTIFACTS_BUCKET, run_id)
     # The release function knows the run's job by the same rule ("Created ... job is ours?"): name and output.
-    assert job["TrainingJobName"] == runs.sagemaker_name(run_id, runs.TRAINING_JOB_SUFFIX)
-    assert runs.described_job_output(described) == runs.training_output_uri(support.ARTIFACTS_BUCKET, run_id)
+    assert job["TrainingJobName"] == run_ids.sagemaker_name(run_id, run_ids.TRAINING_JOB_SUFFIX)
+    output = s3_layout.training_output_uri(support.ARTIFACTS_BUCKET, run_id)
+    assert sagemaker_jobs.described_job_output(described) == output
 
 
 def test_spot_training_waits_at_most_twice_the_runtime_and_checkpoints_to_s3(aws: dict[str, Any],
@@ -155,8 +157,9 @@ def test_the_evaluation_request_is_accepted_and_includes_the_champion(aws: dict[
     aws["sagemaker"].create_processing_job(**first["evaluation_job"])
     described = aws["sagemaker"].describe_processing_job(ProcessingJobName=first["names"]["evaluation_job"])
     run_id = support.load_event("prepare_training", "defaults")["run_id"]
-    assert described["ProcessingJobName"] == runs.sagemaker_name(run_id, runs.EVALUATION_JOB_SUFFIX)
-    assert runs.described_job_output(described) == runs.evaluation_output_uri(support.ARTIFACTS_BUCKET, run_id)
+    assert described["ProcessingJobName"] == run_ids.sagemaker_name(run_id, run_ids.EVALUATION_JOB_SUFFIX)
+    output = s3_layout.evaluation_output_uri(support.ARTIFACTS_BUCKET, run_id)
+    assert sagemaker_jobs.described_job_output(described) == output
 
     champion_record = {"run_id": "shapes_v0_0123456789abcdef", "dataset": support.DATASET.model_dump(),
                        "model_package_arn": "arn:aws:sagemaker:us-east-1:123456789012:model-package/d2ops-models/1",

@@ -1,4 +1,4 @@
-"""d2ops_core.runs: run ids and SageMaker names for any dataset name, version and object version."""
+"""d2ops_core.run_ids: run ids and SageMaker names for any dataset name, version and object version."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from d2ops_core import runs
+from d2ops_core import run_ids, run_start, s3_layout, s3_probe, sagemaker_jobs
 
 SAGEMAKER_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 EXECUTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
@@ -24,10 +24,10 @@ def test_many_random_names_give_valid_distinct_identifiers() -> None:
         name = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 64)))
         version = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 64)))
         token = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40)))
-        run_id = runs.run_id_for(name, version, token)
+        run_id = run_ids.run_id_for(name, version, token)
         assert EXECUTION_NAME.match(run_id), run_id
-        assert run_id == runs.run_id_for(name, version, token)  # deterministic
-        job = runs.sagemaker_name(run_id, "train")
+        assert run_id == run_ids.run_id_for(name, version, token)  # deterministic
+        job = run_ids.sagemaker_name(run_id, "train")
         assert SAGEMAKER_NAME.match(job) and len(job) <= 63, job
         seen_runs.add(run_id)
         seen_jobs.add(job)
@@ -35,12 +35,12 @@ def test_many_random_names_give_valid_distinct_identifiers() -> None:
 
 
 def test_the_object_version_decides_the_run() -> None:
-    assert runs.run_id_for("shapes", "v1", "a") != runs.run_id_for("shapes", "v1", "b")
-    assert runs.object_version_token("3HL4kq", '"etag"') == "3HL4kq"
-    assert runs.object_version_token("null", '"d41d8cd9"') == "d41d8cd9"  # unversioned bucket
-    assert runs.object_version_token(None, "d41d8cd9") == "d41d8cd9"
+    assert run_ids.run_id_for("shapes", "v1", "a") != run_ids.run_id_for("shapes", "v1", "b")
+    assert run_start.object_version_token("3HL4kq", '"etag"') == "3HL4kq"
+    assert run_start.object_version_token("null", '"d41d8cd9"') == "d41d8cd9"  # unversioned bucket
+    assert run_start.object_version_token(None, "d41d8cd9") == "d41d8cd9"
     with pytest.raises(ValueError, match="neither a version id nor an ETag"):
-        runs.object_version_token(None, None)
+        run_start.object_version_token(None, None)
 
 
 NOT_MANIFESTS = ["datasets/a/manifest.json", "datasets/a/b/c/manifest.json", "datasets//v1/manifest.json",
@@ -50,23 +50,23 @@ NOT_MANIFESTS = ["datasets/a/manifest.json", "datasets/a/b/c/manifest.json", "da
 
 @pytest.mark.parametrize("key", NOT_MANIFESTS)
 def test_only_dataset_manifests_are_runs(key: str) -> None:
-    with pytest.raises(runs.NotADatasetManifest):
-        runs.parse_manifest_key(key)
+    with pytest.raises(s3_layout.NotADatasetManifest):
+        s3_layout.parse_manifest_key(key)
 
 
 def test_execution_arns_and_uris() -> None:
     sm = "arn:aws-cn:states:cn-north-1:123456789012:stateMachine:pipeline"
-    assert runs.execution_arn(sm, "r_1") == "arn:aws-cn:states:cn-north-1:123456789012:execution:pipeline:r_1"
+    assert run_ids.execution_arn(sm, "r_1") == "arn:aws-cn:states:cn-north-1:123456789012:execution:pipeline:r_1"
     with pytest.raises(ValueError, match="not a state machine ARN"):
-        runs.execution_arn("arn:aws:states:us-east-1:1:execution:x:y", "r")
-    assert runs.parse_s3_uri("s3://my-bucket/datasets/a/b/") == ("my-bucket", "datasets/a/b/")
+        run_ids.execution_arn("arn:aws:states:us-east-1:1:execution:x:y", "r")
+    assert s3_layout.parse_s3_uri("s3://my-bucket/datasets/a/b/") == ("my-bucket", "datasets/a/b/")
     with pytest.raises(ValueError, match="not an s3://bucket/key URI"):
-        runs.parse_s3_uri("https://my-bucket/x")
+        s3_layout.parse_s3_uri("https://my-bucket/x")
 
 
 def test_bad_suffixes_are_refused() -> None:
     with pytest.raises(ValueError, match="suffix"):
-        runs.sagemaker_name("r", "Train_Job")
+        run_ids.sagemaker_name("r", "Train_Job")
 
 
 def stubbed_s3(monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -90,21 +90,21 @@ def test_existence_is_asked_by_listing_the_exact_key(monkeypatch: pytest.MonkeyP
         stub.add_response("list_objects_v2", {"KeyCount": 1, "Contents": [{"Key": "champion.json.bak"}]}, listing)
         assert read_champion(s3, "artifacts") is None
         stub.add_response("list_objects_v2", {"KeyCount": 1, "Contents": [{"Key": CHAMPION_KEY}]}, listing)
-        assert runs.key_listed(s3, "artifacts", CHAMPION_KEY)
+        assert s3_probe.key_listed(s3, "artifacts", CHAMPION_KEY)
         stub.assert_no_pending_responses()
 
 
 def test_the_run_layout_in_the_artifacts_bucket() -> None:
-    run_id = runs.run_id_for("shapes", "v1", "abc")
-    assert runs.run_prefix(run_id) == f"runs/{run_id}/"
-    assert runs.validation_report_key(run_id) == f"runs/{run_id}/validation/report.json"
-    assert runs.checkpoint_uri("art", run_id) == f"s3://art/checkpoints/{run_id}/"
-    assert runs.training_output_uri("art", run_id) == f"s3://art/runs/{run_id}/training/"
-    assert runs.evaluation_report_uri("art", run_id) == f"s3://art/runs/{run_id}/evaluation/evaluation.json"
+    run_id = run_ids.run_id_for("shapes", "v1", "abc")
+    assert s3_layout.run_prefix(run_id) == f"runs/{run_id}/"
+    assert s3_layout.validation_report_key(run_id) == f"runs/{run_id}/validation/report.json"
+    assert s3_layout.checkpoint_uri("art", run_id) == f"s3://art/checkpoints/{run_id}/"
+    assert s3_layout.training_output_uri("art", run_id) == f"s3://art/runs/{run_id}/training/"
+    assert s3_layout.evaluation_report_uri("art", run_id) == f"s3://art/runs/{run_id}/evaluation/evaluation.json"
     # every run URI parses back to the bucket and a key under the run's prefix
-    for uri in (runs.training_output_uri("art", run_id), runs.evaluation_report_uri("art", run_id)):
-        bucket, key = runs.parse_s3_uri(uri)
-        assert bucket == "art" and key.startswith(runs.run_prefix(run_id))
+    for uri in (s3_layout.training_output_uri("art", run_id), s3_layout.evaluation_report_uri("art", run_id)):
+        bucket, key = s3_layout.parse_s3_uri(uri)
+        assert bucket == "art" and key.startswith(s3_layout.run_prefix(run_id))
 
 
 # How SageMaker (and its stand-ins) answer a Describe of a job that does not exist.
@@ -132,13 +132,13 @@ def test_describe_job_is_none_only_for_a_job_that_does_not_exist(code: str, mess
                               expected_params={"ProcessingJobName": "x"})
         for kind in ("training", "processing"):
             if (code, message) in MISSING_ANSWERS:
-                assert runs.describe_job(sagemaker, kind, "x") is None
+                assert sagemaker_jobs.describe_job(sagemaker, kind, "x") is None
             else:
                 with pytest.raises(ClientError, match=code) as raised:
-                    runs.describe_job(sagemaker, kind, "x")
-                assert not runs.is_missing_job(raised.value)
+                    sagemaker_jobs.describe_job(sagemaker, kind, "x")
+                assert not sagemaker_jobs.is_missing_job(raised.value)
         stub.assert_no_pending_responses()
-    assert not runs.is_missing_job(ValueError("not found"))  # not a client error at all
+    assert not sagemaker_jobs.is_missing_job(ValueError("not found"))  # not a client error at all
 
 
 def test_describe_job_answers_from_moto(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -148,16 +148,16 @@ def test_describe_job_answers_from_moto(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     with mock_aws():
         sagemaker = boto3.client("sagemaker", aws_access_key_id="x", aws_secret_access_key="x")
-        assert runs.describe_job(sagemaker, "training", "never-made-train") is None
-        assert runs.describe_job(sagemaker, "processing", "never-made-eval") is None
+        assert sagemaker_jobs.describe_job(sagemaker, "training", "never-made-train") is None
+        assert sagemaker_jobs.describe_job(sagemaker, "processing", "never-made-eval") is None
         sagemaker.create_processing_job(
             ProcessingJobName="made-eval", RoleArn="arn:aws:iam::123456789012:role/r",
             AppSpecification={"ImageUri": "img"}, StoppingCondition={"MaxRuntimeInSeconds": 60},
             ProcessingResources={"ClusterConfig": {"InstanceCount": 1, "InstanceType": "ml.m5.large",
                                                    "VolumeSizeInGB": 1}},
             ProcessingOutputConfig={"Outputs": [{"OutputName": "o", "S3Output": {
-                "S3Uri": runs.evaluation_output_uri("art", "r"), "LocalPath": "/opt/ml/processing/output",
+                "S3Uri": s3_layout.evaluation_output_uri("art", "r"), "LocalPath": "/opt/ml/processing/output",
                 "S3UploadMode": "EndOfJob"}}]})
-        described = runs.describe_job(sagemaker, "processing", "made-eval")
+        described = sagemaker_jobs.describe_job(sagemaker, "processing", "made-eval")
         assert described is not None and described["ProcessingJobName"] == "made-eval"
-        assert runs.described_job_output(described) == runs.evaluation_output_uri("art", "r")
+        assert sagemaker_jobs.described_job_output(described) == s3_layout.evaluation_output_uri("art", "r")

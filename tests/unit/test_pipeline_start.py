@@ -11,7 +11,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from d2ops_core import runs
+from d2ops_core import run_ids
 from tests.fixtures.pipeline import support
 
 support.function_path("start_pipeline")
@@ -46,7 +46,7 @@ def test_the_same_upload_delivered_many_times_starts_one_run(sfn: Any) -> None:
     assert len({r["execution_arn"] for r in results}) == 1
     (execution,) = executions(sfn)
     assert execution["name"] == results[0]["run_id"]
-    assert execution["name"] == runs.run_id_for("shapes", "v1", event["detail"]["object"]["version-id"])
+    assert execution["name"] == run_ids.run_id_for("shapes", "v1", event["detail"]["object"]["version-id"])
     started = json.loads(sfn.describe_execution(executionArn=execution["executionArn"])["input"])
     assert started["dataset"] == {"bucket": "d2ops-data-example", "prefix": "datasets/shapes/v1/", "name": "shapes",
                                   "version": "v1", "manifest_key": "datasets/shapes/v1/manifest.json",
@@ -139,7 +139,7 @@ class SameNameSemantics:
             if name in self.inputs and self.inputs[name] != input:
                 raise self.exceptions.ExecutionAlreadyExists(name)
             self.inputs.setdefault(name, input)
-        return {"executionArn": runs.execution_arn(stateMachineArn, name), "startDate": 0}
+        return {"executionArn": run_ids.execution_arn(stateMachineArn, name), "startDate": 0}
 
 
 def test_a_hundred_concurrent_duplicate_deliveries_report_one_start() -> None:

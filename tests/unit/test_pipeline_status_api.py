@@ -18,7 +18,7 @@ from moto import mock_aws
 from pydantic import BaseModel
 
 from d2ops.asl.interpreter import Execution
-from d2ops_core import runs
+from d2ops_core import run_ids
 from d2ops_core.champion import CHAMPION_KEY
 from tests.fixtures.pipeline import support
 
@@ -386,9 +386,9 @@ def test_get_models_lists_registry_versions_and_the_champion(aws: dict[str, Any]
 
 
 def test_run_ids_split_back_into_dataset_and_version() -> None:
-    run_id = runs.run_id_for("street_scenes", "2026.11", "abc")
-    assert runs.split_run_id(run_id)[:2] == ("street-scenes", "2026-11")
-    assert runs.dataset_slug("street_scenes") == "street-scenes"
+    run_id = run_ids.run_id_for("street_scenes", "2026.11", "abc")
+    assert run_ids.split_run_id(run_id)[:2] == ("street-scenes", "2026-11")
+    assert run_ids.dataset_slug("street_scenes") == "street-scenes"
 
 
 def test_the_committed_openapi_document_is_current() -> None:

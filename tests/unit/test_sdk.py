@@ -78,11 +78,11 @@ def test_overrides_past_the_stacks_limits_and_bad_uris_are_refused_by_name() -> 
 def test_experiment_run_ids_never_read_as_pipeline_run_ids() -> None:
     from datetime import UTC, datetime
 
-    from d2ops_core import runs
+    from d2ops_core import run_ids
 
     run_id = sdk.experiment_run_id("my shapes", "v_2", datetime(2026, 11, 23, 4, 5, 6, tzinfo=UTC))
     assert run_id == "experiment-my-shapes-v-2-20261123T040506"
-    assert runs.split_run_id(run_id) is None
+    assert run_ids.split_run_id(run_id) is None
 
 
 def test_a_deployed_stacks_settings_are_its_prepare_functions_environment() -> None:

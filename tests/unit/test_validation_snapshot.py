@@ -27,7 +27,7 @@ from moto import mock_aws
 from PIL import Image
 
 from d2ops import synth
-from d2ops_core import runs
+from d2ops_core import s3_layout
 from d2ops_core.validation import Code, ValidationReport, validate_local
 from d2ops_core.validation.inventory import ImageBatchResult, ImageItem, inventory_digest, read_inventory
 from d2ops_core.validation.merge import ImageChecksIncomplete
@@ -77,7 +77,7 @@ def event(run_id: str) -> Any:
 
 
 def items_of(s3: Any, run_id: str) -> list[ImageItem]:
-    body = s3.get_object(Bucket="artifacts", Key=runs.image_items_key(run_id))["Body"].read()
+    body = s3.get_object(Bucket="artifacts", Key=s3_layout.image_items_key(run_id))["Body"].read()
     return [ImageItem.model_validate_json(line) for line in body.splitlines() if line.strip()]
 
 
@@ -102,7 +102,7 @@ def output(batch: ImageBatchResult, i: int) -> str:
 def write_result_writer(s3: Any, run_id: str, batches: list[ImageBatchResult], per_file: int = 2,
                         failed: bool = False) -> dict[str, str]:
     """What Step Functions' ResultWriter leaves: <prefix>/<map run id>/manifest.json and SUCCEEDED_<n>.json."""
-    prefix = f"{runs.image_results_prefix(run_id)}/0a1b2c3d-map-run"
+    prefix = f"{s3_layout.image_results_prefix(run_id)}/0a1b2c3d-map-run"
     files = []
     for n in range(0, len(batches), per_file):
         records = [{"ExecutionArn": f"arn:aws:states:us-east-1:123456789012:execution:sm/map:{i}",
@@ -132,7 +132,7 @@ def through_the_map(s3: Any, run_id: str, *, batch_size: int = 3) -> tuple[Any, 
     """Validate with no inline images, check every batch, merge: (pending summary, final summary)."""
     pending = service().validate_dataset(event(run_id), s3, "artifacts", inline_limit=0)
     assert pending.images_pending and pending.valid and pending.inventory_digest is None
-    assert pending.image_results_prefix == runs.image_results_prefix(run_id)  # the Map's ResultWriter Prefix
+    assert pending.image_results_prefix == s3_layout.image_results_prefix(run_id)  # the Map's ResultWriter Prefix
     items = items_of(s3, run_id)
     batches = [check_batch(items[i:i + batch_size], run_id) for i in range(0, len(items), batch_size)]
     return pending, summarize(s3, run_id, write_result_writer(s3, run_id, batches))
@@ -144,7 +144,7 @@ def image_issues(report: ValidationReport) -> list[tuple[str, str | None, str | 
 
 
 def stored_report(s3: Any, run_id: str) -> ValidationReport:
-    body = s3.get_object(Bucket="artifacts", Key=runs.validation_report_key(run_id))["Body"].read()
+    body = s3.get_object(Bucket="artifacts", Key=s3_layout.validation_report_key(run_id))["Body"].read()
     return ValidationReport.model_validate_json(body)
 
 
@@ -220,9 +220,9 @@ def test_a_valid_version_through_the_map_gets_its_snapshot_and_inventory(s3: Any
     (dataset / "annotations/train.json").write_text(json.dumps(train))
     upload(s3, dataset)
     pending, final = through_the_map(s3, "run-ok")
-    assert pending.image_items_bucket == "artifacts" and pending.image_items_key == runs.image_items_key("run-ok")
+    assert pending.image_items_bucket == "artifacts" and pending.image_items_key == s3_layout.image_items_key("run-ok")
     assert final.valid and final.image_count == 8 and final.snapshot_uri == "s3://artifacts/runs/run-ok/dataset/"
-    data = s3.get_object(Bucket="artifacts", Key=runs.inventory_key("run-ok"))["Body"].read()
+    data = s3.get_object(Bucket="artifacts", Key=s3_layout.inventory_key("run-ok"))["Body"].read()
     assert final.inventory_digest == inventory_digest(data)
     entries = list(read_inventory(data.splitlines()))
     keys = [e.key for e in entries]
@@ -317,7 +317,7 @@ def test_inline_fast_path_checks_and_copies_every_image(s3: Any, dataset: Path) 
     upload(s3, dataset)
     summary = service().validate_dataset(event("run-inline"), s3, "artifacts", inline_limit=8)
     assert summary.valid and not summary.images_pending and summary.image_count == 8
-    data = s3.get_object(Bucket="artifacts", Key=runs.inventory_key("run-inline"))["Body"].read()
+    data = s3.get_object(Bucket="artifacts", Key=s3_layout.inventory_key("run-inline"))["Body"].read()
     assert summary.inventory_digest == inventory_digest(data) and len(data.splitlines()) == 8 + 3
     copied = s3.list_objects_v2(Bucket="artifacts", Prefix="runs/run-inline/dataset/")["KeyCount"]
     assert copied == 8 + 3
@@ -433,7 +433,7 @@ def test_the_summarize_handler_takes_the_maps_output_and_counts_the_run_once(
     pending = validate.handler(run, context)
     assert pending["images_pending"] is True and pending["image_count"] == 8
     assert pending["image_check_concurrency"] == 100
-    assert pending["image_items_key"] == runs.image_items_key(run["run_id"])
+    assert pending["image_items_key"] == s3_layout.image_items_key(run["run_id"])
     assert total(capsys.readouterr().out, pm.DATASETS_VALIDATED) == 0
     items = items_of(s3, "run-handlers")
     details = write_result_writer(s3, "run-handlers", [check_batch(items[:5], "run-handlers"),
@@ -487,7 +487,7 @@ def test_the_summarize_sample_event_is_valid_input(s3: Any) -> None:
     sample = models.SummarizeImagesEvent.model_validate_json((ROOT / "events/validate_dataset/summarize_images.json")
                                                              .read_bytes())
     assert sample.run_id == support.RUN_ID
-    assert sample.result_writer.Key.startswith(runs.image_results_prefix(support.RUN_ID) + "/")
+    assert sample.result_writer.Key.startswith(s3_layout.image_results_prefix(support.RUN_ID) + "/")
 
 
 def test_an_image_over_16_mb_is_hashed_whole_and_judged_by_its_header(s3: Any) -> None:
@@ -537,7 +537,7 @@ def _explain(s3: Any, run_id: str, error: str = "States.ExceedToleratedFailureTh
 
 def _failed_map_run(s3: Any, run_id: str, name: str, error: str, message: str, when: str = "1") -> None:
     """A failed Map Run's ResultWriter files: one FAILED child record with a Lambda error's Cause."""
-    prefix = f"{runs.image_results_prefix(run_id)}/{name}"
+    prefix = f"{s3_layout.image_results_prefix(run_id)}/{name}"
     cause = json.dumps({"errorMessage": message, "errorType": error, "requestId": "r", "stackTrace": ["  File x"]})
     record = {"ExecutionArn": f"arn:aws:states:us-east-1:123456789012:express:sm/ImageChecks:{name}", "Name": name,
               "Input": "{}", "InputDetails": {"Included": True}, "Status": "FAILED", "Error": error, "Cause": cause,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from check_images.models import ImageBatchEvent
-from d2ops_core import runs
+from d2ops_core import s3_layout
 from d2ops_core.validation.images import check_image_batch
 from d2ops_core.validation.inventory import ImageBatchResult
 from d2ops_core.validation.sources import S3Source
@@ -22,7 +22,7 @@ def check_batch(event: ImageBatchEvent, s3_client: Any, artifacts_bucket: str) -
     propagates and fails the Map; every per-image problem is an issue in the result.
     """
     batch = event.BatchInput
-    snapshot = (artifacts_bucket, runs.snapshot_prefix(batch.run_id))
+    snapshot = (artifacts_bucket, s3_layout.snapshot_prefix(batch.run_id))
     source = S3Source(s3_client, batch.bucket, batch.prefix, snapshot=snapshot)
     source.pin(list(event.Items))
     return check_image_batch(source, event.Items, snapshot=True, workers=WORKERS)

@@ -14,19 +14,20 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from compose_notification.models import MAX_SUBJECT, Notification, NotificationEvent, NotificationFields
-from d2ops_core import cost, gate, runs
+from d2ops_core import cost, gate, sagemaker_jobs
 from d2ops_core.documents.dataset_diff import DatasetDiffSummary
 
 # The Fail state's error when the gate refuses (statemachine/training_pipeline.asl.json).
 QUALITY_GATE_FAILED = "QualityGateFailed"
 
 
-def _describe(sagemaker: Any, kind: runs.JobKind, name: str | None, problems: list[str]) -> dict[str, Any] | None:
+def _describe(sagemaker: Any, kind: sagemaker_jobs.JobKind, name: str | None,
+              problems: list[str]) -> dict[str, Any] | None:
     """The job's description; None when it was never created (nothing billed) or cannot be read (said why)."""
     if not name:
         return None
     try:
-        return runs.describe_job(sagemaker, kind, name)
+        return sagemaker_jobs.describe_job(sagemaker, kind, name)
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "Error")
         problems.append(f"{kind} job {name} could not be described ({code})")

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from d2ops_core import gate as gate_settings
 from d2ops_core import images, pretrained
+from d2ops_core.dataset_identity import DatasetRef
 from d2ops_core.documents.run_state import (  # re-exported: the prepare step's output
     CapacitySize,
     ChampionRef,
@@ -18,7 +19,6 @@ from d2ops_core.documents.run_state import (  # re-exported: the prepare step's 
     Plan,
     TrafficRoutingConfig,
 )
-from d2ops_core.runs import DatasetRef
 from d2ops_core.validation.manifest import Gate, StackLimits, TrainingOverrides
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from d2ops_core import gate as gate_settings
-from d2ops_core import images, metrics, platform, pretrained, runs
+from d2ops_core import images, metrics, platform, pretrained, run_ids, s3_layout
 from d2ops_core.champion import ChampionRecord, read_champion
 from d2ops_core.dataset_diff import compare
 from d2ops_core.dataset_diff_s3 import index_run
@@ -86,7 +86,7 @@ class DatasetSnapshotMissing(Exception):
 def dataset_snapshot(settings: PrepareSettings, event: PrepareEvent) -> tuple[str, str]:
     """The snapshot URI the train/val channels and the evaluation read, and the inventory's digest."""
     summary = event.validation
-    expected = runs.snapshot_uri(settings.artifacts_bucket, event.run_id)
+    expected = s3_layout.snapshot_uri(settings.artifacts_bucket, event.run_id)
     if summary is None or summary.images_pending or not summary.snapshot_uri or not summary.inventory_digest:
         missing = ("no validation summary was passed" if summary is None else
                    "the validation summary still has images_pending" if summary.images_pending else
@@ -158,10 +158,10 @@ def require_pretrained_weights(s3: Any, settings: PrepareSettings) -> None:
 
 
 def job_names(run_id: str) -> JobNames:
-    return JobNames(training_job=runs.sagemaker_name(run_id, runs.TRAINING_JOB_SUFFIX),
-                    evaluation_job=runs.sagemaker_name(run_id, runs.EVALUATION_JOB_SUFFIX),
-                    model=runs.sagemaker_name(run_id, "model"),
-                    endpoint_config=runs.sagemaker_name(run_id, "config"))
+    return JobNames(training_job=run_ids.sagemaker_name(run_id, run_ids.TRAINING_JOB_SUFFIX),
+                    evaluation_job=run_ids.sagemaker_name(run_id, run_ids.EVALUATION_JOB_SUFFIX),
+                    model=run_ids.sagemaker_name(run_id, "model"),
+                    endpoint_config=run_ids.sagemaker_name(run_id, "config"))
 
 
 def hyperparameters(settings: PrepareSettings, event: PrepareEvent) -> dict[str, str]:
@@ -224,7 +224,7 @@ def training_job_request(settings: PrepareSettings, event: PrepareEvent, names: 
         "HyperParameters": hyperparameters(settings, event),
         "Environment": image_rule_environment(settings),
         "InputDataConfig": channels,
-        "OutputDataConfig": {"S3OutputPath": runs.training_output_uri(settings.artifacts_bucket, event.run_id)},
+        "OutputDataConfig": {"S3OutputPath": s3_layout.training_output_uri(settings.artifacts_bucket, event.run_id)},
         "ResourceConfig": {"InstanceType": settings.training_instance_type,
                            "InstanceCount": settings.training_instance_count, "VolumeSizeInGB": VOLUME_GB},
         "StoppingCondition": stopping,
@@ -234,7 +234,7 @@ def training_job_request(settings: PrepareSettings, event: PrepareEvent, names: 
         "EnableNetworkIsolation": True,
         "EnableInterContainerTrafficEncryption": True,
         # Checkpoints sync to S3 so a spot restart (same job) resumes instead of starting over.
-        "CheckpointConfig": {"S3Uri": runs.checkpoint_uri(settings.artifacts_bucket, event.run_id),
+        "CheckpointConfig": {"S3Uri": s3_layout.checkpoint_uri(settings.artifacts_bucket, event.run_id),
                              "LocalPath": CHECKPOINT_DIR},
         "Tags": [{"Key": "d2ops:run-id", "Value": event.run_id}],
     }
@@ -269,7 +269,7 @@ def evaluation_job_request(settings: PrepareSettings, event: PrepareEvent, names
             thresholds.max_class_regression)},
         "ProcessingOutputConfig": {"Outputs": [{
             "OutputName": "evaluation",
-            "S3Output": {"S3Uri": runs.evaluation_output_uri(settings.artifacts_bucket, event.run_id),
+            "S3Output": {"S3Uri": s3_layout.evaluation_output_uri(settings.artifacts_bucket, event.run_id),
                          "LocalPath": f"{PROCESSING_ROOT}/output", "S3UploadMode": "EndOfJob"}}]},
         "ProcessingResources": {"ClusterConfig": {"InstanceCount": 1, "InstanceType": settings.evaluation_instance_type,
                                                   "VolumeSizeInGB": VOLUME_GB}},
@@ -360,7 +360,7 @@ def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: Champio
                               poll_seconds=settings.endpoint_poll_seconds,
                               max_wait_attempts=settings.endpoint_max_wait_attempts,
                               traffic_routing=traffic_routing(settings.endpoint_instance_count)),
-        evaluation_report_uri=runs.evaluation_report_uri(settings.artifacts_bucket, event.run_id),
+        evaluation_report_uri=s3_layout.evaluation_report_uri(settings.artifacts_bucket, event.run_id),
         champion=champion,
         dataset_diff=dataset_diff,
         dataset_snapshot_uri=snapshot,
@@ -391,7 +391,7 @@ def diff_against_champion(s3: Any, settings: PrepareSettings, event: PrepareEven
     if champion is None:
         return None
     deadline = time.monotonic() + seconds
-    key = runs.dataset_diff_key(event.run_id)
+    key = s3_layout.dataset_diff_key(event.run_id)
     try:
         old = index_run(s3, settings.artifacts_bucket, champion.run_id, dataset_bucket=champion.dataset.bucket,
                         dataset_prefix=champion.dataset.prefix, hash_fallback_images=False, deadline=deadline)
@@ -404,5 +404,5 @@ def diff_against_champion(s3: Any, settings: PrepareSettings, event: PrepareEven
         return DatasetDiffSummary(champion_run_id=champion.run_id,
                                   against=f"{champion.dataset.name}/{champion.dataset.version}",
                                   error=f"{type(exc).__name__}: {reason}"[:500])
-    return DatasetDiffSummary.of(diff, uri=runs.s3_uri(settings.artifacts_bucket, key),
+    return DatasetDiffSummary.of(diff, uri=s3_layout.s3_uri(settings.artifacts_bucket, key),
                                  champion_run_id=champion.run_id)

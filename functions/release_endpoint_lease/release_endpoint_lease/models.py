@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from d2ops_core.runs import JobKind
+from d2ops_core.sagemaker_jobs import JobKind
 
 KEY_ATTRIBUTE = "endpoint_name"  # the table's hash key: one lease per endpoint
 HOLDER_ATTRIBUTE = "holder"  # the holding execution's ARN

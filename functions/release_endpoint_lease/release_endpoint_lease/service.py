@@ -8,7 +8,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from d2ops_core import runs
+from d2ops_core import run_ids, s3_layout, sagemaker_jobs
 from release_endpoint_lease.models import (
     ABNORMAL_END_STATUSES,
     ENDED_STATUSES,
@@ -34,21 +34,21 @@ def release_lease(dynamodb: Any, table: str, endpoint_name: str, holder: str) ->
     return True
 
 
-def _status(kind: runs.JobKind, described: dict[str, Any]) -> str:
+def _status(kind: sagemaker_jobs.JobKind, described: dict[str, Any]) -> str:
     return str(described.get("TrainingJobStatus" if kind == "training" else "ProcessingJobStatus"))
 
 
-def stop_job(sagemaker: Any, kind: runs.JobKind, name: str, output_uri: str) -> JobStop:
+def stop_job(sagemaker: Any, kind: sagemaker_jobs.JobKind, name: str, output_uri: str) -> JobStop:
     """Stop the job ``name`` if it is this run's (it writes to ``output_uri``) and still InProgress.
 
     Idempotent: a job already Stopping/Stopped/Completed/Failed, or none of that name, is left as it
     is. Any other error propagates: Lambda retries the event twice, then dead-letters it.
     """
-    described = runs.describe_job(sagemaker, kind, name)
+    described = sagemaker_jobs.describe_job(sagemaker, kind, name)
     if described is None:  # the run never got that far
         return JobStop(kind=kind, name=name, action="not-found")
     status = _status(kind, described)
-    if runs.described_job_output(described) != output_uri:  # another stack's job of the same name
+    if sagemaker_jobs.described_job_output(described) != output_uri:  # another stack's job of the same name
         return JobStop(kind=kind, name=name, action="not-ours", status=status)
     if status != "InProgress":
         return JobStop(kind=kind, name=name, action="not-running", status=status)
@@ -62,7 +62,7 @@ def stop_job(sagemaker: Any, kind: runs.JobKind, name: str, output_uri: str) -> 
         # ValidationException): look again rather than fail a delivery that has nothing left to do.
         if exc.response.get("Error", {}).get("Code") not in ("ValidationException", "ResourceNotFound"):
             raise
-        again = runs.describe_job(sagemaker, kind, name)
+        again = sagemaker_jobs.describe_job(sagemaker, kind, name)
         if again is not None and _status(kind, again) == "InProgress":
             raise
         return JobStop(kind=kind, name=name, action="not-running",
@@ -71,12 +71,13 @@ def stop_job(sagemaker: Any, kind: runs.JobKind, name: str, output_uri: str) -> 
 
 
 def stop_run_jobs(sagemaker: Any, artifacts_bucket: str, run_id: str) -> list[JobStop]:
-    """The run's training and evaluation jobs (names and outputs from d2ops_core.runs), stopped if running."""
+    """The run's training and evaluation jobs (names from d2ops_core.run_ids, outputs from
+    d2ops_core.s3_layout), stopped if running."""
     return [
-        stop_job(sagemaker, "training", runs.sagemaker_name(run_id, runs.TRAINING_JOB_SUFFIX),
-                 runs.training_output_uri(artifacts_bucket, run_id)),
-        stop_job(sagemaker, "processing", runs.sagemaker_name(run_id, runs.EVALUATION_JOB_SUFFIX),
-                 runs.evaluation_output_uri(artifacts_bucket, run_id)),
+        stop_job(sagemaker, "training", run_ids.sagemaker_name(run_id, run_ids.TRAINING_JOB_SUFFIX),
+                 s3_layout.training_output_uri(artifacts_bucket, run_id)),
+        stop_job(sagemaker, "processing", run_ids.sagemaker_name(run_id, run_ids.EVALUATION_JOB_SUFFIX),
+                 s3_layout.evaluation_output_uri(artifacts_bucket, run_id)),
     ]
 
 

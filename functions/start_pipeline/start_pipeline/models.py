@@ -5,7 +5,7 @@ from __future__ import annotations
 from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEventBridgeModel
 from pydantic import BaseModel
 
-from d2ops_core.runs import StartedRun
+from d2ops_core.run_start import StartedRun
 
 ObjectCreatedEvent = S3EventNotificationEventBridgeModel
 

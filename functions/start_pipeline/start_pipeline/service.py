@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import unquote_plus
 
-from d2ops_core import runs
+from d2ops_core import run_start, s3_layout
 from start_pipeline.models import ObjectCreatedEvent, TriggerResult
 
 OBJECT_CREATED = "Object Created"  # EventBridge detail-type of an S3 upload (or copy, multipart completion)
@@ -29,9 +29,9 @@ def handle_object_created(event: ObjectCreatedEvent, sfn: Any, state_machine_arn
         return TriggerResult(action="ignored", key=key, reason=f"event type {event.detail_type!r} is not "
                                                                f"{OBJECT_CREATED!r}")
     try:
-        dataset = runs.dataset_ref(event.detail.bucket.name, key, event.detail.object.version_id,
-                                   event.detail.object.etag)
-    except runs.NotADatasetManifest as exc:
+        dataset = run_start.dataset_ref(event.detail.bucket.name, key, event.detail.object.version_id,
+                                        event.detail.object.etag)
+    except s3_layout.NotADatasetManifest as exc:
         return TriggerResult(action="ignored", key=key, reason=str(exc))
-    trigger = runs.Trigger(source="s3-event", object_key=key, object_version=dataset.manifest_version)
-    return TriggerResult.from_run(key, runs.start_run(sfn, state_machine_arn, dataset, trigger))
+    trigger = run_start.Trigger(source="s3-event", object_key=key, object_version=dataset.manifest_version)
+    return TriggerResult.from_run(key, run_start.start_run(sfn, state_machine_arn, dataset, trigger))

@@ -8,11 +8,11 @@ from pydantic import BaseModel, Field
 
 from d2ops_core.champion import ChampionRecord
 from d2ops_core.cost import RunCost
+from d2ops_core.dataset_identity import DatasetRef
 from d2ops_core.documents.dataset_diff import DatasetDiffSummary
 from d2ops_core.documents.error_analysis import ErrorAnalysis
 from d2ops_core.documents.evaluation import Comparison
 from d2ops_core.evaluation_curves import PrCurves
-from d2ops_core.runs import DatasetRef
 
 RunStatus = Literal["RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "PENDING_REDRIVE"]
 RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,80}$"

@@ -11,7 +11,7 @@ from aws_lambda_powertools import Logger
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import BaseModel
 
-from d2ops_core import cost, platform, runs
+from d2ops_core import cost, platform, run_ids, run_start, s3_layout, s3_probe, sagemaker_jobs
 from d2ops_core.champion import read_champion
 from d2ops_core.documents.run_state import RunState
 from d2ops_core.failures import reason
@@ -83,7 +83,7 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def summarize_execution(item: dict[str, Any]) -> RunSummary:
-    parts = runs.split_run_id(item["name"])
+    parts = run_ids.split_run_id(item["name"])
     return RunSummary(run_id=item["name"], dataset_name=parts[0] if parts else None,
                       dataset_version=parts[1] if parts else None, status=item["status"],
                       started_at=item["startDate"].isoformat(), stopped_at=_iso(item.get("stopDate")))
@@ -92,7 +92,7 @@ def summarize_execution(item: dict[str, Any]) -> RunSummary:
 def list_runs(sfn: Any, state_machine_arn: str, *, dataset: str | None, status: str | None,
               next_token: str | None, limit: int) -> RunList:
     """One page of runs, newest first; with ``dataset``, pages are scanned until one matches."""
-    wanted = runs.dataset_slug(dataset) if dataset else None
+    wanted = run_ids.dataset_slug(dataset) if dataset else None
     found: list[RunSummary] = []
     token = next_token
     for _ in range(MAX_LIST_PAGES):
@@ -187,7 +187,8 @@ def latest_document(events: list[dict[str, Any]], execution: dict[str, Any]) -> 
     return document if isinstance(document, dict) else {}
 
 
-def _describe_job(sagemaker: Any, document: RunState | dict[str, Any], kind: runs.JobKind) -> dict[str, Any] | None:
+def _describe_job(sagemaker: Any, document: RunState | dict[str, Any],
+                  kind: sagemaker_jobs.JobKind) -> dict[str, Any] | None:
     """DescribeTrainingJob / DescribeProcessingJob of the run's job, None when it does not exist (yet).
 
     Throttling and other errors propagate (the handler answers 503 for throttling): a job that could
@@ -196,8 +197,8 @@ def _describe_job(sagemaker: Any, document: RunState | dict[str, Any], kind: run
     plan = RunState.read(document).plan
     if plan is None:
         return None
-    return runs.describe_job(sagemaker, kind, plan.names.training_job if kind == "training"
-                             else plan.names.evaluation_job)
+    return sagemaker_jobs.describe_job(sagemaker, kind, plan.names.training_job if kind == "training"
+                                       else plan.names.evaluation_job)
 
 
 def training_info(sagemaker: Any, document: RunState, job: dict[str, Any] | None = None,
@@ -291,7 +292,7 @@ def _finite(value: float | None) -> float | None:
 
 def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str, cloudwatch: Any = None) -> RunDetail:
     """The run's detail; with ``cloudwatch``, its training job's progress (TrainingInfo.progress) too."""
-    arn = runs.execution_arn(state_machine_arn, run_id)
+    arn = run_ids.execution_arn(state_machine_arn, run_id)
     try:
         execution = sfn.describe_execution(executionArn=arn)
     except sfn.exceptions.ExecutionDoesNotExist as exc:
@@ -370,28 +371,28 @@ def _failure(doc: RunState) -> dict[str, Any] | None:
 def start_run_for_uri(s3: Any, sfn: Any, state_machine_arn: str, data_bucket: str, uri: str) -> StartRunResponse:
     """``POST /runs``: the same run the S3 trigger starts for the manifest's current version."""
     try:
-        bucket, key = runs.parse_s3_uri(uri)
+        bucket, key = s3_layout.parse_s3_uri(uri)
     except ValueError as exc:
         raise BadDatasetUri(str(exc)) from exc
     if bucket != data_bucket:
         raise BadDatasetUri(f"{uri}: datasets live in s3://{data_bucket}/, not s3://{bucket}/")
-    if not key.endswith(runs.MANIFEST_NAME):
-        key = key.rstrip("/") + "/" + runs.MANIFEST_NAME
+    if not key.endswith(s3_layout.MANIFEST_NAME):
+        key = key.rstrip("/") + "/" + s3_layout.MANIFEST_NAME
     try:
-        runs.parse_manifest_key(key)
-    except runs.NotADatasetManifest as exc:
+        s3_layout.parse_manifest_key(key)
+    except s3_layout.NotADatasetManifest as exc:
         raise BadDatasetUri(str(exc)) from exc
     # Listed first: a HEAD of a missing key may answer 403 to a role that lists only some
     # prefixes; access denied or throttling on the HEAD is then not mistaken for a 404.
-    if not runs.key_listed(s3, bucket, key):
+    if not s3_probe.key_listed(s3, bucket, key):
         raise DatasetNotFound(f"s3://{bucket}/{key} does not exist (upload manifest.json last)")
     head = s3.head_object(Bucket=bucket, Key=key)
     try:
-        dataset = runs.dataset_ref(bucket, key, head.get("VersionId"), head.get("ETag"))
+        dataset = run_start.dataset_ref(bucket, key, head.get("VersionId"), head.get("ETag"))
     except ValueError as exc:
         raise BadDatasetUri(str(exc)) from exc
-    trigger = runs.Trigger(source="api", object_key=key, object_version=dataset.manifest_version)
-    started = runs.start_run(sfn, state_machine_arn, dataset, trigger)
+    trigger = run_start.Trigger(source="api", object_key=key, object_version=dataset.manifest_version)
+    started = run_start.start_run(sfn, state_machine_arn, dataset, trigger)
     return StartRunResponse(run_id=started.run_id, execution_arn=started.execution_arn,
                             already_started=started.already_started)
 

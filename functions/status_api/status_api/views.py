@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from d2ops_core import runs, state_graph
+from d2ops_core import run_ids, s3_layout, s3_probe, state_graph
 from d2ops_core.champion import EndpointHistory, read_endpoint_history
 from d2ops_core.documents.error_analysis import ERRORS_NAME, ErrorAnalysis
 from d2ops_core.documents.run_state import RunState
@@ -37,7 +37,7 @@ def _access_denied(exc: Exception) -> bool:
 
 
 def _execution(sfn: Any, state_machine_arn: str, run_id: str) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
-    arn = runs.execution_arn(state_machine_arn, run_id)
+    arn = run_ids.execution_arn(state_machine_arn, run_id)
     try:
         execution = sfn.describe_execution(executionArn=arn)
     except sfn.exceptions.ExecutionDoesNotExist as exc:
@@ -64,14 +64,14 @@ def run_graph(sfn: Any, state_machine_arn: str, run_id: str) -> RunGraph:
 
 
 def _read_json(s3: Any, artifacts_bucket: str, uri: str, what: str) -> bytes:
-    """The report's bytes. Missing is asked by listing the exact key (d2ops_core.runs.key_listed): S3
+    """The report's bytes. Missing is asked by listing the exact key (d2ops_core.s3_probe.key_listed): S3
     answers a GET of a missing key with 403 AccessDenied, not NoSuchKey, to a role that may not list
     it, and the role lists only the keys it reads (template.yaml, MissingReportsAreNoSuchKey)."""
-    bucket, key = runs.parse_s3_uri(uri)
+    bucket, key = s3_layout.parse_s3_uri(uri)
     if bucket != artifacts_bucket:
         raise ReportNotFound(f"the run's {what} is not in the artifacts bucket ({uri})")
     try:
-        if not runs.key_listed(s3, bucket, key):
+        if not s3_probe.key_listed(s3, bucket, key):
             raise ReportNotFound(f"the run's {what} {uri} is gone")
         return bytes(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
     except s3.exceptions.NoSuchKey as exc:  # removed between the listing and the read

@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from d2ops_core import gate as gate_rule
 from d2ops_core import platform
 from d2ops_core.documents.evaluation import Comparison, DifferenceInterval, EvaluationReport, ModelScores
-from d2ops_core.runs import key_listed, parse_s3_uri
+from d2ops_core.s3_layout import parse_s3_uri
+from d2ops_core.s3_probe import key_listed
 from d2ops_core.score_thresholds import registry_value
 from summarize_evaluation.models import ClassRegression, EvaluationSummary, SummarizeEvent
 
@@ -49,7 +50,7 @@ class EvaluationReportInvalid(Exception):
 
 def read_report(s3: Any, uri: str) -> EvaluationReport:
     bucket, key = parse_s3_uri(uri)
-    # Listed first (d2ops_core.runs.key_listed): a GET of a missing report may answer 403 here.
+    # Listed first (d2ops_core.s3_probe.key_listed): a GET of a missing report may answer 403 here.
     if not key_listed(s3, bucket, key):
         raise EvaluationReportNotFound(f"{uri} does not exist")
     try:

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
-from d2ops_core import runs
+from d2ops_core import s3_layout
 from d2ops_core.failures import reason
 from d2ops_core.validation import (
     Code,
@@ -56,8 +56,8 @@ DEFAULT_IMAGE_CHECK_CONCURRENCY = 100
 
 
 def report_key(run_id: str) -> str:
-    """The run's full validation report in the artifacts bucket (the layout is d2ops_core.runs')."""
-    return runs.validation_report_key(run_id)
+    """The run's full validation report in the artifacts bucket (the layout is d2ops_core.s3_layout's)."""
+    return s3_layout.validation_report_key(run_id)
 
 
 def summarize(report: ValidationReport, report_uri: str, **extra: Any) -> ValidationSummary:
@@ -80,7 +80,7 @@ def summarize(report: ValidationReport, report_uri: str, **extra: Any) -> Valida
 def _put(s3: Any, bucket: str, key: str, body: bytes, content_type: str) -> str:
     # Overwriting the same key makes a retried invocation idempotent.
     s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType=content_type)
-    return runs.s3_uri(bucket, key)
+    return s3_layout.s3_uri(bucket, key)
 
 
 def _put_jsonl(s3: Any, bucket: str, key: str, records: Iterable[Any]) -> str:
@@ -89,7 +89,7 @@ def _put_jsonl(s3: Any, bucket: str, key: str, records: Iterable[Any]) -> str:
         write_jsonl(fh, records)
         fh.seek(0)
         s3.put_object(Bucket=bucket, Key=key, Body=fh, ContentType="application/x-ndjson")
-    return runs.s3_uri(bucket, key)
+    return s3_layout.s3_uri(bucket, key)
 
 
 def validate_dataset(event: ValidateDatasetEvent, s3_client: Any, artifacts_bucket: str, *,
@@ -99,7 +99,7 @@ def validate_dataset(event: ValidateDatasetEvent, s3_client: Any, artifacts_buck
                      stack_limits: StackLimits | None = None) -> ValidationSummary:
     """Validate s3://bucket/prefix; raises DatasetNotFound (no manifest) or DatasetUnreadable (cannot list)."""
     source = S3Source(s3_client, event.bucket, event.prefix,
-                      snapshot=(artifacts_bucket, runs.snapshot_prefix(event.run_id)))
+                      snapshot=(artifacts_bucket, s3_layout.snapshot_prefix(event.run_id)))
     result = validate_version(source, expected=dataset_from_prefix(event.prefix), progress=progress,
                               stack_limits=stack_limits, inline_limit=max(0, inline_limit), snapshot=True)
     report = result.report
@@ -109,15 +109,17 @@ def validate_dataset(event: ValidateDatasetEvent, s3_client: Any, artifacts_buck
                       report.model_dump_json(indent=1).encode(), "application/json")
     common: dict[str, Any] = {"image_count": len(result.items), "image_check_concurrency": max(1, concurrency)}
     if result.images_pending:
-        items_key = runs.image_items_key(event.run_id)
-        _put_jsonl(s3_client, artifacts_bucket, runs.pending_inventory_key(event.run_id), result.inventory)
+        items_key = s3_layout.image_items_key(event.run_id)
+        _put_jsonl(s3_client, artifacts_bucket, s3_layout.pending_inventory_key(event.run_id), result.inventory)
         items_uri = _put_jsonl(s3_client, artifacts_bucket, items_key, result.items)
         return summarize(report, report_uri, images_pending=True, image_items_uri=items_uri,
                          image_items_bucket=artifacts_bucket, image_items_key=items_key,
-                         image_results_prefix=runs.image_results_prefix(event.run_id), **common)
+                         image_results_prefix=s3_layout.image_results_prefix(event.run_id), **common)
     data = b"".join(e.model_dump_json().encode("utf-8") + b"\n" for e in result.inventory)
-    inventory_uri = _put(s3_client, artifacts_bucket, runs.inventory_key(event.run_id), data, "application/x-ndjson")
-    snapshot = runs.snapshot_uri(artifacts_bucket, event.run_id) if report.valid and result.snapshot_complete else None
+    inventory_uri = _put(s3_client, artifacts_bucket, s3_layout.inventory_key(event.run_id), data,
+                         "application/x-ndjson")
+    complete = report.valid and result.snapshot_complete
+    snapshot = s3_layout.snapshot_uri(artifacts_bucket, event.run_id) if complete else None
     return summarize(report, report_uri, snapshot_uri=snapshot, inventory_uri=inventory_uri,
                      inventory_digest=inventory_digest(data), **common)
 
@@ -125,10 +127,10 @@ def validate_dataset(event: ValidateDatasetEvent, s3_client: Any, artifacts_buck
 def _own_results(details: ResultWriterDetails, run_id: str, artifacts_bucket: str) -> tuple[str, str]:
     """The ResultWriter manifest's bucket and key, refused unless they are this run's own image results."""
     bucket, key = details.Bucket, details.Key
-    prefix = runs.image_results_prefix(run_id) + "/"
+    prefix = s3_layout.image_results_prefix(run_id) + "/"
     if bucket != artifacts_bucket or not key.startswith(prefix) or not key.endswith("/manifest.json"):
         raise ImageChecksIncomplete(f"the Map's results are expected under s3://{artifacts_bucket}/{prefix}, "
-                                    f"not at {runs.s3_uri(bucket, key)}")
+                                    f"not at {s3_layout.s3_uri(bucket, key)}")
     return bucket, key
 
 
@@ -143,7 +145,7 @@ def explain_failed_image_checks(event: SummarizeImagesEvent, s3_client: Any, art
     nothing about the images; the ResultWriter writes the failed children's records all the same.
     """
     map_error = event.map_error.Error if event.map_error else None
-    key = newest_manifest_key(s3_client, artifacts_bucket, runs.image_results_prefix(event.run_id))
+    key = newest_manifest_key(s3_client, artifacts_bucket, s3_layout.image_results_prefix(event.run_id))
     if key is None:
         why = reason(event.map_error.Cause) if event.map_error else None
         raise ImageChecksFailed(f"the image checks failed before writing any result ({map_error or 'no error'}"
@@ -155,7 +157,7 @@ def explain_failed_image_checks(event: SummarizeImagesEvent, s3_client: Any, art
     if error in _UNREADABLE:
         raise DatasetUnreadable(f"an image batch could not read the dataset: {why or error}")
     raise ImageChecksFailed(f"image batches failed ({failed} result file(s) of failures, "
-                            f"{runs.s3_uri(artifacts_bucket, key)}); the first: {first}")
+                            f"{s3_layout.s3_uri(artifacts_bucket, key)}); the first: {first}")
 
 
 def _lines(s3: Any, bucket: str, key: str) -> Iterable[bytes]:
@@ -176,26 +178,26 @@ def summarize_images(event: SummarizeImagesEvent, s3_client: Any, artifacts_buck
     key = report_key(event.run_id)
     report = ValidationReport.model_validate_json(s3_client.get_object(Bucket=artifacts_bucket, Key=key)["Body"].read())
     items = {}
-    for line in _lines(s3_client, artifacts_bucket, runs.image_items_key(event.run_id)):
+    for line in _lines(s3_client, artifacts_bucket, s3_layout.image_items_key(event.run_id)):
         if line.strip():
             item = ImageItem.model_validate_json(line)
             items[item.key] = (item.version_id, item.etag)
-    files = list(read_inventory(_lines(s3_client, artifacts_bucket, runs.pending_inventory_key(event.run_id))))
+    files = list(read_inventory(_lines(s3_client, artifacts_bucket, s3_layout.pending_inventory_key(event.run_id))))
     manifest = read_result_manifest(s3_client, *_own_results(event.result_writer, event.run_id, artifacts_bucket))
-    if any(not f.Key.startswith(runs.image_results_prefix(event.run_id) + "/")
+    if any(not f.Key.startswith(s3_layout.image_results_prefix(event.run_id) + "/")
            for f in (*manifest.ResultFiles.SUCCEEDED, *manifest.ResultFiles.FAILED, *manifest.ResultFiles.PENDING)) \
             or manifest.DestinationBucket not in (None, artifacts_bucket):
         raise ImageChecksIncomplete("the Map's result manifest names result files outside this run's image results")
     merged = merge_results(report, files, batch_results(s3_client, artifacts_bucket, manifest), items=items)
     report_uri = _put(s3_client, artifacts_bucket, key, merged.report.model_dump_json(indent=1).encode(),
                       "application/json")
-    inventory_uri = _put(s3_client, artifacts_bucket, runs.inventory_key(event.run_id), merged.inventory,
+    inventory_uri = _put(s3_client, artifacts_bucket, s3_layout.inventory_key(event.run_id), merged.inventory,
                          "application/x-ndjson")
-    items_key = runs.image_items_key(event.run_id)
+    items_key = s3_layout.image_items_key(event.run_id)
     # Every image was copied by its batch when it passed; the files were copied before the Map started.
-    snapshot = runs.snapshot_uri(artifacts_bucket, event.run_id) if merged.report.valid else None
+    snapshot = s3_layout.snapshot_uri(artifacts_bucket, event.run_id) if merged.report.valid else None
     return summarize(merged.report, report_uri, images_pending=False,
-                     image_items_uri=runs.s3_uri(artifacts_bucket, items_key), image_items_bucket=artifacts_bucket,
+                     image_items_uri=s3_layout.s3_uri(artifacts_bucket, items_key), image_items_bucket=artifacts_bucket,
                      image_items_key=items_key, image_count=merged.images,
                      image_check_concurrency=max(1, concurrency), snapshot_uri=snapshot,
                      inventory_uri=inventory_uri, inventory_digest=inventory_digest(merged.inventory))

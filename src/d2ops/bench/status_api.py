@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from d2ops.template import REPO_ROOT, load_template
-from d2ops_core import runs
+from d2ops_core import run_ids, run_start
 
 REGION = "us-east-1"
 ROLE_ARN = "arn:aws:iam::123456789012:role/d2ops-bench"
@@ -64,15 +64,16 @@ def _seed(state_machine_arn_env: str) -> list[str]:
     arn = sfn.create_state_machine(name="training_pipeline", definition=json.dumps(definition), roleArn=ROLE_ARN,
                                    type="STANDARD")["stateMachineArn"]
     os.environ[state_machine_arn_env] = arn
-    run_ids = []
+    started = []
     for n in range(RUNS):
         key = f"datasets/shapes/v{n}/manifest.json"
-        dataset = runs.dataset_ref(ENVIRONMENT["DATA_BUCKET"], key, version_id=f"version-{n}", etag=None)
-        run_id = runs.run_id_for(dataset.name, dataset.version, dataset.manifest_version)
-        trigger = runs.Trigger(source="api", object_key=key, object_version=dataset.manifest_version)
-        sfn.start_execution(stateMachineArn=arn, name=run_id, input=json.dumps(runs.execution_input(dataset, trigger)))
-        run_ids.append(run_id)
-    return run_ids
+        dataset = run_start.dataset_ref(ENVIRONMENT["DATA_BUCKET"], key, version_id=f"version-{n}", etag=None)
+        run_id = run_ids.run_id_for(dataset.name, dataset.version, dataset.manifest_version)
+        trigger = run_start.Trigger(source="api", object_key=key, object_version=dataset.manifest_version)
+        sfn.start_execution(stateMachineArn=arn, name=run_id,
+                            input=json.dumps(run_start.execution_input(dataset, trigger)))
+        started.append(run_id)
+    return started
 
 
 def _events(run_id: str) -> list[dict[str, Any]]:

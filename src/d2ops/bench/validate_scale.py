@@ -212,11 +212,11 @@ def run_worker(s3: Any) -> tuple[float, float]:
     from check_images.service import check_batch
     from validate_dataset.service import validate_dataset
 
-    from d2ops_core import runs
+    from d2ops_core import s3_layout
     from d2ops_core.validation.inventory import ImageItem
 
     validate_dataset(_event(), s3, ARTIFACTS, inline_limit=0)
-    body = s3.get_object(Bucket=ARTIFACTS, Key=runs.image_items_key(RUN_ID))["Body"].read()
+    body = s3.get_object(Bucket=ARTIFACTS, Key=s3_layout.image_items_key(RUN_ID))["Body"].read()
     items = [ImageItem.model_validate_json(line) for line in body.splitlines()[:BATCH]]
     event = ImageBatchEvent(BatchInput=BatchInput(bucket=DATA, prefix=PREFIX, run_id=RUN_ID), Items=items)
     # Reset the peak to the current RSS (Linux clear_refs 5), so the peak read after is the batch's own.

@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from d2ops.offline.client import connect
     from d2ops.offline.processes import RuntimeBusy
-    from d2ops_core.runs import execution_arn
+    from d2ops_core.run_ids import execution_arn
     from d2ops_core.state_graph import write_graph
 
     output = args.output or Path(f"{args.run_id}.svg")

@@ -45,7 +45,7 @@ from d2ops.offline.services.sagemaker import JobBackend, ServingBackend
 from d2ops.offline.stack import ACCOUNT_ID, REGION, OfflineStack, load_stack
 from d2ops.offline.status_api_server import HttpApi
 from d2ops.offline.store import write_json_atomic
-from d2ops_core import runs
+from d2ops_core import s3_layout
 
 log = logging.getLogger(__name__)
 
@@ -323,12 +323,12 @@ class OfflineRuntime:
         if not name or not version or "/" in name + version or name in (".", "..") or version in (".", ".."):
             raise ValueError(f"{manifest_path}: needs a plain 'name' and 'version' to form "
                              f"datasets/<name>/<version>/ (got {name!r}, {version!r})")
-        prefix = runs.dataset_prefix(name, version)
+        prefix = s3_layout.dataset_prefix(name, version)
         s3 = self.client("s3")
         files = sorted(p for p in local_dir.rglob("*") if p.is_file() and p != manifest_path)
         for path in files:
             s3.upload_file(str(path), self.stack.data_bucket, prefix + path.relative_to(local_dir).as_posix())
-        key = prefix + runs.MANIFEST_NAME
+        key = prefix + s3_layout.MANIFEST_NAME
         response = s3.put_object(Bucket=self.stack.data_bucket, Key=key, Body=manifest_path.read_bytes(),
                                  ContentType="application/json")
         return key, str(response.get("VersionId") or "")

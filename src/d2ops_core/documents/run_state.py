@@ -25,9 +25,9 @@ from pydantic import (
 )
 
 from d2ops_core.champion import GateDecision
+from d2ops_core.dataset_identity import DatasetRef
 from d2ops_core.documents.dataset_diff import DatasetDiffSummary
 from d2ops_core.documents.evaluation import DifferenceInterval, GateThresholds
-from d2ops_core.runs import DatasetRef
 
 
 class JobNames(BaseModel):

@@ -119,7 +119,7 @@ class DatasetName(BaseModel):
     """The dataset a validation report is about, as far as it could be read (None: the manifest did not say).
 
     The validate Lambda's summary carries the same object (validate_dataset.models); the run's full
-    reference (bucket, prefix, manifest version) is :class:`d2ops_core.runs.DatasetRef`.
+    reference (bucket, prefix, manifest version) is :class:`d2ops_core.dataset_identity.DatasetRef`.
     """
 
     name: str | None = None

@@ -382,7 +382,7 @@ class S3Source:
     """A dataset version under an S3 prefix, pinned: listed once (ListObjectVersions), every later read
     asks for the listed VersionId with If-Match on its ETag, so what is checked is what was listed.
 
-    ``snapshot``: (bucket, key prefix) the run's copy goes to (d2ops_core.runs.snapshot_prefix); None: no copy.
+    ``snapshot``: (bucket, key prefix) the run's copy goes to (d2ops_core.s3_layout.snapshot_prefix); None: no copy.
     """
 
     def __init__(self, s3_client: Any, bucket: str, prefix: str,

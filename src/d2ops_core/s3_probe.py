@@ -1,0 +1,17 @@
+"""Asking S3 whether an object exists, as our least-privileged roles can."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def key_listed(s3: Any, bucket: str, key: str) -> bool:
+    """Whether the object ``key`` exists, asked by listing with the key as the prefix.
+
+    A GET or HEAD of a missing key answers 404 only to callers allowed to list the bucket;
+    our roles may list only the prefixes they read (an ``s3:prefix`` condition, which a
+    GET request does not carry), so they could see 403 instead. A listing with that very
+    prefix is what the condition allows. The key sorts first among keys it prefixes.
+    """
+    page = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+    return any(obj["Key"] == key for obj in page.get("Contents", []))
