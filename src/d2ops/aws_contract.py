@@ -29,6 +29,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from d2ops.asl.service_arn import parse_service_arn
+
 SDK_INTEGRATIONS_DOC = "https://docs.aws.amazon.com/step-functions/latest/dg/supported-services-awssdk.html"
 SAGEMAKER_DOC = "https://docs.aws.amazon.com/step-functions/latest/dg/connect-sagemaker.html"
 LAMBDA_DOC = "https://docs.aws.amazon.com/step-functions/latest/dg/connect-lambda.html"
@@ -114,10 +116,6 @@ STATES_ERRORS = frozenset({
 # botocore service names where Step Functions' differ.
 _BOTOCORE_SERVICE = {"sfn": "stepfunctions", "states": "stepfunctions"}
 
-_RESOURCE = re.compile(r"^arn:(?P<partition>[^:]+):states:::(?:(?P<sdk>aws-sdk):)?(?P<service>[a-z0-9-]+):"
-                       r"(?P<action>[A-Za-z0-9]+)(?P<pattern>\.sync(?::2)?|\.waitForTaskToken)?$")
-
-
 class ContractError(ValueError):
     """A Task resource or request the contract cannot place."""
 
@@ -141,10 +139,10 @@ class Integration:
 
 
 def parse_resource(resource: str) -> Integration:
-    match = _RESOURCE.match(resource)
-    if match is None:
+    arn = parse_service_arn(resource)
+    if arn is None:
         raise ContractError(f"{resource!r} is not a Step Functions service integration ARN")
-    integration = Integration(match["service"], match["action"], bool(match["sdk"]), match["pattern"] or "")
+    integration = Integration(arn.service, arn.action, arn.sdk, arn.pattern)
     if not integration.sdk:
         if integration.key not in OPTIMISED_PARAMETERS:
             raise ContractError(f"{resource}: {integration.key} is not an optimised integration we know the "

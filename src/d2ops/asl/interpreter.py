@@ -46,6 +46,7 @@ from d2ops.asl.executors import ExecutorRegistry, TaskContext, TaskDeadline, Tas
 from d2ops.asl.jsonvalue import MAX_JSON_DEPTH, json_problem, text_too_deep
 from d2ops.asl.mock import MockTestCase
 from d2ops.asl.paths import PathError, no_results, parse_reference_path, select, set_reference
+from d2ops.asl.service_arn import parse_service_arn
 from d2ops.asl.substitution import substitute
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,6 @@ MAX_EXECUTION_SECONDS = 365 * 24 * 3600
 MAX_HISTORY_EVENTS = 25_000
 _EXECUTION_NAME = re.compile(r"^[^\s<>{}\[\]?*\"#%\\^|~`$&,;:/\x00-\x1f\x7f-\x9f]{1,80}$")
 _LAMBDA_FUNCTION_ARN = re.compile(r"^arn:[^:]+:lambda:[^:]*:[^:]*:function:")
-_SERVICE_ARN = re.compile(r"^arn:[^:]+:states:::(.+):([^:]+)$")
 _DEFAULT_MAP_CONCURRENCY = 40
 
 EventCallback = Callable[[dict[str, Any]], None]
@@ -1103,9 +1103,9 @@ class Execution:
     def _task_event_shape(resource: str) -> tuple[str, dict[str, str]]:
         if _LAMBDA_FUNCTION_ARN.match(resource):
             return "LambdaFunction", {}
-        match = _SERVICE_ARN.match(resource)
-        if match:
-            return "Task", {"resourceType": match.group(1), "resource": match.group(2)}
+        arn = parse_service_arn(resource)
+        if arn is not None:
+            return "Task", {"resourceType": arn.resource_type, "resource": arn.resource}
         parts = resource.split(":")
         return "Task", {"resourceType": parts[2] if len(parts) > 2 else "unknown", "resource": resource}
 

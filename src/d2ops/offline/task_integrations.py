@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import re
 import threading
 import uuid
 from collections.abc import Callable
@@ -32,11 +31,10 @@ from botocore import xform_name
 from botocore.exceptions import ClientError
 
 from d2ops.asl import ExecutorRegistry, TaskContext, TaskFailed
+from d2ops.asl.service_arn import parse_service_arn
 from d2ops.aws_contract import OPTIMISED_ERROR_PREFIX, SDK_ERROR_PREFIX, sdk_member_names
 from d2ops.offline.lambdas import FunctionError, LocalLambdas
 
-_SERVICE_ARN = re.compile(r"^arn:[^:]+:states:::(?:(?P<sdk>aws-sdk):)?(?P<service>[a-z0-9-]+):(?P<action>[A-Za-z0-9]+)"
-                          r"(?P<sync>\.sync(?::2)?|\.waitForTaskToken)?$")
 SYNC_POLL_SECONDS = 2.0
 # Step Functions' service names -> boto3 client names, where they differ.
 _CLIENT_NAMES = {"sfn": "stepfunctions", "states": "stepfunctions"}
@@ -198,36 +196,36 @@ class ServiceExecutors:
 
     # ----- aws-sdk and optimised integrations -----------------------------------------------
     def sdk_call(self, resource: str, parameters: Any, context: TaskContext) -> Any:
-        match = _SERVICE_ARN.match(resource)
-        if match is None or match["sync"]:
+        arn = parse_service_arn(resource)
+        if arn is None or arn.pattern:
             raise TaskFailed("States.Runtime", f"the offline runtime has no integration for {resource}")
-        service = _CLIENT_NAMES.get(match["service"], match["service"])
+        service = _CLIENT_NAMES.get(arn.service, arn.service)
         client = self.clients(service)
-        method = getattr(client, xform_name(match["action"]), None)
+        method = getattr(client, xform_name(arn.action), None)
         if method is None:
-            raise TaskFailed("States.Runtime", f"{service} has no action {match['action']}")
-        operation = client.meta.service_model.operation_model(match["action"][:1].upper() + match["action"][1:])
-        if match["sdk"]:
+            raise TaskFailed("States.Runtime", f"{service} has no action {arn.action}")
+        operation = client.meta.service_model.operation_model(arn.operation)
+        if arn.sdk:
             parameters = sdk_member_names(parameters or {}, operation.input_shape)
         try:
-            self._throttle(match["service"], match["action"])
+            self._throttle(arn.service, arn.action)
             result = method(**(parameters or {}))
-            if self._lose_response(match["service"], match["action"]):
-                raise ResponseLost(f"Unable to execute HTTP request: Read timed out ({service} {match['action']} "
+            if self._lose_response(arn.service, arn.action):
+                raise ResponseLost(f"Unable to execute HTTP request: Read timed out ({service} {arn.action} "
                                    "reached the service; its response was lost)")
-            return json_safe(pascal_names(result, operation.output_shape) if match["sdk"] else result)
+            return json_safe(pascal_names(result, operation.output_shape) if arn.sdk else result)
         except ResponseLost as exc:  # aws-sdk: the SDK's client error; optimised: the service's catch-all
-            name = f"{sdk_error_prefix(match['service'])}.SdkClientException" if match["sdk"] else \
-                error_name(client, match["service"], "InternalFailure", False)
+            name = f"{sdk_error_prefix(arn.service)}.SdkClientException" if arn.sdk else \
+                error_name(client, arn.service, "InternalFailure", False)
             raise TaskFailed(name, str(exc)) from exc
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "Unknown")
             message = exc.response.get("Error", {}).get("Message", str(exc))
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 400)
             cause = f"{message} (Service: {service}, Status Code: {status}, Error Code: {code})"
-            raise TaskFailed(error_name(client, match["service"], code, bool(match["sdk"])), cause) from exc
+            raise TaskFailed(error_name(client, arn.service, code, arn.sdk), cause) from exc
         except Exception as exc:  # botocore's parameter validation, before any request
-            raise TaskFailed(error_name(client, match["service"], "ValidationException", bool(match["sdk"])),
+            raise TaskFailed(error_name(client, arn.service, "ValidationException", arn.sdk),
                              str(exc)) from exc
 
     # ----- .sync jobs -------------------------------------------------------------------------
