@@ -1,25 +1,44 @@
-"""A picture of the state machine with each state's outcome in one run (SVG, or PNG via matplotlib).
+"""A picture of a run: the pipeline's stages, each with the states the run went through (SVG, or PNG).
 
-States are laid out in rows by their distance from ``StartAt`` (transitions through Next,
-Default, Choices and Catch), boxes coloured by what happened to them in the run's history:
-succeeded, failed (an error the run ended on, or a Fail state reached), caught (failed, then
-routed on by a Catch), running, or not reached. Transitions the run took are drawn bold.
-No graphviz binary is needed: the layout is computed here and written as plain SVG.
+The top level is the stages a user thinks in (d2ops_core.pipeline_stages: validate, prepare, train,
+evaluate, gate, deploy, notify, report failure), one column each, left to right, each headed by the
+run's outcome in it and its time. Below a stage's head, the states the run went through there, in
+order, as d2ops_core.stage_timeline reads them: a wait loop is one box ("Wait for endpoint \u00d710"),
+an expected miss is ``missed``, not ``failed``. The states the run never reached (the recovery machinery
+of a healthy run) are folded into one "+N not reached" box whose tooltip names them. The run's way
+from stage to stage is drawn bold. No graphviz binary is needed: the layout is computed here.
+
+``layout`` still lays out every state of the definition (the status API's ``nodes``/``edges``, for
+clients that draw the whole machine); ``stage_view`` is what ``d2ops graph`` and the console draw.
 Standard library only (matplotlib only for PNG): `d2ops graph` and the status API's
-``GET /runs/{runId}/graph`` (through the CoreLayer) share this layout.
+``GET /runs/{runId}/graph`` (through the CoreLayer) share it.
 """
 
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from d2ops_core.pipeline_stages import STAGES, Stage, definition_states
+from d2ops_core.stage_timeline import (
+    OTHER,
+    Line,
+    Step,
+    human_duration,
+    line_title,
+    stage_statuses,
+    steps_from_history,
+    summarise,
+)
+
 COLOURS = {"succeeded": "#2e7d32", "failed": "#c62828", "caught": "#ef6c00", "running": "#1565c0",
-           "not reached": "#9e9e9e"}
+           "not reached": "#9e9e9e", "missed": "#6d4c41"}
 FILLS = {"succeeded": "#e8f5e9", "failed": "#ffebee", "caught": "#fff3e0", "running": "#e3f2fd",
-         "not reached": "#fafafa"}
+         "not reached": "#fafafa", "missed": "#efebe9"}
 BOX_W, BOX_H, GAP_X, GAP_Y, MARGIN = 190, 40, 24, 34, 24
 
 
@@ -130,59 +149,170 @@ def layout(definition: dict[str, Any], status: dict[str, str], taken: set[tuple[
     return nodes, edges
 
 
-def _edge_path(a: Node, b: Node) -> str:
-    x1, y1 = a.x + BOX_W / 2, a.y + BOX_H
-    x2, y2 = b.x + BOX_W / 2, b.y
-    if y2 > y1:
-        mid = (y1 + y2) / 2
-        return f"M{x1:.0f},{y1:.0f} C{x1:.0f},{mid:.0f} {x2:.0f},{mid:.0f} {x2:.0f},{y2:.0f}"
-    # A loop back up (an endpoint wait loop): around the right-hand side of the boxes.
-    xr = max(a.x, b.x) + BOX_W + GAP_X / 2
-    return (f"M{a.x + BOX_W:.0f},{a.y + BOX_H / 2:.0f} C{xr:.0f},{a.y + BOX_H / 2:.0f} {xr:.0f},"
-            f"{b.y + BOX_H / 2:.0f} {b.x + BOX_W:.0f},{b.y + BOX_H / 2:.0f}")
+@dataclass
+class StageView:
+    """One stage of the run: its outcome and time, the lines the run went through there, what it never reached."""
+
+    key: str
+    title: str
+    status: str  # succeeded | caught | failed | running | not reached
+    seconds: float | None
+    lines: list[Line] = field(default_factory=list)
+    folded: list[str] = field(default_factory=list)  # its states the run never entered
+    next_stages: list[str] = field(default_factory=list)  # stage keys the run went to from here
+
+
+def stage_view(definition: dict[str, Any], steps: Sequence[Step | Any]) -> list[StageView]:
+    """Every stage of STAGES in order (and "other" for states of another version, when a run has any), with
+    the run's steps (d2ops_core.stage_timeline.Step, the status API's StateSteps or their JSON) placed in them."""
+    stays = summarise(steps)
+    statuses = stage_statuses(stays)
+    known = set(definition_states(definition))
+    stages: list[Stage] = list(STAGES) + ([OTHER] if any(r.stage is OTHER for r in stays) else [])
+    views = []
+    for stage in stages:
+        mine = [r for r in stays if r.stage.key == stage.key]
+        lines = [line for r in mine for line in r.lines]
+        entered = {name for line in lines for name in line.states}
+        seconds = [r.seconds for r in mine if r.seconds is not None]
+        views.append(StageView(key=stage.key, title=stage.title, status=statuses.get(stage.key, "not reached"),
+                               seconds=round(sum(seconds), 3) if seconds else None, lines=lines,
+                               folded=[n for n in stage.states if n not in entered and n in known]))
+    by_key = {v.key: v for v in views}
+    for here, there in itertools.pairwise(stays):
+        if there.stage.key not in by_key[here.stage.key].next_stages:
+            by_key[here.stage.key].next_stages.append(there.stage.key)
+    return views
+
+
+# The stage picture: one column a stage, its head on top, the run's lines below it, the folded rest last.
+COL_W, COL_GAP, HEAD_H, LINE_H, LINE_GAP, TOP = 176, 22, 46, 34, 10, 64
+
+
+@dataclass
+class Box:
+    x: float
+    y: float
+    w: float
+    h: float
+
+
+def stage_boxes(views: Sequence[StageView]) -> tuple[dict[str, Box], dict[tuple[str, int], Box], dict[str, Box],
+                                                     float, float]:
+    """Where each stage's head, each of its lines and its folded box go; the picture's width and height."""
+    heads: dict[str, Box] = {}
+    lines: dict[tuple[str, int], Box] = {}
+    folds: dict[str, Box] = {}
+    bottom = TOP + HEAD_H
+    for col, view in enumerate(views):
+        x = MARGIN + col * (COL_W + COL_GAP)
+        heads[view.key] = Box(x, TOP, COL_W, HEAD_H)
+        y = TOP + HEAD_H + LINE_GAP * 2
+        for i, _ in enumerate(view.lines):
+            lines[(view.key, i)] = Box(x + 8, y, COL_W - 16, LINE_H)
+            y += LINE_H + LINE_GAP
+        if view.folded:
+            folds[view.key] = Box(x + 8, y, COL_W - 16, LINE_H - 8)
+            y += LINE_H
+        bottom = max(bottom, y)
+    width = MARGIN * 2 + len(views) * (COL_W + COL_GAP) - COL_GAP
+    return heads, lines, folds, width, bottom + 56
+
+
+def _short(text: str, limit: int = 25) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def _stage_arc(a: Box, b: Box) -> str:
+    """The run's way from one stage to another: beside each other a straight arrow, further apart an arc above."""
+    if b.x == a.x + a.w + COL_GAP:
+        return f"M{a.x + a.w:.0f},{a.y + a.h / 2:.0f} L{b.x:.0f},{b.y + b.h / 2:.0f}"
+    x1, x2 = a.x + a.w / 2, b.x + b.w / 2
+    lift = min(TOP - 8, 18 + abs(x2 - x1) / 30)
+    return f"M{x1:.0f},{a.y:.0f} C{x1:.0f},{a.y - lift:.0f} {x2:.0f},{b.y - lift:.0f} {x2:.0f},{b.y:.0f}"
 
 
 def render_svg(definition: dict[str, Any], history: list[dict[str, Any]], execution_status: str,
                title: str) -> str:
-    status, taken = outcomes(definition, history, execution_status)
-    nodes, edges = layout(definition, status, taken)
-    by_name = {n.name: n for n in nodes}
-    width = max(n.x for n in nodes) + BOX_W + MARGIN * 2
-    height = max(n.y for n in nodes) + BOX_H + MARGIN * 2 + 40
+    status, _ = outcomes(definition, history, execution_status)
+    views = stage_view(definition, steps_from_history(history, execution_status))
+    heads, line_boxes, folds, width, height = stage_boxes(views)
+    kinds = {name: state["Type"] for name, state in definition["States"].items()}
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
            f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="Helvetica, Arial, sans-serif" font-size="12">',
            "<defs>",
            '<marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
-           'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker>',
-           '<marker id="arrow-dim" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="6" markerHeight="6" '
-           'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#ccc"/></marker>',
+           'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#333"/></marker>',
            "</defs>", '<rect width="100%" height="100%" fill="white"/>',
-           f'<text x="{MARGIN}" y="{height - 30:.0f}" font-size="14" font-weight="bold">{html.escape(title)}</text>']
+           f'<text x="{MARGIN}" y="24" font-size="15" font-weight="bold">{html.escape(title)}</text>']
     legend_x = MARGIN
-    for label, colour in COLOURS.items():
-        out.append(f'<rect x="{legend_x}" y="{height - 20:.0f}" width="12" height="12" fill="{FILLS[label]}" '
-                   f'stroke="{colour}"/><text x="{legend_x + 16}" y="{height - 10:.0f}">{label}</text>')
-        legend_x += 110
-    for edge in sorted(edges, key=lambda e: e.taken):  # taken edges drawn last, on top
-        a, b = by_name[edge.source], by_name[edge.target]
-        style = ('stroke="#333" stroke-width="2.2" marker-end="url(#arrow)"' if edge.taken
-                 else 'stroke="#d0d0d0" stroke-width="1" marker-end="url(#arrow-dim)"')
-        dash = ' stroke-dasharray="5,3"' if edge.kind == "catch" else ""
-        out.append(f'<path d="{_edge_path(a, b)}" fill="none" {style}{dash}>'
-                   f"<title>{html.escape(edge.source)} -&gt; {html.escape(edge.target)} ({edge.kind})</title></path>")
-    for node in nodes:
-        colour, fill = COLOURS[node.status], FILLS[node.status]
-        rx = 18 if node.kind in ("Succeed", "Fail") else 4
-        label = node.name if len(node.name) <= 28 else node.name[:26] + "..."
-        out.append(f'<g><title>{html.escape(node.name)} ({node.kind}): {node.status}</title>'
-                   f'<rect x="{node.x:.0f}" y="{node.y:.0f}" width="{BOX_W}" height="{BOX_H}" rx="{rx}" '
-                   f'fill="{fill}" stroke="{colour}" stroke-width="{2 if node.status != "not reached" else 1}"/>'
-                   f'<text x="{node.x + BOX_W / 2:.0f}" y="{node.y + 17:.0f}" text-anchor="middle" '
-                   f'fill="#212121">{html.escape(label)}</text>'
-                   f'<text x="{node.x + BOX_W / 2:.0f}" y="{node.y + 31:.0f}" text-anchor="middle" font-size="10" '
-                   f'fill="{colour}">{node.kind} - {node.status}</text></g>')
+    for label in ("succeeded", "missed", "caught", "failed", "running", "not reached"):
+        out.append(f'<rect x="{legend_x}" y="{height - 26:.0f}" width="12" height="12" fill="{FILLS[label]}" '
+                   f'stroke="{COLOURS[label]}"/><text x="{legend_x + 16}" y="{height - 16:.0f}">{label}</text>')
+        legend_x += 100
+    for a, b in itertools.pairwise(views):  # the pipeline's order, faint
+        ha, hb = heads[a.key], heads[b.key]
+        out.append(f'<path d="M{ha.x + ha.w:.0f},{ha.y + ha.h / 2:.0f} L{hb.x:.0f},{hb.y + hb.h / 2:.0f}" '
+                   'stroke="#e0e0e0" stroke-width="1" fill="none"/>')
+    for view in views:  # the run's way, bold
+        for target in view.next_stages:
+            out.append(f'<path class="taken" d="{_stage_arc(heads[view.key], heads[target])}" fill="none" '
+                       f'stroke="#333" stroke-width="2.2" marker-end="url(#arrow)"><title>{html.escape(view.title)} '
+                       f'-&gt; {html.escape(heads_title(views, target))}</title></path>')
+    drawn: set[str] = set()
+    for view in views:
+        head = heads[view.key]
+        colour, fill = COLOURS[view.status], FILLS[view.status]
+        took = f" \u00b7 {human_duration(view.seconds)}" if view.seconds is not None else ""
+        out.append(f'<g class="stage" data-stage="{view.key}"><title>{html.escape(view.title)}: {view.status}'
+                   f'{", " + human_duration(view.seconds) if view.seconds is not None else ""}</title>'
+                   f'<rect x="{head.x:.0f}" y="{head.y:.0f}" width="{head.w:.0f}" height="{head.h:.0f}" rx="6" '
+                   f'fill="{fill}" stroke="{colour}" stroke-width="{1 if view.status == "not reached" else 2.5}"/>'
+                   f'<text x="{head.x + head.w / 2:.0f}" y="{head.y + 20:.0f}" text-anchor="middle" font-size="14" '
+                   f'font-weight="bold">{html.escape(view.title)}</text>'
+                   f'<text x="{head.x + head.w / 2:.0f}" y="{head.y + 37:.0f}" text-anchor="middle" font-size="11" '
+                   f'fill="{colour}">{view.status}'
+                   f'{took}</text></g>')
+        previous = head
+        for i, line in enumerate(view.lines):
+            box = line_boxes[(view.key, i)]
+            out.append(f'<path d="M{box.x + box.w / 2:.0f},{previous.y + previous.h:.0f} L{box.x + box.w / 2:.0f},'
+                       f'{box.y:.0f}" stroke="#333" stroke-width="1.6" fill="none"/>')
+            previous = box
+            single = line.states[0] if len(line.states) == 1 and line.states[0] in kinds else None
+            colour, fill = COLOURS[line.status], FILLS[line.status]
+            detail = line.status + (f" \u00b7 {human_duration(line.seconds)}" if line.seconds is not None else "")
+            tip = f"{line_title(line)}: {detail}" + (f" ({line.note})" if line.note else "") + (
+                f" [{line.error}]" if line.error else "") + ("" if single else " \u2014 " + ", ".join(line.states))
+            # every top-level state has one group titled with its outcome (drawn here, or empty below)
+            opening = (f"<g><title>{html.escape(single)} ({kinds[single]}): {status.get(single, 'not reached')}"
+                       f"</title><title>{html.escape(tip)}</title>" if single and single not in drawn
+                       else f'<g class="line"><title>{html.escape(tip)}</title>')
+            if single:
+                drawn.add(single)
+            out.append(f'{opening}<rect x="{box.x:.0f}" y="{box.y:.0f}" width="{box.w:.0f}" height="{box.h:.0f}" '
+                       f'rx="{14 if single and kinds[single] in ("Succeed", "Fail") else 4}" fill="{fill}" '
+                       f'stroke="{colour}" stroke-width="1.5"/>'
+                       f'<text x="{box.x + box.w / 2:.0f}" y="{box.y + 14:.0f}" text-anchor="middle" font-size="11">'
+                       f'{html.escape(_short(line_title(line)))}</text>'
+                       f'<text x="{box.x + box.w / 2:.0f}" y="{box.y + 27:.0f}" text-anchor="middle" font-size="10" '
+                       f'fill="{colour}">{html.escape(detail)}</text></g>')
+        if view.key in folds:
+            box = folds[view.key]
+            out.append(f'<g class="folded"><title>not reached: {html.escape(", ".join(view.folded))}</title>'
+                       f'<rect x="{box.x:.0f}" y="{box.y:.0f}" width="{box.w:.0f}" height="{box.h:.0f}" rx="4" '
+                       f'fill="#fafafa" stroke="#bdbdbd" stroke-dasharray="4,3"/>'
+                       f'<text x="{box.x + box.w / 2:.0f}" y="{box.y + 17:.0f}" text-anchor="middle" font-size="10" '
+                       f'fill="#757575">+{len(view.folded)} not reached</text></g>')
+    for name, kind in kinds.items():  # the states inside a loop's box or folded away: named, not drawn
+        if name not in drawn:
+            out.append(f"<g><title>{html.escape(name)} ({kind}): {status.get(name, 'not reached')}</title></g>")
     out.append("</svg>")
     return "\n".join(out)
+
+
+def heads_title(views: Sequence[StageView], key: str) -> str:
+    return next(v.title for v in views if v.key == key)
 
 
 def render_png(definition: dict[str, Any], history: list[dict[str, Any]], execution_status: str, title: str,
@@ -193,29 +323,44 @@ def render_png(definition: dict[str, Any], history: list[dict[str, Any]], execut
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
 
-    status, taken = outcomes(definition, history, execution_status)
-    nodes, edges = layout(definition, status, taken)
-    by_name = {n.name: n for n in nodes}
-    width = max(n.x for n in nodes) + BOX_W + MARGIN * 2
-    height = max(n.y for n in nodes) + BOX_H + MARGIN * 2 + 20
+    views = stage_view(definition, steps_from_history(history, execution_status))
+    heads, line_boxes, folds, width, height = stage_boxes(views)
     fig = plt.figure(figsize=(width / 100, height / 100), dpi=100)
     ax = fig.add_axes((0, 0, 1, 1))
     ax.set_xlim(0, width)
     ax.set_ylim(height, 0)
     ax.axis("off")
-    for edge in sorted(edges, key=lambda e: e.taken):
-        a, b = by_name[edge.source], by_name[edge.target]
-        ax.annotate("", xy=(b.x + BOX_W / 2, b.y), xytext=(a.x + BOX_W / 2, a.y + BOX_H),
-                    arrowprops={"arrowstyle": "->", "color": "#333" if edge.taken else "#d0d0d0",
-                                "lw": 2 if edge.taken else 0.8, "linestyle": "--" if edge.kind == "catch" else "-",
-                                "connectionstyle": "arc3,rad=0.0" if b.y > a.y else "arc3,rad=-0.4"})
-    for node in nodes:
-        ax.add_patch(FancyBboxPatch((node.x, node.y), BOX_W, BOX_H, boxstyle="round,pad=0,rounding_size=6",
-                                    facecolor=FILLS[node.status], edgecolor=COLOURS[node.status], lw=1.5))
-        ax.text(node.x + BOX_W / 2, node.y + 16, node.name[:28], ha="center", va="center", fontsize=8)
-        ax.text(node.x + BOX_W / 2, node.y + 30, f"{node.kind} - {node.status}", ha="center", va="center",
-                fontsize=7, color=COLOURS[node.status])
-    ax.text(MARGIN, height - 14, title, fontsize=10, weight="bold")
+    ax.text(MARGIN, 24, title, fontsize=11, weight="bold")
+
+    def box(b: Box, status: str, dashed: bool = False) -> None:
+        ax.add_patch(FancyBboxPatch((b.x, b.y), b.w, b.h, boxstyle="round,pad=0,rounding_size=5",
+                                    facecolor=FILLS[status], edgecolor=COLOURS[status], lw=1.5,
+                                    linestyle="--" if dashed else "-"))
+
+    for view in views:
+        for target in view.next_stages:
+            a, b = heads[view.key], heads[target]
+            ax.annotate("", xy=(b.x + b.w / 2, b.y), xytext=(a.x + a.w / 2, a.y),
+                        arrowprops={"arrowstyle": "->", "color": "#333", "lw": 2,
+                                    "connectionstyle": "arc3,rad=-0.25"})
+        head = heads[view.key]
+        box(head, view.status)
+        ax.text(head.x + head.w / 2, head.y + 17, view.title, ha="center", va="center", fontsize=10, weight="bold")
+        ax.text(head.x + head.w / 2, head.y + 34, view.status + (
+            f" \u00b7 {human_duration(view.seconds)}" if view.seconds is not None else ""),
+            ha="center", va="center", fontsize=8, color=COLOURS[view.status])
+        for i, line in enumerate(view.lines):
+            b = line_boxes[(view.key, i)]
+            box(b, line.status)
+            ax.text(b.x + b.w / 2, b.y + 12, _short(line_title(line)), ha="center", va="center", fontsize=7.5)
+            ax.text(b.x + b.w / 2, b.y + 25, line.status + (
+                f" \u00b7 {human_duration(line.seconds)}" if line.seconds is not None else ""),
+                ha="center", va="center", fontsize=7, color=COLOURS[line.status])
+        if view.key in folds:
+            b = folds[view.key]
+            box(b, "not reached", dashed=True)
+            ax.text(b.x + b.w / 2, b.y + b.h / 2, f"+{len(view.folded)} not reached", ha="center", va="center",
+                    fontsize=7, color="#757575")
     fig.savefig(path)
     plt.close(fig)
 

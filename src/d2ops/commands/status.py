@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from d2ops.commands.errors import UsageError
 from d2ops_core.gate import interval_line
+from d2ops_core.stage_timeline import human_duration, line_title, summarise
 from d2ops_core.training_progress import Progress, format_progress
 
 
@@ -66,12 +67,6 @@ def open_status_api(args: argparse.Namespace) -> Iterator[StatusApi]:
             yield apis
     except RuntimeBusy as exc:
         raise UsageError(str(exc)) from exc
-
-
-def _fmt_seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.1f}s" if value < 120 else f"{value / 60:.1f}min"
 
 
 def format_training_progress(progress: dict[str, Any]) -> str:
@@ -137,9 +132,19 @@ def format_run(run: dict[str, Any]) -> list[str]:
     if run.get("cause") and run.get("status") != "SUCCEEDED":
         lines.append(f"  cause     {run['cause']}")
     lines.append("  timeline")
-    for step in run.get("timeline") or []:
-        error = f"  [{step['error']}]" if step.get("error") else ""
-        lines.append(f"    {step['status']:<10} {step['name']:<36} {_fmt_seconds(step.get('duration_seconds'))}{error}")
+    lines += format_timeline(run.get("timeline") or [])
+    return lines
+
+
+def format_timeline(steps: list[dict[str, Any]]) -> list[str]:
+    """The status API's per-visit timeline by stage (d2ops_core.stage_timeline): a wait loop on one line with
+    its rounds and total time, an expected miss as ``missed`` with what it meant, not as ``failed``."""
+    lines = []
+    for stay in summarise(steps):
+        lines.append(f"    {stay.stage.title:<16} {stay.status:<11} {human_duration(stay.seconds)}")
+        for line in stay.lines:
+            said = f"  {line.note}" if line.note else f"  [{line.error}]" if line.error else ""
+            lines.append(f"      {line.status:<10} {line_title(line):<40} {human_duration(line.seconds):>7}{said}")
     return lines
 
 
@@ -171,7 +176,7 @@ def format_cost(cost: dict[str, Any]) -> list[str]:
         if not item:
             continue
         line = (f"    {part:<10} {item['instance_count']} x {item['instance_type']} x "
-                f"{_fmt_seconds(item['seconds'])} = {_usd(item.get('cost_usd'))}")
+                f"{human_duration(item['seconds'])} = {_usd(item.get('cost_usd'))}")
         if part == "training" and item.get("spot"):
             line += (f" (spot: {item.get('spot_savings_percent')}% saved, {_usd(item.get('spot_savings_usd'))} "
                      f"of {_usd(item.get('on_demand_cost_usd'))})")
