@@ -39,11 +39,13 @@ def test_a_valid_definition_loads() -> None:
     (single({"Type": "Pass", "End": True, "Reslt": 1}), "States.A.Reslt: unknown field for a Pass state"),
     (single({"Type": "Pass"}), "States.A: needs exactly one of Next or End: true"),
     (single({"Type": "Banana", "End": True}), "States.A.Type: missing or unknown state type 'Banana'"),
-    ({"StartAt": "A", "QueryLanguage": "JSONata", "States": {"A": {"Type": "Pass", "End": True}}},
-     "QueryLanguage: the JSONata query language is not supported (only JSONPath)"),
-    (single({"Type": "Pass", "End": True, "QueryLanguage": "JSONata"}),
-     "States.A.QueryLanguage: the JSONata query language is not supported (only JSONPath)"),
-    (single({"Type": "Pass", "End": True, "Assign": {"x": 1}}), "States.A.Assign: workflow variables"),
+    ({"StartAt": "A", "QueryLanguage": "JSONata", "States": {"A": {"Type": "Pass", "End": True,
+                                                                   "QueryLanguage": "JSONPath"}}},
+     "States.A.QueryLanguage: 'QueryLanguage' can not be 'JSONPath' if set to 'JSONata' for whole state machine"),
+    (single({"Type": "Pass", "End": True, "QueryLanguage": "JSONata", "Result": 1}),
+     "States.A.Result: The QueryLanguage is set to 'JSONata', but field 'Result' is only supported for the "
+     "'JSONPath' QueryLanguage"),
+    (single({"Type": "Pass", "End": True, "Assign": {"states": 1}}), "States.A.Assign.states: 'states' is a reserved"),
     (single({"Type": "Map", "End": True, "ItemReader": {}, "ItemProcessor": {
         "StartAt": "X", "States": {"X": {"Type": "Succeed"}}}}), "States.A.ItemReader: only a Distributed Map"),
     (single({"Type": "Map", "End": True, "ItemProcessor": {"ProcessorConfig": {"Mode": "DISTRIBUTED"},

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,8 @@ class ScriptedServices:
 
 @pytest.mark.parametrize("case", CASES, ids=[case["name"] for case in CASES])
 def test_documented_example(case: dict[str, Any]) -> None:
-    clock = VirtualClock()
+    # A case whose definition names a moment (a Wait Timestamp) starts the clock where it says.
+    clock = VirtualClock(datetime.fromisoformat(case["clock_start"]) if "clock_start" in case else None)
     services = ScriptedServices(case.get("tasks", {}), clock)
     machine = StateMachine.from_definition(case["definition"], name="DocsExample")
     execution = machine.run(case["input"], executors={"arn:*": services}, clock=clock,

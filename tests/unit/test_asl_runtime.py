@@ -7,6 +7,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -337,7 +338,7 @@ def test_context_object_fields() -> None:
                        "sm.$": "$$.StateMachine.Name", "input.$": "$$.Execution.Input.k", "state.$": "$$.State.Name",
                        "entered.$": "$$.State.EnteredTime", "role.$": "$$.Execution.RoleArn"}}}}
     recorder = Recorder(capture)
-    clock = VirtualClock()
+    clock = VirtualClock(datetime(2024, 1, 1, tzinfo=UTC))
     execution = StateMachine.from_definition(definition, name="Ctx").run(
         {"k": "v"}, executors={"arn:*": recorder}, execution_name="run-1", clock=clock)
     params = recorder.calls[0][0]

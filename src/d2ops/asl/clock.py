@@ -1,9 +1,10 @@
 """Time for executions: a real clock for the offline runtime, a virtual one for tests.
 
-A ``VirtualClock`` never sleeps: Wait states and retry back-offs advance its time instantly, so
-recorded timestamps stay consistent (a 30 s Wait shows 30 s between events) while tests run in
-milliseconds. ``Cancel`` is the stop signal sleeps and tasks watch (an abort, a failed sibling
-branch); cancels chain, so stopping an execution stops every branch in it.
+A ``VirtualClock`` never sleeps: it starts at the wall clock (or a given moment), and Wait states
+and retry back-offs advance its time instantly, so recorded timestamps stay consistent (a 30 s Wait
+shows 30 s between events) while tests run in milliseconds. ``Cancel`` is the stop signal sleeps
+and tasks watch (an abort, a failed sibling branch); cancels chain, so stopping an execution stops
+every branch in it.
 """
 
 from __future__ import annotations
@@ -61,7 +62,10 @@ class VirtualClock(Clock):
     virtual = True
 
     def __init__(self, start: datetime | None = None) -> None:
-        self._now = start or datetime(2024, 1, 1, tzinfo=UTC)
+        # The wall clock by default (UTC, to the millisecond, as the service's timestamps are), so a
+        # TimestampPath a definition computes from "now" is neither years ahead nor in the past.
+        now = datetime.now(UTC)
+        self._now = start or now.replace(microsecond=now.microsecond // 1000 * 1000)
         if self._now.tzinfo is None:
             raise ValueError("VirtualClock start must be timezone-aware")
         self._lock = threading.Lock()

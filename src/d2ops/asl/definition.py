@@ -1,8 +1,10 @@
-"""Validation of an ASL (JSONPath) definition before anything runs.
+"""Validation of an ASL definition (JSONPath and JSONata states) before anything runs.
 
 Every problem is collected with its location (``States.Train.Retry[0].BackoffRate: ...``) and
-reported at once in an ``AslDefinitionError``. Features the interpreter does not implement
-(JSONata, variables, activities' credentials) are refused here by name, so a
+reported at once in an ``AslDefinitionError``. Each state is checked in its own query language (the
+top-level ``QueryLanguage``, or the state's own): a field of the other language is refused with the
+service's words, every ``{% … %}`` expression must parse, and ``Assign`` names must be variable names.
+Features the interpreter does not implement (task credentials) are refused here by name, so a
 definition either runs with the service's semantics or does not start.
 """
 
@@ -14,27 +16,27 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from d2ops.asl import intrinsics
+from d2ops.asl import intrinsics, jsonata_expr, variables
 from d2ops.asl.errors import ALL, AslDefinitionError
 from d2ops.asl.jsonvalue import json_problem
 from d2ops.asl.paths import PathError, check_path, check_reference_path
 
-_COMMON = {"Type", "Comment"}
-_IO = {"InputPath", "OutputPath"}
-_FLOW = {"Next", "End"}
+_COMMON = {"Type", "Comment", "QueryLanguage"}
+_IO = {"InputPath", "OutputPath", "Output"}
+_FLOW = {"Next", "End", "Assign"}
 _RESULT = {"ResultPath", "Parameters"}
 _ERRORS = {"Retry", "Catch", "ResultSelector"}
 FIELDS: dict[str, set[str]] = {
     "Pass": _COMMON | _IO | _FLOW | _RESULT | {"Result"},
     "Task": _COMMON | _IO | _FLOW | _RESULT | _ERRORS | {"Resource", "TimeoutSeconds", "TimeoutSecondsPath",
-                                                          "HeartbeatSeconds", "HeartbeatSecondsPath"},
-    "Choice": _COMMON | _IO | {"Choices", "Default"},
+                                                          "HeartbeatSeconds", "HeartbeatSecondsPath", "Arguments"},
+    "Choice": _COMMON | _IO | {"Choices", "Default", "Assign"},
     "Wait": _COMMON | _IO | _FLOW | {"Seconds", "SecondsPath", "Timestamp", "TimestampPath"},
     "Succeed": _COMMON | _IO,
     "Fail": _COMMON | {"Error", "Cause", "ErrorPath", "CausePath"},
-    "Parallel": _COMMON | _IO | _FLOW | _RESULT | _ERRORS | {"Branches"},
+    "Parallel": _COMMON | _IO | _FLOW | _RESULT | _ERRORS | {"Branches", "Arguments"},
     "Map": _COMMON | _IO | _FLOW | _RESULT | _ERRORS | {"Iterator", "ItemProcessor", "ItemsPath", "ItemSelector",
-                                                         "MaxConcurrency", "MaxConcurrencyPath"} | {
+                                                         "MaxConcurrency", "MaxConcurrencyPath", "Items"} | {
         "ItemReader", "ItemBatcher", "ResultWriter", "ToleratedFailureCount", "ToleratedFailureCountPath",
         "ToleratedFailurePercentage", "ToleratedFailurePercentagePath", "Label"},
 }
@@ -45,17 +47,21 @@ _READER_RESOURCES = ("arn:aws:states:::s3:getObject", "arn:aws:states:::s3:listO
 _LABEL_INVALID = set(' ?*<>{}[]:;,\\|^~$#%&`"/')
 # Fields of the service the interpreter refuses, with the reason given to the user.
 REFUSED: dict[str, str] = {
-    "QueryLanguage": "the JSONata query language is not supported (only JSONPath)",
-    "Assign": "workflow variables (Assign) are not supported",
-    "Output": "JSONata Output is not supported",
-    "Arguments": "JSONata Arguments are not supported",
-    "Items": "JSONata Items is not supported",
     "Credentials": "cross-account task Credentials are not supported",
 }
+JSONPATH = "JSONPath"
+JSONATA = "JSONata"
+QUERY_LANGUAGES = (JSONPATH, JSONATA)
+# The fields each query language has alone (the service refuses the other language's).
+JSONPATH_ONLY = frozenset({"InputPath", "OutputPath", "Parameters", "ResultSelector", "ResultPath", "Result",
+                           "ItemsPath", "SecondsPath", "TimestampPath", "TimeoutSecondsPath", "HeartbeatSecondsPath",
+                           "ErrorPath", "CausePath", "MaxConcurrencyPath", "ToleratedFailureCountPath",
+                           "ToleratedFailurePercentagePath"})
+JSONATA_ONLY = frozenset({"Arguments", "Output", "Items"})
 _TOP_LEVEL = {"StartAt", "States", "Comment", "Version", "TimeoutSeconds", "QueryLanguage"}
 _RETRIER = {"ErrorEquals", "IntervalSeconds", "MaxAttempts", "BackoffRate", "MaxDelaySeconds",
             "JitterStrategy", "Comment"}
-_CATCHER = {"ErrorEquals", "Next", "ResultPath", "Comment"}
+_CATCHER = {"ErrorEquals", "Next", "ResultPath", "Comment", "Assign", "Output"}
 
 _STRING_OPS = {"StringEquals", "StringLessThan", "StringGreaterThan", "StringLessThanEquals",
                "StringGreaterThanEquals"}
@@ -86,6 +92,15 @@ def is_timestamp(value: Any) -> bool:
     return True
 
 
+def language_problem(key: str, language: str) -> str | None:
+    """The service's refusal of a field that belongs to the other query language, or None."""
+    other = JSONATA if language == JSONPATH else JSONPATH
+    if key in (JSONATA_ONLY if language == JSONPATH else JSONPATH_ONLY):
+        return f"The QueryLanguage is set to '{language}', but field '{key}' is only supported for the '{other}' " \
+               "QueryLanguage"
+    return None
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -103,20 +118,34 @@ class _Validator:
     def __init__(self) -> None:
         self.problems: list[str] = []
         self.names: dict[str, str] = {}  # state name -> where it is defined (names are machine-wide)
+        self.top_language = JSONPATH  # every state's language unless it names its own
+        self.language = JSONPATH  # the language of the state being checked
 
     def problem(self, where: str, message: str) -> None:
         self.problems.append(f"{where or 'the definition'}: {message}")
 
     def machine(self, definition: Any, where: str, top_level: bool) -> None:
+        language = self.language  # a nested machine's states must not change the enclosing state's language
+        try:
+            self._machine(definition, where, top_level)
+        finally:
+            self.language = language
+
+    def _machine(self, definition: Any, where: str, top_level: bool) -> None:
         if not isinstance(definition, dict):
             self.problem(where, "must be a JSON object")
             return
         allowed = _TOP_LEVEL if top_level else {"StartAt", "States", "Comment", "ProcessorConfig"}
+        if top_level and "QueryLanguage" in definition:
+            if definition["QueryLanguage"] in QUERY_LANGUAGES:
+                self.top_language = definition["QueryLanguage"]
+            else:
+                self.problem("QueryLanguage", f"must be {JSONPATH} or {JSONATA}")
         for key in definition:
-            if key == "QueryLanguage" and definition[key] == "JSONPath":
-                continue
             if key in REFUSED:
                 self.problem(f"{where}.{key}" if where else key, REFUSED[key])
+            elif key == "QueryLanguage" and not top_level:
+                self.problem(f"{where}.{key}", "Field 'QueryLanguage' is not supported")  # the service's words
             elif key not in allowed:
                 self.problem(f"{where}.{key}" if where else key, "unknown field")
         if "ProcessorConfig" in definition:
@@ -184,22 +213,39 @@ class _Validator:
         if kind not in FIELDS:
             self.problem(f"{where}.Type", f"missing or unknown state type {kind!r} (one of {', '.join(FIELDS)})")
             return
+        language = state.get("QueryLanguage", self.top_language)
+        if language not in QUERY_LANGUAGES:
+            self.problem(f"{where}.QueryLanguage", f"must be {JSONPATH} or {JSONATA}")
+            language = self.top_language
+        elif language == JSONPATH and self.top_language == JSONATA:
+            # The service's words.
+            self.problem(f"{where}.QueryLanguage", "'QueryLanguage' can not be 'JSONPath' if set to 'JSONata' for "
+                                                   "whole state machine")
+        self.language = language
         for key in state:
-            if key == "QueryLanguage" and state[key] == "JSONPath":
-                continue
             if key in REFUSED:
                 self.problem(f"{where}.{key}", REFUSED[key])
             elif key not in FIELDS[kind]:
                 self.problem(f"{where}.{key}", f"unknown field for a {kind} state")
+            elif (refusal := language_problem(key, language)) is not None:
+                self.problem(f"{where}.{key}", refusal)
         self.transition(state, kind, where, scope)
         for key in ("InputPath", "OutputPath"):
             if key in state and state[key] is not None:
                 self.path(state[key], f"{where}.{key}")
         if "ResultPath" in state and state["ResultPath"] is not None:
-            self.path(state["ResultPath"], f"{where}.ResultPath", reference=True)
+            self.path(state["ResultPath"], f"{where}.ResultPath", reference=True, writes=True)
         for key in ("Parameters", "ResultSelector", "ItemSelector"):
             if key in state:
-                self.template(state[key], f"{where}.{key}")
+                if language == JSONATA:
+                    self.jsonata(state[key], f"{where}.{key}")
+                else:
+                    self.template(state[key], f"{where}.{key}")
+        for key in ("Arguments", "Output", "Items"):
+            if key in state and language == JSONATA:
+                self.jsonata(state[key], f"{where}.{key}")
+        if "Assign" in state:
+            self.assign(state["Assign"], f"{where}.Assign")
         if "Retry" in state:
             self.retriers(state["Retry"], f"{where}.Retry")
         if "Catch" in state:
@@ -223,11 +269,48 @@ class _Validator:
         elif not isinstance(name, str) or name not in scope:
             self.problem(where, f"names a state that does not exist in this scope: {name!r}")
 
-    def path(self, value: Any, where: str, reference: bool = False) -> None:
+    def path(self, value: Any, where: str, reference: bool = False, writes: bool = False) -> None:
         try:
-            (check_reference_path if reference else check_path)(value)
+            if reference:
+                check_reference_path(value, variables_allowed=not writes)
+            else:
+                check_path(value)
         except PathError as exc:
             self.problem(where, str(exc))
+
+    def jsonata(self, template: Any, where: str) -> None:
+        """Every expression of a JSONata field must parse (INVALID_JSONATA_EXPRESSION, as the service says)."""
+        for text in jsonata_expr.expressions(template):
+            try:
+                jsonata_expr.compile_expression(text)
+            except jsonata_expr.JsonataSyntaxError as exc:
+                self.problem(where, f"INVALID_JSONATA_EXPRESSION: {exc}")
+
+    def expression_or(self, state: dict[str, Any], key: str, where: str) -> bool:
+        """In a JSONata state, a field given as an expression is checked by parsing it; True if it was one."""
+        if self.language == JSONATA and jsonata_expr.is_expression(state.get(key)):
+            self.jsonata(state[key], f"{where}.{key}")
+            return True
+        return False
+
+    def assign(self, assign: Any, where: str) -> None:
+        if not isinstance(assign, dict):
+            self.problem(where, "must be a JSON object of variable names and values")
+            return
+        for key, value in assign.items():
+            name = key[:-2] if self.language == JSONPATH and key.endswith(".$") else key
+            problem = variables.name_problem(name)
+            if problem is not None:
+                self.problem(f"{where}.{key}", problem)
+            if self.language == JSONATA:
+                self.jsonata(value, f"{where}.{key}")
+            elif key.endswith(".$"):
+                if not isinstance(value, str):
+                    self.problem(f"{where}.{key}", "a '.$' field needs a path or intrinsic function string")
+                else:
+                    self.path_or_intrinsic(value, f"{where}.{key}")
+            else:
+                self.template(value, f"{where}.{key}")
 
     def path_or_intrinsic(self, value: Any, where: str, reference: bool = False) -> None:
         if intrinsics.is_intrinsic(value):
@@ -293,10 +376,19 @@ class _Validator:
     def catchers(self, catchers: Any, where: str, scope: dict[str, Any]) -> None:
         for at, catcher in self.handlers(catchers, where, "catcher", _CATCHER):
             self.target(catcher.get("Next"), f"{at}.Next", scope)
-            if catcher.get("ResultPath") is not None:
-                self.path(catcher["ResultPath"], f"{at}.ResultPath", reference=True)
+            for key in ("ResultPath", "Output"):
+                if key in catcher and (refusal := language_problem(key, self.language)) is not None:
+                    self.problem(f"{at}.{key}", refusal)
+            if catcher.get("ResultPath") is not None and self.language == JSONPATH:
+                self.path(catcher["ResultPath"], f"{at}.ResultPath", reference=True, writes=True)
+            if "Output" in catcher and self.language == JSONATA:
+                self.jsonata(catcher["Output"], f"{at}.Output")
+            if "Assign" in catcher:
+                self.assign(catcher["Assign"], f"{at}.Assign")
 
     def seconds_field(self, state: dict[str, Any], value_key: str, path_key: str, where: str) -> None:
+        if self.expression_or(state, value_key, where):
+            return
         if value_key in state and path_key in state:
             self.problem(where, f"{value_key} and {path_key} are mutually exclusive")
         if value_key in state and (not _is_int(state[value_key]) or state[value_key] <= 0):
@@ -319,16 +411,19 @@ class _Validator:
         self.seconds_field(state, "TimeoutSeconds", "TimeoutSecondsPath", where)
         self.seconds_field(state, "HeartbeatSeconds", "HeartbeatSecondsPath", where)
         timeout, heartbeat = state.get("TimeoutSeconds"), state.get("HeartbeatSeconds")
-        if isinstance(timeout, int) and isinstance(heartbeat, int) and heartbeat >= timeout:
+        if isinstance(timeout, int) and isinstance(heartbeat, int) and _is_int(timeout) and heartbeat >= timeout:
             self.problem(f"{where}.HeartbeatSeconds", "must be smaller than TimeoutSeconds")
 
     def state_wait(self, name: str, state: dict[str, Any], where: str, scope: dict[str, Any]) -> None:
         present = [k for k in ("Seconds", "SecondsPath", "Timestamp", "TimestampPath") if k in state]
         if len(present) != 1:
             self.problem(where, "needs exactly one of Seconds, SecondsPath, Timestamp, TimestampPath")
-        if "Seconds" in state and (not _is_int(state["Seconds"]) or not 0 <= state["Seconds"] <= 99_999_999):
+        seconds_expression = self.expression_or(state, "Seconds", where)
+        timestamp_expression = self.expression_or(state, "Timestamp", where)
+        if "Seconds" in state and not seconds_expression and (not _is_int(state["Seconds"])
+                                                               or not 0 <= state["Seconds"] <= 99_999_999):
             self.problem(f"{where}.Seconds", "must be an integer from 0 to 99999999")  # AWS's Wait limit
-        if "Timestamp" in state and not is_timestamp(state["Timestamp"]):
+        if "Timestamp" in state and not timestamp_expression and not is_timestamp(state["Timestamp"]):
             self.problem(f"{where}.Timestamp", "must be an ISO 8601 timestamp like 2016-03-14T01:59:00Z")
         for key in ("SecondsPath", "TimestampPath"):
             if key in state:
@@ -338,6 +433,8 @@ class _Validator:
         for value_key, path_key in (("Error", "ErrorPath"), ("Cause", "CausePath")):
             if value_key in state and path_key in state:
                 self.problem(where, f"{value_key} and {path_key} are mutually exclusive")
+            if self.expression_or(state, value_key, where):
+                continue
             if value_key in state and not isinstance(state[value_key], str):
                 self.problem(f"{where}.{value_key}", "must be a string")
             if path_key in state:
@@ -361,11 +458,19 @@ class _Validator:
             self.target(rule.get("Next"), f"{where}.Next", scope)
         elif "Next" in rule:
             self.problem(f"{where}.Next", "only top-level choice rules may have Next")
+        if top and "Assign" in rule:
+            self.assign(rule["Assign"], f"{where}.Assign")
+        if self.language == JSONATA:
+            self.jsonata_rule(rule, where)
+            return
         combinators = [k for k in ("And", "Or", "Not") if k in rule]
         operators = [k for k in rule if k in COMPARATORS]
-        allowed = {"Next", "Comment", "Variable", *combinators, *operators}
+        allowed = {"Next", "Comment", "Variable", *combinators, *operators} | ({"Assign"} if top else set())
         for key in sorted(set(rule) - allowed):
-            self.problem(f"{where}.{key}", "unknown choice rule field")
+            if key in ("Condition", "Output"):
+                self.problem(f"{where}.{key}", language_problem(key, JSONPATH) or "")
+            else:
+                self.problem(f"{where}.{key}", "unknown choice rule field")
         if len(combinators) + len(operators) != 1:
             self.problem(where, "needs exactly one comparison operator or one of And/Or/Not")
             return
@@ -401,6 +506,23 @@ class _Validator:
         elif not isinstance(value, bool):  # BooleanEquals and the Is* type tests
             self.problem(at, "must be true or false")
 
+    def jsonata_rule(self, rule: dict[str, Any], where: str) -> None:
+        """A JSONata choice rule: a Condition (true, false or an expression), optionally Assign and Output."""
+        for key in sorted(set(rule) - {"Next", "Comment", "Condition", "Assign", "Output"}):
+            if key == "Variable" or key in COMPARATORS or key in ("And", "Or", "Not"):
+                self.problem(f"{where}.{key}", f"The QueryLanguage is set to '{JSONATA}', but field '{key}' is only "
+                                               f"supported for the '{JSONPATH}' QueryLanguage")
+            else:
+                self.problem(f"{where}.{key}", "unknown choice rule field")
+        if "Condition" not in rule:
+            self.problem(where, "a JSONata choice rule needs a Condition")
+        elif not isinstance(rule["Condition"], bool) and not jsonata_expr.is_expression(rule["Condition"]):
+            self.problem(f"{where}.Condition", "must be true, false or a JSONata expression {% ... %}")
+        else:
+            self.jsonata(rule["Condition"], f"{where}.Condition")
+        if "Output" in rule:
+            self.jsonata(rule["Output"], f"{where}.Output")
+
     def state_parallel(self, name: str, state: dict[str, Any], where: str, scope: dict[str, Any]) -> None:
         branches = state.get("Branches")
         if not isinstance(branches, list) or not branches:
@@ -419,7 +541,12 @@ class _Validator:
             self.problem(where, "Parameters and ItemSelector are mutually exclusive")
         if "ItemsPath" in state:
             self.path(state["ItemsPath"], f"{where}.ItemsPath", reference=True)
-        if "MaxConcurrency" in state and (not _is_int(state["MaxConcurrency"]) or state["MaxConcurrency"] < 0):
+        if self.language == JSONATA and "Items" in state and not (
+                isinstance(state["Items"], list) or jsonata_expr.is_expression(state["Items"])):
+            self.problem(f"{where}.Items", "must be an array or a JSONata expression {% ... %}")
+        concurrency_expression = self.expression_or(state, "MaxConcurrency", where)
+        if "MaxConcurrency" in state and not concurrency_expression and (
+                not _is_int(state["MaxConcurrency"]) or state["MaxConcurrency"] < 0):
             self.problem(f"{where}.MaxConcurrency", "must be a non-negative integer")
         if "MaxConcurrencyPath" in state:
             self.path(state["MaxConcurrencyPath"], f"{where}.MaxConcurrencyPath", reference=True)
@@ -428,6 +555,8 @@ class _Validator:
         processor = state.get(keys[0]) if len(keys) == 1 else None
         config = processor.get("ProcessorConfig") if isinstance(processor, dict) else None
         if isinstance(config, dict) and config.get("Mode") == "DISTRIBUTED":
+            if self.language == JSONATA:
+                self.problem(where, "a Distributed Map in a JSONata state is not supported by the interpreter")
             self.distributed(state, where)
         else:
             for key in DISTRIBUTED_ONLY:

@@ -1,4 +1,7 @@
-"""Executions of a validated ASL definition with the semantics of AWS Step Functions (JSONPath).
+"""Executions of a validated ASL definition with the semantics of AWS Step Functions.
+
+States run in their own query language (JSONPath, or JSONata through ``jsonata_expr``) and share
+workflow variables (``variables``), scoped per Parallel branch and Map iteration.
 
 ``StateMachine`` holds a validated definition; ``run`` executes it in the calling thread and
 ``start`` in a background thread. Each ``Execution`` records its history in the
@@ -23,10 +26,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from d2ops.asl import distributed, intrinsics
+from d2ops.asl import distributed, intrinsics, jsonata_expr
 from d2ops.asl.choice import evaluate_rule
 from d2ops.asl.clock import Cancel, Clock, VirtualClock, iso
-from d2ops.asl.definition import is_timestamp, parse_intrinsic, task_states, validate
+from d2ops.asl.definition import JSONATA, JSONPATH, is_timestamp, parse_intrinsic, task_states, validate
 from d2ops.asl.errors import (
     DATA_LIMIT_EXCEEDED,
     HEARTBEAT_TIMEOUT,
@@ -48,6 +51,7 @@ from d2ops.asl.mock import MockTestCase
 from d2ops.asl.paths import PathError, no_results, parse_reference_path, select, set_reference
 from d2ops.asl.service_arn import parse_service_arn
 from d2ops.asl.substitution import substitute
+from d2ops.asl.variables import VariableScope, reading, split_path
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +93,10 @@ def _parse_timestamp(value: Any) -> datetime | None:
         return None
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _size(value: Any) -> int:
     return len(_dumps(value).encode("utf-8"))
 
@@ -127,10 +135,13 @@ def _error_details(error: str, cause: str) -> dict[str, str]:
 
 @dataclass
 class _Frame:
-    """Where a branch of execution is: its last event (for previousEventId) and its stop signal."""
+    """Where a branch of execution is: its last event (for previousEventId), its stop signal, the
+    variables it sees, and the assignments of the state it is running (committed when it exits)."""
 
     last_event: int
     cancel: Cancel
+    variables: VariableScope
+    assigned: dict[str, Any] | None = None
 
 
 class StateMachine:
@@ -335,7 +346,7 @@ class Execution:
 
     # ----- the run ---------------------------------------------------------------------------
     def _execute(self) -> None:
-        frame = _Frame(0, self._cancel)
+        frame = _Frame(0, self._cancel, VariableScope())
         self._event(frame, "ExecutionStarted", {"input": _dumps(self.input), "inputDetails": {"truncated": False},
                                                 "roleArn": self.state_machine.role_arn})
         try:
@@ -456,17 +467,41 @@ class Execution:
                     {"name": name, "input": _dumps(raw), "inputDetails": {"truncated": False}})
         outer = getattr(self._entered, "id", None)  # Parallel/Map run their states on this thread too
         self._entered.id = frame.last_event
+        frame.assigned = None
         try:
-            output, next_name = getattr(self, f"_state_{kind.lower()}")(name, state, raw, frame, entered)
+            with reading(frame.variables):  # JSONPath's $name paths read the variables at state entry
+                output, next_name = getattr(self, f"_state_{kind.lower()}")(name, state, raw, frame, entered)
             self._limit(output, name, "the state output")
+            assigned, frame.assigned = frame.assigned, None
+            if assigned is not None:
+                frame.variables.commit(assigned, name)
         except (ExecutionAborted, ExecutionTimedOut, _BranchCancelled):
             self._event(frame, f"{kind}StateAborted", None)
             raise
         finally:
             self._entered.id = outer
-        self._event(frame, f"{kind}StateExited",
-                    {"name": name, "output": _dumps(output), "outputDetails": {"truncated": False}})
+        details: dict[str, Any] = {"name": name, "output": _dumps(output), "outputDetails": {"truncated": False}}
+        if assigned is not None:
+            details["assignedVariables"] = {key: _dumps(value) for key, value in assigned.items()}
+            details["assignedVariablesDetails"] = {"truncated": False}
+        self._event(frame, f"{kind}StateExited", details)
         return output, next_name
+
+    # ----- query languages and variables ------------------------------------------------------------
+    def _language(self, state: dict[str, Any]) -> str:
+        """The state's query language: its own QueryLanguage, else the state machine's (JSONPath by default)."""
+        return str(state.get("QueryLanguage") or self.state_machine.definition.get("QueryLanguage") or JSONPATH)
+
+    def _jsonata(self, name: str, frame: _Frame, context: dict[str, Any], state_input: Any,
+                 **states: Any) -> jsonata_expr.Evaluator:
+        """The evaluator of a JSONata state's fields: $states (input, context and ``states``: result or
+        errorOutput) and the variables as they were when the state was entered."""
+        return jsonata_expr.Evaluator({"input": state_input, "context": context, **states}, frame.variables.snapshot(),
+                                      self._rng, self._runtime_prefix(name))
+
+    def _jsonpath_assign(self, assign: Any, name: str, value: Any, context: Any, field: str = "Assign") -> Any:
+        """A JSONPath state's Assign: '.$' fields select from ``value`` (the state's result), ``$$`` or a variable."""
+        return self._render(assign, value, context, name, field)
 
     # ----- input and output processing -------------------------------------------------------
     def _limit(self, value: Any, state: str, what: str) -> None:
@@ -490,7 +525,7 @@ class Execution:
                                     "empty input.")
 
     def _select(self, path: str, data: Any, context: Any, state: str, field: str) -> Any:
-        if data is None and path != "$" and not path.startswith("$$"):
+        if data is None and path != "$" and not path.startswith("$$") and split_path(path) is None:
             raise self._null_input(state)
         try:
             return select(path, data, context)
@@ -533,7 +568,7 @@ class Execution:
                     raise StatesError(RUNTIME, f"{self._runtime_prefix(state)} The intrinsic function of the field "
                                                f"'{field}.{key}' failed: {exc}") from exc
             else:
-                if data is None and not value.startswith("$$"):
+                if data is None and not value.startswith("$$") and split_path(value) is None:
                     raise self._null_input(state)
                 try:
                     rendered[key[:-2]] = select(value, data, context)
@@ -543,13 +578,31 @@ class Execution:
                                                f"'{_dumps(context if value.startswith('$$') else data)}'") from exc
         return rendered
 
-    def _finish_result(self, state: dict[str, Any], name: str, raw: Any, result: Any, context: Any) -> Any:
+    def _finish_result(self, state: dict[str, Any], name: str, raw: Any, result: Any, context: Any,
+                       frame: _Frame) -> Any:
+        """A JSONPath state's result -> its output: ResultSelector, Assign (from the selected result),
+        ResultPath, OutputPath."""
         if "ResultSelector" in state:
             result = self._render(state["ResultSelector"], result, context, name, "ResultSelector")
+        if "Assign" in state:
+            frame.assigned = self._jsonpath_assign(state["Assign"], name, result, context)
         output = self._result_path(state.get("ResultPath", "$"), name, raw, result)
         return self._output_path(state, name, output, context)
 
-    def _positive_seconds(self, state: dict[str, Any], key: str, data: Any, context: Any, name: str) -> float | None:
+    def _jsonata_finish(self, state: dict[str, Any], name: str, raw: Any, result: Any, context: Any,
+                        frame: _Frame) -> Any:
+        """A JSONata state's result -> its output: Assign and Output see $states.result and the variables
+        as they were at state entry (Assign first, then Output); without Output the result is the output."""
+        evaluator = self._jsonata(name, frame, context, raw, result=result)
+        if "Assign" in state:
+            frame.assigned = evaluator.template(state["Assign"], "Assign")
+        return evaluator.template(state["Output"], "Output") if "Output" in state else result
+
+    def _positive_seconds(self, state: dict[str, Any], key: str, data: Any, context: Any, name: str,
+                          evaluator: jsonata_expr.Evaluator | None = None) -> float | None:
+        if key in state and evaluator is not None and jsonata_expr.is_expression(state[key]):
+            value = evaluator.typed(state[key], key, "integer", lambda v: _is_int(v) and 0 < v <= MAX_WAIT_SECONDS)
+            return float(value)
         if key in state:
             return float(state[key])
         if key + "Path" not in state:
@@ -563,7 +616,7 @@ class Execution:
 
     # ----- error handling ----------------------------------------------------------------------
     def _retry_and_catch(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame,
-                         attempt: Callable[[int], Any]) -> _Step:
+                         attempt: Callable[[int], Any], entered: datetime) -> _Step:
         retriers: list[dict[str, Any]] = state.get("Retry", [])
         counts = [0] * len(retriers)
         retry_count = 0
@@ -571,6 +624,7 @@ class Execution:
             try:
                 return attempt(retry_count), state.get("Next")
             except StatesError as err:
+                frame.assigned = None  # a failed attempt assigns nothing
                 index = next((i for i, r in enumerate(retriers) if error_matches(r["ErrorEquals"], err.error)), None)
                 if index is not None and counts[index] < retriers[index].get("MaxAttempts", 3):
                     retrier = retriers[index]
@@ -586,31 +640,59 @@ class Execution:
                     retry_count += 1
                     self._sleep(delay, frame)
                     continue
-                for catcher in state.get("Catch", []):
+                for position, catcher in enumerate(state.get("Catch", [])):
                     if error_matches(catcher["ErrorEquals"], err.error):
                         error_output = {"Error": err.error}
                         if err.cause:
                             error_output["Cause"] = err.cause
-                        output = self._result_path(catcher.get("ResultPath", "$"), name, raw, error_output)
-                        return output, catcher["Next"]
+                        return self._caught(name, state, catcher, position, raw, error_output, frame, entered,
+                                            retry_count), catcher["Next"]
                 raise
+
+    def _caught(self, name: str, state: dict[str, Any], catcher: dict[str, Any], position: int, raw: Any,
+                error_output: dict[str, Any], frame: _Frame, entered: datetime, retry_count: int) -> Any:
+        """The output (and assignments) of a matching catcher: JSONata's Output/Assign see
+        $states.errorOutput, JSONPath's Assign selects from the error output and ResultPath places it."""
+        context = self._context(name, entered, retry_count)
+        if self._language(state) == JSONATA:
+            evaluator = self._jsonata(name, frame, context, raw, errorOutput=error_output)
+            if "Assign" in catcher:
+                frame.assigned = evaluator.template(catcher["Assign"], f"Catch[{position}]/Assign")
+            if "Output" in catcher:
+                return evaluator.template(catcher["Output"], f"Catch[{position}]/Output")
+            return error_output
+        if "Assign" in catcher:
+            frame.assigned = self._jsonpath_assign(catcher["Assign"], name, error_output, context)
+        return self._result_path(catcher.get("ResultPath", "$"), name, raw, error_output)
 
     # ----- states ------------------------------------------------------------------------------
     def _state_pass(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
         context = self._context(name, entered, 0)
+        if self._language(state) == JSONATA:
+            return self._jsonata_finish(state, name, raw, raw, context, frame), state.get("Next")
         data = self._input_path(state, name, raw, context)
         if "Parameters" in state:
             data = self._render(state["Parameters"], data, context, name, "Parameters")
         result = state.get("Result", data)
+        if "Assign" in state:
+            frame.assigned = self._jsonpath_assign(state["Assign"], name, result, context)
         output = self._result_path(state.get("ResultPath", "$"), name, raw, result)
         return self._output_path(state, name, output, context), state.get("Next")
 
     def _state_succeed(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
         context = self._context(name, entered, 0)
+        if self._language(state) == JSONATA:
+            return self._jsonata_finish(state, name, raw, raw, context, frame), None
         return self._output_path(state, name, self._input_path(state, name, raw, context), context), None
 
     def _state_fail(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
         context = self._context(name, entered, 0)
+        if self._language(state) == JSONATA:
+            evaluator = self._jsonata(name, frame, context, raw)
+            texts = [evaluator.typed(state[key], key, "string", lambda v: isinstance(v, str))
+                     if jsonata_expr.is_expression(state.get(key)) else state.get(key, "")
+                     for key in ("Error", "Cause")]
+            raise StatesError(texts[0], texts[1])
         texts = []
         for key in ("Error", "Cause"):
             value: Any = state.get(key, "")
@@ -632,21 +714,49 @@ class Execution:
 
     def _state_choice(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
         context = self._context(name, entered, 0)
-        data = self._input_path(state, name, raw, context)
+        jsonata = self._language(state) == JSONATA
+        evaluator = self._jsonata(name, frame, context, raw) if jsonata else None
+        data = raw if jsonata else self._input_path(state, name, raw, context)
+        matched: tuple[int, dict[str, Any]] | None = None
         try:
-            next_name = next((rule["Next"] for rule in state["Choices"] if evaluate_rule(rule, data, context)),
-                             state.get("Default"))
+            for position, rule in enumerate(state["Choices"]):
+                if evaluator is not None:
+                    condition = rule["Condition"]
+                    if jsonata_expr.is_expression(condition):
+                        condition = evaluator.typed(condition, f"Choices[{position}]/Condition", "boolean",
+                                                    lambda v: isinstance(v, bool))
+                    hit = condition is True
+                else:
+                    hit = evaluate_rule(rule, data, context)
+                if hit:
+                    matched = (position, rule)
+                    break
         except StatesError as err:  # a missing Variable: say which Choice state it is in, as AWS does
+            if err.error != RUNTIME:
+                raise
             raise StatesError(err.error, f"{self._runtime_prefix(name)} {err.cause}") from err
-        if next_name is None:
+        if matched is None and "Default" not in state:
             raise StatesError(NO_CHOICE_MATCHED, f"no choice rule of state {name!r} matched its input "
                                                  f"{_brief(data)} and it has no Default")
+        # A matched rule's own Assign/Output apply; the state's top-level ones go with its Default.
+        source, field = (state, "") if matched is None else (matched[1], f"Choices[{matched[0]}]/")
+        next_name = state["Default"] if matched is None else matched[1]["Next"]
+        if evaluator is not None:
+            if "Assign" in source:
+                frame.assigned = evaluator.template(source["Assign"], f"{field}Assign")
+            return (evaluator.template(source["Output"], f"{field}Output") if "Output" in source else raw), next_name
+        if "Assign" in source:
+            frame.assigned = self._jsonpath_assign(source["Assign"], name, data, context)
         return self._output_path(state, name, data, context), next_name
 
     def _state_wait(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
         context = self._context(name, entered, 0)
-        data = self._input_path(state, name, raw, context)
-        if "Seconds" in state:
+        evaluator = self._jsonata(name, frame, context, raw) if self._language(state) == JSONATA else None
+        data = raw if evaluator is not None else self._input_path(state, name, raw, context)
+        if evaluator is not None and jsonata_expr.is_expression(state.get("Seconds")):
+            seconds = float(evaluator.typed(state["Seconds"], "Seconds", "integer",
+                                            lambda v: _is_int(v) and 0 <= v <= MAX_WAIT_SECONDS))
+        elif "Seconds" in state:
             seconds = float(state["Seconds"])
         elif "SecondsPath" in state:
             value = self._select(state["SecondsPath"], data, context, name, "SecondsPath")
@@ -658,7 +768,10 @@ class Execution:
         else:
             stamp = state.get("Timestamp")
             field, where = ("Timestamp", stamp) if stamp is not None else ("TimestampPath", state["TimestampPath"])
-            if stamp is None:
+            if evaluator is not None and jsonata_expr.is_expression(stamp):
+                stamp = evaluator.typed(stamp, "Timestamp", "string", lambda v: isinstance(v, str))
+                where = stamp
+            elif stamp is None:
                 stamp = self._select(state["TimestampPath"], data, context, name, "TimestampPath")
             until = _parse_timestamp(stamp)
             if until is None:
@@ -666,26 +779,43 @@ class Execution:
                                            f"a valid ISO-8601 extended offset date-time format string: "
                                            f"{where} == {stamp if isinstance(stamp, str) else _dumps(stamp)}")
             seconds = max(0.0, (until - self.clock.now()).total_seconds())
+        if evaluator is not None:
+            # Assign and Output are evaluated when the wait is over, against the values at state entry.
+            self._sleep(seconds, frame)
+            if "Assign" in state:
+                frame.assigned = evaluator.template(state["Assign"], "Assign")
+            return (evaluator.template(state["Output"], "Output") if "Output" in state else raw), state.get("Next")
+        if "Assign" in state:
+            frame.assigned = self._jsonpath_assign(state["Assign"], name, data, context)
         self._sleep(seconds, frame)
         return self._output_path(state, name, data, context), state.get("Next")
 
     def _state_task(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
         resource: str = state["Resource"]
+        jsonata = self._language(state) == JSONATA
 
         def attempt(retry_count: int) -> Any:
             extra = {"Task": {"Token": f"{uuid.UUID(int=self._rng.getrandbits(128), version=4)}"}} \
                 if resource.endswith(".waitForTaskToken") else {}
             context = self._context(name, entered, retry_count, **extra)
-            data = self._input_path(state, name, raw, context)
-            parameters = self._render(state["Parameters"], data, context, name, "Parameters") \
-                if "Parameters" in state else data
+            if jsonata:
+                evaluator = self._jsonata(name, frame, context, raw)
+                data = raw
+                parameters = evaluator.template(state["Arguments"], "Arguments") if "Arguments" in state else raw
+            else:
+                evaluator = None
+                data = self._input_path(state, name, raw, context)
+                parameters = self._render(state["Parameters"], data, context, name, "Parameters") \
+                    if "Parameters" in state else data
             self._limit(parameters, name, "the task input")
-            timeout = self._positive_seconds(state, "TimeoutSeconds", data, context, name)
-            heartbeat = self._positive_seconds(state, "HeartbeatSeconds", data, context, name)
+            timeout = self._positive_seconds(state, "TimeoutSeconds", data, context, name, evaluator)
+            heartbeat = self._positive_seconds(state, "HeartbeatSeconds", data, context, name, evaluator)
             result = self._invoke(name, resource, parameters, context, frame, timeout, heartbeat, retry_count)
-            return self._finish_result(state, name, raw, result, context)
+            if jsonata:
+                return self._jsonata_finish(state, name, raw, result, context, frame)
+            return self._finish_result(state, name, raw, result, context, frame)
 
-        return self._retry_and_catch(name, state, raw, frame, attempt)
+        return self._retry_and_catch(name, state, raw, frame, attempt, entered)
 
     def _run_jobs(self, jobs: Sequence[Callable[[_Frame], Any]], frame: _Frame, max_concurrency: int,
                   thread_cap: int = _DEFAULT_MAP_CONCURRENCY) -> list[Any]:
@@ -707,7 +837,7 @@ class Execution:
                     free_at, lane = heapq.heappop(lanes)
                     self.clock.set(free_at)
                     try:
-                        results.append(job(_Frame(frame.last_event, group)))
+                        results.append(job(_Frame(frame.last_event, group, frame.variables.child())))
                     finally:
                         latest = max(latest, self.clock.now())
                         heapq.heappush(lanes, (self.clock.now(), lane))
@@ -718,7 +848,7 @@ class Execution:
         workers = min(workers, thread_cap)
         first_error: BaseException | None = None
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"asl-{self.name}") as pool:
-            futures = [pool.submit(job, _Frame(frame.last_event, group)) for job in jobs]
+            futures = [pool.submit(job, _Frame(frame.last_event, group, frame.variables.child())) for job in jobs]
             for future in as_completed(futures):
                 error = future.exception()
                 if error is not None and first_error is None and not isinstance(error, _BranchCancelled):
@@ -730,11 +860,18 @@ class Execution:
         return [future.result() for future in futures]
 
     def _state_parallel(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
+        jsonata = self._language(state) == JSONATA
+
         def attempt(retry_count: int) -> Any:
             context = self._context(name, entered, retry_count)
-            data = self._input_path(state, name, raw, context)
-            if "Parameters" in state:
-                data = self._render(state["Parameters"], data, context, name, "Parameters")
+            if jsonata:
+                data = raw
+                if "Arguments" in state:
+                    data = self._jsonata(name, frame, context, raw).template(state["Arguments"], "Arguments")
+            else:
+                data = self._input_path(state, name, raw, context)
+                if "Parameters" in state:
+                    data = self._render(state["Parameters"], data, context, name, "Parameters")
             self._event(frame, "ParallelStateStarted", None)
             jobs = [functools.partial(self._run_scope, branch, data) for branch in state["Branches"]]
             try:
@@ -743,37 +880,69 @@ class Execution:
                 self._event(frame, "ParallelStateFailed", None)
                 raise
             self._event(frame, "ParallelStateSucceeded", None)
-            return self._finish_result(state, name, raw, results, context)
+            if jsonata:
+                return self._jsonata_finish(state, name, raw, results, context, frame)
+            return self._finish_result(state, name, raw, results, context, frame)
 
-        return self._retry_and_catch(name, state, raw, frame, attempt)
+        return self._retry_and_catch(name, state, raw, frame, attempt, entered)
+
+    def _jsonata_items(self, state: dict[str, Any], name: str, raw: Any,
+                       evaluator: jsonata_expr.Evaluator) -> list[Any]:
+        """A JSONata Map's items: ``Items`` (an array, whose members may be expressions, or an expression
+        that must yield an array), else the state input, which must then be an array."""
+        if "Items" not in state:
+            if not isinstance(raw, list):
+                raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The Map state's input must be an array "
+                                           f"when it has no Items: {_brief(raw)}")
+            return raw
+        items = state["Items"]
+        if jsonata_expr.is_expression(items):
+            value: list[Any] = evaluator.typed(items, "Items", "array", lambda v: isinstance(v, list))
+            return value
+        rendered: list[Any] = evaluator.template(items, "Items")
+        return rendered
 
     def _state_map(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
         processor = state.get("ItemProcessor") or state["Iterator"]
         if processor.get("ProcessorConfig", {}).get("Mode") == "DISTRIBUTED":
             return self._state_distributed_map(name, state, raw, frame, entered)
         selector = state.get("ItemSelector", state.get("Parameters"))
+        jsonata = self._language(state) == JSONATA
 
         def attempt(retry_count: int) -> Any:
             context = self._context(name, entered, retry_count)
-            data = self._input_path(state, name, raw, context)
-            items = self._select(state.get("ItemsPath", "$"), data, context, name, "ItemsPath")
-            if not isinstance(items, list):
-                raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The ItemsPath field must select an array: "
-                                           f"{state.get('ItemsPath', '$')} == {_brief(items)}")
-            concurrency = state.get("MaxConcurrency", 0)
-            if "MaxConcurrencyPath" in state:
-                concurrency = self._select(state["MaxConcurrencyPath"], data, context, name, "MaxConcurrencyPath")
-                if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 0:
-                    raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The MaxConcurrencyPath field must "
-                                               f"select a non-negative integer: {state['MaxConcurrencyPath']} == "
-                                               f"{_brief(concurrency)}")
+            evaluator = self._jsonata(name, frame, context, raw) if jsonata else None
+            if evaluator is not None:
+                data = raw
+                items = self._jsonata_items(state, name, raw, evaluator)
+                concurrency = state.get("MaxConcurrency", 0)
+                if jsonata_expr.is_expression(concurrency):
+                    concurrency = evaluator.typed(concurrency, "MaxConcurrency", "integer",
+                                                  lambda v: _is_int(v) and v >= 0)
+            else:
+                data = self._input_path(state, name, raw, context)
+                items = self._select(state.get("ItemsPath", "$"), data, context, name, "ItemsPath")
+                if not isinstance(items, list):
+                    raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The ItemsPath field must select an "
+                                               f"array: {state.get('ItemsPath', '$')} == {_brief(items)}")
+                concurrency = state.get("MaxConcurrency", 0)
+                if "MaxConcurrencyPath" in state:
+                    concurrency = self._select(state["MaxConcurrencyPath"], data, context, name, "MaxConcurrencyPath")
+                    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 0:
+                        raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The MaxConcurrencyPath field must "
+                                                   f"select a non-negative integer: {state['MaxConcurrencyPath']} == "
+                                                   f"{_brief(concurrency)}")
             self._event(frame, "MapStateStarted", {"length": len(items)})
 
             def iteration(index: int, item: Any, child: _Frame) -> Any:
                 item_input = item
                 if selector is not None:
                     item_context = dict(context, Map={"Item": {"Index": index, "Value": item}})
-                    item_input = self._render(selector, data, item_context, name, "ItemSelector")
+                    if jsonata:
+                        item_input = self._jsonata(name, frame, item_context, raw).template(selector, "ItemSelector")
+                    else:
+                        with reading(frame.variables):  # a worker thread: the Map state's variables
+                            item_input = self._render(selector, data, item_context, name, "ItemSelector")
                 self._event(child, "MapIterationStarted", {"name": name, "index": index})
                 try:
                     output = self._run_scope(processor, item_input, child)
@@ -793,9 +962,11 @@ class Execution:
                 self._event(frame, "MapStateFailed", None)
                 raise
             self._event(frame, "MapStateSucceeded", None)
-            return self._finish_result(state, name, raw, results, context)
+            if jsonata:
+                return self._jsonata_finish(state, name, raw, results, context, frame)
+            return self._finish_result(state, name, raw, results, context, frame)
 
-        return self._retry_and_catch(name, state, raw, frame, attempt)
+        return self._retry_and_catch(name, state, raw, frame, attempt, entered)
 
     # ----- Distributed Map ---------------------------------------------------------------------------
     def _path_number(self, state: dict[str, Any], key: str, data: Any, context: Any, name: str,
@@ -892,9 +1063,9 @@ class Execution:
             run_done = frame.last_event
             self._event(frame, "MapStateSucceeded", None)
             frame.last_event = run_done  # MapStateExited follows MapRunSucceeded in the service's history
-            return self._finish_result(state, name, raw, output, context)
+            return self._finish_result(state, name, raw, output, context, frame)
 
-        return self._retry_and_catch(name, state, raw, frame, attempt)
+        return self._retry_and_catch(name, state, raw, frame, attempt, entered)
 
     def _map_run(self, name: str, state: dict[str, Any], data: Any, context: dict[str, Any], frame: _Frame,
                  items: list[Any] | None, reader: dict[str, Any] | None, max_items: int, selector: Any,
@@ -973,7 +1144,7 @@ class Execution:
 
         workers = concurrency or 10_000  # the service's own ceiling of a Map Run's concurrency
         results = self._run_jobs([functools.partial(child, i) for i in range(len(inputs))],
-                                 _Frame(frame.last_event, run_cancel), workers, thread_cap=16)
+                                 _Frame(frame.last_event, run_cancel, frame.variables), workers, thread_cap=16)
         self._check(frame)  # an abort or a timeout of the parent ends it here, not as a failed Map Run
         children = [c for c in results if c is not None]
         self.map_runs[map_run_arn] = self._describe_map_run(map_run_arn, children, results, inputs, concurrency,

@@ -18,6 +18,8 @@ from jsonpath_ng.exceptions import JsonPathParserError
 from jsonpath_ng.ext import parse as _jsonpath_parse
 from jsonpath_ng.ext.filter import Filter
 
+from d2ops.asl import variables
+
 Step = str | int
 
 # Characters that end a dot-notation field name.
@@ -115,9 +117,13 @@ def _shorten(path: str, limit: int = 80) -> str:
 
 
 def check_path(path: str) -> None:
-    """Raise PathError unless ``path`` is a valid JSONPath (reference or query)."""
+    """Raise PathError unless ``path`` is a valid JSONPath (reference or query); ``$name...`` reads a
+    workflow variable."""
     if not isinstance(path, str) or not path.startswith("$"):
         raise PathError(f"a path must be a string starting with '$', got {path!r}")
+    split = variables.split_path(path)
+    if split is not None:
+        path = split[1]
     if parse_reference_path(path) is None:
         _check_supported(path)
         _compile_query(path[1:] if path.startswith("$$") else path)
@@ -142,8 +148,12 @@ def _check_supported(path: str) -> None:
                             "supported in Step Functions paths")
 
 
-def check_reference_path(path: str) -> None:
-    """Raise PathError unless ``path`` is a reference path (it must identify a single node)."""
+def check_reference_path(path: str, *, variables_allowed: bool = True) -> None:
+    """Raise PathError unless ``path`` is a reference path (it must identify a single node). A variable
+    may start it (``$name.a``) except where a value is written (ResultPath)."""
+    split = variables.split_path(path) if isinstance(path, str) and variables_allowed else None
+    if split is not None:
+        path = split[1]
     if not isinstance(path, str) or parse_reference_path(path) is None:
         raise PathError(f"{path!r} is not a reference path ($, .field, ['field'] and [index] steps only)")
 
@@ -186,6 +196,12 @@ def select(path: str, data: Any, context: Any = None) -> Any:
     root = data
     if path.startswith("$$"):
         root, path = context, path[1:]
+    elif (split := variables.split_path(path)) is not None:
+        name, path = split
+        scope = variables.current()
+        found, root = scope.lookup(name) if scope is not None else (False, None)
+        if not found:
+            raise PathError(f"the variable ${name} is not defined")
     steps = parse_reference_path(path)
     if steps is not None:
         return get_reference(root, steps, path)

@@ -1,0 +1,241 @@
+"""JSONata in Step Functions: ``{% … %}`` expressions, evaluated by the jsonata-python library.
+
+The one place the interpreter touches the library: expressions are parsed once (cached), run with
+``$states`` (``input``, ``result``, ``errorOutput``, ``context``) and the workflow variables bound,
+plus the functions Step Functions adds (``$partition $range $hash $random $uuid $parse``; ``$eval``
+is not available, as in the service). Values cross as JSON: JSON ``null`` stays null, an expression
+that yields nothing (JSONata's undefined) or a function is an error.
+
+Every runtime failure is ``States.QueryEvaluationError`` with the service's wording (recorded
+executions): "The JSONata expression '<expr>' specified for the field '<field>' returned nothing
+(undefined)." / "... threw an error during evaluation. <code>: <message>" / "... returned an
+unexpected result type. Expected '<type>', but was '<type>' for value: <json>" / "... returned an
+unsupported result type.", after "An error occurred while executing the state ..." which the
+interpreter puts in front.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+_RECURSION_LIMIT = sys.getrecursionlimit()
+import jsonata  # noqa: E402 (the library raises the process's recursion limit to 10,000 when imported)
+from jsonata import jexception  # noqa: E402
+from jsonata.utils import Utils  # noqa: E402
+
+# Put it back: the interpreter's depth limits (jsonvalue.MAX_JSON_DEPTH, the path checks) are set for
+# Python's default, and deep recursion in a worker thread must end as a RecursionError, not a crash.
+sys.setrecursionlimit(_RECURSION_LIMIT)
+
+from d2ops.asl import intrinsics  # noqa: E402
+from d2ops.asl.errors import StatesError  # noqa: E402
+
+QUERY_EVALUATION_ERROR = "States.QueryEvaluationError"
+_MAX_SAFE_INTEGER = 2**53
+
+
+class JsonataSyntaxError(ValueError):
+    """An expression the JSONata parser refuses (the service refuses the definition)."""
+
+
+def is_expression(value: Any) -> bool:
+    """Whether a field value is a JSONata expression: a string that is exactly ``{% … %}``."""
+    return isinstance(value, str) and len(value) >= 4 and value.startswith("{%") and value.endswith("%}")
+
+
+def body(text: str) -> str:
+    return text[2:-2].strip()
+
+
+@functools.lru_cache(maxsize=4096)
+def compile_expression(text: str) -> jsonata.Jsonata:
+    """The parsed expression of ``{% text %}`` (raises JsonataSyntaxError)."""
+    source = body(text)
+    if not source:
+        raise JsonataSyntaxError("the expression is empty")
+    try:
+        return jsonata.Jsonata(source)
+    except jexception.JException as exc:
+        raise JsonataSyntaxError(_message(exc)) from exc
+    except (RecursionError, ValueError, TypeError, IndexError) as exc:  # the parser's own failures
+        raise JsonataSyntaxError(str(exc)) from exc
+
+
+# jsonata-js (the service's engine) names an array signature's member type in the plural.
+_ARRAY_OF = {"a": "arrays", "b": "booleans", "f": "functions", "n": "numbers", "o": "objects", "s": "strings"}
+
+
+def _message(exc: BaseException) -> str:
+    """``<code>: <message>`` as jsonata-js words it (quoted values are JSON, as its templates write them).
+    The library garbles two signature messages ("of Object sum"); those are rebuilt from its fields."""
+    fields: Any = exc
+    code = getattr(fields, "error", None)
+    text = str(exc)
+    function = getattr(fields, "expected", None)
+    if code == "T0410" and isinstance(function, str):
+        text = f"Argument {json.dumps(fields.current)} of function {json.dumps(function)} does not match function " \
+               "signature"
+    elif code == "T0412" and isinstance(function, str):
+        kind = _ARRAY_OF.get(str(fields.extra), str(fields.extra))
+        text = f"Argument {json.dumps(fields.current)} of function {json.dumps(function)} must be an array of " \
+               f"{json.dumps(kind)}"
+    return f"{code}: {text}" if isinstance(code, str) and code and not text.startswith(code) else text
+
+
+def _to_jsonata(value: Any) -> Any:
+    """JSON from the execution -> the library's values (JSON null is its NULL_VALUE, not undefined)."""
+    if value is None:
+        return Utils.NULL_VALUE
+    if isinstance(value, dict):
+        return {key: _to_jsonata(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_to_jsonata(item) for item in value]
+    return value
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _to_json(value: Any) -> Any:
+    """The library's result -> JSON (its sequences become lists; an integral float an integer, as JSON
+    written by JavaScript has it)."""
+    if value is None or value is Utils.NULL_VALUE:
+        return None
+    if isinstance(value, bool | str):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and abs(value) < _MAX_SAFE_INTEGER else value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, dict):
+        return {str(key): _to_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_to_json(item) for item in value]
+    raise _Unsupported(type(value).__name__)
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _intrinsic(name: str, rng: random.Random) -> Callable[..., Any]:
+    function = intrinsics.FUNCTIONS[name]
+
+    def call(*args: Any) -> Any:
+        try:
+            return _to_jsonata(function([_to_json(a) for a in args], rng))
+        except intrinsics.IntrinsicError as exc:
+            raise jexception.JException("D3001", 0, str(exc)) from exc
+
+    return call
+
+
+def _random(rng: random.Random) -> Callable[..., Any]:
+    def call(*args: Any) -> Any:
+        if args and args[0] is not None:
+            seed = _to_json(args[0])
+            if not isinstance(seed, int) or isinstance(seed, bool):
+                raise jexception.JException("D3001", 0, "the seed of $random must be an integer")
+            return random.Random(seed).random()
+        return rng.random()
+
+    return call
+
+
+def _functions(rng: random.Random) -> dict[str, Any]:
+    lam = jsonata.Jsonata.JLambda
+    return {
+        "partition": lam(_intrinsic("States.ArrayPartition", rng)),
+        "range": lam(_intrinsic("States.ArrayRange", rng)),
+        "hash": lam(_intrinsic("States.Hash", rng)),
+        "uuid": lam(_intrinsic("States.UUID", rng)),
+        "parse": lam(_intrinsic("States.StringToJson", rng)),
+        "random": lam(_random(rng)),
+        "eval": None,  # not available in Step Functions: invoking it fails (T1006)
+    }
+
+
+class Evaluator:
+    """Evaluates the JSONata fields of one state: ``$states`` and the variables are bound once."""
+
+    def __init__(self, states: Mapping[str, Any], variables: Mapping[str, Any], rng: random.Random,
+                 prefix: str) -> None:
+        bindings = {name: _to_jsonata(value) for name, value in variables.items()}
+        bindings["states"] = _to_jsonata(dict(states))
+        bindings.update(_functions(rng))
+        self._bindings = bindings
+        self._prefix = prefix  # "An error occurred while executing the state ..."
+
+    def fail(self, text: str, field: str, detail: str) -> StatesError:
+        return StatesError(QUERY_EVALUATION_ERROR, f"{self._prefix} The JSONata expression '{body(text)}' specified "
+                                                   f"for the field '{field}' {detail}")
+
+    def expression(self, text: str, field: str) -> Any:
+        """The JSON value of one ``{% … %}`` expression."""
+        try:
+            expr = compile_expression(text)
+        except JsonataSyntaxError as exc:  # validated at load; kept for definitions built around validation
+            raise self.fail(text, field, f"could not be parsed. {exc}") from exc
+        jsonata.Jsonata.CURRENT.jsonata = expr  # the library's per-thread "current expression"
+        expr.set_output_convert_nulls(False)
+        try:
+            raw = expr.evaluate(None, self._bindings)
+        except jexception.JException as exc:
+            raise self.fail(text, field, f"threw an error during evaluation. {_message(exc)}") from exc
+        except RecursionError as exc:
+            raise self.fail(text, field, "threw an error during evaluation. Stack overflow error") from exc
+        except Exception as exc:  # the library's own bugs must still end as the service's error
+            raise self.fail(text, field, f"threw an error during evaluation. {exc}") from exc
+        if raw is None:
+            raise self.fail(text, field, "returned nothing (undefined).")
+        try:
+            return _to_json(raw)
+        except _Unsupported as exc:
+            raise self.fail(text, field, "returned an unsupported result type.") from exc
+
+    def typed(self, text: str, field: str, expected: str, check: Callable[[Any], bool]) -> Any:
+        """An expression whose value must be of one kind (``Items``: an array, ``Seconds``: an integer…)."""
+        value = self.expression(text, field)
+        if not check(value):
+            raise self.fail(text, field, f"returned an unexpected result type. Expected '{expected}', but was "
+                                         f"'{_type_name(value)}' for value: {_dumps(value)}")
+        return value
+
+    def template(self, template: Any, field: str) -> Any:
+        """A JSON template whose string leaves may be expressions (Arguments, Output, ItemSelector...)."""
+        if is_expression(template):
+            return self.expression(template, field)
+        if isinstance(template, dict):
+            return {key: self.template(value, f"{field}/{key}") for key, value in template.items()}
+        if isinstance(template, list):
+            return [self.template(value, f"{field}[{index}]") for index, value in enumerate(template)]
+        return template
+
+
+def expressions(template: Any) -> list[str]:
+    """Every ``{% … %}`` expression in a template (for validation)."""
+    if is_expression(template):
+        return [template]
+    if isinstance(template, dict):
+        return [text for value in template.values() for text in expressions(value)]
+    if isinstance(template, list):
+        return [text for value in template for text in expressions(value)]
+    return []
