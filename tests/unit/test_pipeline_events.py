@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from d2ops_core.run_ids import RUN_ID_PATTERN
 from tests.fixtures.pipeline import support
 
 for _directory in ("start_pipeline", "prepare_training", "summarize_evaluation", "smoke_test_endpoint", "status_api",
@@ -24,7 +25,7 @@ from compose_notification.models import NotificationEvent  # noqa: E402
 from prepare_training.models import PrepareEvent  # noqa: E402
 from smoke_test_endpoint.models import SmokeTestEvent  # noqa: E402
 from start_pipeline.models import ObjectCreatedEvent  # noqa: E402
-from status_api.models import ENDPOINT_NAME_PATTERN, RUN_ID_PATTERN, StartRunRequest  # noqa: E402
+from status_api.models import ENDPOINT_NAME_PATTERN, StartRunRequest  # noqa: E402
 from summarize_evaluation.models import SummarizeEvent  # noqa: E402
 
 INPUT_MODELS: dict[str, type[BaseModel]] = {"start_pipeline": ObjectCreatedEvent, "prepare_training": PrepareEvent,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from d2ops_core.run_ids import RUN_ID_PATTERN
 from d2ops_core.validation.inventory import ImageItem
 
 
@@ -14,7 +15,7 @@ class BatchInput(BaseModel):
 
     bucket: str = Field(min_length=3, max_length=63, description="the DataBucket")
     prefix: str = Field(min_length=1, max_length=900, description="datasets/<name>/<version>/")
-    run_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,80}$", description="the Step Functions execution name: the "
+    run_id: str = Field(pattern=RUN_ID_PATTERN, description="the Step Functions execution name: the "
                                                                        "snapshot goes to runs/<run id>/dataset/")
 
 

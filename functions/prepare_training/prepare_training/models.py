@@ -19,6 +19,7 @@ from d2ops_core.documents.run_state import (  # re-exported: the prepare step's 
     Plan,
     TrafficRoutingConfig,
 )
+from d2ops_core.run_ids import RUN_ID_PATTERN
 from d2ops_core.validation.manifest import Gate, StackLimits, TrainingOverrides
 
 
@@ -44,7 +45,7 @@ class ValidatedDataset(BaseModel):
 
 
 class PrepareEvent(BaseModel):
-    run_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,80}$")
+    run_id: str = Field(pattern=RUN_ID_PATTERN)
     dataset: DatasetRef
     manifest: ManifestSettings = Field(default_factory=ManifestSettings)
     validation: ValidatedDataset | None = Field(None, description="the validation summary; None is refused")

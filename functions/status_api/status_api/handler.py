@@ -22,12 +22,12 @@ from botocore.exceptions import ConnectionError as AwsConnectionError
 
 from d2ops_core.champion import EndpointHistory
 from d2ops_core.failures import one_line
+from d2ops_core.run_ids import RUN_ID_PATTERN
 from d2ops_core.validation.report import ValidationReport
 from status_api import clients, service, views
 from status_api.envelope import BadEnvelope, check_event, json_body
 from status_api.models import (
     ENDPOINT_NAME_PATTERN,
-    RUN_ID_PATTERN,
     ErrorResponse,
     EvaluationView,
     ModelsResponse,

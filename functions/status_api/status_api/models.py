@@ -15,7 +15,6 @@ from d2ops_core.documents.evaluation import Comparison
 from d2ops_core.evaluation_curves import PrCurves
 
 RunStatus = Literal["RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "PENDING_REDRIVE"]
-RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,80}$"
 ENDPOINT_NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"  # SageMaker's EndpointName
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from d2ops_core.run_ids import RUN_ID_PATTERN
 from d2ops_core.validation.codes import Code
 from d2ops_core.validation.report import DatasetName  # the report's own model: one class for both documents
 from d2ops_core.validation.split import DerivedSplit
@@ -16,7 +17,7 @@ class ValidateDatasetEvent(BaseModel):
 
     bucket: str = Field(min_length=3, max_length=63)
     prefix: str = Field(min_length=1, max_length=900, description="datasets/<name>/<version>/")
-    run_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,80}$", description="the Step Functions execution name")
+    run_id: str = Field(pattern=RUN_ID_PATTERN, description="the Step Functions execution name")
 
 
 class IssueSummary(BaseModel):
@@ -83,7 +84,7 @@ class SummarizeImagesEvent(BaseModel):
 
     bucket: str = Field(min_length=3, max_length=63)
     prefix: str = Field(min_length=1, max_length=900, description="datasets/<name>/<version>/")
-    run_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,80}$", description="the Step Functions execution name")
+    run_id: str = Field(pattern=RUN_ID_PATTERN, description="the Step Functions execution name")
     result_writer: ResultWriterDetails | None = Field(None, description="the Map's output; absent when the Map "
                                                                         "failed (then the step explains why)")
     map_error: MapError | None = Field(None, description="the Map's error, from its Catch, when it failed")

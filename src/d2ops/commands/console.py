@@ -28,13 +28,14 @@ from urllib.parse import urlsplit
 
 from d2ops.commands.errors import UsageError
 from d2ops.commands.status import StatusApi, add_stack_arguments, open_status_api
+from d2ops_core.run_ids import RUN_ID_CHARS
 
 log = logging.getLogger(__name__)
 
 STATIC_FILES = {"index.html": "text/html; charset=utf-8", "console.js": "text/javascript; charset=utf-8",
                 "console.css": "text/css; charset=utf-8"}
 # The status API routes the page may read (GET); anything else is not proxied.
-API_ROUTES = re.compile(r"^/(runs|models|runs/[A-Za-z0-9_-]{1,80}(/(graph|validation|evaluation))?|"
+API_ROUTES = re.compile(rf"^/(runs|models|runs/{RUN_ID_CHARS}(/(graph|validation|evaluation))?|"
                         r"endpoints/[A-Za-z0-9-]{1,63}/history)$")
 INVOKE_ROUTE = re.compile(r"^/api/endpoints/(?P<name>[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62})/invocations$")
 MAX_IMAGE_BYTES = 6 * 1024 * 1024  # SageMaker's real-time InvokeEndpoint payload limit

@@ -16,7 +16,9 @@ import re
 import sys
 from typing import Any
 
-_RUN_PREFIX = re.compile(r"^(?P<root>.*?)runs/(?P<run_id>[A-Za-z0-9_-]{1,80})/?$")
+from d2ops_core.run_ids import RUN_ID_CHARS
+
+_RUN_PREFIX = re.compile(rf"^(?P<root>.*?)runs/(?P<run_id>{RUN_ID_CHARS})/?$")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
