@@ -8,6 +8,8 @@ people see in the Step Functions console and ``d2ops status``: change one only o
 
 from __future__ import annotations
 
+from typing import Literal
+
 from d2ops.statemachine.builder import (
     ABSENT,
     CLOUDWATCH,
@@ -122,12 +124,12 @@ def _put_object(name: str, key: str | tuple[str, str], body: str, *, next: str, 
 
 
 def _describe_endpoint(name: str, next: str, *, result_path: str, result_selector: Json | None = None,
-                       retry: RetryPolicy, catch: tuple[Catch, ...], comment: str | None = None) -> Named:
+                       retry: RetryPolicy, catch: tuple[Catch, ...], comment: str | None = None,
+                       comment_after: Literal["Type", "Resource"] = "Type") -> Named:
     return name, Task(resource("aws-sdk:sagemaker:describeEndpoint"), next, comment=comment,
                       parameters={"EndpointName": ENDPOINT},
                       result_selector=ABSENT if result_selector is None else result_selector,
-                      result_path=result_path, retry=(retry,), catch=catch,
-                      comment_after="Type" if result_selector is not None else "Resource")
+                      result_path=result_path, retry=(retry,), catch=catch, comment_after=comment_after)
 
 
 def validation() -> list[Named]:
@@ -461,7 +463,8 @@ def deploy() -> list[Named]:
             "Check endpoint status", "Count endpoint check",
             comment="The whole DescribeEndpoint answer (a few KB): PendingDeploymentSummary, present only during an "
                     "update, says when the canary bakes.",
-            result_path="$.endpoint", retry=SAGEMAKER_READ, catch=catch_all("Undo deployment")),
+            result_path="$.endpoint", retry=SAGEMAKER_READ, catch=catch_all("Undo deployment"),
+            comment_after="Resource"),
         count("Count endpoint check", "$.endpoint_wait", "Endpoint in service?", counter="attempts"),
         ("Endpoint in service?", Choice(
             (when(all_of(*serves_new_config, Var("$.smoke_test").is_present()), "Record champion"),
