@@ -100,10 +100,25 @@ def _objects_only(node: Any, seen: set[int]) -> None:
                 _objects_only(item, seen)
 
 
+_QUOTED_TEXT = re.compile(r"'((?:[^'\\]|\\.)*)'" + r'|"((?:[^"\\]|\\.)*)"')
+
+
+def _as_jayway_reads(path: str) -> str:
+    """A query path whose quoted names and strings mean what Jayway (Step Functions' path engine) reads:
+    each is unescaped by Jayway's rules (``\\n`` ``\\t`` ``\\uXXXX`` ``\\/`` included, which jsonpath-ng
+    would keep as two characters), then quoted again escaping only the backslash and the quote."""
+    def requote(match: re.Match[str]) -> str:
+        single = match.group(1) is not None
+        quote = "'" if single else '"'
+        text = _unescape(match.group(1) if single else match.group(2))
+        return quote + text.replace("\\", "\\\\").replace(quote, "\\" + quote) + quote
+    return _QUOTED_TEXT.sub(requote, path)
+
+
 @functools.lru_cache(maxsize=1024)
 def _compile_query(path: str) -> Any:
     try:
-        query = _jsonpath_parse(path)
+        query = _jsonpath_parse(_as_jayway_reads(path))
         _objects_only(query, set())
     except RecursionError as exc:  # the parser and the query tree recurse once per step
         raise PathError(f"the JSONPath {_shorten(path)} has too many steps") from exc
