@@ -1,4 +1,5 @@
-"""An Amazon States Language interpreter (JSONPath) with the semantics of AWS Step Functions.
+"""An Amazon States Language interpreter (JSONPath and JSONata, workflow variables) with the semantics
+of AWS Step Functions.
 
 The offline runtime runs ``statemachine/*.asl.json`` through it, and tests run every path of the
 pipeline with Step Functions Local mock configurations. Pure Python; only a Distributed Map's
@@ -26,7 +27,7 @@ Python API::
 
 ``StateMachine.from_definition(dict_or_json, name=...)`` builds one from memory. Definitions are
 validated first: an ``AslDefinitionError`` names each problem by state and field, including the
-features refused on purpose (JSONata, variables, task credentials). See
+features refused on purpose (task credentials, a Distributed Map in a JSONata state). See
 docs/asl-interpreter.md for what is supported and how it differs from the service.
 """
 
