@@ -338,3 +338,21 @@ def test_d2ops_asl_run_runs_a_jsonata_definition(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"double": 42}
+
+
+@pytest.mark.parametrize(("expression", "name"), [("phone", "phone"), ("$count(items)", "items"),
+                                                  ("{'a': x}", "x"), ("$states.input.ok ? other : 1", "other")])
+def test_a_bare_top_level_reference_is_refused_at_load(expression: str, name: str) -> None:
+    # Nothing is the root document in Step Functions' JSONata: data comes from $states and variables.
+    assert refusals(one({"Type": "Pass", "Output": {"v": f"{{% {expression} %}}"}})) == [
+        f"States.S.Output: UNSUPPORTED_JSONATA_EXPRESSION: Reference to '{name}' at the top level is not supported."]
+
+
+def test_names_relative_to_a_step_are_not_top_level() -> None:
+    execution = run(one({"Type": "Pass", "Output": {
+        "cheap": "{% $states.input.items[price < 5].name %}",
+        "renamed": "{% $states.input.items.{'n': name} %}",
+        "sum": "{% $sum($states.input.items.price) %}",
+        "mapped": "{% $map($states.input.items, function($v){ $v.price * 2 }) %}"}}),
+        {"items": [{"name": "a", "price": 1}, {"name": "b", "price": 9}]})
+    assert execution.output == {"cheap": "a", "renamed": [{"n": "a"}, {"n": "b"}], "sum": 10, "mapped": [2, 18]}

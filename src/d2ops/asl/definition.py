@@ -282,9 +282,13 @@ class _Validator:
         """Every expression of a JSONata field must parse (INVALID_JSONATA_EXPRESSION, as the service says)."""
         for text in jsonata_expr.expressions(template):
             try:
-                jsonata_expr.compile_expression(text)
+                name = jsonata_expr.top_level_reference(text)
             except jsonata_expr.JsonataSyntaxError as exc:
                 self.problem(where, f"INVALID_JSONATA_EXPRESSION: {exc}")
+                continue
+            if name is not None:  # the service's words
+                self.problem(where, f"UNSUPPORTED_JSONATA_EXPRESSION: Reference to '{name}' at the top level is not "
+                                    "supported.")
 
     def expression_or(self, state: dict[str, Any], key: str, where: str) -> bool:
         """In a JSONata state, a field given as an expression is checked by parsing it; True if it was one."""

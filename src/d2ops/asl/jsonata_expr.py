@@ -25,7 +25,7 @@ from typing import Any
 
 _RECURSION_LIMIT = sys.getrecursionlimit()
 import jsonata  # noqa: E402 (the library raises the process's recursion limit to 10,000 when imported)
-from jsonata import jexception  # noqa: E402
+from jsonata import jexception, parser  # noqa: E402
 from jsonata.utils import Utils  # noqa: E402
 
 # Put it back: the interpreter's depth limits (jsonvalue.MAX_JSON_DEPTH, the path checks) are set for
@@ -68,6 +68,42 @@ def compile_expression(text: str) -> jsonata.Jsonata:
 
 # jsonata-js (the service's engine) names an array signature's member type in the plural.
 _ARRAY_OF = {"a": "arrays", "b": "booleans", "f": "functions", "n": "numbers", "o": "objects", "s": "strings"}
+
+
+# Parts of a step evaluated against that step's values, not the expression's input: a predicate or
+# filter, a group-by, a focus/index binding, a lambda's body.
+_RELATIVE = frozenset({"stages", "predicate", "group", "focus", "index", "body", "tuple", "terms"})
+
+
+def top_level_reference(text: str) -> str | None:
+    """The first field name an expression reads from the document root, or None. A Step Functions
+    expression has no root document (data comes from ``$states`` and variables): the service refuses
+    ``phone`` or ``$count(phone)`` at load, while ``$states.input.phone`` or ``items[price > 5]`` inside
+    a path are fine."""
+    seen: set[int] = set()
+
+    def visit(node: Any, root: bool) -> str | None:
+        if isinstance(node, list | tuple):
+            for item in node:
+                if (found := visit(item, root)) is not None:
+                    return found
+            return None
+        if not isinstance(node, parser.Parser.Symbol) or id(node) in seen:
+            return None
+        seen.add(id(node))
+        if node.type == "path":
+            for position, step in enumerate(node.steps or []):
+                if (found := visit(step, root and position == 0)) is not None:
+                    return found
+            return None
+        if node.type == "name" and root:
+            return str(node.value)
+        for key, value in vars(node).items():
+            if not key.startswith("_") and key != "steps" and (found := visit(value, root and key not in _RELATIVE)):
+                return found
+        return None
+
+    return visit(compile_expression(text).ast, True)
 
 
 def _message(exc: BaseException) -> str:
