@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from d2ops_core import metrics, run_ids, s3_layout, sagemaker_jobs
 from d2ops_core.champion import CHAMPION_KEY
+from d2ops_core.validation.manifest import StackLimits
 from tests.fixtures.pipeline import support
 
 support.function_path("prepare_training")
@@ -192,10 +193,11 @@ def test_settings_cover_the_template_environment() -> None:
     from d2ops import template as sam
 
     env = sam.load_template().function("PrepareTrainingFunction").environment
-    fields = {name.upper() for name in PrepareSettings.model_fields}
+    fields = {name.upper() for name in PrepareSettings.model_fields} | set(StackLimits.ENV)  # limits: StackLimits'
     ours = {k for k in env if not k.startswith(("POWERTOOLS_", "D2OPS_"))}
     assert ours <= fields, f"template sets variables the Lambda ignores: {sorted(ours - fields)}"
-    required = {n.upper() for n, f in PrepareSettings.model_fields.items() if f.is_required()}
+    required = {n.upper() for n, f in PrepareSettings.model_fields.items() if f.is_required() and n != "limits"}
+    required |= {name for name, field in StackLimits.ENV.items() if StackLimits.model_fields[field].is_required()}
     assert required - {"EVALUATION_IMAGE_URI"} <= ours
 
 

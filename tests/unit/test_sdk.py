@@ -65,7 +65,8 @@ def test_overrides_past_the_stacks_limits_and_bad_uris_are_refused_by_name() -> 
     stack = load_stack()
     session = sdk.sagemaker_session(sdk.offline_boto_session(), endpoint_url="http://127.0.0.1:9",
                                     default_bucket=stack.artifacts_bucket)
-    capped = sdk.offline_settings().model_copy(update={"max_training_iterations": 100})
+    settings = sdk.offline_settings()
+    capped = settings.model_copy(update={"limits": settings.limits.model_copy(update={"max_iter": 100})})
     uri = f"s3://{stack.data_bucket}/datasets/shapes/v1/"
     with pytest.raises(sdk.ExperimentError, match="max_iter"):
         sdk.experiment_job(capped, uri, sagemaker_session=session, training={"max_iter": 1000})

@@ -8,7 +8,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from d2ops_core import gate as gate_settings
 from d2ops_core import images, pretrained
 from d2ops_core.dataset_identity import DatasetRef
 from d2ops_core.documents.run_state import (  # re-exported: the prepare step's output
@@ -74,18 +73,9 @@ class PrepareSettings(BaseModel):
     # Each check writes up to 20 history events in the deployment wait and 11 in the rollback wait;
     # 360 keeps the longest run under Step Functions' 25,000 (tests/unit/test_pipeline_history_budget.py).
     endpoint_max_wait_attempts: int = Field(120, ge=1, le=360)
-    min_map: float = Field(ge=0, le=1)
-    max_regression: float = Field(ge=0, le=1)
-    max_class_regression: float = Field(ge=0, le=1, description="MaxClassRegression: the per-class gate's margin")
-    min_class_instances: int = Field(ge=1, description="MinClassInstances: val instances a class needs to be judged")
-    gate_confidence: float = Field(gate_settings.DEFAULT_CONFIDENCE, gt=gate_settings.MIN_CONFIDENCE_EXCLUSIVE,
-                                   lt=gate_settings.MAX_CONFIDENCE_EXCLUSIVE,
-                                   description="GateConfidence: two-sided level of the interval the gate judges")
-    gate_resamples: int = Field(gate_settings.DEFAULT_RESAMPLES, ge=gate_settings.MIN_RESAMPLES,
-                                le=gate_settings.MAX_RESAMPLES,
-                                description="GateResamples: paired-bootstrap resamples of the val images")
-    max_training_iterations: int | None = Field(None, ge=1, description="cap on the manifest's training.max_iter")
-    max_images_per_batch: int | None = Field(None, ge=1, description="cap on the manifest's training.ims_per_batch")
+    limits: StackLimits = Field(description="the operator's limits a manifest may only tighten (MinMap, MaxRegression, "
+                                            "the per-class gate, the interval, the training caps), read by "
+                                            "StackLimits.from_env as validate_dataset reads them")
     data_bucket: str = Field(min_length=3, description="DataBucket: where the pretrained weights are")
     pretrained_weights_key: str = Field(min_length=1, max_length=1024, pattern=pretrained.KEY_PATTERN,
                                         description="PretrainedWeightsKey: the checkpoint's key, or 'none'")
@@ -93,14 +83,13 @@ class PrepareSettings(BaseModel):
     max_image_pixels: int = Field(images.MAX_PIXELS, ge=images.MIN_PIXELS_LIMIT, le=images.MAX_PIXELS_LIMIT,
                                   description="MaxImagePixels: the image rule's limit, passed on to the jobs")
 
-    @property
-    def limits(self) -> StackLimits:
-        """The operator's limits a manifest may only tighten."""
-        return StackLimits(min_map=self.min_map, max_regression=self.max_regression,
-                           max_iter=self.max_training_iterations, max_ims_per_batch=self.max_images_per_batch,
-                           max_class_regression=self.max_class_regression,
-                           min_class_instances=self.min_class_instances,
-                           confidence=self.gate_confidence, resamples=self.gate_resamples)
+    @field_validator("limits")
+    @classmethod
+    def _per_class_gate_is_set(cls, limits: StackLimits) -> StackLimits:
+        """The plan always carries the per-class gate: its margin and instance count are required here."""
+        if limits.max_class_regression is None or limits.min_class_instances is None:
+            raise ValueError("MAX_CLASS_REGRESSION and MIN_CLASS_INSTANCES are required (the per-class gate)")
+        return limits
 
     @property
     def fine_tunes(self) -> bool:
@@ -128,6 +117,7 @@ class PrepareSettings(BaseModel):
                 values[name] = raw
         if "evaluation_image_uri" not in values and "training_image_uri" in values:
             values["evaluation_image_uri"] = values["training_image_uri"]
+        values["limits"] = StackLimits.from_env(env)
         return cls.model_validate(values)
 
 
