@@ -12,7 +12,7 @@ import json
 import re
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -149,11 +149,12 @@ class Caller:
 
 
 def verify(method: str, url: str, headers: Mapping[str, str], body: bytes, known: Mapping[str, Credentials],
-           region: str, now: datetime | None = None) -> Caller:
+           region: str, now: datetime | None = None, service: str | Collection[str] = SERVICE) -> Caller:
     """Recompute the request's signature with the signer's secret; raise :class:`SignatureRejected` unless equal.
 
     ``known`` maps access key ids to their credentials (the offline runtime knows only its own).
     ``url`` is the URL as the client addressed it (scheme, Host header, path and raw query).
+    ``service``: the signing name the credential scope must name (any of several, when a collection).
     """
     lower = {k.lower(): v for k, v in headers.items()}
     authorization = lower.get("authorization")
@@ -168,8 +169,9 @@ def verify(method: str, url: str, headers: Mapping[str, str], body: bytes, known
     date, _, rest = scope.partition("/")
     scope_region, _, rest = rest.partition("/")
     scope_service, _, terminator = rest.partition("/")
-    if scope_service != SERVICE or terminator != "aws4_request":
-        raise SignatureRejected(f"Credential should be scoped to correct service: '{SERVICE}'.")
+    services = (service,) if isinstance(service, str) else tuple(service)
+    if scope_service not in services or terminator != "aws4_request":
+        raise SignatureRejected(f"Credential should be scoped to correct service: '{services[0]}'.")
     if scope_region != region:
         raise SignatureRejected(f"Credential should be scoped to a valid region, not '{scope_region}'.")
     amz_date = lower.get("x-amz-date", "")
@@ -207,7 +209,7 @@ def verify(method: str, url: str, headers: Mapping[str, str], body: bytes, known
     # Rebuild the request from the signed headers alone, as the signer saw it, and sign it again.
     request = AWSRequest(method=method, url=url, data=body, headers={name: lower[name] for name in signed_names})
     request.context["timestamp"] = amz_date
-    signer = SigV4Auth(credentials, SERVICE, region)
+    signer = SigV4Auth(credentials, scope_service, region)
     expected = signer.signature(signer.string_to_sign(request, signer.canonical_request(request)), request)
     if expected != match["signature"]:
         raise SignatureRejected(BAD_SIGNATURE)

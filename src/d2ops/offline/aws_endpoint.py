@@ -4,7 +4,9 @@ The services it serves are `d2ops.offline.services.SERVICES` (Step Functions, Sa
 endpoints, SageMaker Runtime, SageMaker's Service Quotas), each in its own module; a request goes
 to the first that accepts it (by its ``X-Amz-Target`` prefix or its REST path), and what a service
 leaves to moto is forwarded to the moto server unchanged. boto3 reaches it through each service's
-``AWS_ENDPOINT_URL_*`` variable. Signatures are not checked (dummy credentials).
+``AWS_ENDPOINT_URL_*`` variable. Before any service sees a request, ``check`` (the runtime sets
+`d2ops.offline.caller_check.CallerCheck`) may refuse it: foreign Host, no valid signature by the
+runtime's credentials, a member outside its pattern, an entrypoint the pipeline does not run.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -52,6 +55,8 @@ class AwsEndpoint:
         self.moto_url = moto_url.rstrip("/")
         self.upstream = MotoUpstream(self.moto_url)
         self.services: list[EmulatedService] = []
+        # Asked first for every request: None lets it through, else its answer is the refusal (caller_check).
+        self.check: Callable[[WireRequest], WireResponse | None] | None = None
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -113,7 +118,10 @@ class AwsEndpoint:
         self._reply(handler, self.dispatch(WireRequest(handler.path, handler.headers, body)))
 
     def dispatch(self, request: WireRequest) -> WireResponse:
-        """The answer of the first service that accepts ``request``."""
+        """The answer of the first service that accepts ``request`` (once ``check`` lets it through)."""
+        refusal = self.check(request) if self.check is not None else None
+        if refusal is not None:
+            return refusal
         for service in self.services:
             if service.accepts(request):
                 return service.handle(request, self.upstream)

@@ -1,0 +1,228 @@
+"""Who may call the offline runtime's AWS endpoint, and what it may ask, checked before any service sees a request.
+
+The endpoint (`d2ops.offline.aws_endpoint`) runs jobs as processes of the developer who started it,
+so it answers only its own runtime's callers, the way AWS answers only signed requests:
+
+1. the ``Host`` header is exactly the endpoint's own address (``127.0.0.1:<port>`` or
+   ``localhost:<port>``): a web page that reaches the port through a name it controls (DNS
+   rebinding) sends its own name and is refused;
+2. the request carries a valid SigV4 signature by the runtime's credentials (fresh random ones for
+   each runtime, `d2ops.offline.runtime`), verified by `d2ops.sigv4.verify` as the status API's are;
+3. every string member the service's botocore model gives a ``pattern`` (job, endpoint and model
+   names ...) matches it, as SageMaker's own validation does, before a name becomes a path (with
+   the model's enums and maximums: `d2ops.aws_contract.constraint_problems`, the test suite's check
+   of every boto3 call);
+4. a processing job's ``AppSpecification.ContainerEntrypoint`` is one the pipeline itself runs (the
+   state machine's literal entrypoints and the evaluation entrypoint its prepare step plans).
+
+Refusals are AWS's own error shapes: the JSON protocols' ``{"__type", "message"}`` (HTTP 400, as
+SageMaker and Step Functions answer signature errors), REST services' ``x-amzn-ErrorType`` header
+with ``{"message"}`` (HTTP 403).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import sys
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import botocore.session
+from botocore.credentials import Credentials
+from botocore.model import OperationModel, ServiceModel
+
+from d2ops.aws_contract import constraint_problems
+from d2ops.offline.services.base import WireRequest, WireResponse
+from d2ops.sigv4 import SignatureRejected, verify
+
+# The prepare step's code directory (functions/<name>/) and the constant with the evaluation job's entrypoint.
+PREPARE_FUNCTION_CODE = "prepare_training"
+PREPARE_ENTRYPOINT_NAME = "EVALUATION_ENTRYPOINT"
+METHOD = "POST"  # the endpoint serves POST only (its GET answers 404 before dispatch)
+
+
+class EntrypointsUnknown(Exception):
+    """The pipeline's processing-job entrypoints cannot be read from where it defines them."""
+
+
+@dataclass(frozen=True)
+class Operation:
+    """The botocore operation a request is, and the members its path carries (REST protocols)."""
+
+    model: OperationModel
+    path_members: Mapping[str, str]
+
+
+class CallerCheck:
+    """``check(request)``: None when the endpoint may serve ``request``, else the refusal to answer."""
+
+    def __init__(self, *, credentials: Credentials, port: int, region: str, clients: Collection[str],
+                 entrypoints: Collection[tuple[str, ...]]) -> None:
+        self.hosts = frozenset({f"127.0.0.1:{port}", f"localhost:{port}"})
+        self.known = {credentials.access_key: credentials}
+        self.region = region
+        self.models = [_service_model(name) for name in dict.fromkeys(clients)]
+        self.entrypoints = frozenset(tuple(e) for e in entrypoints)
+
+    def check(self, request: WireRequest) -> WireResponse | None:
+        rest = not request.target
+        host = request.headers.get("Host") or ""
+        if host not in self.hosts:
+            return _refusal(rest, 403, "AccessDeniedException",
+                            f"Host {host!r} is not this offline endpoint (it answers only "
+                            f"{' or '.join(sorted(self.hosts))})")
+        operation = self.operation(request)
+        signing = operation.model.service_model.signing_name if operation else [m.signing_name for m in self.models]
+        try:
+            verify(METHOD, f"http://{host}{request.path}", request.headers, request.body, self.known, self.region,
+                   service=signing)
+        except SignatureRejected as exc:
+            return _refusal(rest, 403 if rest else 400, exc.error_type, exc.message)
+        if operation is None:
+            return None  # the endpoint answers what no service knows (UnknownOperationException)
+        params = dict(operation.path_members)
+        if not rest:
+            document = request.json_object()
+            if document is None:
+                return None  # the service answers the protocol's SerializationException
+            params.update(document)
+        # The constraints AWS's front end checks and botocore leaves to it (patterns, enums, maximums).
+        problems = constraint_problems(params, operation.model.input_shape)
+        if problems:
+            count = len(problems)
+            return _refusal(rest, 400, "ValidationException",
+                            f"{count} validation error{'s' if count > 1 else ''} detected: {'; '.join(problems)}")
+        if operation.model.name == "CreateProcessingJob":
+            return self._entrypoint(params)
+        return None
+
+    def _entrypoint(self, params: Mapping[str, Any]) -> WireResponse | None:
+        app = params.get("AppSpecification")
+        entrypoint = app.get("ContainerEntrypoint") if isinstance(app, dict) else None
+        if not entrypoint or any(list(allowed) == entrypoint for allowed in self.entrypoints):
+            return None  # none: the image's own entrypoint (the evaluation job's, offline)
+        allowed = " or ".join(json.dumps(list(e)) for e in sorted(self.entrypoints)) or "none"
+        return _refusal(False, 400, "ValidationException",
+                        f"entrypoint not allowed offline: {json.dumps(entrypoint)} (the pipeline runs {allowed}; "
+                        "a processing job runs on this machine as you)")
+
+    def operation(self, request: WireRequest) -> Operation | None:
+        """The operation ``request`` names: its ``X-Amz-Target`` (JSON protocols) or its path (REST)."""
+        prefix, _, name = request.target.partition(".")
+        for model in self.models:
+            if request.target and model.metadata.get("targetPrefix") == prefix and name in model.operation_names:
+                return Operation(model.operation_model(name), {})
+            if not request.target and model.protocol.startswith("rest"):
+                for operation_name in model.operation_names:
+                    found = _rest_route(model, operation_name).match(request.route)
+                    if found is not None and model.operation_model(operation_name).http.get("method") == METHOD:
+                        return Operation(model.operation_model(operation_name), found.groupdict())
+        return None
+
+
+def _refusal(rest: bool, status: int, code: str, message: str) -> WireResponse:
+    if rest:
+        return WireResponse.json(status, {"message": message}, "application/json", {"x-amzn-ErrorType": code})
+    return WireResponse.json(status, {"__type": code, "message": message}, "application/x-amz-json-1.1")
+
+
+@cache
+def _service_model(client: str) -> ServiceModel:
+    return botocore.session.get_session().get_service_model(client)
+
+
+@cache
+def _rest_route(model: ServiceModel, operation: str) -> re.Pattern[str]:
+    """``/endpoints/{EndpointName}/invocations`` -> a regex whose groups are the path's members."""
+    operation_model = model.operation_model(operation)
+    uri = operation_model.http.get("requestUri", "").split("?")[0]
+    shape = operation_model.input_shape
+    members = {member.serialization.get("name", name): name for name, member in shape.members.items()
+               if member.serialization.get("location") == "uri"} if shape is not None else {}
+    pattern = ""
+    for part in re.split(r"(\{[A-Za-z0-9_]+\+?\})", uri):
+        if part.startswith("{"):
+            label = part.strip("{}+")
+            pattern += f"(?P<{members.get(label, label)}>{'.+' if part.endswith('+}') else '[^/]+'})"
+        else:
+            pattern += re.escape(part)
+    return re.compile(f"^{pattern}$")
+
+
+def pipeline_entrypoints(definition: Mapping[str, Any], functions: Mapping[str, Any]) -> frozenset[tuple[str, ...]]:
+    """The processing-job entrypoints the pipeline runs, from where it defines them.
+
+    ``definition``: the state machine (any literal ``ContainerEntrypoint`` in its states' parameters);
+    ``functions``: the stack's functions (`d2ops.offline.stack.LocalFunction` by logical id), whose
+    prepare step plans the evaluation job and names its entrypoint.
+    """
+    found = {tuple(value) for value in _literal_entrypoints(definition)}
+    prepare = next((f for f in functions.values() if f.code_dir.name == PREPARE_FUNCTION_CODE), None)
+    if prepare is not None:
+        code_dir = str(prepare.code_dir)
+        if code_dir not in sys.path:  # as the offline runtime imports the functions (a package per function)
+            sys.path.append(code_dir)
+        planned = getattr(importlib.import_module(f"{PREPARE_FUNCTION_CODE}.service"), PREPARE_ENTRYPOINT_NAME, None)
+        if planned is not None:
+            found.add(tuple(planned))
+    if not found:
+        raise EntrypointsUnknown(f"neither the state machine nor functions/{PREPARE_FUNCTION_CODE} "
+                                 f"({PREPARE_ENTRYPOINT_NAME}) names a processing-job ContainerEntrypoint")
+    return frozenset(found)
+
+
+def _literal_entrypoints(node: Any) -> Iterator[list[str]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "ContainerEntrypoint" and isinstance(value, list) and all(isinstance(v, str) for v in value):
+                yield value
+            else:
+                yield from _literal_entrypoints(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _literal_entrypoints(item)
+
+
+class MotoLoopbackOnly:
+    """WSGI middleware around moto's server app: its own Host only, and no web page's requests.
+
+    moto answers every web origin (flask-cors on each service's app); a page could read the offline
+    buckets, or reach the port by a name it controls (DNS rebinding). boto3 sends no ``Origin``; a
+    browser sends one with every cross-origin request, a CORS preflight included: those are refused
+    (403, no ``Access-Control-Allow-*`` header), as is any foreign ``Host``. moto checks no signature:
+    a local process that finds the port still reaches it (the AWS endpoint, which runs code, does check).
+    """
+
+    def __init__(self, app: Any, port: int) -> None:
+        self.app = app
+        self.hosts = frozenset({f"127.0.0.1:{port}", f"localhost:{port}"})
+        self.origins = frozenset(f"http://{host}" for host in self.hosts)
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        host = environ.get("HTTP_HOST", "")
+        origin = environ.get("HTTP_ORIGIN")
+        if host not in self.hosts:
+            return self._refuse(start_response, f"Host {host!r} is not this offline endpoint")
+        if origin is not None and origin not in self.origins:
+            return self._refuse(start_response, f"requests from the web origin {origin!r} are not served offline")
+
+        def start_without_cors(status: str, headers: list[tuple[str, str]], *rest: Any) -> Any:
+            kept = [(k, v) for k, v in headers if not k.lower().startswith("access-control-")]
+            return start_response(status, kept, *rest)
+
+        return self.app(environ, start_without_cors)
+
+    @staticmethod
+    def _refuse(start_response: Any, message: str) -> list[bytes]:
+        body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+                f"<Message>{_xml_text(message)}</Message></Error>").encode()
+        start_response("403 Forbidden", [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
+        return [body]
+
+
+def _xml_text(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
