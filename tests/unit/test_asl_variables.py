@@ -228,3 +228,19 @@ def test_variables_reach_map_iterations_on_worker_threads() -> None:
               "End": True}}}
     execution = StateMachine.from_definition(definition).run({"items": list(range(8))}, clock=Clock())
     assert execution.output == [{"sum": i + 5} for i in range(8)], (execution.error, execution.cause)
+
+
+def test_the_execution_limit_counts_live_variables_not_every_iterations() -> None:
+    # 60 iterations each holding 200 KiB: 12 MB assigned in all, but never more than 200 KiB alive.
+    definition = {"StartAt": "M", "States": {"M": {
+        "Type": "Map", "ItemsPath": "$.items", "MaxConcurrency": 1, "End": True,
+        "ItemSelector": {"s.$": "$.s"},
+        "ItemProcessor": {"StartAt": "P", "States": {
+            "P": {"Type": "Pass", "Assign": {"big.$": "$.s"}, "Next": "Small"},
+            "Small": {"Type": "Pass", "Result": 0, "End": True}}}}}}
+    execution = run(definition, {"items": list(range(60)), "s": "x" * (200 * 1024)})
+    assert execution.status == "SUCCEEDED", execution.cause
+    many = {"StartAt": "A", "States": {f"A{i}" if i else "A": {
+        "Type": "Pass", "Assign": {f"v{i}.$": "$.s"}, **({"Next": f"A{i + 1}"} if i < 59 else {"End": True})}
+        for i in range(60)}}
+    assert run(many, {"s": "x" * (200 * 1024)}).error == "States.DataLimitExceeded"  # 60 live values: 12 MB

@@ -73,8 +73,7 @@ class VariableScope:
         self.parent = parent
         self._values: dict[str, Any] = {}
         self._lock = threading.Lock()
-        # The execution-wide running total (shared with child scopes), for the 10 MiB limit.
-        self._total: list[int] = parent._total if parent is not None else [0]
+        self._bytes = 0  # the size of this scope's own values (the 10 MiB limit counts the live chain)
 
     def child(self) -> VariableScope:
         return VariableScope(self)
@@ -113,12 +112,17 @@ class VariableScope:
         if total > MAX_ASSIGN_BYTES:
             raise StatesError(DATA_LIMIT_EXCEEDED, f"The Assign of state '{state}' is {total} bytes in all, over the "
                                                    f"{MAX_ASSIGN_BYTES} byte limit.")
+        outer = 0
+        scope = self.parent
+        while scope is not None:  # what the enclosing scopes hold (a finished iteration's values are gone)
+            outer += scope._bytes
+            scope = scope.parent
         with self._lock:
             before = sum(_size(self._values[n]) for n in assigned if n in self._values)
-            if self._total[0] - before + total > MAX_EXECUTION_BYTES:
+            if outer + self._bytes - before + total > MAX_EXECUTION_BYTES:
                 raise StatesError(DATA_LIMIT_EXCEEDED, f"The state '{state}' would make the execution's variables "
                                                        f"larger than {MAX_EXECUTION_BYTES} bytes.")
-            self._total[0] += total - before
+            self._bytes += total - before
             self._values.update(assigned)
 
 
