@@ -24,7 +24,8 @@ import pytest
 from d2ops.offline.client import offline_status_api
 from d2ops.offline.pipeline import run_pipeline
 from d2ops.offline.runtime import OfflineRuntime
-from d2ops.offline.services.sagemaker import JobBackend, JobOutcome, ServedModel, ServingBackend
+from d2ops.offline.services.sagemaker_endpoints import ServedModel, ServingBackend
+from d2ops.offline.services.sagemaker_jobs import JobBackend, JobOutcome
 from model_code import artifact
 from tests.fixtures.offline.support import tiny_dataset
 from tests.fixtures.serving.failing_model import failing_artifact, for_synthetic_shapes

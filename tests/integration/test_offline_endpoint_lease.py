@@ -21,7 +21,7 @@ from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
 from d2ops.offline.runtime import OfflineRuntime
-from d2ops.offline.services.sagemaker import JobOutcome
+from d2ops.offline.services.sagemaker_jobs import JobOutcome
 from d2ops_core import run_ids, s3_layout
 from tests.fixtures.offline.support import tiny_dataset
 from tests.fixtures.pipeline import support
@@ -130,7 +130,7 @@ class HeldAnswers:
     def __init__(self, rt: OfflineRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
         self.holding, self.release = threading.Event(), threading.Event()
         self.stops: list[str] = []
-        create, stop = rt.sagemaker.create_training_job, rt.sagemaker.stop_training_job
+        create, stop = rt.sagemaker.job_api.create_training_job, rt.sagemaker.job_api.stop_training_job
 
         def held_create(request: dict[str, Any]) -> dict[str, Any]:
             answer = create(request)
@@ -142,8 +142,8 @@ class HeldAnswers:
             self.stops.append(str(request.get("TrainingJobName")))
             return stop(request)
 
-        monkeypatch.setattr(rt.sagemaker, "create_training_job", held_create)
-        monkeypatch.setattr(rt.sagemaker, "stop_training_job", counted_stop)
+        monkeypatch.setattr(rt.sagemaker.job_api, "create_training_job", held_create)
+        monkeypatch.setattr(rt.sagemaker.job_api, "stop_training_job", counted_stop)
 
 
 def start_run(rt: OfflineRuntime, datasets: Path, version: str) -> tuple[str, str]:

@@ -16,7 +16,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from d2ops.offline.runtime import OfflineRuntime
-from d2ops.offline.services.sagemaker import JobOutcome
+from d2ops.offline.services.sagemaker_jobs import JobOutcome
 from d2ops_core.platform import QuotaRefusal, parse_quota_refusal
 from tests.fixtures.offline.endpoints import endpoint_config, in_service, wait_for
 

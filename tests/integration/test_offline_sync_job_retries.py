@@ -26,7 +26,7 @@ import pytest
 from d2ops.asl import StateMachine
 from d2ops.asl.interpreter import Execution
 from d2ops.offline.runtime import OfflineRuntime
-from d2ops.offline.services.sagemaker import JobOutcome
+from d2ops.offline.services.sagemaker_jobs import JobOutcome
 from d2ops.offline.task_integrations import ServiceExecutors
 from d2ops_core.platform import QuotaRefusal, parse_quota_refusal, quota_name
 from d2ops_core.s3_layout import parse_s3_uri

@@ -26,7 +26,7 @@ import pytest
 from d2ops.offline.client import offline_status_api
 from d2ops.offline.pipeline import RunSummary, run_pipeline
 from d2ops.offline.runtime import OfflineRuntime
-from d2ops.offline.services.sagemaker import JOB_LOG, JobOutcome
+from d2ops.offline.services.sagemaker_jobs import JOB_LOG, JobOutcome
 from d2ops_core import metrics
 from tests.fixtures.offline.support import tiny_dataset
 

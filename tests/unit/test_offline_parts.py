@@ -12,7 +12,7 @@ import pytest
 from d2ops.offline import events
 from d2ops.offline.aws_endpoint import AwsEndpoint
 from d2ops.offline.pipeline import state_durations
-from d2ops.offline.services.sagemaker import final_metrics
+from d2ops.offline.services.sagemaker_jobs import final_metrics
 from d2ops.offline.stack import HttpRoute, LocalFunction, OfflineStack, StackError, load_stack
 from d2ops.offline.status_api_server import _route_regex, http_event
 from d2ops.offline.task_integrations import error_name, json_safe

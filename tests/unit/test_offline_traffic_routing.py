@@ -98,7 +98,7 @@ def sagemaker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple
         local = LocalSageMaker(tmp_path, s3, registry, jobs=None, serving=serving,
                                region="us-east-1", account_id="123456789012", cloudwatch=cloudwatch,
                                max_bake_seconds=30)
-        local.create_endpoint({"EndpointName": ENDPOINT, "EndpointConfigName": "blue-config"})
+        local.endpoint_api.create_endpoint({"EndpointName": ENDPOINT, "EndpointConfigName": "blue-config"})
         wait_until(local, lambda d: d["EndpointStatus"] == "InService")
         try:
             yield local, serving, cloudwatch
@@ -109,7 +109,7 @@ def sagemaker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple
 def wait_until(local: LocalSageMaker, done: Any, timeout: float = 30) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        described = local.describe_endpoint({"EndpointName": ENDPOINT})
+        described = local.endpoint_api.describe_endpoint({"EndpointName": ENDPOINT})
         if done(described):
             return described
         time.sleep(0.05)
@@ -121,7 +121,7 @@ def answers(local: LocalSageMaker, n: int) -> list[bytes]:
 
 
 def update(local: LocalSageMaker, config: str, routing: dict[str, Any]) -> None:
-    local.update_endpoint({"EndpointName": ENDPOINT, "EndpointConfigName": config, "DeploymentConfig": {
+    local.endpoint_api.update_endpoint({"EndpointName": ENDPOINT, "EndpointConfigName": config, "DeploymentConfig": {
         "BlueGreenUpdatePolicy": {"TrafficRoutingConfiguration": routing, "TerminationWaitInSeconds": 120,
                                   "MaximumExecutionTimeoutInSeconds": 3600},
         "AutoRollbackConfiguration": {"Alarms": [{"AlarmName": ALARM}]}}})
@@ -156,15 +156,16 @@ def test_all_at_once_keeps_the_old_fleet_until_the_bake_ends(sagemaker: tuple[Lo
     # The endpoint as the bake begins and as it ends, seen from inside the bake: a test polling from
     # outside can miss a one-second bake on a busy machine (or see it end between two of its lines).
     seen: list[tuple[bool, bool]] = []
-    bake = local._watch_alarms
+    endpoints = local.endpoint_api
+    bake = endpoints._watch_alarms
 
     def watched(*args: Any) -> str | None:
-        seen.append((baking(local.describe_endpoint({"EndpointName": ENDPOINT})), serving.started[b"blue"].stopped))
+        seen.append((baking(endpoints.describe_endpoint({"EndpointName": ENDPOINT})), serving.started[b"blue"].stopped))
         tripped = bake(*args)
-        seen.append((baking(local.describe_endpoint({"EndpointName": ENDPOINT})), serving.started[b"blue"].stopped))
+        seen.append((baking(endpoints.describe_endpoint({"EndpointName": ENDPOINT})), serving.started[b"blue"].stopped))
         return tripped
 
-    monkeypatch.setattr(local, "_watch_alarms", watched)
+    monkeypatch.setattr(endpoints, "_watch_alarms", watched)
     update(local, "green-config", traffic_routing(1).model_dump())
     described = wait_until(local, lambda d: d["EndpointStatus"] == "InService")
     assert seen == [(True, False), (True, False)]  # baking, with the old fleet up, from start to end
@@ -180,7 +181,7 @@ def test_a_canary_over_half_the_instances_is_refused_and_changes_nothing(
     with pytest.raises(ApiError, match="less than or equal to 50% of the variant's total instance count") as err:
         update(local, "green-config", one_instance_canary)
     assert err.value.code == "ValidationException"
-    described = local.describe_endpoint({"EndpointName": ENDPOINT})
+    described = local.endpoint_api.describe_endpoint({"EndpointName": ENDPOINT})
     assert (described["EndpointStatus"], described["EndpointConfigName"]) == ("InService", "blue-config")
     assert b"green" not in serving.started
     # The same canary on the four-instance config is what prepare_training plans for it.

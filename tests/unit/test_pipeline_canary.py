@@ -14,7 +14,7 @@ import pytest
 
 from d2ops import template as sam
 from d2ops.offline.errors import ApiError
-from d2ops.offline.services.sagemaker import _Canary, traffic_share
+from d2ops.offline.services.sagemaker_endpoints import _Canary, traffic_share
 from tests.fixtures.pipeline import support
 
 support.function_path("prepare_training")

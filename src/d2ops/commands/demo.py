@@ -130,7 +130,7 @@ def show_refusal(rt: Any, champion: dict[str, Any], refused: dict[str, Any], dat
     """The refused challenger left the endpoint alone: same config, the champion still answers."""
     from d2ops_core.champion import read_champion
 
-    endpoint = rt.sagemaker.describe_endpoint({"EndpointName": rt.stack.endpoint_name})
+    endpoint = rt.sagemaker.endpoint_api.describe_endpoint({"EndpointName": rt.stack.endpoint_name})
     record = read_champion(rt.client("s3"), rt.stack.artifacts_bucket)
     say(f"\n== quality gate refused a weaker challenger ==\n  {gate_line(refused)}\n  {refused['gate']['reason']}")
     still = endpoint["EndpointConfigName"] == champion["endpoint_config"] and record is not None \
@@ -211,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
                 t = time.monotonic()
                 shown = show_run(rt, summary, dataset)
                 stages[f"report {version}"] = round(time.monotonic() - t, 1)
-                endpoint = rt.sagemaker.describe_endpoint({"EndpointName": rt.stack.endpoint_name}) \
+                endpoint = rt.sagemaker.endpoint_api.describe_endpoint({"EndpointName": rt.stack.endpoint_name}) \
                     if summary.status == "SUCCEEDED" else None
                 runs.append({**summary.to_json(), "deployment": (shown["run"].get("endpoint") or {}).get("mode"),
                              "endpoint_config": endpoint["EndpointConfigName"] if endpoint else None,

@@ -13,7 +13,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from d2ops import container_entry, local_jobs, local_serving
-from d2ops.offline.services.sagemaker import JOB_LOG, JobOutcome, ServedModel
+from d2ops.offline.services.sagemaker_endpoints import ServedModel
+from d2ops.offline.services.sagemaker_jobs import JOB_LOG, JobOutcome
 
 PROCESSING_OUTPUT_ROOT = PurePosixPath("/opt/ml/processing/output")
 ENDPOINT_STARTUP_SECONDS = 300.0

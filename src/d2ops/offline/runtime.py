@@ -41,7 +41,8 @@ from d2ops.offline.processes import ProcessWarden
 from d2ops.offline.quotas import AccountQuotas
 from d2ops.offline.services import SERVICES, LocalSageMaker, LocalStepFunctions
 from d2ops.offline.services.base import EmulatedService
-from d2ops.offline.services.sagemaker import JobBackend, ServingBackend
+from d2ops.offline.services.sagemaker_endpoints import ServingBackend
+from d2ops.offline.services.sagemaker_jobs import JobBackend
 from d2ops.offline.stack import ACCOUNT_ID, REGION, OfflineStack, load_stack
 from d2ops.offline.status_api_server import HttpApi
 from d2ops.offline.store import write_json_atomic

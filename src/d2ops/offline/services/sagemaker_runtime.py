@@ -1,5 +1,5 @@
 """SageMaker Runtime offline: ``InvokeEndpoint`` (REST JSON, ``POST /endpoints/<name>/invocations``),
-answered by the endpoint's local TorchServe ``/invocations`` (`LocalSageMaker.invoke`)."""
+answered by the endpoint's local TorchServe ``/invocations`` (`sagemaker_endpoints.LocalEndpoints.invoke`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Protocol
 from d2ops.offline.errors import ApiError
 from d2ops.offline.services.base import RuntimeParts, Upstream, WireRequest, WireResponse
 from d2ops.offline.services.sagemaker import LocalSageMaker
+from d2ops.offline.services.sagemaker_endpoints import CUSTOM_ATTRIBUTES
 
 _INVOKE = re.compile(r"^/endpoints/(?P<name>[A-Za-z0-9-]{1,63})/invocations$")
-CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"  # InvokeEndpoint's CustomAttributes member
 
 
 class Invoker(Protocol):
