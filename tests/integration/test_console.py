@@ -69,19 +69,38 @@ def test_the_page_lists_the_run_and_opens_it_with_graph_and_validation(
         screenshot(page, "rejected-run-list")
 
         row.locator("a").click()
-        page.locator("#graph-svg g.state").first.wait_for(timeout=30_000)
+        page.locator("#stages li.stage").first.wait_for(timeout=30_000)
         page.locator("#validation-codes").wait_for(timeout=30_000)
-        nodes = page.locator("#graph-svg g.state")
         graph = offline_status_api(rt.status_api.url).get(f"/runs/{summary.run_id}/graph")
-        assert nodes.count() == len(graph["nodes"]) > 40  # every state of the definition
-        assert page.locator("#graph-svg path.transition").count() == len(graph["edges"])
-        status = {n: page.locator(f'#graph-svg g.state[data-name="{n}"]').get_attribute("data-status")
-                  for n in ("Validate dataset", "Dataset rejected", "Train model")}
-        assert status == {"Validate dataset": "succeeded", "Dataset rejected": "failed", "Train model": "not reached"}
-        taken = page.locator("#graph-svg path.transition.taken").count()
-        assert taken == sum(e["taken"] for e in graph["edges"]) >= 3
-        detail = page.locator('#graph-svg g.state[data-name="Validate dataset"] .state-detail').text_content() or ""
-        assert re.fullmatch(r"succeeded · [0-9.]+ (s|min)", detail), detail  # outcome and duration
+        # The stages on top, in the pipeline's order, each with the run's outcome in it (issue 23: the page drew
+        # every state of the definition, some 3,000 px of boxes, before)
+        stages = page.locator("#stages li.stage")
+        assert [stages.nth(i).get_attribute("data-stage") for i in range(stages.count())] == [
+            s["key"] for s in graph["stages"]] == ["validate", "prepare", "train", "evaluate", "gate", "deploy",
+                                                   "notify", "failure"]
+        status = {k: page.locator(f'li.stage[data-stage="{k}"]').get_attribute("data-status")
+                  for k in ("validate", "train", "failure")}
+        # the run left Validate for its failure path (the dataset rejected): that is where it failed
+        assert status == {"validate": "failed", "train": "not reached", "failure": "failed"}
+        # the states the run went through, and only those, are open; the run went from validate to its failure path
+        lines = page.locator("#stages li.line")
+        assert lines.count() == sum(len(s["lines"]) for s in graph["stages"]) < 16
+        rejected = page.locator('li.line[data-name="Dataset rejected"]')
+        assert rejected.is_visible() and rejected.get_attribute("data-status") == "failed"
+        assert "Report failure" in page.locator('li.stage[data-stage="validate"] .stage-away').inner_text()
+        detail = page.locator('li.line[data-name="Validate dataset"] .line-detail').inner_text()
+        assert re.fullmatch(r"succeeded · ([0-9.]+s|\d+m \d\ds)", detail), detail  # outcome and duration
+        # a stage the run never reached is folded, and opens to name its states
+        train = page.locator('li.stage[data-stage="train"]')
+        assert not train.locator("li.state", has_text="Train model").is_visible()
+        train.locator("summary").first.click()
+        folded = train.locator("details.folded")
+        assert folded.locator("summary").inner_text() == f"+{len(graph['stages'][2]['folded'])} not reached"
+        folded.locator("summary").click()
+        assert train.locator("li.state", has_text="Train model").is_visible()
+        # the failure stage's unreached states (the other Fail states) stay folded
+        assert not page.locator('li.stage[data-stage="failure"] li.state', has_text="Training failed").is_visible()
+        assert page.locator("#graph").bounding_box()["height"] < 900
         codes = page.locator("#validation-codes tbody tr td:first-child").all_inner_texts()
         assert "BBOX_OUTSIDE_IMAGE" in codes
         assert page.locator("table.class-stats tbody tr").count() >= 3  # per-class rows of each split

@@ -157,6 +157,32 @@ class GraphEdge(BaseModel):
     taken: bool = Field(description="the run went this way")
 
 
+class GraphLine(BaseModel):
+    """One line of a stage (d2ops_core.stage_timeline.Line): a state's visit, or a loop's rounds as one."""
+
+    title: str = Field(description="the state's name, or the loop's when ``loop`` (its rounds in ``rounds``)")
+    status: Literal["succeeded", "missed", "caught", "failed", "running"] = Field(
+        description="missed: an error the definition expects (d2ops_core.pipeline_stages.EXPECTED_MISSES)")
+    states: list[str] = Field(description="the states this line stands for")
+    rounds: int = Field(description="the loop's rounds, or the visits of a state entered several times in a row")
+    loop: bool
+    duration_seconds: float | None
+    error: str | None = None
+    note: str | None = Field(None, description="what an expected miss meant")
+
+
+class GraphStage(BaseModel):
+    """A stage of the pipeline (d2ops_core.pipeline_stages.STAGES) with the run's way through it."""
+
+    key: str
+    title: str
+    status: Literal["succeeded", "caught", "failed", "running", "not reached"]
+    duration_seconds: float | None
+    lines: list[GraphLine] = Field(description="the states the run went through here, in order")
+    folded: list[str] = Field(description="the stage's states the run never entered")
+    next_stages: list[str] = Field(description="keys of the stages the run went to from this one")
+
+
 class RunGraph(BaseModel):
     """The state machine laid out (d2ops_core.state_graph), each state with its outcome in this run."""
 
@@ -167,6 +193,9 @@ class RunGraph(BaseModel):
     box_height: float
     nodes: list[GraphNode]
     edges: list[GraphEdge]
+    stages: list[GraphStage] = Field(default_factory=list, description=(
+        "the run by stage, what the console draws: every stage in the pipeline's order, the states the run "
+        "went through in each (loops as one line), the ones it never reached folded"))
 
 
 class ModelScoresView(BaseModel):

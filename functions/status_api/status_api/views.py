@@ -17,7 +17,7 @@ from d2ops_core.documents.error_analysis import ERRORS_NAME, ErrorAnalysis
 from d2ops_core.documents.run_state import RunState
 from d2ops_core.evaluation_curves import PR_CURVES_NAME, PrCurves
 from d2ops_core.validation.report import ValidationReport
-from status_api.models import EvaluationView, GraphEdge, GraphNode, RunGraph
+from status_api.models import EvaluationView, GraphEdge, GraphLine, GraphNode, GraphStage, RunGraph
 from status_api.service import NotFound, RunNotFound, execution_history, latest_document, timeline
 
 
@@ -53,6 +53,12 @@ def run_graph(sfn: Any, state_machine_arn: str, run_id: str) -> RunGraph:
     nodes, edges = state_graph.layout(definition, status, taken)
     steps, _ = timeline(events, execution["status"])
     durations = {s.name: s.duration_seconds for s in steps}  # a looping state keeps its last visit
+    stages = [GraphStage(key=v.key, title=v.title, status=v.status, duration_seconds=v.seconds,
+                         folded=v.folded, next_stages=v.next_stages,
+                         lines=[GraphLine(title=line.title, status=line.status, states=line.states,
+                                          rounds=line.rounds, loop=line.loop, duration_seconds=line.seconds,
+                                          error=line.error, note=line.note) for line in v.lines])
+              for v in state_graph.stage_view(definition, steps)]
     return RunGraph(
         run_id=run_id, width=max(n.x for n in nodes) + state_graph.BOX_W + state_graph.MARGIN,
         height=max(n.y for n in nodes) + state_graph.BOX_H + state_graph.MARGIN,
@@ -60,7 +66,7 @@ def run_graph(sfn: Any, state_machine_arn: str, run_id: str) -> RunGraph:
         nodes=[GraphNode(name=n.name, kind=n.kind, status=n.status, x=n.x, y=n.y,
                          duration_seconds=durations.get(n.name)) for n in nodes],
         edges=[GraphEdge(source=e.source, target=e.target, kind=e.kind, taken=e.taken)
-               for e in edges])
+               for e in edges], stages=stages)
 
 
 def _read_json(s3: Any, artifacts_bucket: str, uri: str, what: str) -> bytes:

@@ -277,6 +277,25 @@ function lossChart(p) {
   return root;
 }
 
+// The run by stage (GET /runs/{runId}/graph's `stages`, d2ops_core.state_graph.stage_view): one column a
+// stage in the pipeline's order, headed by the run's outcome there and its time; each opens to the states
+// the run went through (a wait loop as one line: "Wait for endpoint ×10"), an expected miss as "missed";
+// the stage's states the run never entered are folded into "+N not reached", which opens to name them.
+function fmtDuration(s) {  // as d2ops_core.stage_timeline.human_duration says it
+  if (s === null || s === undefined) return "-";
+  if (s < 0.05) return "0s";
+  if (s < 10) return s.toFixed(1) + "s";
+  const whole = Math.round(s);
+  if (whole < 60) return whole + "s";
+  const pad = n => String(n).padStart(2, "0");
+  if (whole < 3600) return Math.floor(whole / 60) + "m " + pad(whole % 60) + "s";
+  return Math.floor(whole / 3600) + "h " + pad(Math.floor(whole % 3600 / 60)) + "m";
+}
+
+function lineTitle(line) {
+  return (line.loop || line.rounds > 1) ? line.title + " \u00d7" + line.rounds : line.title;
+}
+
 async function drawGraph(runId) {
   const box = document.getElementById("graph");
   let graph;
@@ -286,49 +305,45 @@ async function drawGraph(runId) {
     box.append(el("p", {"class": "error"}, "graph: " + e.message));
     return;
   }
-  const W = graph.box_width, H = graph.box_height;
-  const root = svg("svg", {"id": "graph-svg", "width": graph.width, "height": graph.height,
-                           "viewBox": `0 0 ${graph.width} ${graph.height}`, "font-size": 12});
-  const defs = svg("defs");
-  const marker = svg("marker", {"id": "arrow", "viewBox": "0 0 10 10", "refX": 9, "refY": 5, "markerWidth": 7,
-                                "markerHeight": 7, "orient": "auto-start-reverse"});
-  marker.append(svg("path", {"d": "M0,0 L10,5 L0,10 z", "fill": "#555"}));
-  defs.append(marker);
-  root.append(defs);
-  const at = Object.fromEntries(graph.nodes.map(n => [n.name, n]));
-  const edges = [...graph.edges].sort((a, b) => a.taken - b.taken);  // taken ones on top
-  for (const edge of edges) {
-    const a = at[edge.source], b = at[edge.target];
-    let d;
-    if (b.y > a.y) {
-      const x1 = a.x + W / 2, y1 = a.y + H, x2 = b.x + W / 2, y2 = b.y, mid = (y1 + y2) / 2;
-      d = `M${x1},${y1} C${x1},${mid} ${x2},${mid} ${x2},${y2}`;
-    } else {  // a loop back up, around the right-hand side
-      const xr = Math.max(a.x, b.x) + W + 12;
-      d = `M${a.x + W},${a.y + H / 2} C${xr},${a.y + H / 2} ${xr},${b.y + H / 2} ${b.x + W},${b.y + H / 2}`;
+  const titles = Object.fromEntries(graph.stages.map(s => [s.key, s.title]));
+  const list = el("ol", {"id": "stages", "class": "stages"});
+  graph.stages.forEach((stage, i) => {
+    const next = graph.stages[i + 1];
+    const item = el("li", {"class": "stage status-" + stage.status.replace(" ", "-"), "data-stage": stage.key,
+                           "data-status": stage.status});
+    if (next && stage.next_stages.includes(next.key)) item.classList.add("to-next");  // the run went on in order
+    const details = el("details", {"class": "stage-body"});
+    details.open = stage.lines.length > 0;
+    const time = stage.duration_seconds !== null ? " \u00b7 " + fmtDuration(stage.duration_seconds) : "";
+    details.append(el("summary", {}, el("span", {"class": "stage-title"}, stage.title),
+                      el("span", {"class": "stage-detail"}, stage.status + time)));
+    const lines = el("ol", {"class": "lines"});
+    for (const line of stage.lines) {
+      const said = line.status + (line.duration_seconds !== null ? " \u00b7 " + fmtDuration(line.duration_seconds) : "");
+      const tip = line.states.length > 1 ? line.states.join(", ") : line.states[0];
+      const row = el("li", {"class": "line status-" + line.status, "data-status": line.status,
+                            "data-name": line.title, "title": tip + (line.error ? " [" + line.error + "]" : "")},
+                     el("span", {"class": "line-title"}, lineTitle(line)),
+                     el("span", {"class": "line-detail"}, said));
+      if (line.note) row.append(el("span", {"class": "line-note"}, line.note));
+      else if (line.error && line.status !== "succeeded") row.append(el("span", {"class": "line-note"}, line.error));
+      lines.append(row);
     }
-    const path = svg("path", {"d": d, "fill": "none", "class": "transition" + (edge.taken ? " taken" : ""),
-                              "stroke": edge.taken ? "#333" : "#d0d0d0", "stroke-width": edge.taken ? 2.2 : 1});
-    if (edge.taken) path.setAttribute("marker-end", "url(#arrow)");
-    if (edge.kind === "catch") path.setAttribute("stroke-dasharray", "5,3");
-    path.append(svg("title", {}, `${edge.source} -> ${edge.target} (${edge.kind})`));
-    root.append(path);
-  }
-  for (const node of graph.nodes) {
-    const g = svg("g", {"class": "state", "data-name": node.name, "data-status": node.status});
-    const round = (node.kind === "Succeed" || node.kind === "Fail") ? 18 : 4;
-    g.append(svg("title", {}, `${node.name} (${node.kind}): ${node.status}` +
-                              (node.duration_seconds !== null ? `, ${fmtSeconds(node.duration_seconds)}` : "")));
-    g.append(svg("rect", {"x": node.x, "y": node.y, "width": W, "height": H, "rx": round, "fill": FILLS[node.status],
-                          "stroke": COLOURS[node.status], "stroke-width": node.status === "not reached" ? 1 : 2}));
-    const label = node.name.length <= 28 ? node.name : node.name.slice(0, 26) + "...";
-    g.append(svg("text", {"x": node.x + W / 2, "y": node.y + 17, "text-anchor": "middle"}, label));
-    const sub = node.duration_seconds !== null ? `${node.status} · ${fmtSeconds(node.duration_seconds)}` : node.status;
-    g.append(svg("text", {"x": node.x + W / 2, "y": node.y + 31, "text-anchor": "middle", "font-size": 10,
-                          "fill": COLOURS[node.status], "class": "state-detail"}, sub));
-    root.append(g);
-  }
-  box.append(root);
+    details.append(lines);
+    if (stage.folded.length) {
+      const folded = el("details", {"class": "folded"},
+                        el("summary", {}, "+" + stage.folded.length + " not reached"),
+                        el("ol", {}, ...stage.folded.map(name => el("li", {"class": "state"}, name))));
+      details.append(folded);
+    }
+    const away = stage.next_stages.filter(key => !next || key !== next.key);
+    if (away.length) {  // the run left this stage for one further on (a failure path)
+      details.append(el("p", {"class": "stage-away"}, "\u2192 " + away.map(key => titles[key] || key).join(", ")));
+    }
+    item.append(details);
+    list.append(item);
+  });
+  box.append(list);
 }
 
 async function showValidation(runId, run) {
