@@ -150,9 +150,21 @@ def percent(confidence: float) -> str:
     return f"{confidence * 100:.4g}%"
 
 
+def ap_text(value: float) -> str:
+    """An AP, or a difference of two, as every reason quotes it: three decimals ('0.512', '-0.018'); the
+    documents keep the exact values."""
+    return f"{value:.3f}"
+
+
+def limit_text(value: float) -> str:
+    """A gate threshold as a reason quotes it, as the operator wrote it: 0.3, 0.01 (never a float's residue,
+    0.30000000000000004)."""
+    return f"{value:g}"
+
+
 def interval_text(difference: float, low: float, high: float, confidence: float) -> str:
     """'difference -0.018, 95% interval [-0.031, -0.006]': how every reader of the gate quotes an interval."""
-    return f"difference {difference:.3f}, {percent(confidence)} interval [{low:.3f}, {high:.3f}]"
+    return f"difference {ap_text(difference)}, {percent(confidence)} interval [{ap_text(low)}, {ap_text(high)}]"
 
 
 def interval_line(metric: str, difference: float, low: float, high: float, confidence: float, val_images: int,
@@ -162,5 +174,6 @@ def interval_line(metric: str, difference: float, low: float, high: float, confi
     line = (f"{metric} challenger - champion: {interval_text(difference, low, high, confidence)} on {val_images} "
             "val images")
     if more is not None and tolerance is not None:
-        line += f"; wider than the tolerance \u00b1{tolerance:g}: about {more} more val images would narrow it"
+        line += (f"; wider than the tolerance \u00b1{limit_text(tolerance)}: about {more} more val images would "
+                 "narrow it")
     return line

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -173,3 +174,24 @@ def test_only_the_worst_ten_classes_travel_in_the_state_payload(s3: Any) -> None
     assert summary["class_regression_count"] == 25 and len(summary["class_regressions"]) == 10
     assert summary["class_regressions"][0]["class_name"] == "c24"  # worst first
     assert summary["class_gate_reason"].endswith("and 15 more")
+
+
+def test_reasons_quote_numbers_as_people_read_them_and_the_document_keeps_them_exact(s3: Any) -> None:
+    """Catches a reason made with a raw float (issue 23: 16-digit floats in the gate's reasons): the APs and the
+    interval to three decimals, the thresholds as the operator set them, the summary's fields untouched."""
+    challenger, champion = 0.1 + 0.2, 2 / 3  # 0.30000000000000004 and 0.6666666666666666
+    report: dict[str, Any] = {
+        "primary_metric": "bbox_AP", "val_images": 40, "class_instances": {"disc": 100},
+        "challenger": {"metrics": {"bbox_AP": challenger}, "per_class": {"disc": {"bbox_AP": challenger}}},
+        "champion": {"metrics": {"bbox_AP": champion}, "per_class": {"disc": {"bbox_AP": champion}}}}
+    report["comparison"] = support.point_comparison(report)
+    summary = summarize(s3, report, min_map=0.1 + 0.2, max_regression=0.1 + 0.05, max_class_regression=0.1 + 0.2,
+                        min_class_instances=1)
+    assert summary["challenger_value"] == challenger and summary["champion_value"] == champion  # exact values
+    assert summary["min_map"] == 0.1 + 0.2 and summary["regressed"] is True
+    for reason in (summary["gate_reason"], summary["class_gate_reason"]):
+        assert reason and not re.search(r"\d\.\d{4,}", reason), reason
+    assert summary["gate_reason"].startswith("challenger bbox_AP 0.300 vs champion 0.667: difference -0.367, ")
+    assert summary["gate_reason"].endswith("beyond the tolerance 0.15")
+    assert summary["class_gate_reason"].startswith("challenger bbox_AP trails the champion by more than 0.3 on 1 class")
+    assert "disc 0.300 vs 0.667, difference -0.367" in summary["class_gate_reason"]

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from d2ops_core import gate as gate_rule
 from d2ops_core import platform
 from d2ops_core.documents.evaluation import Comparison, DifferenceInterval, EvaluationReport, ModelScores
+from d2ops_core.gate import ap_text, limit_text
 from d2ops_core.s3_layout import parse_s3_uri
 from d2ops_core.s3_probe import key_listed
 from d2ops_core.score_thresholds import registry_value
@@ -144,11 +145,11 @@ def class_gate_reason(regressions: list[ClassRegression], max_class_regression: 
     if not regressions:
         return ""
     listed = regressions[:MAX_LISTED_REGRESSIONS]
-    parts = [f"{r.class_name} {r.challenger_ap:.3f} vs {r.champion_ap:.3f}, {interval_text(r.interval)} "
+    parts = [f"{r.class_name} {ap_text(r.challenger_ap)} vs {ap_text(r.champion_ap)}, {interval_text(r.interval)} "
              f"({r.instances} instances)" for r in listed]
     more = f" and {len(regressions) - len(listed)} more" if len(regressions) > len(listed) else ""
-    return (f"challenger {listed[0].metric} trails the champion by more than {max_class_regression:g} on "
-            f"{len(regressions)} class{'es' if len(regressions) > 1 else ''} (challenger vs champion): "
+    return (f"challenger {listed[0].metric} trails the champion by more than {limit_text(max_class_regression)} "
+            f"on {len(regressions)} class{'es' if len(regressions) > 1 else ''} (challenger vs champion): "
             f"{'; '.join(parts)}{more}")
 
 
@@ -201,21 +202,23 @@ def gate_reason(summary: EvaluationSummary) -> str:
     metric, challenger = summary.primary_metric, summary.challenger_value
     versus = wider = ""
     if summary.interval is not None:
-        versus = f"vs champion {summary.interval.champion:.3f}: {interval_text(summary.interval)}"
+        versus = f"vs champion {ap_text(summary.interval.champion)}: {interval_text(summary.interval)}"
     if summary.more_val_images is not None:
         wider = (f"; the interval is wider than the tolerance: about {summary.more_val_images} more val images "
-                 f"({summary.val_images} now) would narrow it to \u00b1{summary.max_regression:g}")
+                 f"({summary.val_images} now) would narrow it to \u00b1{limit_text(summary.max_regression)}")
     refusal = refused_by(summary)
     if refusal == "below_min_map":
-        return f"challenger {metric} {challenger:.3f} is below the threshold {summary.min_map:g}" + (
+        return f"challenger {metric} {ap_text(challenger)} is below the threshold {limit_text(summary.min_map)}" + (
             f"; {versus}{wider}" if versus else "")
     if refusal == "regressed":
-        return f"challenger {metric} {challenger:.3f} {versus}, beyond the tolerance {summary.max_regression:g}{wider}"
+        return (f"challenger {metric} {ap_text(challenger)} {versus}, beyond the tolerance "
+                f"{limit_text(summary.max_regression)}{wider}")
     if refusal == "class_regressed":
         return summary.class_gate_reason + (f"; overall {versus}" if versus else "")
-    reason = f"challenger {metric} {challenger:.3f} reaches the threshold {summary.min_map:g}"
+    reason = f"challenger {metric} {ap_text(challenger)} reaches the threshold {limit_text(summary.min_map)}"
     if versus:
-        reason += f"; {versus}, no significant regression beyond the tolerance {summary.max_regression:g}{wider}"
+        reason += (f"; {versus}, no significant regression beyond the tolerance "
+                   f"{limit_text(summary.max_regression)}{wider}")
     return reason
 
 
