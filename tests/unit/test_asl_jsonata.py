@@ -356,3 +356,39 @@ def test_names_relative_to_a_step_are_not_top_level() -> None:
         "mapped": "{% $map($states.input.items, function($v){ $v.price * 2 }) %}"}}),
         {"items": [{"name": "a", "price": 1}, {"name": "b", "price": 9}]})
     assert execution.output == {"cheap": "a", "renamed": [{"n": "a"}, {"n": "b"}], "sum": 10, "mapped": [2, 18]}
+
+
+def test_a_distributed_map_in_jsonata() -> None:
+    # The children run in the machine's language (JSONata here), without the parent's variables.
+    definition = one({"Type": "Map", "Items": "{% $states.input.items %}",
+                      "ItemSelector": {"n": "{% $states.context.Map.Item.Value %}"},
+                      "ToleratedFailureCount": "{% $states.input.tolerated %}", "MaxConcurrency": "{% 2 %}",
+                      "ItemProcessor": {"ProcessorConfig": {"Mode": "DISTRIBUTED", "ExecutionType": "STANDARD"},
+                                        "StartAt": "C", "States": {"C": {
+                                            "Type": "Choice", "Choices": [{"Condition": "{% $states.input.n = 2 %}",
+                                                                           "Next": "Bad"}], "Default": "Good"},
+                                            "Good": {"Type": "Pass", "Output": "{% $states.input.n * 10 %}",
+                                                     "End": True},
+                                            "Bad": {"Type": "Fail", "Error": "Two"}}},
+                      "Output": {"results": "{% $states.result %}"}})
+    execution = run(definition, {"items": [1, 3], "tolerated": 0})
+    assert execution.output == {"results": [10, 30]}
+    failed = run(definition, {"items": [1, 2], "tolerated": 0})
+    assert failed.error == "States.ExceedToleratedFailureThreshold"
+    tolerated = run(definition, {"items": [1, 2], "tolerated": 1})
+    assert tolerated.status == "SUCCEEDED" and tolerated.output["results"][0] == 10
+    with pytest.raises(AslDefinitionError, match="field 'Parameters' is only supported for the 'JSONPath'"):
+        StateMachine.from_definition(one({
+            "Type": "Map", "ItemReader": {"Resource": "arn:aws:states:::s3:listObjectsV2", "Parameters": {}},
+            "ItemProcessor": {"ProcessorConfig": {"Mode": "DISTRIBUTED", "ExecutionType": "STANDARD"},
+                              "StartAt": "P", "States": {"P": {"Type": "Succeed"}}}}))
+
+
+def test_distributed_map_children_do_not_see_the_parents_variables() -> None:
+    definition = {"QueryLanguage": "JSONata", "StartAt": "A", "States": {
+        "A": {"Type": "Pass", "Assign": {"x": 1}, "Next": "M"},
+        "M": {"Type": "Map", "Items": [1], "End": True, "ItemSelector": {"x": "{% $x %}"},  # evaluated by the parent
+              "ItemProcessor": {"ProcessorConfig": {"Mode": "DISTRIBUTED", "ExecutionType": "EXPRESS"},
+                                "StartAt": "P", "States": {"P": {"Type": "Pass", "End": True,
+                                                                 "Output": "{% $exists($x) %}"}}}}}}
+    assert run(definition).output == [False]

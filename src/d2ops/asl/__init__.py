@@ -27,7 +27,7 @@ Python API::
 
 ``StateMachine.from_definition(dict_or_json, name=...)`` builds one from memory. Definitions are
 validated first: an ``AslDefinitionError`` names each problem by state and field, including the
-features refused on purpose (task credentials, a Distributed Map in a JSONata state). See
+features refused on purpose (task credentials). See
 docs/asl-interpreter.md for what is supported and how it differs from the service.
 """
 

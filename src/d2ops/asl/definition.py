@@ -559,8 +559,6 @@ class _Validator:
         processor = state.get(keys[0]) if len(keys) == 1 else None
         config = processor.get("ProcessorConfig") if isinstance(processor, dict) else None
         if isinstance(config, dict) and config.get("Mode") == "DISTRIBUTED":
-            if self.language == JSONATA:
-                self.problem(where, "a Distributed Map in a JSONata state is not supported by the interpreter")
             self.distributed(state, where)
         else:
             for key in DISTRIBUTED_ONLY:
@@ -576,10 +574,12 @@ class _Validator:
         for key in ("ToleratedFailureCountPath", "ToleratedFailurePercentagePath"):
             if key in state:
                 self.path(state[key], f"{where}.{key}", reference=True)
-        count = state.get("ToleratedFailureCount")
+        count = None if self.expression_or(state, "ToleratedFailureCount", where) \
+            else state.get("ToleratedFailureCount")
         if count is not None and (not _is_int(count) or count < 0):
             self.problem(f"{where}.ToleratedFailureCount", "must be a non-negative integer")
-        percentage = state.get("ToleratedFailurePercentage")
+        percentage = None if self.expression_or(state, "ToleratedFailurePercentage", where) \
+            else state.get("ToleratedFailurePercentage")
         if percentage is not None and (not _is_number(percentage) or not 0 <= percentage <= 100):
             self.problem(f"{where}.ToleratedFailurePercentage", "must be a number from 0 to 100")
         if "Label" in state:
@@ -611,6 +611,11 @@ class _Validator:
         return True
 
     def _positive(self, config: dict[str, Any], key: str, where: str, maximum: int | None = None) -> None:
+        if self.expression_or(config, key, where):
+            return
+        if key + "Path" in config and (refusal := language_problem(key + "Path", self.language)) is not None:
+            self.problem(f"{where}.{key}Path", refusal)
+            return
         if key in config and key + "Path" in config:
             self.problem(where, f"{key} and {key}Path are mutually exclusive")
         if key in config:
@@ -621,15 +626,33 @@ class _Validator:
         if key + "Path" in config:
             self.path(config[key + "Path"], f"{where}.{key}Path", reference=True)
 
+    def arguments(self, holder: dict[str, Any], where: str) -> str:
+        """The payload template key of an ItemReader/ResultWriter in this state's language (Parameters or
+        Arguments), refusing the other one."""
+        key = "Arguments" if self.language == JSONATA else "Parameters"
+        other = "Parameters" if key == "Arguments" else "Arguments"
+        if other in holder:
+            owner = JSONPATH if other == "Parameters" else JSONATA
+            self.problem(f"{where}.{other}", f"The QueryLanguage is set to '{self.language}', but field '{other}' is "
+                                             f"only supported for the '{owner}' QueryLanguage")
+        return key
+
+    def payload(self, template: Any, where: str) -> None:
+        if self.language == JSONATA:
+            self.jsonata(template, where)
+        else:
+            self.template(template, where)
+
     def item_reader(self, reader: Any, where: str) -> None:
-        if not self._fields(reader, where, {"Resource", "ReaderConfig", "Parameters"}):
+        if not self._fields(reader, where, {"Resource", "ReaderConfig", "Parameters", "Arguments"}):
             return
+        key = self.arguments(reader, where)
         resource = reader.get("Resource")
         normalised = re.sub(r"^arn:[^:]*:", "arn:aws:", resource) if isinstance(resource, str) else resource
         if normalised not in _READER_RESOURCES:
             self.problem(f"{where}.Resource", f"must be one of {', '.join(_READER_RESOURCES)}: {resource!r}")
-        if "Parameters" in reader:
-            self.template(reader["Parameters"], f"{where}.Parameters")
+        if key in reader:
+            self.payload(reader[key], f"{where}.{key}")
         config = reader.get("ReaderConfig", {})
         if not self._fields(config, f"{where}.ReaderConfig", {"InputType", "CSVHeaderLocation", "CSVHeaders",
                                                               "CSVDelimiter", "MaxItems", "MaxItemsPath",
@@ -680,11 +703,12 @@ class _Validator:
             if batcher.get(key) == 0:
                 self.problem(f"{where}.{key}", "must be a positive integer")
         if "BatchInput" in batcher:
-            self.template(batcher["BatchInput"], f"{where}.BatchInput")
+            self.payload(batcher["BatchInput"], f"{where}.BatchInput")
 
     def result_writer(self, writer: Any, where: str) -> None:
-        if not self._fields(writer, where, {"Resource", "Parameters", "WriterConfig"}):
+        if not self._fields(writer, where, {"Resource", "Parameters", "Arguments", "WriterConfig"}):
             return
+        key = self.arguments(writer, where)
         # The documented combinations: WriterConfig alone (the state output), or Resource with Parameters
         # (an export to S3), with or without WriterConfig.
         if "WriterConfig" in writer:
@@ -694,20 +718,22 @@ class _Validator:
                     self.problem(f"{where}.WriterConfig.Transformation", "must be NONE, COMPACT or FLATTEN")
                 if config.get("OutputType", "JSON") not in ("JSON", "JSONL"):
                     self.problem(f"{where}.WriterConfig.OutputType", "must be JSON or JSONL")
-            if "Resource" not in writer and "Parameters" not in writer:
+            if "Resource" not in writer and key not in writer:
                 return
-        elif "Resource" not in writer and "Parameters" not in writer:
-            self.problem(where, "cannot be empty: needs WriterConfig, or Resource and Parameters")
+        elif "Resource" not in writer and key not in writer:
+            self.problem(where, f"cannot be empty: needs WriterConfig, or Resource and {key}")
             return
         resource = writer.get("Resource")
         normalised = re.sub(r"^arn:[^:]*:", "arn:aws:", resource) if isinstance(resource, str) else resource
         if normalised != "arn:aws:states:::s3:putObject":
             self.problem(f"{where}.Resource", f"must be arn:aws:states:::s3:putObject: {resource!r}")
-        parameters = writer.get("Parameters")
-        if not isinstance(parameters, dict) or not ({"Bucket", "Bucket.$"} & set(parameters)):
-            self.problem(f"{where}.Parameters", "needs Bucket (and optionally Prefix)")
+        parameters = writer.get(key)
+        if self.language == JSONATA and jsonata_expr.is_expression(parameters):
+            self.jsonata(parameters, f"{where}.{key}")
+        elif not isinstance(parameters, dict) or not ({"Bucket", "Bucket.$"} & set(parameters)):
+            self.problem(f"{where}.{key}", "needs Bucket (and optionally Prefix)")
         else:
-            self.template(parameters, f"{where}.Parameters")
+            self.payload(parameters, f"{where}.{key}")
 
 
 def validate(definition: Any, *, source: str | None = None) -> None:

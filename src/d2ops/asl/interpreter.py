@@ -97,6 +97,10 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _size(value: Any) -> int:
     return len(_dumps(value).encode("utf-8"))
 
@@ -988,54 +992,67 @@ class Execution:
         express = processor["ProcessorConfig"].get("ExecutionType") == "EXPRESS"
         label = state.get("Label", name)
         parent = self.state_machine
-        child_machine = StateMachine({k: v for k, v in processor.items() if k != "ProcessorConfig"},
+        # The children run the processor's states in the machine's language (a state's own QueryLanguage
+        # does not reach into its ItemProcessor).
+        inherited = {"QueryLanguage": parent.definition["QueryLanguage"]} if "QueryLanguage" in parent.definition \
+            else {}
+        child_machine = StateMachine({**inherited, **{k: v for k, v in processor.items() if k != "ProcessorConfig"}},
                                      name=f"{parent.name}/{label}", region=parent.region,
                                      account_id=parent.account_id, role_arn=parent.role_arn, source=parent.source)
         selector = state.get("ItemSelector", state.get("Parameters"))
         reader: dict[str, Any] | None = state.get("ItemReader")
         batcher: dict[str, Any] | None = state.get("ItemBatcher")
         writer: dict[str, Any] | None = state.get("ResultWriter")
+        jsonata = self._language(state) == JSONATA
 
         def attempt(retry_count: int) -> Any:
             context = self._context(name, entered, retry_count)
-            data = self._input_path(state, name, raw, context)
+            evaluator = self._jsonata(name, frame, context, raw) if jsonata else None
+            data = raw if jsonata else self._input_path(state, name, raw, context)
+
+            def number(holder: dict[str, Any], key: str, kind: str) -> Any:
+                """A numeric field: a literal, a JSONata expression or (JSONPath) its ``…Path``."""
+                if evaluator is not None and jsonata_expr.is_expression(holder.get(key)):
+                    check = _is_int if kind == "integer" else _is_number
+                    return evaluator.typed(holder[key], key, kind, check)
+                if key + "Path" in holder:
+                    return self._path_number(holder, key, data, context, name, kind)
+                return holder.get(key)
+
+            def template(value: Any, at: dict[str, Any], field: str) -> Any:
+                if jsonata:
+                    return self._jsonata(name, frame, at, raw).template(value, field.replace(".", "/"))
+                return self._render(value, data, at, name, field)
+
             items: list[Any] | None = None
-            if reader is None:
+            if reader is None and evaluator is not None:
+                items = self._jsonata_items(state, name, raw, evaluator)
+            elif reader is None:
                 selected = self._select(state.get("ItemsPath", "$"), data, context, name, "ItemsPath")
                 if not isinstance(selected, list):
                     raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The ItemsPath field must select an "
                                                f"array: {state.get('ItemsPath', '$')} == {_brief(selected)}")
                 items = selected
             self._event(frame, "MapStateStarted", {"length": len(items) if items is not None else 0})
-            concurrency = state.get("MaxConcurrency", 0)
-            if "MaxConcurrencyPath" in state:
-                concurrency = self._path_number(state, "MaxConcurrency", data, context, name, "integer")
-                if concurrency < 0:
-                    raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} MaxConcurrency cannot be negative.")
-            count = state.get("ToleratedFailureCount")
-            if "ToleratedFailureCountPath" in state:
-                count = self._path_number(state, "ToleratedFailureCount", data, context, name, "integer")
+            concurrency = number(state, "MaxConcurrency", "integer") or 0
+            if concurrency < 0:
+                raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} MaxConcurrency cannot be negative.")
+            count = number(state, "ToleratedFailureCount", "integer")
             if count is not None and count < 0:
                 raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} ToleratedFailureCount cannot be negative.")
-            percentage = state.get("ToleratedFailurePercentage")
-            if "ToleratedFailurePercentagePath" in state:
-                percentage = self._path_number(state, "ToleratedFailurePercentage", data, context, name, "float")
+            percentage = number(state, "ToleratedFailurePercentage", "float")
             if percentage is not None and not 0 <= percentage <= 100:
                 raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} ToleratedFailurePercentage must be "
                                            "between 0 and 100.")
-            max_items = distributed.MAX_ITEMS
             reader_config = (reader or {}).get("ReaderConfig", {})
-            if "MaxItemsPath" in reader_config:
-                max_items = self._path_number(reader_config, "MaxItems", data, context, name, "integer")
-            elif "MaxItems" in reader_config:
-                max_items = reader_config["MaxItems"]
+            max_items = number(reader_config, "MaxItems", "integer")
+            if max_items is None:
+                max_items = distributed.MAX_ITEMS
             batch_items = batch_bytes = None
             batch_input: Any = None
             if batcher is not None:
                 for key in ("MaxItemsPerBatch", "MaxInputBytesPerBatch"):
-                    value = batcher.get(key)
-                    if key + "Path" in batcher:
-                        value = self._path_number(batcher, key, data, context, name, "integer")
+                    value = number(batcher, key, "integer")
                     if value is not None and value <= 0:
                         raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} {key} must be positive.")
                     if key == "MaxItemsPerBatch":
@@ -1043,13 +1060,13 @@ class Execution:
                     else:
                         batch_bytes = value
                 if "BatchInput" in batcher:
-                    batch_input = self._render(batcher["BatchInput"], data, context, name, "ItemBatcher.BatchInput")
+                    batch_input = template(batcher["BatchInput"], context, "ItemBatcher.BatchInput")
             map_run_id = str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
             map_run_arn = f"arn:aws:states:{parent.region}:{parent.account_id}:mapRun:{parent.name}/{label}:" \
                           f"{map_run_id}"
             self._event(frame, "MapRunStarted", {"mapRunArn": map_run_arn})
             try:
-                output = self._map_run(name, state, data, context, frame, items, reader, max_items, selector,
+                output = self._map_run(name, state, template, context, frame, items, reader, max_items, selector,
                                        batch_items, batch_bytes, batch_input, batcher is not None, concurrency,
                                        count, percentage, child_machine, express, map_run_arn, writer)
             except StatesError as err:
@@ -1063,29 +1080,34 @@ class Execution:
             run_done = frame.last_event
             self._event(frame, "MapStateSucceeded", None)
             frame.last_event = run_done  # MapStateExited follows MapRunSucceeded in the service's history
+            if jsonata:
+                return self._jsonata_finish(state, name, raw, output, context, frame)
             return self._finish_result(state, name, raw, output, context, frame)
 
         return self._retry_and_catch(name, state, raw, frame, attempt, entered)
 
-    def _map_run(self, name: str, state: dict[str, Any], data: Any, context: dict[str, Any], frame: _Frame,
+    def _map_run(self, name: str, state: dict[str, Any], template: Callable[[Any, dict[str, Any], str], Any],
+                 context: dict[str, Any], frame: _Frame,
                  items: list[Any] | None, reader: dict[str, Any] | None, max_items: int, selector: Any,
                  batch_items: int | None, batch_bytes: int | None, batch_input: Any, batching: bool,
                  concurrency: int, count: int | None, percentage: float | None, child_machine: StateMachine,
                  express: bool, map_run_arn: str, writer: dict[str, Any] | None) -> Any:
-        """One Map Run: read, select, batch, run each child execution, judge the failures, write results."""
+        """One Map Run: read, select, batch, run each child execution, judge the failures, write results.
+        ``template`` renders a payload template in the state's language (Parameters or Arguments)."""
+        arguments = "Arguments" if self._language(state) == JSONATA else "Parameters"
         if max_items < 0:
             raise StatesError(distributed.ITEM_READER_FAILED, "field MaxItems must be positive")
         limit = min(max_items or distributed.MAX_ITEMS, distributed.MAX_ITEMS)
         if reader is not None:
-            parameters = self._render(reader.get("Parameters", {}), data, context, name, "ItemReader.Parameters")
+            parameters = template(reader.get(arguments, {}), context, f"ItemReader.{arguments}")
             items = distributed.read_items(reader["Resource"], parameters, reader.get("ReaderConfig", {}), limit,
                                            self.state_machine.region)
         assert items is not None
         if reader is None:
             items = items[:limit] if max_items else items
         if selector is not None:
-            items = [self._render(selector, data, dict(context, Map={"Item": {"Index": i, "Value": item}}), name,
-                                  "ItemSelector") for i, item in enumerate(items)]
+            items = [template(selector, dict(context, Map={"Item": {"Index": i, "Value": item}}), "ItemSelector")
+                     for i, item in enumerate(items)]
 
         def batch_payload(batch: list[Any]) -> Any:
             payload: dict[str, Any] = {"BatchInput": batch_input} if batch_input is not None else {}
@@ -1176,7 +1198,7 @@ class Execution:
                 # Children the Map Run stopped before they ended are PENDING (they could be redriven).
                 status = {"SUCCEEDED": "SUCCEEDED", "ABORTED": "PENDING"}.get(execution.status, "FAILED")
                 by_status[status].append(execution)
-            parameters = self._render(writer.get("Parameters", {}), data, context, name, "ResultWriter.Parameters")
+            parameters = template(writer.get(arguments, {}), context, f"ResultWriter.{arguments}")
             details = distributed.write_results(self.state_machine.region, parameters.get("Bucket"),
                                                 parameters.get("Prefix"), map_run_arn,
                                                 {status: entries(group) for status, group in by_status.items()},
