@@ -113,8 +113,19 @@ STATES_ERRORS = frozenset({
     "States.ParameterPathFailure", "States.Permissions", "States.QueryEvaluationError",
     "States.ResultPathMatchFailure", "States.ResultWriterFailed", "States.Runtime", "States.TaskFailed",
     "States.Timeout", "States.BranchFailed"})
-# botocore service names where Step Functions' differ.
+# botocore (and boto3 client) service names where Step Functions' differ.
 _BOTOCORE_SERVICE = {"sfn": "stepfunctions", "states": "stepfunctions"}
+
+
+def client_name(service: str) -> str:
+    """The boto3 client (botocore model) for a Task resource's ``<service>`` (``sfn`` -> ``stepfunctions``)."""
+    return _BOTOCORE_SERVICE.get(service, service)
+
+
+def sdk_error_prefix(service: str) -> str:
+    """The ``<Service>`` of an aws-sdk integration's error names: Step Functions' PascalCase service
+    name (``aws-sdk:cloudwatch`` -> ``CloudWatch``, ``aws-sdk:acmpca`` -> ``AcmPca``)."""
+    return SDK_ERROR_PREFIX.get(service, service.capitalize())
 
 class ContractError(ValueError):
     """A Task resource or request the contract cannot place."""
@@ -159,7 +170,7 @@ def parse_resource(resource: str) -> Integration:
 def _service_model(service: str) -> Any:
     import botocore.session
 
-    return botocore.session.get_session().get_service_model(_BOTOCORE_SERVICE.get(service, service))
+    return botocore.session.get_session().get_service_model(client_name(service))
 
 
 def operation_model(service: str, operation: str) -> Any:
@@ -288,7 +299,7 @@ def possible_errors(integration: Integration) -> frozenset[str]:
     """The service error names a Task on ``integration`` can report (without ``States.*``)."""
     modelled = modelled_errors(integration.service, integration.operation)
     if integration.sdk:
-        prefix = SDK_ERROR_PREFIX.get(integration.service, integration.service.capitalize())
+        prefix = sdk_error_prefix(integration.service)
         return frozenset({f"{prefix}.{_with_exception_suffix(n)}" for n in modelled}
                          | {f"{prefix}.{prefix}Exception", f"{prefix}.SdkClientException"})
     names = set(OPTIMISED_ERRORS.get(integration.service, frozenset()))

@@ -32,12 +32,10 @@ from botocore.exceptions import ClientError
 
 from d2ops.asl import ExecutorRegistry, TaskContext, TaskFailed
 from d2ops.asl.service_arn import parse_service_arn
-from d2ops.aws_contract import OPTIMISED_ERROR_PREFIX, SDK_ERROR_PREFIX, sdk_member_names
+from d2ops.aws_contract import OPTIMISED_ERROR_PREFIX, client_name, sdk_error_prefix, sdk_member_names
 from d2ops.offline.lambdas import FunctionError, LocalLambdas
 
 SYNC_POLL_SECONDS = 2.0
-# Step Functions' service names -> boto3 client names, where they differ.
-_CLIENT_NAMES = {"sfn": "stepfunctions", "states": "stepfunctions"}
 
 ClientFactory = Callable[[str], Any]
 
@@ -55,13 +53,6 @@ def json_safe(value: Any) -> Any:
     if hasattr(value, "read"):  # StreamingBody
         return value.read().decode("utf-8", "replace")
     return value
-
-
-def sdk_error_prefix(service: str) -> str:
-    """The ``<Service>`` of an aws-sdk integration's error names: Step Functions' PascalCase service
-    name (``aws-sdk:cloudwatch`` -> ``CloudWatch``, ``aws-sdk:acmpca`` -> ``AcmPca``), from the one
-    table in d2ops.aws_contract."""
-    return SDK_ERROR_PREFIX.get(service, service.capitalize())
 
 
 def modelled_error(client: Any, code: str) -> str | None:
@@ -199,7 +190,7 @@ class ServiceExecutors:
         arn = parse_service_arn(resource)
         if arn is None or arn.pattern:
             raise TaskFailed("States.Runtime", f"the offline runtime has no integration for {resource}")
-        service = _CLIENT_NAMES.get(arn.service, arn.service)
+        service = client_name(arn.service)
         client = self.clients(service)
         method = getattr(client, xform_name(arn.action), None)
         if method is None:
