@@ -15,6 +15,7 @@ from d2ops_core import cost, platform, run_ids, run_start, s3_layout, s3_probe, 
 from d2ops_core.champion import read_champion
 from d2ops_core.documents.run_state import RunState
 from d2ops_core.failures import reason
+from d2ops_core.stage_timeline import steps_from_history
 from d2ops_core.training_progress import progress_from_series
 from status_api.models import (
     EndpointInfo,
@@ -130,40 +131,11 @@ def execution_history(sfn: Any, arn: str) -> list[dict[str, Any]]:
     return events
 
 
-def _event_error(event: dict[str, Any]) -> str | None:
-    for key, details in event.items():
-        if key.endswith("EventDetails") and isinstance(details, dict) and details.get("error"):
-            return str(details["error"])
-    return None
-
-
 def timeline(events: list[dict[str, Any]], execution_status: str) -> tuple[list[StateStep], str | None]:
-    """Per-state steps (entered, exited, duration, error) and the state a running run is in."""
-    steps: list[StateStep] = []
-    open_steps: dict[str, StateStep] = {}
-    last_open: StateStep | None = None
-    for event in events:
-        kind: str = event["type"]
-        when: datetime = event["timestamp"]
-        if kind.endswith("StateEntered"):
-            step = StateStep(name=event["stateEnteredEventDetails"]["name"], status="running",
-                             entered_at=when.isoformat())
-            steps.append(step)
-            open_steps[step.name] = step
-            last_open = step
-        elif kind.endswith("StateExited"):
-            step = open_steps.pop(event["stateExitedEventDetails"]["name"], None)
-            if step is not None:
-                step.exited_at = when.isoformat()
-                step.duration_seconds = round((when - datetime.fromisoformat(step.entered_at)).total_seconds(), 3)
-                step.status = "failed" if step.error else "succeeded"
-        else:
-            error = _event_error(event)
-            if error and last_open is not None:
-                last_open.error = error
+    """Per-state steps (entered, exited, duration, error) and the state a running run is in
+    (d2ops_core.stage_timeline.steps_from_history: `d2ops graph` reads the history the same way)."""
+    steps = [StateStep.model_validate(vars(step)) for step in steps_from_history(events, execution_status)]
     if execution_status != "RUNNING":
-        for step in open_steps.values():
-            step.status = "failed"
         return steps, None
     current = [s for s in steps if s.status == "running"]
     return steps, current[-1].name if current else None
