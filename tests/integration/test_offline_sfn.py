@@ -188,3 +188,17 @@ def test_a_killed_runtime_leaves_no_processes_and_its_run_is_closed(tmp_path: Pa
     assert described["status"] == "ABORTED" and described["error"] == "OfflineRuntimeStopped"
     assert "in state 'Hold'" in described["cause"]
     assert not psutil.pid_exists(child_pid) or psutil.Process(child_pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_stopping_the_runtime_aborts_its_running_executions(tmp_path: Path) -> None:
+    # The runtime stops each emulated service that runs something (services.SERVICES, shutdown()):
+    # an execution still running ends ABORTED, saying why, and stays so for the next runtime.
+    work = tmp_path / "work"
+    with OfflineRuntime(work) as rt:
+        arn, _gate = _held_machine(rt)
+        execution = rt.client("stepfunctions").start_execution(stateMachineArn=arn, name="held-at-stop",
+                                                               input='{"tag": "x"}')["executionArn"]
+    with OfflineRuntime(work) as rt:
+        described = rt.client("stepfunctions").describe_execution(executionArn=execution)
+    assert described["status"] == "ABORTED" and described["error"] == "OfflineRuntimeStopped"
+    assert described["cause"] == "the offline runtime is stopping"

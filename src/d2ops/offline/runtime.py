@@ -173,9 +173,11 @@ class OfflineRuntime:
             return
         self._stopping = True
         atexit.unregister(self.stop)
-        steps = [
-            ("executions", lambda: self.sfn.abort_all("the offline runtime is stopping")),
-            ("sagemaker", lambda: self.sagemaker.shutdown()),
+        # The emulated services first, in table order (executions end before the jobs they started).
+        steps: list[tuple[str, Any]] = [
+            (service.CLIENT, service.shutdown) for kind in SERVICES for service in self._services
+            if isinstance(service, kind) and hasattr(service, "shutdown")]
+        steps += [
             ("status api", lambda: self.status_api.stop()),
             ("gateway", lambda: self.gateway.stop()),
             ("s3 snapshot", self._save_s3),

@@ -6,7 +6,8 @@ A service is a class with:
   ``AWS_ENDPOINT_URL_<SERVICE ID>`` variable through which boto3 reaches the endpoint for it;
 - ``from_runtime(parts)``: how the offline runtime builds it from its parts (`RuntimeParts`);
 - ``accepts(request)``: whether a request is its (an ``X-Amz-Target`` prefix, a REST path);
-- ``handle(request, upstream)``: the answer; ``upstream`` is moto's server, for what it leaves there.
+- ``handle(request, upstream)``: the answer; ``upstream`` is moto's server, for what it leaves there;
+- ``shutdown()``, if it runs anything (threads, processes) that must end with the runtime.
 
 Most services speak the AWS JSON protocol: they subclass `AwsJsonService`, name their
 ``TARGET_PREFIX`` and ``JSON_VERSION``, and implement ``call(operation, request)``; ``owns`` says

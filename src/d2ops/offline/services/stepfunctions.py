@@ -259,6 +259,10 @@ class LocalStepFunctions(AwsJsonService):
         result: dict[str, Any] = getattr(self, method)(request)
         return result
 
+    def shutdown(self) -> None:
+        """The runtime is stopping: its executions end (ABORTED) with it."""
+        self.abort_all("the offline runtime is stopping")
+
     def abort_all(self, cause: str) -> None:
         with self._lock:
             live = list(self._live.values())
