@@ -146,3 +146,39 @@ def test_the_graph_has_the_stages_on_top_the_run_highlighted_and_the_unreached_f
     png = tmp_path / "run.png"
     render_png(DEFINITION, history, status, "run", png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_live_progress_says_an_expected_miss_once_the_run_shows_it_recovered() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from d2ops.offline.pipeline import ProgressPrinter
+
+    history, _ = _run("FirstDeployment")
+    lines: list[str] = []
+    printer = ProgressPrinter(lines.append)
+    for recorded in history:
+        printer("run", recorded)
+    assert [line for line in lines if "!!" in line] == []
+    assert any(re.search(r" ok Find current endpoint \(0\.0s, missed: no endpoint yet", line) for line in lines)
+
+    def event(kind: str, name: str | None = None, error: str | None = None) -> dict[str, Any]:
+        found: dict[str, Any] = {"type": kind, "timestamp": datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=1)}
+        if name and kind.endswith("Entered"):
+            found["stateEnteredEventDetails"] = {"name": name}
+        elif name:
+            found["stateExitedEventDetails"] = {"name": name}
+        if error:
+            found["taskFailedEventDetails"] = {"error": error}
+        return found
+
+    lines.clear()
+    printer = ProgressPrinter(lines.append)
+    for e in (event("TaskStateEntered", "Find current endpoint"),
+              event("TaskFailed", error="SageMaker.SageMakerException"),
+              event("TaskStateExited", "Find current endpoint"), event("ChoiceStateEntered", "Endpoint missing?"),
+              event("ChoiceStateExited", "Endpoint missing?"), event("PassStateEntered", "Endpoint lookup failed"),
+              event("PassStateExited", "Endpoint lookup failed")):
+        printer("run", e)
+    assert [line for line in lines if "Find current endpoint (" in line] == []  # not decided yet
+    printer("run", event("PassStateEntered", "Record deployment failure"))  # the failure path: it was a failure
+    assert lines[-1].endswith("!! Find current endpoint (0.0s, caught SageMaker.SageMakerException)")

@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 
 from d2ops.offline.runtime import OfflineRuntime
 from d2ops.training_progress import DEFAULT_MIN_INTERVAL, LineSplitter, ProgressReporter
+from d2ops_core.pipeline_stages import EXPECTED_MISSES, expected_miss, stage_of
 
 Printer = Callable[[str], None]
 
@@ -76,6 +77,13 @@ def state_durations(history: list[dict[str, Any]]) -> tuple[dict[str, float], li
     return durations, order
 
 
+def _same_stage(a: str, b: str) -> bool:
+    try:
+        return stage_of(a) is stage_of(b)
+    except KeyError:  # a state no stage holds (another definition's): the run has moved on
+        return False
+
+
 class ProgressPrinter:
     """History events -> one line per state entered and left (with its duration and error)."""
 
@@ -87,6 +95,21 @@ class ProgressPrinter:
         self._errors: dict[str, str] = {}
         self._current: str | None = None
         self._visits: dict[str, int] = {}
+        self._pending: tuple[str, float, str, list[str]] | None = None
+
+    def _settle_miss(self, entered: str | None, clock: str) -> None:
+        """Print the pending expected miss once the state ``entered`` (None: the run ended) tells what it was."""
+        if self._pending is None:
+            return
+        name, took, error, since = self._pending
+        if entered is not None:
+            since.append(entered)
+            if _same_stage(entered, name) and not EXPECTED_MISSES[name].recovered_by & set(since):
+                return  # still deciding: the run has not left the stage nor recovered yet
+        self._pending = None
+        miss = expected_miss(name, error, since)
+        self.out(f"{clock} ok {name} ({took:.1f}s, missed: {miss.meaning})" if miss
+                 else f"{clock} !! {name} ({took:.1f}s, caught {error})")
 
     def stamp(self) -> str:
         """Seconds since the run began, as each progress line starts."""
@@ -99,6 +122,7 @@ class ProgressPrinter:
         clock = self.stamp()
         if kind.endswith("StateEntered"):
             name = event["stateEnteredEventDetails"]["name"]
+            self._settle_miss(name, clock)
             self._entered[name] = event["timestamp"]
             self._current = name
             self._visits[name] = self._visits.get(name, 0) + 1
@@ -109,13 +133,18 @@ class ProgressPrinter:
             start = self._entered.pop(name, event["timestamp"])
             took = (event["timestamp"] - start).total_seconds()
             error = self._errors.pop(name, None)
-            if error:
+            if error and name in EXPECTED_MISSES and error in EXPECTED_MISSES[name].errors:
+                # an error the definition expects (the first run's endpoint lookup): said once the run shows
+                # whether it recovered (a miss) or went to its failure path (caught)
+                self._pending = (name, took, error, [])
+            elif error:
                 self.out(f"{clock} !! {name} ({took:.1f}s, caught {error})")
             elif self._visits.get(name, 0) == 1 and not kind.startswith("Choice"):
                 self.out(f"{clock} ok {name} ({took:.1f}s)")  # loops (the endpoint wait) print once
         elif kind.endswith("Failed") or kind.endswith("TimedOut"):
             details: dict[str, Any] = next((v for k, v in event.items() if k.endswith("EventDetails")), {}) or {}
             if kind.startswith("Execution"):
+                self._settle_miss(None, clock)
                 self.out(f"{clock} run FAILED: {details.get('error')}: {str(details.get('cause', ''))[:300]}")
             elif self._current:
                 self._errors[self._current] = str(details.get("error"))
