@@ -90,8 +90,12 @@ def dashboard_body(endpoint: str) -> str:
 
 
 def endpoint_expression(template: Any) -> str:
-    """The ``!Sub`` string of the template's EndpointName output (the endpoint's name has its home there)."""
+    """The template's EndpointName output as a ``!Sub`` string: ``${Resource.Attribute}`` where the output is a
+    ``!GetAtt`` (of the parameter the endpoint's name has its home in), its own string where it is a ``!Sub``."""
     value = template.document["Outputs"]["EndpointName"]["Value"]
+    if isinstance(value, dict) and "Fn::GetAtt" in value:
+        target = value["Fn::GetAtt"]
+        return "${" + (target if isinstance(target, str) else ".".join(target)) + "}"
     return str(value["Fn::Sub"] if isinstance(value, dict) else value)
 
 

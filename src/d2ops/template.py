@@ -26,6 +26,8 @@ TEMPLATE_PATH = REPO_ROOT / "template.yaml"
 FUNCTION_TYPE = "AWS::Serverless::Function"
 STATE_MACHINE_TYPE = "AWS::Serverless::StateMachine"
 LAYER_TYPE = "AWS::Serverless::LayerVersion"
+# Where the template writes once a value it reads in several places (the endpoint's name): read by GetAtt .Value.
+PARAMETER_TYPE = "AWS::SSM::Parameter"
 
 # Pseudo parameters a template may reference; callers override them through `refs`.
 PSEUDO_PARAMETERS: dict[str, str] = {
@@ -206,6 +208,21 @@ class SamTemplate:
     def parameter_defaults(self) -> dict[str, str]:
         """Parameters that have a default, as CloudFormation would pass them (strings)."""
         return {n: p.default for n, p in self.parameters().items() if p.default is not None}
+
+    def resolve(self, value: Any, refs: Mapping[str, Any], getatt: Callable[[str, str], Any] | None = None,
+                conditions: Callable[[str], bool] | None = None) -> Any:
+        """:func:`resolve` that also answers ``Fn::GetAtt <an AWS::SSM::Parameter>.Value`` from the template
+        itself (the parameter's own Value, resolved alike); other attributes go to ``getatt``."""
+
+        def held(logical_id: str, attribute: str) -> Any:
+            resource = self.resources.get(logical_id) or {}
+            if resource.get("Type") == PARAMETER_TYPE and attribute == "Value":
+                return self.resolve((resource.get("Properties") or {}).get("Value"), refs, getatt, conditions)
+            if getatt is None:
+                raise TemplateError(f"Fn::GetAtt {logical_id}.{attribute}: no getatt resolver supplied")
+            return getatt(logical_id, attribute)
+
+        return resolve(value, refs, getatt=held, conditions=conditions)
 
     def condition(self, name: str, refs: Mapping[str, Any]) -> bool:
         try:

@@ -21,7 +21,7 @@ REFS = {"AWS::StackName": "stack", "SageMakerNamePrefix": "prefix"}
 
 
 def resolved(value: Any) -> Any:
-    return sam.resolve(value, REFS, getatt=lambda logical_id, attribute: f"{logical_id}.{attribute}")
+    return TEMPLATE.resolve(value, REFS, getatt=lambda logical_id, attribute: f"{logical_id}.{attribute}")
 
 
 def statements(logical_id: str) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ STACK_ID = "arn:aws:cloudformation:us-east-1:123456789012:stack/My-Stack/0f9e8d7
 
 def resolved(value: Any, prefix: str = "d2ops", stack_id: str = STACK_ID) -> Any:
     refs = {"AWS::StackName": "My-Stack", "AWS::StackId": stack_id, "SageMakerNamePrefix": prefix}
-    return sam.resolve(value, refs, getatt=lambda logical_id, attribute: f"{logical_id}.{attribute}")
+    return TEMPLATE.resolve(value, refs, getatt=lambda logical_id, attribute: f"{logical_id}.{attribute}")
 
 
 def _allowed(prefix: str) -> bool:

@@ -257,7 +257,7 @@ def load_stack(template_path: str | Path | None = None, parameters: Mapping[str,
 
     def resolve(value: Any) -> Any:
         try:
-            return sam.resolve(value, refs, getatt=getatt, conditions=lambda n: tpl.condition(n, refs))
+            return tpl.resolve(value, refs, getatt=getatt, conditions=lambda n: tpl.condition(n, refs))
         except sam.TemplateError as exc:
             raise StackError(str(exc)) from exc
 
