@@ -1,4 +1,5 @@
-"""``d2ops graph RUN_ID [-o FILE]``: the state machine drawn with each state's outcome in that run."""
+"""``d2ops graph RUN_ID [-o FILE]``: the run by stage (d2ops_core.state_graph), the states it went through in
+each, the ones it never reached folded."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from d2ops.commands.errors import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("graph", help="draw the state machine with a run's outcome per state (SVG or PNG)")
+    p = subparsers.add_parser("graph", help="draw a run by stage: the states it went through, the unreached folded "
+                                            "(SVG or PNG)")
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("-o", "--output", type=Path, help="FILE.svg or FILE.png (default <RUN_ID>.svg)")
     p.add_argument("--work-dir", type=Path, default=Path(".d2ops"), help="offline runtime state (default .d2ops)")
