@@ -84,7 +84,10 @@ def sagemaker_session(boto_session: Any = None, *, endpoint_url: str | None = No
 
 
 def offline_boto_session() -> Any:
-    """A boto3 session as the offline stack's one identity, in its region."""
+    """A boto3 session as the identity of the offline runtime running in this process, in its region.
+
+    Another process's runtime: ``d2ops.offline.client.running_runtime(work_dir).session()``.
+    """
     import boto3
 
     from d2ops.offline.runtime import CREDENTIALS

@@ -256,12 +256,11 @@ def _invoker(args: argparse.Namespace, api: Any) -> Invoke:
         session = boto3.session.Session(profile_name=args.profile, region_name=args.region)
         return invoke_with(session.client("sagemaker-runtime"))
     # Offline: the runtime's gateway serves SageMaker Runtime beside Step Functions.
-    from d2ops.offline.runtime import CREDENTIALS
     from d2ops.offline.stack import REGION
 
     gateway = getattr(getattr(api, "sfn", None), "meta", None)
     if gateway is None:
         raise UsageError("the offline runtime exposes no gateway to reach its endpoint")
-    session = boto3.session.Session(aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                                    aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
+    # The runtime's own credentials (OfflineApis): its gateway answers no others.
+    session = api.session()
     return invoke_with(session.client("sagemaker-runtime", region_name=REGION, endpoint_url=gateway.endpoint_url))

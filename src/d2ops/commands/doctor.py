@@ -80,19 +80,15 @@ def runtime_target(rt: OfflineRuntime) -> tuple[Clients, StackFacts]:
 
 @contextlib.contextmanager
 def _offline(work_dir: Path) -> Iterator[tuple[Clients, StackFacts]]:
-    import boto3
-
     from d2ops.doctor import Clients
     from d2ops.offline.client import running_runtime
     from d2ops.offline.processes import RuntimeBusy
-    from d2ops.offline.runtime import CREDENTIALS, OfflineRuntime
+    from d2ops.offline.runtime import OfflineRuntime
     from d2ops.offline.stack import REGION, load_stack
 
     running = running_runtime(work_dir)
     if running is not None:  # `d2ops demo` or `d2ops run` holds the work dir: ask its APIs, about its stack
-        session = boto3.session.Session(aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                                        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                                        aws_session_token=CREDENTIALS["AWS_SESSION_TOKEN"])
+        session = running.session()  # its gateway answers only its own credentials
         moto = Clients.from_session(session, REGION, endpoint_url=running.moto)
         gateway = Clients.from_session(session, REGION, endpoint_url=running.gateway)
         yield Clients(cloudformation=moto.cloudformation, ecr=moto.ecr, s3=moto.s3, sns=moto.sns,

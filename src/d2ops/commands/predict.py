@@ -119,11 +119,11 @@ def _boto_session(args: argparse.Namespace) -> Any:
 def _offline_target(args: argparse.Namespace) -> tuple[Any, str]:
     """(sagemaker Session on the running runtime's gateway, endpoint name)."""
     from d2ops import sdk
-    from d2ops.offline.client import running_gateway
+    from d2ops.offline.client import running_runtime
     from d2ops.offline.stack import StackError, load_stack
 
-    gateway = running_gateway(args.work_dir)
-    if gateway is None:
+    running = running_runtime(args.work_dir)
+    if running is None:
         raise EndpointFailed(f"no offline runtime is running on {args.work_dir} (its endpoint lives only while "
                              f"d2ops demo, run or console runs there)")
     name = args.offline_endpoint
@@ -132,7 +132,8 @@ def _offline_target(args: argparse.Namespace) -> tuple[Any, str]:
             name = load_stack().endpoint_name
         except StackError as exc:
             raise UsageError(f"the offline stack cannot be resolved: {exc}") from None
-    return sdk.sagemaker_session(sdk.offline_boto_session(), endpoint_url=gateway), name
+    # Signed with the runtime's own credentials (runtime.json): its gateway answers no others.
+    return sdk.sagemaker_session(running.session(), endpoint_url=running.gateway), name
 
 
 def invoke(session: Any, endpoint: str, data: bytes, content_type: str,

@@ -67,20 +67,15 @@ def _deployed(args: argparse.Namespace) -> Iterator[tuple[Any, str, str]]:
 
 @contextlib.contextmanager
 def _offline(work_dir: Path) -> Iterator[tuple[Any, str, str]]:
-    import boto3
-
     from d2ops.offline.client import running_runtime
     from d2ops.offline.processes import RuntimeBusy
-    from d2ops.offline.runtime import CREDENTIALS, OfflineRuntime
+    from d2ops.offline.runtime import OfflineRuntime
     from d2ops.offline.stack import REGION, load_stack
 
     running = running_runtime(work_dir)
     if running is not None:  # `d2ops demo` or `d2ops run` holds the work dir: its local S3, its stack's key
         stack = load_stack(parameters=running.parameters)
-        s3 = boto3.session.Session(aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                                   aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                                   aws_session_token=CREDENTIALS["AWS_SESSION_TOKEN"]
-                                   ).client("s3", region_name=REGION, endpoint_url=running.moto)
+        s3 = running.session().client("s3", region_name=REGION, endpoint_url=running.moto)
         yield s3, stack.data_bucket, stack.parameters[PARAMETER]
         return
     try:

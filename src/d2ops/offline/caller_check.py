@@ -69,23 +69,23 @@ class CallerCheck:
         self.entrypoints = frozenset(tuple(e) for e in entrypoints)
 
     def check(self, request: WireRequest) -> WireResponse | None:
-        rest = not request.target
+        operation = self.operation(request)
+        refuse = _Refusal(rest=not request.target,
+                          json_version=operation.model.metadata.get("jsonVersion", "1.1") if operation else "1.1")
         host = request.headers.get("Host") or ""
         if host not in self.hosts:
-            return _refusal(rest, 403, "AccessDeniedException",
-                            f"Host {host!r} is not this offline endpoint (it answers only "
-                            f"{' or '.join(sorted(self.hosts))})")
-        operation = self.operation(request)
+            return refuse(403, "AccessDeniedException", f"Host {host!r} is not this offline endpoint (it answers "
+                                                        f"only {' or '.join(sorted(self.hosts))})")
         signing = operation.model.service_model.signing_name if operation else [m.signing_name for m in self.models]
         try:
             verify(METHOD, f"http://{host}{request.path}", request.headers, request.body, self.known, self.region,
                    service=signing)
         except SignatureRejected as exc:
-            return _refusal(rest, 403 if rest else 400, exc.error_type, exc.message)
+            return refuse(403 if refuse.rest else 400, exc.error_type, exc.message)
         if operation is None:
             return None  # the endpoint answers what no service knows (UnknownOperationException)
         params = dict(operation.path_members)
-        if not rest:
+        if not refuse.rest:
             document = request.json_object()
             if document is None:
                 return None  # the service answers the protocol's SerializationException
@@ -94,21 +94,21 @@ class CallerCheck:
         problems = constraint_problems(params, operation.model.input_shape)
         if problems:
             count = len(problems)
-            return _refusal(rest, 400, "ValidationException",
-                            f"{count} validation error{'s' if count > 1 else ''} detected: {'; '.join(problems)}")
+            return refuse(400, "ValidationException",
+                          f"{count} validation error{'s' if count > 1 else ''} detected: {'; '.join(problems)}")
         if operation.model.name == "CreateProcessingJob":
-            return self._entrypoint(params)
+            return self._entrypoint(params, refuse)
         return None
 
-    def _entrypoint(self, params: Mapping[str, Any]) -> WireResponse | None:
+    def _entrypoint(self, params: Mapping[str, Any], refuse: _Refusal) -> WireResponse | None:
         app = params.get("AppSpecification")
         entrypoint = app.get("ContainerEntrypoint") if isinstance(app, dict) else None
         if not entrypoint or any(list(allowed) == entrypoint for allowed in self.entrypoints):
             return None  # none: the image's own entrypoint (the evaluation job's, offline)
         allowed = " or ".join(json.dumps(list(e)) for e in sorted(self.entrypoints)) or "none"
-        return _refusal(False, 400, "ValidationException",
-                        f"entrypoint not allowed offline: {json.dumps(entrypoint)} (the pipeline runs {allowed}; "
-                        "a processing job runs on this machine as you)")
+        return refuse(400, "ValidationException",
+                      f"entrypoint not allowed offline: {json.dumps(entrypoint)} (the pipeline runs {allowed}; "
+                      "a processing job runs on this machine as you)")
 
     def operation(self, request: WireRequest) -> Operation | None:
         """The operation ``request`` names: its ``X-Amz-Target`` (JSON protocols) or its path (REST)."""
@@ -124,10 +124,19 @@ class CallerCheck:
         return None
 
 
-def _refusal(rest: bool, status: int, code: str, message: str) -> WireResponse:
-    if rest:
-        return WireResponse.json(status, {"message": message}, "application/json", {"x-amzn-ErrorType": code})
-    return WireResponse.json(status, {"__type": code, "message": message}, "application/x-amz-json-1.1")
+@dataclass(frozen=True)
+class _Refusal:
+    """An error answer in the request's protocol: AWS JSON's ``{"__type", "message"}`` in its version's
+    Content-Type, or REST JSON's ``{"message"}`` with the type in ``x-amzn-ErrorType``."""
+
+    rest: bool
+    json_version: str
+
+    def __call__(self, status: int, code: str, message: str) -> WireResponse:
+        if self.rest:
+            return WireResponse.json(status, {"message": message}, "application/json", {"x-amzn-ErrorType": code})
+        return WireResponse.json(status, {"__type": code, "message": message},
+                                 f"application/x-amz-json-{self.json_version}")
 
 
 @cache

@@ -8,9 +8,11 @@
 Starting it: takes the work dir's lock, ends processes an interrupted runtime left behind,
 starts moto's server (S3, SNS, SQS, the SageMaker control-plane records) and the local
 gateway (Step Functions, SageMaker jobs and endpoints, SageMaker Runtime, SageMaker's Service
-Quotas), points boto3 at them through the standard ``AWS_ENDPOINT_URL_*`` variables with dummy
-credentials, creates the stack's buckets (with their event notifications), topic and model
-package group from template.yaml and its images' tags in ECR, restores the S3
+Quotas), points boto3 at them through the standard ``AWS_ENDPOINT_URL_*`` variables with
+credentials made for this runtime alone (the gateway and the status API answer only requests signed
+with them, `d2ops.offline.caller_check`; other commands read them from ``runtime.json``), creates
+the stack's buckets (with their event notifications), topic and model package group from
+template.yaml and its images' tags in ECR, restores the S3
 snapshot of the last run, reloads execution and job records, and serves the status API.
 Stopping it reverses all of that and saves an S3 snapshot for the next start.
 """
@@ -22,9 +24,10 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -36,6 +39,7 @@ from botocore.credentials import Credentials
 from d2ops.asl import StateMachine
 from d2ops.offline import events, moto_fidelity
 from d2ops.offline.aws_endpoint import AwsEndpoint
+from d2ops.offline.caller_check import CallerCheck, MotoLoopbackOnly, pipeline_entrypoints
 from d2ops.offline.lambdas import LocalLambdas
 from d2ops.offline.processes import ProcessWarden
 from d2ops.offline.quotas import AccountQuotas
@@ -52,16 +56,51 @@ log = logging.getLogger(__name__)
 
 S = TypeVar("S", bound=EmulatedService)
 DEFAULT_WORK_DIR = Path(".d2ops")
-RUNTIME_INFO = "runtime.json"  # where a running runtime's status API listens (for `d2ops status`)
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "offline", "AWS_SECRET_ACCESS_KEY": "offline", "AWS_SESSION_TOKEN": "offline"}
+# Where a running runtime listens and its credentials (for `d2ops status` and the other commands); mode 0600.
+RUNTIME_INFO = "runtime.json"
+_CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+# What CREDENTIALS holds while no runtime runs in this process: no runtime accepts it.
+_NO_RUNTIME = Credentials("offline", "offline", "offline")
+_IN_PROCESS: list[Credentials] = []  # the credentials of the runtimes started in this process, latest last
 
 _CLIENT_CONFIG = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5, read_timeout=120)
 
 
+def new_credentials() -> Credentials:
+    """Fresh random credentials, shaped like AWS's (a 20-character key id, a 40-character secret)."""
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+    return Credentials("ASIA" + "".join(secrets.choice(alphabet) for _ in range(16)), secrets.token_urlsafe(30),
+                       secrets.token_urlsafe(32))
+
+
+def credentials_environment(credentials: Credentials) -> dict[str, str]:
+    """``credentials`` as the AWS_* variables boto3 reads."""
+    return dict(zip(_CREDENTIAL_VARIABLES, (credentials.access_key, credentials.secret_key, credentials.token or ""),
+                    strict=True))
+
+
 def offline_credentials() -> Credentials:
-    """The one identity the offline stack knows: its APIs (the status API's IAM check included) accept it."""
-    return Credentials(CREDENTIALS["AWS_ACCESS_KEY_ID"], CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                       CREDENTIALS["AWS_SESSION_TOKEN"])
+    """The identity of the runtime running in this process (the one its APIs accept); a placeholder when none runs.
+
+    Another process's runtime: `d2ops.offline.client.running_runtime` reads its credentials from ``runtime.json``.
+    """
+    return _IN_PROCESS[-1] if _IN_PROCESS else _NO_RUNTIME
+
+
+class _CurrentCredentials(Mapping[str, str]):
+    """The AWS_* variables of `offline_credentials`, read when used (each runtime makes its own)."""
+
+    def __getitem__(self, key: str) -> str:
+        return credentials_environment(offline_credentials())[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_CREDENTIAL_VARIABLES)
+
+    def __len__(self) -> int:
+        return len(_CREDENTIAL_VARIABLES)
+
+
+CREDENTIALS: Mapping[str, str] = _CurrentCredentials()
 
 
 _ALARM_KEYS = frozenset({"AlarmDescription", "Namespace", "MetricName", "Dimensions", "Statistic", "ExtendedStatistic",
@@ -128,15 +167,22 @@ class OfflineRuntime:
             self.moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
             self.moto.start()
             host, port = self.moto.get_host_and_port()
+            # moto's app, behind our own Host/Origin check (the served app is the server's attribute; no fork)
+            self.moto._server.app = MotoLoopbackOnly(self.moto._server.app, port)  # type: ignore[union-attr]
             self.moto_url = f"http://{host}:{port}"
             self.gateway = AwsEndpoint(self.moto_url)
-            env = {**CREDENTIALS, "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
+            self.credentials = new_credentials()
+            _IN_PROCESS.append(self.credentials)
+            env = {**credentials_environment(self.credentials), "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
                    # Everything moto serves goes straight to it; the gateway takes the services emulated here.
                    "AWS_ENDPOINT_URL": self.moto_url,
                    **{service.ENDPOINT_VARIABLE: self.gateway.url for service in SERVICES},
                    "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS": "false",
                    **self.stack.lambda_environment()}
             self._set_env(env)
+            # boto3's default session (the handlers' boto3.client) keeps the credentials it first read:
+            # a fresh one reads this runtime's.
+            boto3.setup_default_session()
             self._started = True
             self._create_resources()
             self.messages += self._restore_s3()
@@ -154,15 +200,21 @@ class OfflineRuntime:
             self.messages += self.sfn.recovery_messages
             for kind in SERVICES:
                 self.gateway.add(self.service(kind))
+            self.gateway.check = CallerCheck(
+                credentials=self.credentials, port=self.gateway.server.server_address[1], region=REGION,
+                clients=[kind.CLIENT for kind in SERVICES],
+                entrypoints=pipeline_entrypoints(self.machine.definition, self.stack.functions)).check
             self.gateway.start()
             self.status_api = HttpApi([r for r in self.stack.routes], lambda fn, event: self.lambdas.invoke(fn, event),
-                                      ACCOUNT_ID, credentials={CREDENTIALS["AWS_ACCESS_KEY_ID"]: offline_credentials()},
+                                      ACCOUNT_ID, credentials={self.credentials.access_key: self.credentials},
                                       region=REGION)
             self.status_api.start()
             self.warden.start_watching()
+            # Written through a mkstemp file (mode 0600): only this user reads the credentials in it.
             write_json_atomic(self.work_dir / RUNTIME_INFO, {"pid": os.getpid(), "status_api": self.status_api.url,
                                                              "gateway": self.gateway.url, "moto": self.moto_url,
-                                                             "parameters": self.stack.parameters})
+                                                             "parameters": self.stack.parameters,
+                                                             "credentials": credentials_environment(self.credentials)})
         except BaseException:
             self.stop()
             raise
@@ -196,6 +248,9 @@ class OfflineRuntime:
             else:
                 os.environ[key] = value
         self._saved_env.clear()
+        with contextlib.suppress(AttributeError, ValueError):
+            _IN_PROCESS.remove(self.credentials)
+            boto3.setup_default_session()  # the environment's credentials again, not this runtime's
         with self._session_lock:
             self._session = None  # its credentials and endpoints were this run's
         with contextlib.suppress(AttributeError):

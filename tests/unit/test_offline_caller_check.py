@@ -1,0 +1,249 @@
+"""The offline runtime answers only its own caller (issue 23): every refusal over real HTTP.
+
+A runtime starts once for the module; its gateway is asked with raw HTTP (unsigned, foreign Host)
+and with boto3 signing as the runtime, as another key or with a wrong secret. Processing jobs go to
+a job backend that records what it was asked to run, so a refused request is seen never to reach it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import stat
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.config import Config
+from botocore.credentials import Credentials
+from botocore.exceptions import ClientError
+
+from d2ops.offline.runtime import RUNTIME_INFO, OfflineRuntime
+from d2ops.offline.services.sagemaker_jobs import JobOutcome
+from d2ops.offline.stack import REGION
+
+# What the pipeline's evaluation job runs (functions/prepare_training plans it; tests/unit/test_platform_gpu.py).
+PIPELINE_ENTRYPOINT = ["/usr/local/bin/cuda-compat", "python", "-m", "model_code.evaluation.job"]
+LIST_JOBS = "SageMaker.ListProcessingJobs"
+NO_RETRIES = Config(retries={"max_attempts": 1, "mode": "standard"})
+
+
+class _RecordingJobs:
+    """Processing jobs that only record the request they were asked to run."""
+
+    def __init__(self) -> None:
+        self.ran: list[dict[str, Any]] = []
+
+    def run_training(self, request: dict[str, Any], channels: dict[str, Path], work_dir: Path,
+                     stop: threading.Event) -> JobOutcome:
+        raise AssertionError("no training here")
+
+    def run_processing(self, request: dict[str, Any], inputs: dict[str, Path], work_dir: Path,
+                       stop: threading.Event) -> JobOutcome:
+        self.ran.append(request)
+        return JobOutcome(failure_reason=None, processing_outputs={})
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OfflineRuntime, _RecordingJobs]]:
+    jobs = _RecordingJobs()
+    with OfflineRuntime(tmp_path_factory.mktemp("caller") / "work", jobs=jobs) as rt:
+        yield rt, jobs
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def _send(url: str, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    """One request to 127.0.0.1:<port of url>, with exactly ``headers`` (a Host header among them)."""
+    connection = http.client.HTTPConnection("127.0.0.1", _port(url), timeout=30)
+    try:
+        connection.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+        for key, value in {**headers, "Content-Length": str(len(body))}.items():
+            connection.putheader(key, value)
+        connection.endheaders(body)
+        response = connection.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        connection.close()
+
+
+def _signed(credentials: Credentials, service: str, host: str, target: str, document: dict[str, Any],
+            path: str = "/") -> tuple[bytes, dict[str, str]]:
+    """(body, headers) of an AWS JSON 1.1 request signed by ``credentials`` for ``http://<host><path>``."""
+    body = json.dumps(document).encode()
+    request = AWSRequest(method="POST", url=f"http://{host}{path}", data=body,
+                         headers={"X-Amz-Target": target, "Content-Type": "application/x-amz-json-1.1"})
+    SigV4Auth(credentials, service, REGION).add_auth(request)
+    return body, {"Host": host, **dict(request.headers.items())}
+
+
+def _raw_signed(rt: OfflineRuntime, target: str, document: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """A request signed by the runtime's credentials, sent as it is (the test suite's boto3 checks
+    requests against the AWS contract before sending them; a hostile caller does not)."""
+    body, headers = _signed(rt.credentials, "sagemaker", f"127.0.0.1:{_port(rt.gateway.url)}", target, document)
+    status, _, answer = _send(rt.gateway.url, "POST", "/", body, headers)
+    return status, json.loads(answer)
+
+
+def _sagemaker(rt: OfflineRuntime, credentials: Credentials | None = None) -> Any:
+    if credentials is None:
+        return rt.client("sagemaker")
+    return boto3.client("sagemaker", region_name=REGION, endpoint_url=rt.gateway.url, config=NO_RETRIES,
+                        aws_access_key_id=credentials.access_key, aws_secret_access_key=credentials.secret_key,
+                        aws_session_token=credentials.token)
+
+
+def _refused(call: Any, **kwargs: Any) -> tuple[int, str, str]:
+    with pytest.raises(ClientError) as info:
+        call(**kwargs)
+    error = info.value.response["Error"]
+    return info.value.response["ResponseMetadata"]["HTTPStatusCode"], error["Code"], error["Message"]
+
+
+def _processing_job(rt: OfflineRuntime, name: str, entrypoint: list[str] | None) -> dict[str, Any]:
+    app: dict[str, Any] = {"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/d2ops-training:offline"}
+    if entrypoint is not None:
+        app["ContainerEntrypoint"] = entrypoint
+    return {"ProcessingJobName": name, "RoleArn": "arn:aws:iam::123456789012:role/d2ops-EvaluationJobRole",
+            "AppSpecification": app,
+            "ProcessingResources": {"ClusterConfig": {"InstanceCount": 1, "InstanceType": "ml.m5.large",
+                                                      "VolumeSizeInGB": 1}}}
+
+
+def test_each_runtime_has_its_own_credentials_in_a_private_runtime_json(
+        runtime: tuple[OfflineRuntime, _RecordingJobs]) -> None:
+    """Mutation caught: the fixed dummy credentials back (or runtime.json readable by others)."""
+    rt, _ = runtime
+    assert rt.credentials.access_key != "offline" and len(rt.credentials.secret_key) >= 40
+    info_path = rt.work_dir / RUNTIME_INFO
+    assert stat.S_IMODE(info_path.stat().st_mode) == 0o600
+    assert json.loads(info_path.read_text("utf-8"))["credentials"] == {
+        "AWS_ACCESS_KEY_ID": rt.credentials.access_key, "AWS_SECRET_ACCESS_KEY": rt.credentials.secret_key,
+        "AWS_SESSION_TOKEN": rt.credentials.token}
+    # What every runtime accepted before: refused now.
+    status, code, _ = _refused(_sagemaker(rt, Credentials("offline", "offline", "offline")).list_processing_jobs)
+    assert (status, code) == (400, "UnrecognizedClientException")
+
+
+def test_unsigned_requests_are_refused_before_any_service(runtime: tuple[OfflineRuntime, _RecordingJobs]) -> None:
+    rt, _ = runtime
+    host = f"127.0.0.1:{_port(rt.gateway.url)}"
+    status, _, body = _send(rt.gateway.url, "POST", "/", b"{}", {"Host": host, "X-Amz-Target": LIST_JOBS,
+                                                                  "Content-Type": "application/x-amz-json-1.1"})
+    assert (status, json.loads(body)) == (400, {"__type": "MissingAuthenticationTokenException",
+                                                "message": "Missing Authentication Token"})
+    # SageMaker Runtime (REST JSON): the error type in x-amzn-ErrorType, HTTP 403.
+    status, headers, body = _send(rt.gateway.url, "POST", "/endpoints/d2ops-detector/invocations", b"{}",
+                                  {"Host": host, "Content-Type": "application/json"})
+    assert (status, headers["x-amzn-errortype"]) == (403, "MissingAuthenticationTokenException")
+
+
+def test_an_unknown_key_and_a_wrong_secret_are_refused(runtime: tuple[OfflineRuntime, _RecordingJobs]) -> None:
+    rt, _ = runtime
+    stranger = Credentials("ASIASTRANGERSTRANGER", "x" * 40, rt.credentials.token)
+    assert _refused(_sagemaker(rt, stranger).list_processing_jobs) == (
+        400, "UnrecognizedClientException", "The security token included in the request is invalid.")
+    forged = Credentials(rt.credentials.access_key, "not-the-secret", rt.credentials.token)
+    status, code, message = _refused(_sagemaker(rt, forged).list_processing_jobs)
+    assert (status, code) == (400, "InvalidSignatureException")
+    assert message.startswith("The request signature we calculated does not match")
+    # Step Functions too (the same check, before the interpreter's service).
+    sfn = boto3.client("stepfunctions", region_name=REGION, endpoint_url=rt.gateway.url, config=NO_RETRIES,
+                       aws_access_key_id=forged.access_key, aws_secret_access_key=forged.secret_key,
+                       aws_session_token=forged.token)
+    assert _refused(sfn.list_state_machines)[:2] == (400, "InvalidSignatureException")
+
+
+def test_only_the_endpoints_own_host_is_answered(runtime: tuple[OfflineRuntime, _RecordingJobs]) -> None:
+    """A page that reaches the port by its own name (DNS rebinding) sends that name as Host."""
+    rt, _ = runtime
+    port = _port(rt.gateway.url)
+    for host in (f"evil.example:{port}", f"127.0.0.1:{port + 1}", "127.0.0.1", f"localhost.evil.example:{port}"):
+        # Even correctly signed (for the host it names), a foreign Host is refused.
+        body, headers = _signed(rt.credentials, "sagemaker", host, LIST_JOBS, {})
+        status, _, answer = _send(rt.gateway.url, "POST", "/", body, headers)
+        refusal = json.loads(answer)
+        assert (status, refusal["__type"]) == (403, "AccessDeniedException"), host
+        assert repr(host) in refusal["message"] and "\n" not in refusal["message"]
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}"):
+        body, headers = _signed(rt.credentials, "sagemaker", host, LIST_JOBS, {})
+        status, _, answer = _send(rt.gateway.url, "POST", "/", body, headers)
+        assert status == 200 and "ProcessingJobSummaries" in json.loads(answer), host
+
+
+def test_names_outside_sagemakers_patterns_never_reach_a_path(runtime: tuple[OfflineRuntime, _RecordingJobs],
+                                                             tmp_path: Path) -> None:
+    """Mutation caught: the check gone (a job's directory is work_dir/jobs/<name>: this one escapes it)."""
+    rt, jobs = runtime
+    escape = (rt.work_dir / "jobs" / "../../../tmp/x").resolve()
+    status, answer = _raw_signed(rt, "SageMaker.CreateProcessingJob",
+                                 _processing_job(rt, "../../../tmp/x", PIPELINE_ENTRYPOINT))
+    assert (status, answer) == (400, {
+        "__type": "ValidationException",
+        "message": "1 validation error detected: params.ProcessingJobName: '../../../tmp/x' does not match the "
+                   "pattern [a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}"})
+    assert not escape.exists() and not jobs.ran
+    # Nested members are named by their path; a Describe with such a name is refused the same way.
+    bad = {**_processing_job(rt, "fine-name", None), "RoleArn": "../role",
+           "ProcessingResources": {"ClusterConfig": {"InstanceCount": 1, "InstanceType": "ml.m5.large",
+                                                     "VolumeSizeInGB": 1, "VolumeKmsKeyId": "not a key"}}}
+    status, answer = _raw_signed(rt, "SageMaker.CreateProcessingJob", bad)
+    assert status == 400 and answer["message"].startswith("2 validation errors detected: ")
+    assert "params.RoleArn: '../role'" in answer["message"]
+    assert "params.ProcessingResources.ClusterConfig.VolumeKmsKeyId" in answer["message"]
+    status, answer = _raw_signed(rt, "SageMaker.DescribeProcessingJob", {"ProcessingJobName": "a/../b"})
+    assert (status, answer["__type"]) == (400, "ValidationException")
+    # A member in a REST path (SageMaker Runtime's EndpointName), answered in that protocol's shape.
+    host = f"127.0.0.1:{_port(rt.gateway.url)}"
+    request = AWSRequest(method="POST", url=f"http://{host}/endpoints/a_b/invocations", data=b"{}",
+                         headers={"Content-Type": "application/json"})
+    SigV4Auth(rt.credentials, "sagemaker", REGION).add_auth(request)
+    status, headers, raw = _send(rt.gateway.url, "POST", "/endpoints/a_b/invocations", b"{}",
+                                 {"Host": host, **dict(request.headers.items())})
+    assert (status, headers["x-amzn-errortype"]) == (400, "ValidationException")
+    assert "params.EndpointName: 'a_b'" in json.loads(raw)["message"]
+
+
+def test_a_processing_job_runs_only_an_entrypoint_the_pipeline_runs(
+        runtime: tuple[OfflineRuntime, _RecordingJobs]) -> None:
+    """Mutation caught: any ContainerEntrypoint accepted (a local process running `python -c ...` as you)."""
+    rt, jobs = runtime
+    sagemaker = _sagemaker(rt)
+    foreign = ["python", "-c", "import os; os.system('touch /tmp/owned')"]
+    status, code, message = _refused(sagemaker.create_processing_job, **_processing_job(rt, "foreign", foreign))
+    assert (status, code) == (400, "ValidationException")
+    assert message.startswith("entrypoint not allowed offline: " + json.dumps(foreign))
+    assert json.dumps(PIPELINE_ENTRYPOINT) in message
+    assert _refused(sagemaker.describe_processing_job, ProcessingJobName="foreign")[1] == "ValidationException"
+    assert not jobs.ran and not (rt.work_dir / "jobs" / "foreign").exists()
+    # The pipeline's own entrypoint (and none: the image's) still runs, signed by the runtime's credentials.
+    for name, entrypoint in (("evaluation", PIPELINE_ENTRYPOINT), ("image-default", None)):
+        sagemaker.create_processing_job(**_processing_job(rt, name, entrypoint))
+    for _ in range(600):
+        if len(jobs.ran) == 2:
+            break
+        threading.Event().wait(0.05)
+    assert [job["ProcessingJobName"] for job in jobs.ran] == ["evaluation", "image-default"]
+
+
+def test_moto_serves_no_web_origin_and_no_foreign_host(runtime: tuple[OfflineRuntime, _RecordingJobs]) -> None:
+    """Mutation caught: moto's global CORS back (a page could read the offline buckets) or any Host answered."""
+    rt, _ = runtime
+    bucket = rt.stack.data_bucket
+    host = f"127.0.0.1:{_port(rt.moto_url)}"
+    preflight = {"Host": host, "Origin": "http://evil.example", "Access-Control-Request-Method": "GET"}
+    status, headers, _ = _send(rt.moto_url, "OPTIONS", f"/{bucket}", b"", preflight)
+    assert status == 403 and not any(k.startswith("access-control-") for k in headers)
+    status, headers, _ = _send(rt.moto_url, "GET", f"/{bucket}", b"", {"Host": host, "Origin": "http://evil.example"})
+    assert status == 403 and "access-control-allow-origin" not in headers
+    status, _, body = _send(rt.moto_url, "GET", f"/{bucket}", b"", {"Host": f"evil.example:{_port(rt.moto_url)}"})
+    assert status == 403 and b"is not this offline endpoint" in body
+    # boto3 (no Origin, its own Host) is served as before.
+    assert bucket in [b["Name"] for b in rt.client("s3").list_buckets()["Buckets"]]
