@@ -58,23 +58,25 @@ class ExecutionRecord(BaseModel):
         return item
 
 
-def _encode(value: Any) -> Any:
+# Records on disk are JSON; datetimes (boto3's and the emulators' timestamps) travel as {"$datetime": iso}, and
+# come back as datetimes. Every offline record store writes and reads them with these two.
+def encode_datetimes(value: Any) -> Any:
     if isinstance(value, datetime):
         return {"$datetime": value.isoformat()}
     if isinstance(value, dict):
-        return {k: _encode(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_encode(v) for v in value]
+        return {k: encode_datetimes(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [encode_datetimes(v) for v in value]
     return value
 
 
-def _decode(value: Any) -> Any:
+def decode_datetimes(value: Any) -> Any:
     if isinstance(value, dict):
         if set(value) == {"$datetime"}:
             return datetime.fromisoformat(value["$datetime"])
-        return {k: _decode(v) for k, v in value.items()}
+        return {k: decode_datetimes(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_decode(v) for v in value]
+        return [decode_datetimes(v) for v in value]
     return value
 
 
@@ -101,7 +103,7 @@ class ExecutionStore:
         return self.root / f"{name}.json"  # execution names never contain a path separator
 
     def save(self, record: ExecutionRecord) -> None:
-        document = _encode(record.model_dump())
+        document = encode_datetimes(record.model_dump())
         write_json_atomic(self._path(record.name), document)
 
     def load_all(self) -> tuple[list[ExecutionRecord], list[str]]:
@@ -110,7 +112,7 @@ class ExecutionStore:
         problems: list[str] = []
         for path in sorted(self.root.glob("*.json")):
             try:
-                records.append(ExecutionRecord.model_validate(_decode(json.loads(path.read_text("utf-8")))))
+                records.append(ExecutionRecord.model_validate(decode_datetimes(json.loads(path.read_text("utf-8")))))
             except (OSError, ValueError) as exc:
                 problems.append(f"{path}: unreadable execution record ({exc.__class__.__name__}); moved aside")
                 path.replace(path.with_suffix(".corrupt"))

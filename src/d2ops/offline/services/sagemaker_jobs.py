@@ -16,14 +16,13 @@ import logging
 import shutil
 import threading
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 from d2ops.offline.errors import ApiError
 from d2ops.offline.job_metrics import MetricPublisher, MetricScraper
 from d2ops.offline.services.sagemaker_account import Fleet, SageMakerAccount, utc_now
-from d2ops.offline.store import write_json_atomic
+from d2ops.offline.store import decode_datetimes, encode_datetimes, write_json_atomic
 from d2ops_core.platform import QuotaUsage
 from d2ops_core.s3_layout import parse_s3_uri
 
@@ -90,25 +89,15 @@ class LocalJobs:
     # ----- persistence ---------------------------------------------------------------------
     def _save(self, kind: str, record: dict[str, Any]) -> None:
         name = record["TrainingJobName"] if kind == "training" else record["ProcessingJobName"]
-        write_json_atomic(self._records / kind / f"{name}.json",
-                          json.loads(json.dumps(record, default=lambda v: {"$datetime": v.isoformat()})))
+        write_json_atomic(self._records / kind / f"{name}.json", encode_datetimes(record))
 
     def _reload(self) -> None:
-        def decode(value: Any) -> Any:
-            if isinstance(value, dict):
-                if set(value) == {"$datetime"}:
-                    return datetime.fromisoformat(value["$datetime"])
-                return {k: decode(v) for k, v in value.items()}
-            if isinstance(value, list):
-                return [decode(v) for v in value]
-            return value
-
         for kind, table, key, status in (("training", self._training, "TrainingJobName", "TrainingJobStatus"),
                                          ("processing", self._processing, "ProcessingJobName",
                                           "ProcessingJobStatus")):
             for path in sorted((self._records / kind).glob("*.json")):
                 try:
-                    record = decode(json.loads(path.read_text("utf-8")))
+                    record = decode_datetimes(json.loads(path.read_text("utf-8")))
                 except (OSError, ValueError):
                     path.replace(path.with_suffix(".corrupt"))
                     continue
