@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from d2ops.commands.deployed import add_deployed_stack_arguments, deployed_stack
 from d2ops.commands.errors import UsageError
 
 if TYPE_CHECKING:  # the command's imports stay lazy: `d2ops --help` loads no boto3
@@ -29,32 +30,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        "endpoint name",
         description="Read-only preflight, run after `sam deploy` and before the first upload: one line per "
                     "check (ok / warn / FAIL, what was found, and the fix); exits 1 when a check fails.")
-    p.add_argument("--stack", metavar="NAME", help="the deployed d2ops stack (default: the offline stack)")
-    p.add_argument("--profile", help="AWS profile for --stack (default: the usual AWS_PROFILE / credential chain)")
-    p.add_argument("--region", help="AWS region of --stack (default: the profile's or AWS_REGION)")
-    p.add_argument("--work-dir", type=Path, default=Path(".d2ops"),
-                   help="offline runtime state, without --stack (default .d2ops)")
+    add_deployed_stack_arguments(p)
     p.set_defaults(func=run)
 
 
 @contextlib.contextmanager
 def _deployed(args: argparse.Namespace) -> Iterator[tuple[Clients, StackFacts]]:
-    import boto3
-    from botocore.exceptions import BotoCoreError
+    from d2ops.doctor import Clients
 
-    from d2ops.doctor import Clients, StackNotFound, read_stack
-
-    try:
-        session = boto3.session.Session(profile_name=args.profile, region_name=args.region)
-        if session.get_credentials() is None:
-            raise UsageError("no AWS credentials found (set AWS_PROFILE or AWS_ACCESS_KEY_ID, or run `aws configure`)")
-        if not session.region_name:
-            raise UsageError("no AWS region (pass --region, or set AWS_REGION or a profile with one)")
-        clients = Clients.from_session(session, session.region_name)
-        stack = read_stack(clients.cloudformation, args.stack, session.region_name)
-    except (StackNotFound, BotoCoreError) as exc:
-        raise UsageError(f"--stack {args.stack}: {exc}") from exc
-    yield clients, stack
+    session, stack = deployed_stack(args)
+    yield Clients.from_session(session, session.region_name), stack
 
 
 def offline_facts(stack: OfflineStack) -> StackFacts:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from d2ops.commands.deployed import add_deployed_stack_arguments, deployed_stack
 from d2ops.commands.errors import UsageError
 
 PARAMETER = "PretrainedWeightsKey"
@@ -34,30 +35,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "the `pretrained` channel.",
         epilog=help_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", metavar="FILE", type=Path, help="the checkpoint, e.g. model_final_280758.pkl")
-    p.add_argument("--stack", metavar="NAME", help="the deployed d2ops stack (default: the offline stack)")
-    p.add_argument("--profile", help="AWS profile for --stack (default: the usual AWS_PROFILE / credential chain)")
-    p.add_argument("--region", help="AWS region of --stack (default: the profile's or AWS_REGION)")
-    p.add_argument("--work-dir", type=Path, default=Path(".d2ops"),
-                   help="offline runtime state, without --stack (default .d2ops)")
+    add_deployed_stack_arguments(p)
     p.set_defaults(func=run)
 
 
 @contextlib.contextmanager
 def _deployed(args: argparse.Namespace) -> Iterator[tuple[Any, str, str]]:
-    import boto3
-    from botocore.exceptions import BotoCoreError
-
-    from d2ops.doctor import StackNotFound, read_stack
-
-    try:
-        session = boto3.session.Session(profile_name=args.profile, region_name=args.region)
-        if session.get_credentials() is None:
-            raise UsageError("no AWS credentials found (set AWS_PROFILE or AWS_ACCESS_KEY_ID, or run `aws configure`)")
-        if not session.region_name:
-            raise UsageError("no AWS region (pass --region, or set AWS_REGION or a profile with one)")
-        stack = read_stack(session.client("cloudformation"), args.stack, session.region_name)
-    except (StackNotFound, BotoCoreError) as exc:
-        raise UsageError(f"--stack {args.stack}: {exc}") from exc
+    session, stack = deployed_stack(args)
     bucket, key = stack.outputs.get("DataBucketName"), stack.parameters.get(PARAMETER)
     if not bucket or not key:
         raise UsageError(f"--stack {args.stack}: no DataBucketName output or no {PARAMETER} parameter; deploy the "
