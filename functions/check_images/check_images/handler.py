@@ -7,19 +7,17 @@ from typing import Any
 
 import boto3
 from aws_lambda_powertools import Logger, Tracer
-from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from check_images.models import ImageBatchEvent
 from check_images.service import check_batch
+from d2ops_core.lambda_task import task_handler
 
 logger = Logger()
 tracer = Tracer()
 
 
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@event_parser(model=ImageBatchEvent)
+@task_handler(ImageBatchEvent, logger, tracer)
 def handler(event: ImageBatchEvent, context: LambdaContext) -> dict[str, Any]:
     batch = event.BatchInput
     logger.append_keys(run_id=batch.run_id, dataset=f"s3://{batch.bucket}/{batch.prefix}")

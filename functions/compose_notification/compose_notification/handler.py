@@ -6,19 +6,17 @@ from typing import Any
 
 import boto3
 from aws_lambda_powertools import Logger, Tracer
-from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from compose_notification.models import NotificationEvent
 from compose_notification.service import compose
+from d2ops_core.lambda_task import task_handler
 
 logger = Logger()
 tracer = Tracer()
 
 
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@event_parser(model=NotificationEvent)
+@task_handler(NotificationEvent, logger, tracer)
 def handler(event: NotificationEvent, context: LambdaContext) -> dict[str, Any]:
     notification = compose(event, boto3.client("sagemaker"))
     if notification.fields.cost_unknown:

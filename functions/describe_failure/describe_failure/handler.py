@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from aws_lambda_powertools import Logger, Tracer
-from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from d2ops_core.lambda_task import task_handler
 from describe_failure.models import FailedRunDocument
 from describe_failure.service import describe_failure
 
@@ -19,9 +19,7 @@ logger = Logger()
 tracer = Tracer()
 
 
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@event_parser(model=FailedRunDocument)
+@task_handler(FailedRunDocument, logger, tracer)
 def handler(event: FailedRunDocument, context: LambdaContext) -> dict[str, Any]:
     # The raw Cause (with any stack trace) is logged here, next to the run id, for whoever debugs it.
     logger.info("run failed", extra={"failure": event.failure.model_dump(),

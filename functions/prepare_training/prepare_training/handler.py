@@ -7,10 +7,10 @@ from typing import Any
 
 import boto3
 from aws_lambda_powertools import Logger, Tracer
-from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from d2ops_core.champion import read_champion
+from d2ops_core.lambda_task import task_handler
 from prepare_training.models import PrepareEvent, PrepareSettings
 from prepare_training.service import build_plan, champion_ref, diff_against_champion, require_pretrained_weights
 
@@ -20,9 +20,7 @@ logger = Logger()
 tracer = Tracer()
 
 
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@event_parser(model=PrepareEvent)
+@task_handler(PrepareEvent, logger, tracer)
 def handler(event: PrepareEvent, context: LambdaContext) -> dict[str, Any]:
     settings = PrepareSettings.from_env(os.environ)
     s3 = boto3.client("s3")

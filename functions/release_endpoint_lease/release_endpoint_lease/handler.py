@@ -8,9 +8,9 @@ from typing import Any
 
 import boto3
 from aws_lambda_powertools import Logger, Tracer
-from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from d2ops_core.lambda_task import task_handler
 from release_endpoint_lease.models import ExecutionStatusChange
 from release_endpoint_lease.service import handle_status_change
 
@@ -18,9 +18,7 @@ logger = Logger()
 tracer = Tracer()
 
 
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@event_parser(model=ExecutionStatusChange)
+@task_handler(ExecutionStatusChange, logger, tracer)
 def handler(event: ExecutionStatusChange, context: LambdaContext) -> dict[str, Any]:
     try:
         result = handle_status_change(event, boto3.client("dynamodb"), os.environ["LEASE_TABLE_NAME"],

@@ -6,9 +6,9 @@ from typing import Any
 
 import boto3
 from aws_lambda_powertools import Logger, Tracer
-from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from d2ops_core.lambda_task import task_handler
 from smoke_test_endpoint.models import SmokeTestEvent
 from smoke_test_endpoint.service import smoke_test
 
@@ -16,9 +16,7 @@ logger = Logger()
 tracer = Tracer()
 
 
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@event_parser(model=SmokeTestEvent)
+@task_handler(SmokeTestEvent, logger, tracer)
 def handler(event: SmokeTestEvent, context: LambdaContext) -> dict[str, Any]:
     result = smoke_test(event, boto3.client("s3"), boto3.client("sagemaker-runtime"))
     logger.info("smoke test passed", extra=result.model_dump())

@@ -8,10 +8,10 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
-from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from d2ops_core import pipeline_metrics as pm
+from d2ops_core.lambda_task import task_handler
 from start_pipeline.models import ObjectCreatedEvent
 from start_pipeline.service import handle_object_created
 
@@ -20,10 +20,7 @@ tracer = Tracer()
 metrics = Metrics(namespace=pm.NAMESPACE)
 
 
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@metrics.log_metrics
-@event_parser(model=ObjectCreatedEvent)
+@task_handler(ObjectCreatedEvent, logger, tracer, metrics)
 def handler(event: ObjectCreatedEvent, context: LambdaContext) -> dict[str, Any]:
     result = handle_object_created(event, boto3.client("stepfunctions"), os.environ["STATE_MACHINE_ARN"])
     if result.action == "ignored":

@@ -7,10 +7,10 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
-from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from d2ops_core import pipeline_metrics as pm
+from d2ops_core.lambda_task import task_handler
 from summarize_evaluation.models import EvaluationSummary, SummarizeEvent
 from summarize_evaluation.service import decision, read_report, summarize
 
@@ -27,9 +27,7 @@ def record_metrics(summary: EvaluationSummary) -> None:
         metric.add_dimension(name=pm.PRIMARY_METRIC, value=summary.primary_metric)
 
 
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@event_parser(model=SummarizeEvent)
+@task_handler(SummarizeEvent, logger, tracer)
 def handler(event: SummarizeEvent, context: LambdaContext) -> dict[str, Any]:
     summary = summarize(read_report(boto3.client("s3"), event.report_uri), event)
     logger.info("evaluation summary", extra=summary.model_dump(exclude={"challenger_metrics"}))

@@ -8,10 +8,10 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
-from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from d2ops_core import pipeline_metrics as pm
+from d2ops_core.lambda_task import task_handler
 from d2ops_core.validation.manifest import StackLimits
 from validate_dataset.models import ValidateDatasetEvent, ValidationSummary
 from validate_dataset.service import DEFAULT_IMAGE_CHECK_CONCURRENCY, DEFAULT_INLINE_IMAGE_LIMIT, validate_dataset
@@ -42,10 +42,7 @@ def record_metrics(summary: ValidationSummary) -> None:
             metric.add_dimension(name=pm.ERROR_CODE, value=code)
 
 
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@metrics.log_metrics
-@event_parser(model=ValidateDatasetEvent)
+@task_handler(ValidateDatasetEvent, logger, tracer, metrics)
 def handler(event: ValidateDatasetEvent, context: LambdaContext) -> dict[str, Any]:
     logger.append_keys(run_id=event.run_id, dataset=f"s3://{event.bucket}/{event.prefix}")
     # The stack's gate and training limits (template.yaml): a manifest laxer than these is rejected here.

@@ -7,10 +7,10 @@ from typing import Any
 
 import boto3
 from aws_lambda_powertools import Logger, Metrics, Tracer
-from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from d2ops_core import pipeline_metrics as pm
+from d2ops_core.lambda_task import task_handler
 from validate_dataset.handler import env_int, record_metrics
 from validate_dataset.models import SummarizeImagesEvent
 from validate_dataset.service import DEFAULT_IMAGE_CHECK_CONCURRENCY, summarize_images
@@ -20,10 +20,7 @@ tracer = Tracer()
 metrics = Metrics(namespace=pm.NAMESPACE)
 
 
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@metrics.log_metrics
-@event_parser(model=SummarizeImagesEvent)
+@task_handler(SummarizeImagesEvent, logger, tracer, metrics)
 def handler(event: SummarizeImagesEvent, context: LambdaContext) -> dict[str, Any]:
     logger.append_keys(run_id=event.run_id, dataset=f"s3://{event.bucket}/{event.prefix}")
     summary = summarize_images(event, boto3.client("s3"), os.environ["ARTIFACTS_BUCKET"],
