@@ -68,9 +68,7 @@ def test_rendered_parameters_fit_the_service_model_and_the_integration(state: st
 
 @pytest.fixture
 def prepare_handler(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    support.aws_env(monkeypatch)
-    for key, value in support.PREPARE_ENV.items():
-        monkeypatch.setenv(key, value)
+    support.prepare_env(monkeypatch)
     support.function_path("prepare_training")
     from prepare_training import handler
 

@@ -119,13 +119,7 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     support.aws_env(monkeypatch)
     for key, value in {"ARTIFACTS_BUCKET": "artifacts", "MIN_MAP": "0.3", "MAX_REGRESSION": "0.01"}.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.syspath_prepend(str(ROOT / "functions/validate_dataset"))
-    monkeypatch.syspath_prepend(str(ROOT / "functions/check_images"))
-    with mock_aws():
-        client = boto3.client("s3")
-        for bucket in ("data", "artifacts"):
-            client.create_bucket(Bucket=bucket)
-        client.put_bucket_versioning(Bucket="data", VersioningConfiguration={"Status": "Enabled"})
+    with support.image_check_buckets(monkeypatch) as client:
         yield client
 
 
@@ -231,12 +225,7 @@ def test_the_stack_parameter_reaches_every_part_that_applies_the_rule() -> None:
         name: "50000000" for name in stack.functions}
 
     # the jobs: the prepare function's real plan, from the environment the stack gives it
-    support.function_path("prepare_training")
-    models = importlib.import_module("prepare_training.models")
-    service = importlib.import_module("prepare_training.service")
-    settings = models.PrepareSettings.from_env(stack.functions["PrepareTrainingFunction"].environment)
-    event = _prepare_event(models, stack)
-    plan = service.build_plan(settings, event, None)
+    plan = _stack_plan(stack)
     assert plan.training_job["Environment"] == {"MAX_IMAGE_PIXELS": "50000000"}
     assert plan.evaluation_job["Environment"]["MAX_IMAGE_PIXELS"] == "50000000"  # beside the gate's GATE_*
 
@@ -244,6 +233,15 @@ def test_the_stack_parameter_reaches_every_part_that_applies_the_rule() -> None:
     create = _create_model_state(stack)
     assert create["Resource"].endswith(":states:::sagemaker:createModel")
     assert create["Parameters"]["PrimaryContainer"]["Environment"] == {"MAX_IMAGE_PIXELS": "50000000"}
+
+
+def _stack_plan(stack: Any) -> Any:
+    """The prepare function's real plan, from the environment the stack gives it, for the sample event."""
+    support.function_path("prepare_training")
+    models = importlib.import_module("prepare_training.models")
+    service = importlib.import_module("prepare_training.service")
+    settings = models.PrepareSettings.from_env(stack.functions["PrepareTrainingFunction"].environment)
+    return service.build_plan(settings, _prepare_event(models, stack), None)
 
 
 def _prepare_event(models: Any, stack: Any) -> Any:
@@ -262,12 +260,7 @@ def _create_model_state(stack: Any) -> dict[str, Any]:
 def test_what_the_pipeline_builds_is_accepted_by_sagemaker(monkeypatch: pytest.MonkeyPatch) -> None:
     """botocore validates the Environment maps against the API model (strings, in the right members)."""
     stack = load_stack(parameters={"MaxImagePixels": "45000000"})
-    support.function_path("prepare_training")
-    models = importlib.import_module("prepare_training.models")
-    service = importlib.import_module("prepare_training.service")
-    settings = models.PrepareSettings.from_env(stack.functions["PrepareTrainingFunction"].environment)
-    event = _prepare_event(models, stack)
-    plan = service.build_plan(settings, event, None)
+    plan = _stack_plan(stack)
     container = dict(_create_model_state(stack)["Parameters"]["PrimaryContainer"])
     container.pop("ModelPackageName.$")
     support.aws_env(monkeypatch)

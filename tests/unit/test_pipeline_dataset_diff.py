@@ -43,9 +43,7 @@ def champion_record() -> dict[str, Any]:
 
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
-    support.aws_env(monkeypatch)
-    for key, value in support.PREPARE_ENV.items():
-        monkeypatch.setenv(key, value)
+    support.prepare_env(monkeypatch)
     with mock_aws():
         s3 = boto3.client("s3")
         s3.create_bucket(Bucket=support.ARTIFACTS_BUCKET)

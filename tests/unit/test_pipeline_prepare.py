@@ -24,9 +24,7 @@ from prepare_training.models import PrepareSettings  # noqa: E402
 
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
-    support.aws_env(monkeypatch)
-    for key, value in support.PREPARE_ENV.items():
-        monkeypatch.setenv(key, value)
+    support.prepare_env(monkeypatch)
     with mock_aws():
         s3 = boto3.client("s3")
         s3.create_bucket(Bucket=support.ARTIFACTS_BUCKET)

@@ -31,9 +31,7 @@ KEY = pretrained.DEFAULT_KEY
 
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    support.aws_env(monkeypatch)
-    for key, value in support.PREPARE_ENV.items():
-        monkeypatch.setenv(key, value)
+    support.prepare_env(monkeypatch)
     with mock_aws():
         s3 = boto3.client("s3")
         s3.create_bucket(Bucket=support.ARTIFACTS_BUCKET)

@@ -23,7 +23,6 @@ from typing import Any
 
 import boto3
 import pytest
-from moto import mock_aws
 from PIL import Image
 
 from d2ops import synth
@@ -44,13 +43,7 @@ IMAGE_CODES = {Code.IMAGE_UNREADABLE, Code.IMAGE_SIZE_MISMATCH, Code.IMAGE_EXTEN
 def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     support.aws_env(monkeypatch)
     monkeypatch.setenv("ARTIFACTS_BUCKET", "artifacts")
-    monkeypatch.syspath_prepend(str(ROOT / "functions/validate_dataset"))
-    monkeypatch.syspath_prepend(str(ROOT / "functions/check_images"))
-    with mock_aws():
-        client = boto3.client("s3")
-        for bucket in ("data", "artifacts"):
-            client.create_bucket(Bucket=bucket)
-        client.put_bucket_versioning(Bucket="data", VersioningConfiguration={"Status": "Enabled"})
+    with support.image_check_buckets(monkeypatch) as client:
         yield client
 
 
