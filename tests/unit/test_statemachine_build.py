@@ -219,7 +219,7 @@ def test_create_or_find_shape() -> None:
         create, thing="thing", exists_cause="Cannot create already existing thing*",
         lookup=Lookup("Find created thing", "aws-sdk:sagemaker:describeThing", {"ThingName.$": "$.name"},
                       {"owner.$": "$.Owner"}, "$.created_thing"),
-        ours=Var("$.created_thing.owner").string_equals_path("$.me"), next="After", failed="Failed", retry=retry))
+        ours=Var("$.created_thing.owner").test("StringEqualsPath", "$.me"), next="After", failed="Failed", retry=retry))
     assert list(states) == ["Create thing", "Thing already created?", "Find created thing", "Created thing is ours?"]
     exists = states["Thing already created?"]
     assert exists["Choices"] == [{"Variable": "$.error.Cause", "StringMatches": "Cannot create already existing thing*",

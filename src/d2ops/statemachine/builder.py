@@ -61,9 +61,13 @@ def fmt(template: str, *paths: str) -> str:
     return f"States.Format('{template}', {', '.join(paths)})"
 
 
-def _put(out: Json, key: str, value: Any) -> None:
-    if value is not ABSENT:
-        out[key] = value
+def _state(kind: str, comment: str | None, *fields: tuple[str, Any]) -> Json:
+    """A state's object: Type, Comment (when there is one), then ``fields`` in order, leaving ABSENT ones out."""
+    out: Json = {"Type": kind}
+    if comment is not None:
+        out["Comment"] = comment
+    out.update((key, value) for key, value in fields if value is not ABSENT)
+    return out
 
 
 # --- error handling --------------------------------------------------------------------------
@@ -123,6 +127,8 @@ RETRY_POLICIES = (LAMBDA, LAMBDA_WITH_FALLBACK, DYNAMODB, SFN, SAGEMAKER_READ, S
 
 @dataclass(frozen=True)
 class Catch:
+    """A catcher: ``errors`` go to ``next``, the error written at ``result_path``."""
+
     next: str
     errors: tuple[str, ...] = ("States.ALL",)
     result_path: str | None = "$.error"
@@ -140,6 +146,8 @@ def catch_all(next: str, result_path: str | None = "$.error") -> tuple[Catch]:
 
 @dataclass(frozen=True)
 class Task:
+    """A Task state: ``resource`` is a service integration's ARN (``resource("lambda:invoke")``)."""
+
     resource: str
     next: str | None  # None: End
     comment: str | None = None
@@ -156,71 +164,61 @@ class Task:
     comment_after: Literal["Type", "Resource", "Parameters"] = "Type"
 
     def asl(self) -> Json:
-        out: Json = {"Type": "Task"}
         fields: list[tuple[str, Any]] = [
             ("Resource", self.resource), ("InputPath", self.input_path), ("Parameters", self.parameters),
             ("ResultSelector", self.result_selector), ("ResultPath", self.result_path),
             ("OutputPath", self.output_path), ("TimeoutSeconds", self.timeout),
             ("Retry", [r.asl() for r in self.retry] if self.retry else ABSENT),
             ("Catch", [c.asl() for c in self.catch] if self.catch else ABSENT),
+            ("End", True) if self.next is None else ("Next", self.next),
         ]
-        if self.comment is not None:
-            at = 0 if self.comment_after == "Type" else [k for k, _ in fields].index(self.comment_after) + 1
-            fields.insert(at, ("Comment", self.comment))
-        for key, value in fields:
-            _put(out, key, value)
-        _transition(out, self.next)
-        return out
+        if self.comment is None or self.comment_after == "Type":
+            return _state("Task", self.comment, *fields)
+        at = [key for key, _ in fields].index(self.comment_after) + 1
+        return _state("Task", None, *fields[:at], ("Comment", self.comment), *fields[at:])
 
 
 @dataclass(frozen=True)
 class Pass:
+    """A Pass state: ``parameters`` (or a fixed ``result``) written at ``result_path``."""
+
     next: str
     comment: str | None = None
     input_path: str | _Absent = ABSENT
     parameters: Json | _Absent = ABSENT
     result: Json | _Absent = ABSENT
+    # None discards (JSON null: the input passes on); ABSENT leaves it out (the result replaces the input).
     result_path: str | _Absent | None = ABSENT
 
     def asl(self) -> Json:
-        out: Json = {"Type": "Pass"}
-        _put(out, "Comment", ABSENT if self.comment is None else self.comment)
-        _put(out, "InputPath", self.input_path)
-        _put(out, "Parameters", self.parameters)
-        _put(out, "Result", self.result)
-        _put(out, "ResultPath", self.result_path)
-        out["Next"] = self.next
-        return out
+        return _state("Pass", self.comment, ("InputPath", self.input_path), ("Parameters", self.parameters),
+                      ("Result", self.result), ("ResultPath", self.result_path), ("Next", self.next))
 
 
 @dataclass(frozen=True)
 class Choice:
+    """A Choice state: the first rule that holds names the next state, else ``default``."""
+
     choices: tuple[Json, ...]  # rules built with `when`
     default: str
     comment: str | None = None
 
     def asl(self) -> Json:
-        out: Json = {"Type": "Choice"}
-        _put(out, "Comment", ABSENT if self.comment is None else self.comment)
-        out["Choices"] = list(self.choices)
-        out["Default"] = self.default
-        return out
+        return _state("Choice", self.comment, ("Choices", list(self.choices)), ("Default", self.default))
 
 
 @dataclass(frozen=True)
 class Wait:
+    """A Wait state: a fixed number of ``seconds``, or as many as ``seconds_path`` says."""
+
     next: str
     seconds: int | _Absent = ABSENT
     seconds_path: str | _Absent = ABSENT
     comment: str | None = None
 
     def asl(self) -> Json:
-        out: Json = {"Type": "Wait"}
-        _put(out, "Comment", ABSENT if self.comment is None else self.comment)
-        _put(out, "Seconds", self.seconds)
-        _put(out, "SecondsPath", self.seconds_path)
-        out["Next"] = self.next
-        return out
+        return _state("Wait", self.comment, ("Seconds", self.seconds), ("SecondsPath", self.seconds_path),
+                      ("Next", self.next))
 
 
 @dataclass(frozen=True)
@@ -229,13 +227,13 @@ class Fail:
     cause_path: str
 
     def asl(self) -> Json:
-        return {"Type": "Fail", "Error": self.error, "CausePath": self.cause_path}
+        return _state("Fail", None, ("Error", self.error), ("CausePath", self.cause_path))
 
 
 @dataclass(frozen=True)
 class Succeed:
     def asl(self) -> Json:
-        return {"Type": "Succeed"}
+        return _state("Succeed", None)
 
 
 @dataclass(frozen=True)
@@ -255,13 +253,12 @@ class DistributedMap:
     tolerated_failure_count: int = 0
 
     def asl(self) -> Json:
-        return {"Type": "Map", "Comment": self.comment, "Label": self.label, "ItemReader": self.item_reader,
-                "ItemBatcher": self.item_batcher, "MaxConcurrencyPath": self.max_concurrency_path,
-                "ToleratedFailureCount": self.tolerated_failure_count,
-                "ItemProcessor": {"ProcessorConfig": {"Mode": "DISTRIBUTED", "ExecutionType": "EXPRESS"},
-                                  **self.processor.asl()},
-                "ResultWriter": self.result_writer, "ResultPath": self.result_path,
-                "Catch": [c.asl() for c in self.catch], "Next": self.next}
+        processor = {"ProcessorConfig": {"Mode": "DISTRIBUTED", "ExecutionType": "EXPRESS"}, **self.processor.asl()}
+        return _state("Map", self.comment, ("Label", self.label), ("ItemReader", self.item_reader),
+                      ("ItemBatcher", self.item_batcher), ("MaxConcurrencyPath", self.max_concurrency_path),
+                      ("ToleratedFailureCount", self.tolerated_failure_count), ("ItemProcessor", processor),
+                      ("ResultWriter", self.result_writer), ("ResultPath", self.result_path),
+                      ("Catch", [c.asl() for c in self.catch]), ("Next", self.next))
 
 
 State = Task | Pass | Choice | Wait | Fail | Succeed | DistributedMap
@@ -270,13 +267,6 @@ State = Task | Pass | Choice | Wait | Fail | Succeed | DistributedMap
 def _targets(state: Json) -> list[str]:
     out = [state[key] for key in ("Next", "Default") if key in state]
     return out + [rule["Next"] for rule in state.get("Choices", []) + state.get("Catch", [])]
-
-
-def _transition(out: Json, next: str | None) -> None:
-    if next is None:
-        out["End"] = True
-    else:
-        out["Next"] = next
 
 
 @dataclass(frozen=True)
@@ -327,48 +317,35 @@ class Machine:
 # --- Choice rules ------------------------------------------------------------------------------
 
 
+# The comparisons a Choice rule may make (those this definition uses; any ASL comparison operator fits).
+Comparison = Literal["StringEquals", "StringEqualsPath", "StringMatches", "BooleanEquals", "IsPresent",
+                     "NumericLessThan", "NumericLessThanPath", "NumericGreaterThanPath",
+                     "NumericGreaterThanEqualsPath"]
+
+
 @dataclass(frozen=True)
 class Var:
-    """A Choice rule's ``Variable``: ``Var("$.x").string_equals("a")`` is one comparison."""
+    """A Choice rule's ``Variable``: ``Var("$.x").test("StringEquals", "a")`` is one comparison, in ASL's words."""
 
     path: str
 
-    def _rule(self, op: str, value: Any) -> Json:
-        return {"Variable": self.path, op: value}
+    def test(self, comparison: Comparison, value: str | int | bool) -> Json:
+        return {"Variable": self.path, comparison: value}
 
     def is_present(self, present: bool = True) -> Json:
-        return self._rule("IsPresent", present)
+        """IsPresent (``False``: the path must be absent)."""
+        return self.test("IsPresent", present)
 
     def is_true(self) -> Json:
-        return self._rule("BooleanEquals", True)
-
-    def string_equals(self, value: str) -> Json:
-        return self._rule("StringEquals", value)
-
-    def string_equals_path(self, path: str) -> Json:
-        return self._rule("StringEqualsPath", path)
-
-    def string_matches(self, pattern: str) -> Json:
-        return self._rule("StringMatches", pattern)
-
-    def numeric_less_than(self, value: int) -> Json:
-        return self._rule("NumericLessThan", value)
-
-    def numeric_less_than_path(self, path: str) -> Json:
-        return self._rule("NumericLessThanPath", path)
-
-    def numeric_greater_than_path(self, path: str) -> Json:
-        return self._rule("NumericGreaterThanPath", path)
-
-    def numeric_greater_than_equals_path(self, path: str) -> Json:
-        return self._rule("NumericGreaterThanEqualsPath", path)
+        return self.test("BooleanEquals", True)
 
     def one_of(self, *values: str) -> Json:
         """StringEquals any of ``values``."""
-        return any_of(*(self.string_equals(v) for v in values))
+        return any_of(*(self.test("StringEquals", v) for v in values))
 
     def matches_any(self, *patterns: str) -> Json:
-        return any_of(*(self.string_matches(p) for p in patterns))
+        """StringMatches any of ``patterns``."""
+        return any_of(*(self.test("StringMatches", p) for p in patterns))
 
 
 def all_of(*rules: Json) -> Json:
@@ -472,7 +449,8 @@ def record_failure(name: str, kind: FailureKind, cause: str, *, next: str, comme
 def route_failures(name: str, kinds: Sequence[FailureKind], default: FailureKind) -> Named:
     """The Choice sending each recorded failure to its Fail state."""
     error = Var(f"{FAILURE_PATH}.error")
-    return name, Choice(tuple(when(error.string_equals(k.error), k.fail_state) for k in kinds), default.fail_state)
+    routes = tuple(when(error.test("StringEquals", k.error), k.fail_state) for k in kinds)
+    return name, Choice(routes, default.fail_state)
 
 
 def fail_states(kinds: Sequence[FailureKind]) -> list[Named]:
@@ -486,7 +464,7 @@ def already_created(name: str, cause: str | tuple[str, ...], *, found: str, othe
     """The Choice telling "the name is taken" (what a retry after a lost create response sees) by the Cause."""
     comment = ("A retry after a lost response finds the name taken by what the first attempt created: "
                "look at it instead of failing.")
-    rule = Var("$.error.Cause").string_matches(cause) if isinstance(cause, str) else \
+    rule = Var("$.error.Cause").test("StringMatches", cause) if isinstance(cause, str) else \
         Var("$.error.Cause").matches_any(*cause)
     return name, Choice((when(rule, found),), otherwise, comment=comment)
 
@@ -591,7 +569,7 @@ def sync_job_create_or_find(job: SyncJob, *, next: str, failed: str, create_retr
                     "error name, SageMaker.AmazonSageMakerException; the code is only in the Cause).")),
         (retries_left, Choice(
             (when(not_(Var(retry_path).is_present()), start_retrying),
-             when(Var(f"{retry_path}.attempts").numeric_less_than(create_retries), wait_retry)),
+             when(Var(f"{retry_path}.attempts").test("NumericLessThan", create_retries), wait_retry)),
             failed,
             comment=f"At most {create_retries} retries, {first_retry_seconds} s doubling "
                     f"({first_retry_seconds * (2 ** create_retries - 1)} s of waits in all).")),
@@ -605,12 +583,12 @@ def sync_job_create_or_find(job: SyncJob, *, next: str, failed: str, create_retr
                      result_selector={"status.$": f"$.{api}Status", "output.$": f"$.{job.output_field}"},
                      result_path=created_path, retry=(retry,), catch=catch_all(failed))),
         (is_ours, Choice(
-            (when(not_(Var(f"{created_path}.output").string_equals_path(f"{job.request_path}.{job.output_field}")),
-                  failed),
-             when(status.string_equals("Completed"), read),
+            (when(not_(Var(f"{created_path}.output").test("StringEqualsPath",
+                                                           f"{job.request_path}.{job.output_field}")), failed),
+             when(status.test("StringEquals", "Completed"), read),
              when(status.one_of("Failed", "Stopped"), read_failure),
              when(all_of(status.one_of("InProgress", "Stopping"),
-                         Var(f"{wait_path}.checks").numeric_less_than(job.max_checks)), wait_created)),
+                         Var(f"{wait_path}.checks").test("NumericLessThan", job.max_checks)), wait_created)),
             failed,
             comment="Ours if it writes where this run reads (the run id is in its name and its output path). "
                     f"Bounded: {job.max_checks} checks {job.check_every} s apart outlast the longest such job the "

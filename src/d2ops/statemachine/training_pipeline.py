@@ -237,7 +237,7 @@ def endpoint_lease() -> list[Named]:
             catch=(Catch("Clear stale endpoint lease", ("Sfn.ExecutionDoesNotExistException",), "$.lease_error"),
                    lease_failed))),
         ("Lease holder running?", Choice(
-            (when(Var("$.lease_holder_status.status").string_equals("RUNNING"), "Lease waits left?"),),
+            (when(Var("$.lease_holder_status.status").test("StringEquals", "RUNNING"), "Lease waits left?"),),
             "Clear stale endpoint lease")),
         _release_lease(
             "Clear stale endpoint lease", "$.lease_holder.Item.holder.S", next="Acquire endpoint lease",
@@ -246,7 +246,8 @@ def endpoint_lease() -> list[Named]:
                               "$.lease_error"),
             failed=lease_failed),
         ("Lease waits left?", Choice(
-            (when(Var(f"{wait}.waits").numeric_greater_than_equals_path(f"{wait}.max_waits"), "Record endpoint busy"),),
+            (when(Var(f"{wait}.waits").test("NumericGreaterThanEqualsPath", f"{wait}.max_waits"),
+                  "Record endpoint busy"),),
             "Wait for endpoint lease")),
         ("Wait for endpoint lease", Wait("Count endpoint lease wait", seconds_path=f"{wait}.seconds")),
         ("Count endpoint lease wait", Pass(
@@ -255,7 +256,8 @@ def endpoint_lease() -> list[Named]:
                         "waits.$": f"States.MathAdd({wait}.waits, 1)"},
             result_path=wait)),
         ("Longest lease wait reached?", Choice(
-            (when(Var(f"{wait}.seconds").numeric_greater_than_path(f"{wait}.max_seconds"), "Keep longest lease wait"),),
+            (when(Var(f"{wait}.seconds").test("NumericGreaterThanPath", f"{wait}.max_seconds"),
+                  "Keep longest lease wait"),),
             "Acquire endpoint lease")),
         ("Keep longest lease wait", Pass("Acquire endpoint lease", parameters=wait_state(f"{wait}.max_seconds"),
                                          result_path=wait)),
@@ -362,8 +364,9 @@ def gate_and_register() -> list[Named]:
                     "score_thresholds.$": "$.evaluation.score_thresholds"}},
             result_selector={"model_package_arn.$": "$.ModelPackageArn"}, result_path="$.registration",
             retry=(SAGEMAKER_WRITE,), catch=catch_all("Record registration failure"))),
-        ("Model approved?", Choice((when(Var("$.gate.approval_status").string_equals("Approved"), "Create model"),),
-                                   "Record quality gate failure")),
+        ("Model approved?", Choice(
+            (when(Var("$.gate.approval_status").test("StringEquals", "Approved"), "Create model"),),
+            "Record quality gate failure")),
     ]
 
 
@@ -380,10 +383,10 @@ def deploy() -> list[Named]:
     failed = "Record deployment failure"
     endpoint_config = "$.plan.names.endpoint_config"
     status = Var("$.endpoint.EndpointStatus")
-    serves_new_config = (status.string_equals("InService"),
-                         Var("$.endpoint.EndpointConfigName").string_equals_path(endpoint_config))
+    serves_new_config = (status.test("StringEquals", "InService"),
+                         Var("$.endpoint.EndpointConfigName").test("StringEqualsPath", endpoint_config))
     canary_status = "$.endpoint.PendingDeploymentSummary.ProductionVariants[0].VariantStatus[0].Status"
-    waits_left = Var("$.endpoint_wait.attempts").numeric_less_than_path("$.plan.endpoint.max_wait_attempts")
+    waits_left = Var("$.endpoint_wait.attempts").test("NumericLessThanPath", "$.plan.endpoint.max_wait_attempts")
     deployment = {"endpoint_arn.$": "$.EndpointArn", "started_at.$": ENTERED_TIME}
     return [
         *create_or_find(
@@ -401,7 +404,7 @@ def deploy() -> list[Named]:
             lookup=Lookup("Find created model", "aws-sdk:sagemaker:describeModel",
                           {"ModelName.$": "$.plan.names.model"},
                           {"model_package.$": "$.PrimaryContainer.ModelPackageName"}, "$.created_model"),
-            ours=Var("$.created_model.model_package").string_equals_path("$.registration.model_package_arn"),
+            ours=Var("$.created_model.model_package").test("StringEqualsPath", "$.registration.model_package_arn"),
             next="Create endpoint config", failed=failed, retry=SAGEMAKER_READ),
         *create_or_find(
             ("Create endpoint config", Task(
@@ -419,7 +422,7 @@ def deploy() -> list[Named]:
             lookup=Lookup("Find created endpoint config", "aws-sdk:sagemaker:describeEndpointConfig",
                           {"EndpointConfigName.$": endpoint_config},
                           {"model.$": "$.ProductionVariants[0].ModelName"}, "$.created_endpoint_config"),
-            ours=Var("$.created_endpoint_config.model").string_equals_path("$.plan.names.model"),
+            ours=Var("$.created_endpoint_config.model").test("StringEqualsPath", "$.plan.names.model"),
             next="Find current endpoint", failed=failed, retry=SAGEMAKER_READ),
         _describe_endpoint(
             "Find current endpoint", "Update endpoint (blue/green)",
@@ -431,7 +434,7 @@ def deploy() -> list[Named]:
             catch=(Catch("Endpoint missing?", ("SageMaker.SageMakerException",), "$.endpoint_lookup_error"),
                    *catch_all(failed))),
         ("Endpoint missing?", Choice(
-            (when(Var("$.endpoint_lookup_error.Cause").string_matches("Could not find endpoint *"),
+            (when(Var("$.endpoint_lookup_error.Cause").test("StringMatches", "Could not find endpoint *"),
                   "Create endpoint"),),
             "Endpoint lookup failed",
             comment="Only 'does not exist' creates the endpoint; throttling, AccessDenied and the rest fail the "
@@ -469,8 +472,8 @@ def deploy() -> list[Named]:
         ("Endpoint in service?", Choice(
             (when(all_of(*serves_new_config, Var("$.smoke_test").is_present()), "Record champion"),
              when(all_of(*serves_new_config), "Smoke test endpoint"),
-             when(status.string_equals("InService"), "Endpoint rolled back by alarms"),
-             when(all_of(status.string_equals("Updating"), Var(canary_status).is_present(),
+             when(status.test("StringEquals", "InService"), "Endpoint rolled back by alarms"),
+             when(all_of(status.test("StringEquals", "Updating"), Var(canary_status).is_present(),
                          Var("$.smoke_test").is_present(False)), "Canary baking?"),
              when(all_of(status.one_of("Creating", "Updating", "SystemUpdating", "RollingBack"), waits_left),
                   "Wait for endpoint")),
@@ -479,7 +482,7 @@ def deploy() -> list[Named]:
                     "runs once: during the canary's bake when the poll sees it, else once the new config serves "
                     "everyone.")),
         ("Canary baking?", Choice(
-            (when(Var(canary_status).string_equals("Baking"), "Smoke test endpoint"),
+            (when(Var(canary_status).test("StringEquals", "Baking"), "Smoke test endpoint"),
              when(waits_left, "Wait for endpoint")),
             "Endpoint not in service",
             comment="SageMaker reports the new fleet's stage in PendingDeploymentSummary; Baking means the new "
@@ -546,12 +549,12 @@ def deploy() -> list[Named]:
 def roll_back() -> list[Named]:
     failed = "Rollback not verified"
     rollback_status = Var("$.rollback_endpoint.status")
-    update = Var("$.deployment.mode").string_equals("update")
+    update = Var("$.deployment.mode").test("StringEquals", "update")
     return [
         ("Undo deployment", Choice(
             (when(all_of(update, Var("$.endpoint.EndpointStatus").is_present(),
-                         not_(Var("$.endpoint.EndpointStatus").string_equals("InService")),
-                         not_(Var("$.endpoint.EndpointStatus").string_equals("Failed"))),
+                         not_(Var("$.endpoint.EndpointStatus").test("StringEquals", "InService")),
+                         not_(Var("$.endpoint.EndpointStatus").test("StringEquals", "Failed"))),
                   "Report smoke test failure"),
              when(update, "Roll back endpoint")),
             "Delete new endpoint",
@@ -591,12 +594,13 @@ def roll_back() -> list[Named]:
             result_path="$.rollback_endpoint", retry=SAGEMAKER_SERVICE, catch=catch_all(failed)),
         count("Count rollback check", "$.rollback_wait", "Rolled back?", counter="attempts"),
         ("Rolled back?", Choice(
-            (when(all_of(rollback_status.string_equals("InService"),
-                         Var("$.rollback_endpoint.endpoint_config").string_equals_path(
-                             "$.previous_endpoint.endpoint_config")),
+            (when(all_of(rollback_status.test("StringEquals", "InService"),
+                         Var("$.rollback_endpoint.endpoint_config").test("StringEqualsPath",
+                                                                         "$.previous_endpoint.endpoint_config")),
                   "Record rolled-back deployment"),
              when(all_of(rollback_status.one_of("Updating", "RollingBack", "SystemUpdating", "InService"),
-                         Var("$.rollback_wait.attempts").numeric_less_than_path("$.plan.endpoint.max_wait_attempts")),
+                         Var("$.rollback_wait.attempts").test("NumericLessThanPath",
+                                                              "$.plan.endpoint.max_wait_attempts")),
                   "Wait for rollback")),
             failed,
             comment="Verified: the endpoint serves the config it served before this run. Bounded by "
