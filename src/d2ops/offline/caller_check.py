@@ -15,9 +15,10 @@ so it answers only its own runtime's callers, the way AWS answers only signed re
 4. a processing job's ``AppSpecification.ContainerEntrypoint`` is one the pipeline itself runs (the
    state machine's literal entrypoints and the evaluation entrypoint its prepare step plans).
 
-Refusals are AWS's own error shapes: the JSON protocols' ``{"__type", "message"}`` (HTTP 400, as
-SageMaker and Step Functions answer signature errors), REST services' ``x-amzn-ErrorType`` header
-with ``{"message"}`` (HTTP 403).
+Refusals are AWS's own error shapes: the JSON protocols' ``{"__type", "message"}`` (HTTP 400 for
+signature and validation errors, as SageMaker and Step Functions answer them), REST services'
+``x-amzn-ErrorType`` header with ``{"message"}`` (HTTP 403 for signature errors, 400 for validation);
+a foreign Host gets 403 ``AccessDeniedException``.
 """
 
 from __future__ import annotations
