@@ -13,6 +13,7 @@ import json
 import random
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -220,6 +221,82 @@ def test_jsonata_runtime_errors_carry_the_code_and_message() -> None:
     assert run(one({"Type": "Pass", "Output": "{% $eval('1+1') %}"})).cause == (
         f"{PREFIX} The JSONata expression '$eval('1+1')' specified for the field 'Output' threw an error during "
         "evaluation. T1006: Attempted to invoke a non-function")
+
+
+def test_an_endless_expression_ends_within_the_time_bound() -> None:
+    # A tail call never deepens the stack: only the time bound ends it. The bound is per evaluation,
+    # not per parsed (cached) expression: one parsed before the loop still runs after it.
+    quick = one({"Type": "Pass", "Output": "{% $states.input.a + 1 %}"})
+    assert run(quick, {"a": 1}).output == 2
+    loop = "( $f := function($x){ $f($x + 1) }; $f(1) )"
+    started = time.monotonic()
+    execution = run(one({"Type": "Pass", "Output": "{% " + loop + " %}"}))
+    assert time.monotonic() - started < 30
+    assert execution.error == "States.QueryEvaluationError"
+    assert execution.cause == (f"{PREFIX} The JSONata expression '{loop}' specified for the field 'Output' threw an "
+                               "error during evaluation. D1012: Evaluation timeout after 5000 milliseconds. Check "
+                               "for infinite loop")
+    assert run(quick, {"a": 2}).output == 3
+
+
+def test_runaway_recursion_is_a_stack_overflow() -> None:
+    recursion = "( $f := function($x){ 1 + $f($x + 1) }; $f(1) )"
+    execution = run(one({"Type": "Pass", "Output": "{% " + recursion + " %}"}))
+    assert execution.cause == (f"{PREFIX} The JSONata expression '{recursion}' specified for the field 'Output' threw "
+                               "an error during evaluation. D1011: Stack overflow. Check for non-terminating "
+                               "recursive function.  Consider rewriting as tail-recursive")
+    # A recursion that ends is evaluated.
+    countdown = "{% ( $f := function($n){ $n = 0 ? 0 : 1 + $f($n - 1) }; $f(20) ) %}"
+    assert run(one({"Type": "Pass", "Output": countdown})).output == 20
+
+
+def nested(levels: int) -> str:
+    return "{% $reduce([1.." + str(levels) + "], function($a, $v){ {\"a\": $a} }, {}) %}"
+
+
+def test_a_deeply_nested_result_is_a_one_line_query_evaluation_error() -> None:
+    text = nested(3000)
+    execution = run(one({"Type": "Pass", "Output": text}))
+    assert execution.error == "States.QueryEvaluationError"
+    assert execution.cause == (f"{PREFIX} The JSONata expression '{text[2:-2].strip()}' specified for the field "
+                               "'Output' returned a value nested more than 500 levels deep, more than a state's data "
+                               "may be.")
+    assigned = run({"QueryLanguage": "JSONata", "StartAt": "S", "States": {
+        "S": {"Type": "Pass", "Assign": {"x": nested(900)}, "Next": "T"},
+        "T": {"Type": "Pass", "Output": "{% $x %}", "End": True}}})
+    assert assigned.error == "States.QueryEvaluationError"
+    assert "specified for the field 'Assign/x' returned a value nested more than 500 levels deep" in (
+        assigned.cause or "")
+
+
+def test_a_nested_result_within_the_limit_keeps_its_shape_and_order() -> None:
+    value: Any = run(one({"Type": "Pass", "Output": nested(450)})).output
+    depth = 0
+    while value:
+        assert list(value) == ["a"]
+        value, depth = value["a"], depth + 1
+    assert depth == 450 and value == {}
+    ordered = run(one({"Type": "Pass", "Output": "{% {'z': 1, 'a': [1, {'y': null, 'b': 2.0}], 'm': {}} %}"})).output
+    assert list(ordered) == ["z", "a", "m"] and list(ordered["a"][1]) == ["y", "b"]
+    assert ordered == {"z": 1, "a": [1, {"y": None, "b": 2}], "m": {}}
+
+
+@pytest.mark.parametrize(("expression", "message"), [
+    ("$partition([1,2,3], 0)", "the chunk size must be greater than 0"),
+    ("$range(0, 100000000, 1)", "the range has 100000001 elements, more than 1000"),
+    ("$hash('x', 'NOPE')", "unsupported algorithm 'NOPE' (one of MD5, SHA-1, SHA-256, SHA-384, SHA-512)"),
+    ("$parse('{')", "the argument is not a JSON text: Expecting property name enclosed in double quotes: line 1 "
+                    "column 2 (char 1)"),
+    ("$random('x')", "the seed of $random must be an integer"),
+    ("$parse($sum)", "an argument is not a JSON value"),
+    ("$partition([$reduce([1..600], function($a, $v){ {'a': $a} }, {})], 1)",
+     "an argument is nested more than 500 levels deep"),
+])
+def test_step_functions_function_errors_say_what_was_wrong(expression: str, message: str) -> None:
+    execution = run(one({"Type": "Pass", "Output": "{% " + expression + " %}"}))
+    assert execution.error == "States.QueryEvaluationError"
+    assert execution.cause == (f"{PREFIX} The JSONata expression '{expression}' specified for the field 'Output' "
+                               f"threw an error during evaluation. D3001: {message}")
 
 
 # ----- the functions Step Functions adds -----------------------------------------------------------

@@ -25,7 +25,7 @@ from typing import Any
 
 _RECURSION_LIMIT = sys.getrecursionlimit()
 import jsonata  # noqa: E402 (the library raises the process's recursion limit to 10,000 when imported)
-from jsonata import jexception, parser  # noqa: E402
+from jsonata import jexception, parser, timebox  # noqa: E402
 from jsonata.utils import Utils  # noqa: E402
 
 # Put it back: the interpreter's depth limits (jsonvalue.MAX_JSON_DEPTH, the path checks) are set for
@@ -34,9 +34,20 @@ sys.setrecursionlimit(_RECURSION_LIMIT)
 
 from d2ops.asl import intrinsics  # noqa: E402
 from d2ops.asl.errors import StatesError  # noqa: E402
+from d2ops.asl.jsonvalue import MAX_JSON_DEPTH  # noqa: E402
 
 QUERY_EVALUATION_ERROR = "States.QueryEvaluationError"
 _MAX_SAFE_INTEGER = 2**53
+# One expression's bounds. The service evaluates a state's expressions in bounded time (an endless
+# loop does not hold an execution open for a year); it does not publish the bound, so this one is
+# generous -- real expressions take milliseconds -- yet ends a runaway `$f := function($x){ $f($x) }`
+# (a tail call, which never deepens the stack) within seconds, as a States.QueryEvaluationError.
+EVALUATION_TIMEOUT_MS = 5000
+# Nested evaluation steps (about three per call of a recursive function) before the library's "D1011:
+# Stack overflow". About where Python's default recursion limit stops the library anyway (a
+# RecursionError, given the same cause); it still holds if something raises that limit again (the
+# library sets 10,000 on import), where a worker thread's C stack could overflow first.
+EVALUATION_MAX_DEPTH = 300
 
 
 class JsonataSyntaxError(ValueError):
@@ -123,24 +134,47 @@ def _message(exc: BaseException) -> str:
     return f"{code}: {text}" if isinstance(code, str) and code and not text.startswith(code) else text
 
 
+class _TooDeep(Exception):
+    pass
+
+
+def _copy(value: Any, leaf: Callable[[Any], Any], max_depth: int | None = None) -> Any:
+    """A copy of nested objects/arrays with every other value passed through ``leaf``, made without
+    recursion: an expression can build a value thousands of levels deep (``$reduce`` wrapping an object
+    in itself), deeper than Python's recursion limit. Raises _TooDeep past ``max_depth`` levels."""
+    holder: list[Any] = [None]
+    stack: list[tuple[Any, Any, Any, int]] = [(value, holder, 0, 1)]
+    while stack:
+        node, parent, slot, depth = stack.pop()
+        if isinstance(node, dict | list | tuple) and max_depth is not None and depth > max_depth:
+            raise _TooDeep
+        branch: Any
+        if isinstance(node, dict):
+            keys = [str(key) for key in node]
+            parent[slot] = branch = dict.fromkeys(keys)  # keys placed now keep the document's order
+            stack.extend((item, branch, key, depth + 1) for key, item in zip(keys, node.values(), strict=True))
+        elif isinstance(node, list | tuple):
+            parent[slot] = branch = [None] * len(node)
+            stack.extend((item, branch, index, depth + 1) for index, item in enumerate(node))
+        else:
+            parent[slot] = leaf(node)
+    return holder[0]
+
+
+def _jsonata_leaf(value: Any) -> Any:
+    return Utils.NULL_VALUE if value is None else value
+
+
 def _to_jsonata(value: Any) -> Any:
     """JSON from the execution -> the library's values (JSON null is its NULL_VALUE, not undefined)."""
-    if value is None:
-        return Utils.NULL_VALUE
-    if isinstance(value, dict):
-        return {key: _to_jsonata(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_to_jsonata(item) for item in value]
-    return value
+    return _copy(value, _jsonata_leaf)
 
 
 class _Unsupported(Exception):
     pass
 
 
-def _to_json(value: Any) -> Any:
-    """The library's result -> JSON (its sequences become lists; an integral float an integer, as JSON
-    written by JavaScript has it)."""
+def _json_leaf(value: Any) -> Any:
     if value is None or value is Utils.NULL_VALUE:
         return None
     if isinstance(value, bool | str):
@@ -149,11 +183,13 @@ def _to_json(value: Any) -> Any:
         return int(value) if value.is_integer() and abs(value) < _MAX_SAFE_INTEGER else value
     if isinstance(value, int):
         return value
-    if isinstance(value, dict):
-        return {str(key): _to_json(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_to_json(item) for item in value]
     raise _Unsupported(type(value).__name__)
+
+
+def _to_json(value: Any) -> Any:
+    """The library's result -> JSON (its sequences become lists; an integral float an integer, as JSON
+    written by JavaScript has it). Raises _TooDeep for a value no payload may hold (MAX_JSON_DEPTH)."""
+    return _copy(value, _json_leaf, MAX_JSON_DEPTH)
 
 
 def _type_name(value: Any) -> str:
@@ -172,14 +208,32 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+class FunctionError(jexception.JException):
+    """An error from a function Step Functions adds (``$partition``, ``$hash``…): the library's
+    JException takes its message arguments as template values, so its text would be another code's."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("D3001", 0)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 def _intrinsic(name: str, rng: random.Random) -> Callable[..., Any]:
     function = intrinsics.FUNCTIONS[name]
 
     def call(*args: Any) -> Any:
         try:
-            return _to_jsonata(function([_to_json(a) for a in args], rng))
+            values = [_to_json(a) for a in args]
+        except _TooDeep as exc:
+            raise FunctionError(f"an argument is nested more than {MAX_JSON_DEPTH} levels deep") from exc
+        except _Unsupported as exc:
+            raise FunctionError("an argument is not a JSON value") from exc
+        try:
+            return _to_jsonata(function(values, rng))
         except intrinsics.IntrinsicError as exc:
-            raise jexception.JException("D3001", 0, str(exc)) from exc
+            raise FunctionError(str(exc)) from exc
 
     return call
 
@@ -187,9 +241,12 @@ def _intrinsic(name: str, rng: random.Random) -> Callable[..., Any]:
 def _random(rng: random.Random) -> Callable[..., Any]:
     def call(*args: Any) -> Any:
         if args and args[0] is not None:
-            seed = _to_json(args[0])
+            try:
+                seed = _to_json(args[0])
+            except (_TooDeep, _Unsupported):
+                seed = None
             if not isinstance(seed, int) or isinstance(seed, bool):
-                raise jexception.JException("D3001", 0, "the seed of $random must be an integer")
+                raise FunctionError("the seed of $random must be an integer")
             return random.Random(seed).random()
         return rng.random()
 
@@ -232,12 +289,19 @@ class Evaluator:
             raise self.fail(text, field, f"could not be parsed. {exc}") from exc
         jsonata.Jsonata.CURRENT.jsonata = expr  # the library's per-thread "current expression"
         expr.set_output_convert_nulls(False)
+        # The bounds live on a frame of this evaluation alone: the parsed expression is cached and shared,
+        # and a timeout given to its constructor would count from when it was parsed.
+        frame = expr.create_frame()
+        for name, value in self._bindings.items():
+            frame.bind(name, value)
+        timebox.Timebox(frame, EVALUATION_TIMEOUT_MS, EVALUATION_MAX_DEPTH)
         try:
-            raw = expr.evaluate(None, self._bindings)
+            raw = expr.evaluate(None, frame)
         except jexception.JException as exc:
             raise self.fail(text, field, f"threw an error during evaluation. {_message(exc)}") from exc
-        except RecursionError as exc:
-            raise self.fail(text, field, "threw an error during evaluation. Stack overflow error") from exc
+        except RecursionError as exc:  # the same overflow, caught by Python before the depth bound
+            overflow = _message(jexception.JException("D1011", -1))
+            raise self.fail(text, field, f"threw an error during evaluation. {overflow}") from exc
         except Exception as exc:  # the library's own bugs must still end as the service's error
             raise self.fail(text, field, f"threw an error during evaluation. {exc}") from exc
         if raw is None:
@@ -246,6 +310,9 @@ class Evaluator:
             return _to_json(raw)
         except _Unsupported as exc:
             raise self.fail(text, field, "returned an unsupported result type.") from exc
+        except _TooDeep as exc:
+            raise self.fail(text, field, f"returned a value nested more than {MAX_JSON_DEPTH} levels deep, more "
+                                         "than a state's data may be.") from exc
 
     def typed(self, text: str, field: str, expected: str, check: Callable[[Any], bool]) -> Any:
         """An expression whose value must be of one kind (``Items``: an array, ``Seconds``: an integer…)."""
