@@ -224,19 +224,25 @@ def usable_cores() -> int:
 
 
 def _base_environment(code_dir: Path | None, cpus: int, extra: Mapping[str, str]) -> dict[str, str]:
+    # The job's own variables first, as SageMaker sets the container's; what the runner sets below wins
+    # over them: a request's PATH or PYTHONPATH must not decide which code the runner's command loads.
     env = dict(os.environ)
-    env.pop("D2OPS_CHECKPOINT_DIR", None)
-    env.pop("D2OPS_ML_ROOT", None)  # set below only where the tree cannot be at /opt/ml
+    env.pop("D2OPS_CHECKPOINT_DIR", None)  # this shell's, not the job's (a job's own Environment may set it)
+    env.update(extra)
+    env.pop("D2OPS_ML_ROOT", None)  # set by the runner only where the tree cannot be at /opt/ml
+    env["PATH"] = os.environ.get("PATH", os.defpath)
     container_entry.python_on_path(env)  # the image's scripts run `python`: here, this interpreter
-    if code_dir is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(code_dir), *filter(None, [env.get("PYTHONPATH")])])
+    env.pop("PYTHONPATH", None)
+    python_path = [str(code_dir)] if code_dir is not None else []
+    python_path += filter(None, [os.environ.get("PYTHONPATH")])
+    if python_path:
+        env["PYTHONPATH"] = os.pathsep.join(python_path)
     env["PYTHONUNBUFFERED"] = "1"
     # One BLAS/OpenMP pool per process sized to its share of the cores (local_cpus), not all of them each.
     env["OMP_NUM_THREADS"] = str(cpus)
     # OpenMP threads that wait for the others sleep instead of spinning (libgomp's default spins first):
     # on a shared machine spinning takes the core from the thread being waited for. A value set wins.
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    env.update(extra)
     return env
 
 

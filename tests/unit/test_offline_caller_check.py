@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import stat
 import threading
 from collections.abc import Iterator
@@ -247,3 +248,80 @@ def test_moto_serves_no_web_origin_and_no_foreign_host(runtime: tuple[OfflineRun
     assert status == 403 and b"is not this offline endpoint" in body
     # boto3 (no Origin, its own Host) is served as before.
     assert bucket in [b["Name"] for b in rt.client("s3").list_buckets()["Buckets"]]
+
+
+def _training_job(rt: OfflineRuntime, name: str) -> dict[str, Any]:
+    return {"TrainingJobName": name, "RoleArn": "arn:aws:iam::123456789012:role/d2ops-TrainingJobRole",
+            "AlgorithmSpecification": {"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/d2ops-training:"
+                                                        "offline", "TrainingInputMode": "File"},
+            "OutputDataConfig": {"S3OutputPath": f"s3://{rt.stack.artifacts_bucket}/out"},
+            "ResourceConfig": {"InstanceType": "ml.m5.large", "InstanceCount": 1, "VolumeSizeInGB": 1},
+            "StoppingCondition": {"MaxRuntimeInSeconds": 60}}
+
+
+def test_a_jobs_environment_cannot_change_which_code_it_loads(
+        runtime: tuple[OfflineRuntime, _RecordingJobs]) -> None:
+    """Mutation caught: Environment passed through unchecked (PYTHONPATH with a sitecustomize.py of the
+    caller's runs inside the allowed entrypoint; LD_PRELOAD loads a library into any process)."""
+    rt, jobs = runtime
+    ran = len(jobs.ran)
+    cases = [("SageMaker.CreateProcessingJob", _processing_job(rt, "env-python", PIPELINE_ENTRYPOINT),
+              "PYTHONPATH"),
+             ("SageMaker.CreateProcessingJob", _processing_job(rt, "env-loader", PIPELINE_ENTRYPOINT), "LD_PRELOAD"),
+             ("SageMaker.CreateProcessingJob", _processing_job(rt, "env-path", None), "PATH"),
+             ("SageMaker.CreateTrainingJob", _training_job(rt, "env-train"), "PYTHONSTARTUP"),
+             ("SageMaker.CreateTrainingJob", _training_job(rt, "env-shell"), "BASH_ENV")]
+    for target, document, key in cases:
+        document["Environment"] = {"MAX_IMAGE_PIXELS": "1000", key: "/tmp/elsewhere"}
+        status, answer = _raw_signed(rt, target, document)
+        assert (status, answer["__type"]) == (400, "ValidationException"), key
+        assert answer["message"].startswith(f"Environment: variable {key!r} not allowed offline"), answer
+    # A model's container (the local TorchServe) the same way.
+    model = {"ModelName": "env-model", "ExecutionRoleArn": "arn:aws:iam::123456789012:role/x",
+             "PrimaryContainer": {"Image": "x", "Environment": {"DYLD_INSERT_LIBRARIES": "/tmp/x.dylib"}}}
+    status, answer = _raw_signed(rt, "SageMaker.CreateModel", model)
+    assert status == 400 and answer["message"].startswith("PrimaryContainer.Environment: variable "
+                                                          "'DYLD_INSERT_LIBRARIES' not allowed offline")
+    assert len(jobs.ran) == ran and not (rt.work_dir / "jobs" / "env-python").exists()
+    # The pipeline's own variables (the image rule's, the gate's) still pass.
+    document = _processing_job(rt, "env-pipeline", PIPELINE_ENTRYPOINT)
+    document["Environment"] = {"MAX_IMAGE_PIXELS": "1000", "GATE_CONFIDENCE": "0.9"}
+    assert _raw_signed(rt, "SageMaker.CreateProcessingJob", document)[0] == 200
+
+
+def test_names_that_become_job_directories_are_plain_names(runtime: tuple[OfflineRuntime, _RecordingJobs],
+                                                          tmp_path: Path) -> None:
+    """Mutation caught: InputName/OutputName/ChannelName or a LocalPath's '..' unchecked (an input named
+    by a relative path was downloaded outside the job's directory: SageMaker's own pattern allows it)."""
+    rt, jobs = runtime
+    ran = len(jobs.ran)
+    rt.client("s3").put_object(Bucket=rt.stack.artifacts_bucket, Key="names/in/planted.txt", Body=b"x")
+    victim = tmp_path / "victim"
+    escape = os.path.relpath(victim, rt.work_dir / "jobs" / "names-in" / "inputs")
+    source = {"S3Uri": f"s3://{rt.stack.artifacts_bucket}/names/in/", "LocalPath": "/opt/ml/processing/input/x",
+              "S3DataType": "S3Prefix", "S3InputMode": "File"}
+    for name in (escape, "..", ".", "a/b"):
+        document = _processing_job(rt, "names-in", PIPELINE_ENTRYPOINT)
+        document["ProcessingInputs"] = [{"InputName": name, "S3Input": source}]
+        status, answer = _raw_signed(rt, "SageMaker.CreateProcessingJob", document)
+        assert (status, answer["__type"]) == (400, "ValidationException"), name
+        assert answer["message"].startswith(f"ProcessingInputs[0].InputName: {name!r} not allowed offline"), name
+    output = {"S3Uri": f"s3://{rt.stack.artifacts_bucket}/names/out", "LocalPath": "/opt/ml/processing/output",
+              "S3UploadMode": "EndOfJob"}
+    document = _processing_job(rt, "names-out", PIPELINE_ENTRYPOINT)
+    document["ProcessingOutputConfig"] = {"Outputs": [{"OutputName": "..", "S3Output": output}]}
+    assert _raw_signed(rt, "SageMaker.CreateProcessingJob", document)[1]["message"].startswith(
+        "ProcessingOutputConfig.Outputs[0].OutputName: '..' not allowed offline")
+    escaping = {**output, "LocalPath": "/opt/ml/processing/output/../../../../home"}
+    document["ProcessingOutputConfig"] = {"Outputs": [{"OutputName": "metrics", "S3Output": escaping}]}
+    status, answer = _raw_signed(rt, "SageMaker.CreateProcessingJob", document)
+    assert status == 400 and answer["message"].startswith(
+        "ProcessingOutputConfig.Outputs[0].S3Output.LocalPath: '/opt/ml/processing/output/../../../../home' "
+        "not allowed offline")
+    training = _training_job(rt, "names-train")
+    training["InputDataConfig"] = [{"ChannelName": "..", "DataSource": {"S3DataSource": {
+        "S3DataType": "S3Prefix", "S3Uri": f"s3://{rt.stack.artifacts_bucket}/names/in/"}}}]
+    status, answer = _raw_signed(rt, "SageMaker.CreateTrainingJob", training)
+    assert status == 400 and answer["message"].startswith("InputDataConfig[0].ChannelName: '..' not allowed offline")
+    assert len(jobs.ran) == ran and not victim.exists()
+

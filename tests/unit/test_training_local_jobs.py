@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -144,3 +145,27 @@ def test_processing_job_lifecycle(tmp_path: Path, mode: str, status: str, reason
         assert result.exit_codes == {"processing": 0}
         assert result.outputs == {"sub/report.json": tmp_path / "out" / "sub" / "report.json"}
         assert (tmp_path / "out" / "sub" / "report.json").read_text() == "{}"
+
+
+def test_a_jobs_environment_never_overrides_what_the_runner_sets(tmp_path: Path) -> None:
+    """Mutation caught: the request's Environment applied last (its PATH/PYTHONPATH decided which
+    `python` and which modules the runner's command loads)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    foreign = {"PATH": str(tmp_path / "bin"), "PYTHONPATH": str(tmp_path / "evil"), "OMP_NUM_THREADS": "64",
+               "PYTHONUNBUFFERED": "0", "D2OPS_ML_ROOT": str(tmp_path / "elsewhere"), "SM_CURRENT_HOST": "algo-9",
+               "MAX_IMAGE_PIXELS": "1000"}
+    spec = local_jobs.TrainingJobSpec(job_name="j", channels={"train": data}, work_dir=tmp_path / "w",
+                                      output_dir=tmp_path / "o", environment=foreign, code_dir=tmp_path / "code")
+    processing = local_jobs.ProcessingJobSpec(job_name="e", inputs={"val": data}, work_dir=tmp_path / "root",
+                                              output_dir=tmp_path / "out", environment=foreign)
+    remap = local_jobs.MlMount(False, "test: no namespace")
+    for (root, env), code_dir in ((local_jobs.prepare_training_host(spec, "algo-1", 41000, remap), spec.code_dir),
+                                  (local_jobs.prepare_processing(processing, remap), None)):
+        assert env["MAX_IMAGE_PIXELS"] == "1000"  # the job's own variables still reach it
+        assert str(tmp_path / "bin") not in env["PATH"].split(os.pathsep)
+        assert str(tmp_path / "evil") not in env.get("PYTHONPATH", "").split(os.pathsep)
+        assert code_dir is None or env["PYTHONPATH"].split(os.pathsep)[0] == str(code_dir)
+        assert (env["PYTHONUNBUFFERED"], env["D2OPS_ML_ROOT"]) == ("1", str(root))
+        assert env["OMP_NUM_THREADS"] != "64"
+    assert local_jobs.prepare_training_host(spec, "algo-1", 41000, remap)[1]["SM_CURRENT_HOST"] == "algo-1"

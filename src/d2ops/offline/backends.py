@@ -97,11 +97,16 @@ class LocalJobBackend:
         outputs: dict[str, Path] = {}
         for output in (request.get("ProcessingOutputConfig") or {}).get("Outputs") or []:
             local = PurePosixPath(output["S3Output"]["LocalPath"])
-            if local != PROCESSING_OUTPUT_ROOT and PROCESSING_OUTPUT_ROOT not in local.parents:
+            # A ".." part would leave the output dir while still "under" it as text (no PurePath resolves it).
+            if ".." in local.parts or (local != PROCESSING_OUTPUT_ROOT and PROCESSING_OUTPUT_ROOT not in local.parents):
                 return JobOutcome(failure_reason=f"ClientError: output {output['OutputName']} LocalPath {local} is "
                                                  f"not under {PROCESSING_OUTPUT_ROOT}, the one output dir "
                                                  "the local runner collects", log_lines=tee.lines)
-            outputs[output["OutputName"]] = output_dir / local.relative_to(PROCESSING_OUTPUT_ROOT)
+            collected = output_dir / local.relative_to(PROCESSING_OUTPUT_ROOT)
+            if not collected.resolve().is_relative_to(output_dir.resolve()):  # a link the job made, say
+                return JobOutcome(failure_reason=f"ClientError: output {output['OutputName']} LocalPath {local} "
+                                                 f"leads outside {PROCESSING_OUTPUT_ROOT}", log_lines=tee.lines)
+            outputs[output["OutputName"]] = collected
         return JobOutcome(failure_reason=None, processing_outputs=outputs, log_lines=tee.lines)
 
 

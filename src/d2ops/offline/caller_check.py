@@ -13,7 +13,12 @@ so it answers only its own runtime's callers, the way AWS answers only signed re
    the model's enums and maximums: `d2ops.aws_contract.constraint_problems`, the test suite's check
    of every boto3 call);
 4. a processing job's ``AppSpecification.ContainerEntrypoint`` is one the pipeline itself runs (the
-   state machine's literal entrypoints and the evaluation entrypoint its prepare step plans).
+   state machine's literal entrypoints and the evaluation entrypoint its prepare step plans);
+5. a job's (or a model's container's) ``Environment`` sets no variable that decides which code a
+   process loads (``PATH``, ``PYTHON*``, ``LD_*`` ...): an allowed entrypoint with ``PYTHONPATH`` of
+   the caller's choosing would run the caller's code all the same;
+6. the names that become directories of a job (``InputName``, ``OutputName``, ``ChannelName``) are
+   plain file names, and no ``LocalPath`` has a ``..`` part (SageMaker's patterns allow ``..``).
 
 Refusals are AWS's own error shapes: the JSON protocols' ``{"__type", "message"}`` (HTTP 400 for
 signature and validation errors, as SageMaker and Step Functions answer them), REST services'
@@ -97,6 +102,9 @@ class CallerCheck:
             count = len(problems)
             return refuse(400, "ValidationException",
                           f"{count} validation error{'s' if count > 1 else ''} detected: {'; '.join(problems)}")
+        problem = job_request_problem(operation.model.name, params)
+        if problem is not None:
+            return refuse(400, "ValidationException", problem)
         if operation.model.name == "CreateProcessingJob":
             return self._entrypoint(params, refuse)
         return None
@@ -123,6 +131,68 @@ class CallerCheck:
                     if found is not None and model.operation_model(operation_name).http.get("method") == METHOD:
                         return Operation(model.operation_model(operation_name), found.groupdict())
         return None
+
+
+# Variables that decide which code a process loads: the shell's startup files and exported functions,
+# the dynamic loader's preloads and search paths, Python's path, startup file, home and flags, other
+# interpreters' equivalents, OpenMP's tool libraries, glibc's module paths and tunables. A job's
+# Environment is the caller's: with one of these, an allowed entrypoint runs the caller's code.
+CODE_LOADING_VARIABLES = frozenset({
+    "PATH", "HOME", "ENV", "BASH_ENV", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND", "IFS", "CDPATH",
+    "GCONV_PATH", "LOCPATH", "NLSPATH", "GLIBC_TUNABLES", "HOSTALIASES", "OMP_TOOL", "OMP_TOOL_LIBRARIES",
+    "PERL5LIB", "PERLLIB", "PERL5OPT", "RUBYLIB", "RUBYOPT", "NODE_OPTIONS", "NODE_PATH",
+    "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS", "CLASSPATH", "MPLCONFIGDIR", "MPLBACKEND",
+})
+CODE_LOADING_PREFIXES = ("PYTHON", "LD_", "DYLD_", "BASH_FUNC_")
+# What a name that becomes a directory of the job may be (SageMaker's own patterns allow "..", "/" or none).
+PLAIN_NAME = re.compile(r"[A-Za-z0-9._-]+")
+# The members that become a directory of the job, by operation: (list member, name member).
+_NAMED_DIRECTORIES = {
+    "CreateProcessingJob": (("ProcessingInputs", "InputName"),),
+    "CreateTrainingJob": (("InputDataConfig", "ChannelName"),),
+}
+
+
+def job_request_problem(operation: str, params: Mapping[str, Any]) -> str | None:
+    """Why a job (or model) request may not run on this machine, in one line; None when it may."""
+    for where, environment in _environments(operation, params):
+        for key in environment if isinstance(environment, dict) else ():
+            name = str(key).upper()
+            if name in CODE_LOADING_VARIABLES or name.startswith(CODE_LOADING_PREFIXES):
+                return (f"{where}: variable {key!r} not allowed offline: it decides which code the process "
+                        "loads (a job runs on this machine as you)")
+    named = [(member, params.get(member), key) for member, key in _NAMED_DIRECTORIES.get(operation, ())]
+    outputs = params.get("ProcessingOutputConfig") if operation == "CreateProcessingJob" else None
+    if isinstance(outputs, dict):
+        named.append(("ProcessingOutputConfig.Outputs", outputs.get("Outputs"), "OutputName"))
+    for member, items, key in named:
+        for index, item in enumerate(items if isinstance(items, list) else ()):
+            if not isinstance(item, dict):
+                continue
+            value = item.get(key)
+            if isinstance(value, str) and (not PLAIN_NAME.fullmatch(value) or value in (".", "..")):
+                return (f"{member}[{index}].{key}: {value!r} not allowed offline: it names a directory of "
+                        f"the job, so it must match {PLAIN_NAME.pattern} and not be '.' or '..'")
+            for s3 in ("S3Input", "S3Output"):
+                local = item.get(s3, {}).get("LocalPath") if isinstance(item.get(s3), dict) else None
+                if isinstance(local, str) and ".." in local.split("/"):
+                    return (f"{member}[{index}].{s3}.LocalPath: {local!r} not allowed offline: "
+                            "a '..' part leaves the job's directory")
+    return None
+
+
+def _environments(operation: str, params: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """(member path, Environment) of each process a request would start on this machine."""
+    if operation in ("CreateProcessingJob", "CreateTrainingJob"):
+        yield "Environment", params.get("Environment")
+    elif operation == "CreateModel":
+        primary = params.get("PrimaryContainer")
+        if isinstance(primary, dict):
+            yield "PrimaryContainer.Environment", primary.get("Environment")
+        containers = params.get("Containers")
+        for index, container in enumerate(containers if isinstance(containers, list) else ()):
+            if isinstance(container, dict):
+                yield f"Containers[{index}].Environment", container.get("Environment")
 
 
 @dataclass(frozen=True)

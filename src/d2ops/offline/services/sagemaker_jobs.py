@@ -193,7 +193,7 @@ class LocalJobs:
             channels = {}
             for channel in record.get("InputDataConfig") or []:
                 uri = channel["DataSource"]["S3DataSource"]["S3Uri"]
-                channels[channel["ChannelName"]] = self._download(uri, job_dir / "channels" / channel["ChannelName"])
+                channels[channel["ChannelName"]] = self._download(uri, job_dir, "channels", channel["ChannelName"])
             with self._lock:
                 self._transition(record, "Training", "Training image download completed. Training in progress.")
                 self._save("training", record)
@@ -314,7 +314,7 @@ class LocalJobs:
             inputs = {}
             for item in record.get("ProcessingInputs") or []:
                 uri = item["S3Input"]["S3Uri"]
-                inputs[item["InputName"]] = self._download(uri, job_dir / "inputs" / item["InputName"])
+                inputs[item["InputName"]] = self._download(uri, job_dir, "inputs", item["InputName"])
             with self._lock:
                 record["ProcessingStartTime"] = utc_now()
                 self._save("processing", record)
@@ -370,8 +370,12 @@ class LocalJobs:
         return {}
 
     # ----- S3 transfer -----------------------------------------------------------------------
-    def _download(self, uri: str, target: Path) -> Path:
-        """An S3 prefix (or one object) -> a local directory, like SageMaker's File input mode."""
+    def _download(self, uri: str, job_dir: Path, *parts: str) -> Path:
+        """An S3 prefix (or one object) -> the job's directory ``job_dir/<parts>``, like SageMaker's File input mode."""
+        target = job_dir.joinpath(*parts)
+        # The parts are request members (a channel or input name): whatever they are, never outside the job.
+        if not target.resolve().is_relative_to(job_dir.resolve()) or target.resolve() == job_dir.resolve():
+            raise _JobFailed(f"ClientError: {'/'.join(parts)!r} is not a directory inside the job's directory")
         bucket, key = parse_s3_uri(uri)
         target.mkdir(parents=True, exist_ok=True)
         found = 0
