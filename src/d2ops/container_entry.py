@@ -218,6 +218,16 @@ def _python_dir(python: str) -> Path:
     return shim
 
 
+# The AWS credentials of the shell that starts a local job or server (the offline runtime's, or a real
+# account's): the image's code calls no AWS API (model_code imports no boto3), so its processes get none.
+HOST_CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
+
+
+def host_environment() -> dict[str, str]:
+    """This process's environment as the image's processes start from it: without its AWS credentials."""
+    return {k: v for k, v in os.environ.items() if k not in HOST_CREDENTIAL_VARIABLES}
+
+
 def python_on_path(env: dict[str, str], python: str = sys.executable) -> None:
     """Scripts in the image call ``python`` through PATH; here that must be this interpreter."""
     bindir = str(_python_dir(python))

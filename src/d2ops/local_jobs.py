@@ -226,7 +226,7 @@ def usable_cores() -> int:
 def _base_environment(code_dir: Path | None, cpus: int, extra: Mapping[str, str]) -> dict[str, str]:
     # The job's own variables first, as SageMaker sets the container's; what the runner sets below wins
     # over them: a request's PATH or PYTHONPATH must not decide which code the runner's command loads.
-    env = dict(os.environ)
+    env = container_entry.host_environment()
     env.pop("D2OPS_CHECKPOINT_DIR", None)  # this shell's, not the job's (a job's own Environment may set it)
     env.update(extra)
     env.pop("D2OPS_ML_ROOT", None)  # set by the runner only where the tree cannot be at /opt/ml

@@ -14,7 +14,6 @@ traffic, stop the old one (blue/green).
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
@@ -96,7 +95,7 @@ class LocalEndpoint:
         return self.workdir / "logs"
 
     def environment(self) -> dict[str, str]:
-        env = {**os.environ, **self.container_env}
+        env = {**container_entry.host_environment(), **self.container_env}
         management, metrics, grpc_inference, grpc_management = free_ports(4)
         env.update({  # model_code is an installed package: no PYTHONPATH, as in the image
             "D2OPS_MODEL_PATH": str(self.model_path),

@@ -24,6 +24,8 @@ from botocore.config import Config
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
+from d2ops import container_entry, local_jobs
+from d2ops.local_serving import LocalEndpoint
 from d2ops.offline.runtime import RUNTIME_INFO, OfflineRuntime
 from d2ops.offline.services.sagemaker_jobs import JobOutcome
 from d2ops.offline.stack import REGION
@@ -325,3 +327,23 @@ def test_names_that_become_job_directories_are_plain_names(runtime: tuple[Offlin
     assert status == 400 and answer["message"].startswith("InputDataConfig[0].ChannelName: '..' not allowed offline")
     assert len(jobs.ran) == ran and not victim.exists()
 
+
+def test_jobs_and_endpoints_run_without_the_runtimes_credentials(runtime: tuple[OfflineRuntime, _RecordingJobs],
+                                                                 tmp_path: Path) -> None:
+    """Mutation caught: a local job's or TorchServe's environment copied from the runtime's process (which
+    holds the runtime's credentials: a job's code could sign requests to the endpoint as the runtime)."""
+    rt, _ = runtime
+    secrets = {rt.credentials.access_key, rt.credentials.secret_key, rt.credentials.token}
+    assert secrets <= set(os.environ.values())  # this process holds them (boto3 in-process reads them)
+    data = tmp_path / "data"
+    data.mkdir()
+    processing = local_jobs.ProcessingJobSpec(job_name="e", inputs={"val": data}, work_dir=tmp_path / "root",
+                                              output_dir=tmp_path / "out", environment={"MAX_IMAGE_PIXELS": "1"})
+    training = local_jobs.TrainingJobSpec(job_name="t", channels={"train": data}, work_dir=tmp_path / "w",
+                                          output_dir=tmp_path / "o")
+    served = LocalEndpoint(tmp_path / "model.tar.gz", workdir=tmp_path / "serve", environment={"MAX_IMAGE_PIXELS": "1"})
+    for env in (local_jobs.prepare_processing(processing)[1],
+                local_jobs.prepare_training_host(training, "algo-1", 41000)[1], served.environment()):
+        assert not secrets & set(env.values())
+        assert not set(container_entry.HOST_CREDENTIAL_VARIABLES) & set(env)
+        assert env["AWS_ENDPOINT_URL"] == rt.moto_url  # the rest of the runtime's environment still reaches them
