@@ -8,6 +8,7 @@ offline check exercises exactly the signing path a deployed stack sees.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import re
 import urllib.error
@@ -194,7 +195,9 @@ def verify(method: str, url: str, headers: Mapping[str, str], body: bytes, known
     credentials = known.get(access_key)
     if credentials is None:
         raise SignatureRejected(INVALID_TOKEN, "UnrecognizedClientException")
-    if credentials.token and lower.get("x-amz-security-token") != credentials.token:
+    # Secrets compared in constant time: how long a refusal takes says nothing about how much matched.
+    if credentials.token and not hmac.compare_digest(lower.get("x-amz-security-token", "").encode(),
+                                                     credentials.token.encode()):
         raise SignatureRejected(INVALID_TOKEN, "UnrecognizedClientException")
     signed_names = match["signed"].split(";")
     if "host" not in signed_names:
@@ -211,6 +214,6 @@ def verify(method: str, url: str, headers: Mapping[str, str], body: bytes, known
     request.context["timestamp"] = amz_date
     signer = SigV4Auth(credentials, scope_service, region)
     expected = signer.signature(signer.string_to_sign(request, signer.canonical_request(request)), request)
-    if expected != match["signature"]:
+    if not hmac.compare_digest(expected.encode(), match["signature"].encode()):
         raise SignatureRejected(BAD_SIGNATURE)
     return Caller(access_key=access_key)
