@@ -22,7 +22,7 @@ from tests.fixtures.pipeline import support
 support.function_path("summarize_evaluation")
 from summarize_evaluation import handler as summarize_handler  # noqa: E402
 from summarize_evaluation.models import SummarizeEvent  # noqa: E402
-from summarize_evaluation.service import decision, refused_by, summarize  # noqa: E402
+from summarize_evaluation.service import decision, summarize  # noqa: E402
 
 SUMMARIZE_EVENT = support.load_event("summarize_evaluation", "report")
 
@@ -95,4 +95,4 @@ def test_the_metric_s_decision_is_the_quality_gate_choice_state_s(challenger: fl
     # ...and the refusal its reason is written for is the branch the Choice takes.
     assert taken == {None: gate["Default"], "below_min_map": "Below quality threshold",
                      "regressed": "Worse than champion",
-                     "class_regressed": "Worse than champion on a class"}[refused_by(summary)]
+                     "class_regressed": "Worse than champion on a class"}[summary.refused_by]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from d2ops_core.documents.evaluation import DifferenceInterval, GateThresholds
@@ -35,8 +37,12 @@ class ClassRegression(BaseModel):
     interval: DifferenceInterval = Field(description="the paired-bootstrap interval of challenger - champion")
 
 
+# The gate's refusals, in the order the reason names them: the summary's booleans of the same names.
+Refusal = Literal["below_min_map", "regressed", "class_regressed"]
+
+
 class EvaluationSummary(BaseModel):
-    """Named numbers for the "Quality gate" Choice state (never positions in a list)."""
+    """The gate's decision and the named numbers behind it (never positions in a list)."""
 
     report_uri: str
     primary_metric: str
@@ -50,10 +56,12 @@ class EvaluationSummary(BaseModel):
     max_regression: float
     max_class_regression: float | None
     min_class_instances: int | None
-    below_min_map: bool = Field(description="challenger_value < min_map (the Choice state's first test)")
+    refused_by: Refusal | None = Field(
+        description="the decision, made once here: the first of below_min_map, regressed, class_regressed that "
+                    "holds, or None when the model passes; the \"Quality gate\" Choice state branches on it")
+    below_min_map: bool = Field(description="challenger_value < min_map")
     regressed: bool = Field(description="a champion exists and the upper end of the interval of challenger - champion "
-                                        "is below -max_regression: the drop beyond the tolerance is significant "
-                                        "(the Choice state's second test)")
+                                        "is below -max_regression: the drop beyond the tolerance is significant")
     interval: DifferenceInterval | None = Field(
         description="the report's paired-bootstrap interval of challenger - champion on the primary metric "
                     "(None without a champion)")
@@ -64,7 +72,7 @@ class EvaluationSummary(BaseModel):
                           "straddles -max_regression (the decision is uncertain): about how many more val images "
                           "would narrow it to the tolerance, ceil(val_images * (half_width / max_regression)^2) - "
                           "val_images; None otherwise")
-    class_regressed: bool = Field(description="true when class_regressions is not empty (the Choice state's test)")
+    class_regressed: bool = Field(description="true when class_regressions is not empty")
     class_regression_count: int = Field(ge=0, description="how many classes regressed (all of them)")
     class_regressions: list[ClassRegression] = Field(
         max_length=10, description="the worst of the classes with at least min_class_instances val instances whose "

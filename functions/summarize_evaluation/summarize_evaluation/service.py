@@ -17,7 +17,7 @@ from d2ops_core.gate import ap_text, limit_text
 from d2ops_core.s3_layout import parse_s3_uri
 from d2ops_core.s3_probe import key_listed
 from d2ops_core.score_thresholds import registry_value
-from summarize_evaluation.models import ClassRegression, EvaluationSummary, SummarizeEvent
+from summarize_evaluation.models import ClassRegression, EvaluationSummary, Refusal, SummarizeEvent
 
 MAX_REPORT_BYTES = 10 * 1024 * 1024
 # The floor is compared with numbers read from JSON; rounding keeps 0.5 - 0.01 at 0.49.
@@ -37,7 +37,6 @@ CLASS_GATE_DESCRIPTION_MAX = platform.MODEL_PACKAGE_DESCRIPTION_MAX - DESCRIPTIO
 _SPACES = frozenset("\t\n\v\f\r\x1c\x1d\x1e\x1f\x85")
 
 
-Refusal = Literal["below_min_map", "regressed", "class_regressed"]
 Decision = Literal["approved", "rejected"]
 
 
@@ -183,18 +182,18 @@ def description_head(name: str, version: str) -> str:
     return bounded(registry_text(f"{name} {version}"), DESCRIPTION_HEAD_MAX - 2) + ": "
 
 
-# The gate's refusals, in the order the "Quality gate" Choice state tests the summary's booleans of the same names.
+# The gate's refusals, in the order they are judged (the first that holds is the decision).
 REFUSALS: tuple[Refusal, ...] = ("below_min_map", "regressed", "class_regressed")
 
 
-def refused_by(summary: EvaluationSummary) -> Refusal | None:
-    """The refusal the "Quality gate" Choice state takes on ``summary`` (None: it passes). The reason and
-    the GateDecisions metric read the decision here; a test runs the ASL's Choice on the same summaries."""
+def first_refusal(summary: EvaluationSummary) -> Refusal | None:
+    """The first of the summary's refusal booleans that holds (None: it passes): the decision `summarize`
+    writes into ``refused_by``, which the "Quality gate" Choice state branches on."""
     return next((refusal for refusal in REFUSALS if getattr(summary, refusal)), None)
 
 
 def decision(summary: EvaluationSummary) -> Decision:
-    return "approved" if refused_by(summary) is None else "rejected"
+    return "approved" if summary.refused_by is None else "rejected"
 
 
 def gate_reason(summary: EvaluationSummary) -> str:
@@ -206,7 +205,7 @@ def gate_reason(summary: EvaluationSummary) -> str:
     if summary.more_val_images is not None:
         wider = (f"; the interval is wider than the tolerance: about {summary.more_val_images} more val images "
                  f"({summary.val_images} now) would narrow it to \u00b1{limit_text(summary.max_regression)}")
-    refusal = refused_by(summary)
+    refusal = summary.refused_by
     if refusal == "below_min_map":
         return f"challenger {metric} {ap_text(challenger)} is below the threshold {limit_text(summary.min_map)}" + (
             f"; {versus}{wider}" if versus else "")
@@ -259,8 +258,9 @@ def summarize(report: EvaluationReport, event: SummarizeEvent) -> EvaluationSumm
         class_gate_reason=reason,
         class_gate_description=bounded(registry_text(reason), CLASS_GATE_DESCRIPTION_MAX),
         description_head=description_head(event.dataset.name, event.dataset.version),
-        gate_reason="", gate_description="",
+        refused_by=None, gate_reason="", gate_description="",
         score_thresholds=registry_value(report.challenger_score_thresholds))
+    summary = summary.model_copy(update={"refused_by": first_refusal(summary)})
     decided = gate_reason(summary)
     return summary.model_copy(update={"gate_reason": decided, "gate_description": bounded(
         registry_text(decided), CLASS_GATE_DESCRIPTION_MAX)})

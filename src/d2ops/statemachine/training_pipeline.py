@@ -309,7 +309,7 @@ def train_and_evaluate() -> list[Named]:
 
 
 def gate_and_register() -> list[Named]:
-    has_champion = Var("$.evaluation.has_champion").is_true()
+    refused_by = Var("$.evaluation.refused_by")
 
     def gate(name: str, approved: bool, comment: str | None = None) -> Named:
         return name, Pass(
@@ -323,16 +323,15 @@ def gate_and_register() -> list[Named]:
 
     return [
         ("Quality gate", Choice(
-            (when(Var("$.evaluation.below_min_map").is_true(), "Below quality threshold"),
-             when(all_of(has_champion, Var("$.evaluation.regressed").is_true()), "Worse than champion"),
-             when(all_of(has_champion, Var("$.evaluation.class_regressed").is_true()),
-                  "Worse than champion on a class")),
+            (when(refused_by.test("StringEquals", "below_min_map"), "Below quality threshold"),
+             when(refused_by.test("StringEquals", "regressed"), "Worse than champion"),
+             when(refused_by.test("StringEquals", "class_regressed"), "Worse than champion on a class")),
             "Quality gate passed",
             comment="The summarize Lambda decided once (summarize_evaluation.service.summarize): challenger primary "
                     "AP below MinMap; or, with a champion, the paired-bootstrap interval of challenger - champion "
                     "wholly below -MaxRegression (a significant regression beyond the tolerance); or a class with "
                     "MinClassInstances val instances whose interval is wholly below -MaxClassRegression. This state "
-                    "tests its booleans, in the order its reason follows.")),
+                    "branches on its decision, refused_by (null: passed).")),
         gate("Quality gate passed", approved=True),
         gate("Below quality threshold", approved=False),
         gate("Worse than champion", approved=False),
