@@ -308,13 +308,8 @@ class _Validator:
                 self.problem(f"{where}.{key}", problem)
             if self.language == JSONATA:
                 self.jsonata(value, f"{where}.{key}")
-            elif key.endswith(".$"):
-                if not isinstance(value, str):
-                    self.problem(f"{where}.{key}", "a '.$' field needs a path or intrinsic function string")
-                else:
-                    self.path_or_intrinsic(value, f"{where}.{key}")
             else:
-                self.template(value, f"{where}.{key}")
+                self.template_field(key, value, where)
 
     def path_or_intrinsic(self, value: Any, where: str, reference: bool = False) -> None:
         if intrinsics.is_intrinsic(value):
@@ -325,16 +320,20 @@ class _Validator:
         else:
             self.path(value, where, reference=reference)
 
+    def template_field(self, key: str, value: Any, where: str) -> None:
+        """One field of a JSONPath payload template: a '.$' key takes a path or intrinsic, any other a template."""
+        if key.endswith(".$"):
+            if not isinstance(value, str):
+                self.problem(f"{where}.{key}", "a '.$' field needs a path or intrinsic function string")
+            else:
+                self.path_or_intrinsic(value, f"{where}.{key}")
+        else:
+            self.template(value, f"{where}.{key}")
+
     def template(self, template: Any, where: str) -> None:
         if isinstance(template, dict):
             for key, value in template.items():
-                if key.endswith(".$"):
-                    if not isinstance(value, str):
-                        self.problem(f"{where}.{key}", "a '.$' field needs a path or intrinsic function string")
-                    else:
-                        self.path_or_intrinsic(value, f"{where}.{key}")
-                else:
-                    self.template(value, f"{where}.{key}")
+                self.template_field(key, value, where)
         elif isinstance(template, list):
             for index, item in enumerate(template):
                 self.template(item, f"{where}[{index}]")

@@ -21,6 +21,7 @@ and ``<Service>.<Service>Exception`` otherwise; for optimised integrations
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import threading
 import uuid
@@ -220,8 +221,14 @@ class ServiceExecutors:
                              str(exc)) from exc
 
     # ----- .sync jobs -------------------------------------------------------------------------
-    def _sync(self, context: TaskContext, action: str, create: Callable[[], Any],
-              describe: Callable[[], dict[str, Any]], stop: Callable[[], Any], status_key: str) -> Any:
+    def _sync(self, context: TaskContext, kind: str, parameters: Any) -> Any:
+        """Run a SageMaker ``kind`` ("Training", "Processing") job to its end, as ``create<kind>Job.sync`` does."""
+        sm = self.clients("sagemaker")
+        snake, job = kind.lower(), {f"{kind}JobName": parameters.get(f"{kind}JobName")}
+        action, status_key = f"create{kind}Job", f"{kind}JobStatus"
+        create = functools.partial(getattr(sm, f"create_{snake}_job"), **parameters)
+        describe = functools.partial(getattr(sm, f"describe_{snake}_job"), **job)
+        stop = functools.partial(getattr(sm, f"stop_{snake}_job"), **job)
         # The optimised integration: every SageMaker error of the create call, a name already in use
         # (ResourceInUse) included, is SageMaker.AmazonSageMakerException with the code in the Cause.
         try:
@@ -247,15 +254,7 @@ class ServiceExecutors:
             context.sleep(SYNC_POLL_SECONDS)
 
     def training_job_sync(self, resource: str, parameters: Any, context: TaskContext) -> Any:
-        sm = self.clients("sagemaker")
-        name = parameters.get("TrainingJobName")
-        return self._sync(context, "createTrainingJob", lambda: sm.create_training_job(**parameters),
-                          lambda: sm.describe_training_job(TrainingJobName=name),
-                          lambda: sm.stop_training_job(TrainingJobName=name), "TrainingJobStatus")
+        return self._sync(context, "Training", parameters)
 
     def processing_job_sync(self, resource: str, parameters: Any, context: TaskContext) -> Any:
-        sm = self.clients("sagemaker")
-        name = parameters.get("ProcessingJobName")
-        return self._sync(context, "createProcessingJob", lambda: sm.create_processing_job(**parameters),
-                          lambda: sm.describe_processing_job(ProcessingJobName=name),
-                          lambda: sm.stop_processing_job(ProcessingJobName=name), "ProcessingJobStatus")
+        return self._sync(context, "Processing", parameters)
