@@ -328,6 +328,13 @@ class _ClassTally:
     instances_added: int = 0
     instances_removed: int = 0
 
+    def count_whole(self, instances: int, added: bool) -> None:
+        """An image with ``instances`` of this class that only B has (added) or only A has (removed)."""
+        if added:
+            self.images_added, self.instances_added = self.images_added + 1, self.instances_added + instances
+        else:
+            self.images_removed, self.instances_removed = self.images_removed + 1, self.instances_removed + instances
+
 
 def _deltas(a: ImageRecord | None, b: ImageRecord | None) -> dict[str, int]:
     before, after = a.classes if a else {}, b.classes if b else {}
@@ -390,6 +397,20 @@ def compare(a: VersionIndex, b: VersionIndex) -> DatasetDiff:
                          split_a=old.split, split_b=new.split, instances_a=old.instances,
                          instances_b=new.instances, class_deltas=_deltas(old, new)))
 
+    def whole(record: ImageRecord, added: bool) -> None:
+        """An image only B has (added) or only A has (removed, after renames are paired)."""
+        if added:
+            counts.added += 1
+            change = ImageChange(key=record.key, changes=["added"], split_b=record.split,
+                                 instances_b=record.instances, class_deltas=_deltas(None, record))
+        else:
+            counts.removed += 1
+            change = ImageChange(key=record.key, changes=["removed"], split_a=record.split,
+                                 instances_a=record.instances, class_deltas=_deltas(record, None))
+        for n, (c, _) in record.classes.items():
+            tallies[n].count_whole(c, added)
+        note(change)
+
     for old, new in _merge(a.images, b.images):
         if old is not None and new is not None:
             pair(old, new, renamed=False)
@@ -411,21 +432,10 @@ def compare(a: VersionIndex, b: VersionIndex) -> DatasetDiff:
             paired.add(old.key)
             pair(old, record, renamed=True)
             continue
-        counts.added += 1
-        for n, (c, _) in record.classes.items():
-            tallies[n].images_added += 1
-            tallies[n].instances_added += c
-        note(ImageChange(key=record.key, changes=["added"], split_b=record.split, instances_b=record.instances,
-                         class_deltas=_deltas(None, record)))
+        whole(record, added=True)
     for record in only_a:
-        if record.key in paired:
-            continue
-        counts.removed += 1
-        for n, (c, _) in record.classes.items():
-            tallies[n].images_removed += 1
-            tallies[n].instances_removed += c
-        note(ImageChange(key=record.key, changes=["removed"], split_a=record.split, instances_a=record.instances,
-                         class_deltas=_deltas(record, None)))
+        if record.key not in paired:
+            whole(record, added=False)
 
     classes = _class_diffs(a, b, tallies)
     files: list[FileChange] = []
