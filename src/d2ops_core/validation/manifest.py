@@ -162,6 +162,11 @@ class StackLimits(BaseModel):
 _N = TypeVar("_N", int, float)
 
 
+def _above(manifest: _N | None, stack: _N | None) -> bool:
+    """The manifest sets a value and the stack a cap, and the value is over the cap."""
+    return manifest is not None and stack is not None and manifest > stack
+
+
 def stack_limit_problems(gate: Gate | None, training: TrainingOverrides,
                          limits: StackLimits) -> list[tuple[Code, str, str]]:
     """Every manifest setting (its gate, its training overrides) laxer than the stack allows: (code, message, path)."""
@@ -173,14 +178,12 @@ def stack_limit_problems(gate: Gate | None, training: TrainingOverrides,
         problems.append((Code.GATE_MAX_REGRESSION_ABOVE_STACK, f"gate.max_regression {gate.max_regression:g} is above "
                          f"the stack's MaxRegression {limits.max_regression:g}: a manifest may allow a smaller drop "
                          "below the champion, not a larger one", "gate.max_regression"))
-    if (gate is not None and gate.max_class_regression is not None and limits.max_class_regression is not None
-            and gate.max_class_regression > limits.max_class_regression):
+    if gate is not None and _above(gate.max_class_regression, limits.max_class_regression):
         problems.append((Code.GATE_MAX_CLASS_REGRESSION_ABOVE_STACK, f"gate.max_class_regression "
                          f"{gate.max_class_regression:g} is above the stack's MaxClassRegression "
                          f"{limits.max_class_regression:g}: a manifest may allow a smaller per-class drop, not a "
                          "larger one", "gate.max_class_regression"))
-    if (gate is not None and gate.min_class_instances is not None and limits.min_class_instances is not None
-            and gate.min_class_instances > limits.min_class_instances):
+    if gate is not None and _above(gate.min_class_instances, limits.min_class_instances):
         problems.append((Code.GATE_MIN_CLASS_INSTANCES_ABOVE_STACK, f"gate.min_class_instances "
                          f"{gate.min_class_instances} is above the stack's MinClassInstances "
                          f"{limits.min_class_instances}: a manifest may judge more classes, not fewer",
@@ -196,11 +199,10 @@ def stack_limit_problems(gate: Gate | None, training: TrainingOverrides,
         problems.append((Code.GATE_RESAMPLES_BELOW_STACK, f"gate.resamples {gate.resamples} is below the stack's "
                          f"GateResamples {stack_resamples}: a manifest may ask for more resamples (up to "
                          f"{gate_settings.MAX_RESAMPLES}), not fewer", "gate.resamples"))
-    if limits.max_iter is not None and training.max_iter is not None and training.max_iter > limits.max_iter:
+    if _above(training.max_iter, limits.max_iter):
         problems.append((Code.TRAINING_MAX_ITER_ABOVE_STACK, f"training.max_iter {training.max_iter} is above the "
                          f"stack's MaxTrainingIterations {limits.max_iter}", "training.max_iter"))
-    if (limits.max_ims_per_batch is not None and training.ims_per_batch is not None
-            and training.ims_per_batch > limits.max_ims_per_batch):
+    if _above(training.ims_per_batch, limits.max_ims_per_batch):
         problems.append((Code.TRAINING_IMS_PER_BATCH_ABOVE_STACK, f"training.ims_per_batch {training.ims_per_batch} "
                          f"is above the stack's MaxImagesPerBatch {limits.max_ims_per_batch}",
                          "training.ims_per_batch"))
