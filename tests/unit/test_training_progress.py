@@ -261,6 +261,15 @@ def _schedule(follower: TrainingProgressFollower, job: str, run: str = "run-1", 
     return events
 
 
+def _log_two_steps(follower: TrainingProgressFollower, clock: Clock, log: Path, later: float) -> None:
+    """The job logs iteration 20, then (at ``later`` seconds) iteration 40; the follower polls after each."""
+    _append(log, step(20))
+    follower.poll()
+    clock.now = later
+    _append(log, step(40))
+    follower.poll()
+
+
 def _append(path: Path, lines: list[str], tail: str = "") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as log:
@@ -325,11 +334,7 @@ def test_a_run_that_ends_while_its_job_runs_stops_the_follower(tmp_path: Path) -
     follower, printed, clock = _follower(tmp_path)
     _schedule(follower, "shapes-v1-train")
     log = tmp_path / "shapes-v1-train" / "job.log"
-    _append(log, step(20))
-    follower.poll()
-    clock.now = 1.0
-    _append(log, step(40))
-    follower.poll()
+    _log_two_steps(follower, clock, log, later=1.0)
     follower("run-1", {"type": "ExecutionAborted", "executionAbortedEventDetails": {}})
     assert [line.split(":", 1)[1][:12] for line in printed] == [" training jo", " iter 20/250", " iter 40/250"]
     _append(log, step(60))
@@ -358,11 +363,7 @@ def test_a_follower_that_learns_its_run_late_follows_that_runs_job_and_no_other(
     late("run-3", {"type": "ExecutionFailed", "executionFailedEventDetails": {"error": "DatasetRejected"}})
     late.run_id = "run-1"
     log = tmp_path / "shapes-v1-train" / "job.log"
-    _append(log, step(20))
-    late.poll()
-    clock.now = 10.0
-    _append(log, step(40))
-    late.poll()
+    _log_two_steps(late, clock, log, later=10.0)
     assert printed == [f"[t]      Train model: training job shapes-v1-train, log {log}",
                        "[t]      Train model: iter 20/250 (8%)  loss 0.500  16.0 img/s  ~0:58 left",
                        "[t]      Train model: iter 40/250 (16%)  loss 0.500  16.0 img/s  ~0:53 left"]
