@@ -289,6 +289,11 @@ def test_a_jobs_environment_cannot_change_which_code_it_loads(
     document = _processing_job(rt, "env-pipeline", PIPELINE_ENTRYPOINT)
     document["Environment"] = {"MAX_IMAGE_PIXELS": "1000", "GATE_CONFIDENCE": "0.9"}
     assert _raw_signed(rt, "SageMaker.CreateProcessingJob", document)[0] == 200
+    for _ in range(600):  # it runs (and the next test counts from there)
+        if len(jobs.ran) == ran + 1:
+            break
+        threading.Event().wait(0.05)
+    assert jobs.ran[-1]["ProcessingJobName"] == "env-pipeline"
 
 
 def test_names_that_become_job_directories_are_plain_names(runtime: tuple[OfflineRuntime, _RecordingJobs],
