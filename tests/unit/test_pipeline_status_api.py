@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from moto import mock_aws
 from pydantic import BaseModel
 
-from d2ops.asl.interpreter import Execution
 from d2ops_core import run_ids
 from d2ops_core.champion import CHAMPION_KEY
 from tests.fixtures.pipeline import support
@@ -261,26 +260,7 @@ def test_get_run_reads_a_started_run_from_moto(aws: dict[str, Any]) -> None:
     assert body["dataset"]["name"] == "shapes" and body["status"] == "RUNNING"
 
 
-class InterpreterStepFunctions:
-    """DescribeExecution and GetExecutionHistory answered from an interpreter execution (moto cannot
-    run this definition: it fails SageMaker .sync tasks)."""
-
-    exceptions = boto3.client("stepfunctions", region_name=support.REGION).exceptions
-
-    def __init__(self, execution: Execution, page_size: int = 25) -> None:
-        self.execution, self.page_size = execution, page_size
-
-    def describe_execution(self, executionArn: str) -> dict[str, Any]:
-        if executionArn != self.execution.arn:
-            raise self.exceptions.ExecutionDoesNotExist({"Error": {"Code": "ExecutionDoesNotExist"}}, "Describe")
-        return self.execution.describe()
-
-    def get_execution_history(self, executionArn: str, maxResults: int, includeExecutionData: bool,
-                              nextToken: str | None = None) -> dict[str, Any]:
-        start = int(nextToken or 0)
-        events = self.execution.history[start:start + self.page_size]
-        more = start + self.page_size < len(self.execution.history)
-        return {"events": events, **({"nextToken": str(start + self.page_size)} if more else {})}
+InterpreterStepFunctions = support.InterpreterStepFunctions
 
 
 def run_detail(case: str, sagemaker: Any) -> Any:

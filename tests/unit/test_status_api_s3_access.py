@@ -98,23 +98,7 @@ def finished_run() -> Execution:
     return support.run_case("FirstDeployment")
 
 
-class InterpreterStepFunctions:
-    """DescribeExecution and GetExecutionHistory answered from an interpreter execution (moto cannot run
-    this definition: its .sync SageMaker tasks); S3, the service under test here, is moto's."""
-
-    exceptions = boto3.client("stepfunctions", region_name=support.REGION).exceptions
-
-    def __init__(self, execution: Execution) -> None:
-        self.execution = execution
-
-    def describe_execution(self, executionArn: str) -> dict[str, Any]:
-        if executionArn != self.execution.arn:
-            raise self.exceptions.ExecutionDoesNotExist({"Error": {"Code": "ExecutionDoesNotExist"}}, "Describe")
-        return self.execution.describe()
-
-    def get_execution_history(self, executionArn: str, maxResults: int, includeExecutionData: bool,
-                              nextToken: str | None = None) -> dict[str, Any]:
-        return {"events": self.execution.history}
+InterpreterStepFunctions = support.InterpreterStepFunctions  # S3, the service under test here, is moto's
 
 
 def report_uris(execution: Execution) -> dict[str, str]:
