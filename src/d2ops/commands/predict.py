@@ -222,12 +222,9 @@ def run(args: argparse.Namespace) -> int:
 
             session, endpoint = sdk.sagemaker_session(_boto_session(args)), args.endpoint
         answer = invoke(session, endpoint, data, content_type, args.score_threshold)
-    except SdkMissing as exc:
+    except (SdkMissing, EndpointFailed) as exc:
         print(f"d2ops predict: error: {exc}", file=sys.stderr)
-        return 2
-    except EndpointFailed as exc:
-        print(f"d2ops predict: error: {exc}", file=sys.stderr)
-        return 1
+        return 1 if isinstance(exc, EndpointFailed) else 2  # the endpoint's failure, or no SDK to ask it with
     print(json.dumps(answer, indent=1))
     if args.draw is not None:
         try:
