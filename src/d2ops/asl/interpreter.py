@@ -79,6 +79,25 @@ class _BranchCancelled(Exception):
     pass
 
 
+def describe_response(*, arn: str, state_machine_arn: str, name: str, status: str, start_date: Any, input: str,
+                      stop_date: Any, output: str | None, error: str | None, cause: str | None) -> dict[str, Any]:
+    """The DescribeExecution response shape (input and output as JSON strings): stopDate, output, error and
+    cause only when the execution has them. One home for the interpreter's and the offline store's answers."""
+    result: dict[str, Any] = {"executionArn": arn, "stateMachineArn": state_machine_arn, "name": name,
+                              "status": status, "startDate": start_date, "input": input,
+                              "inputDetails": {"included": True}}
+    if stop_date is not None:
+        result["stopDate"] = stop_date
+    if output is not None:
+        result["output"] = output
+        result["outputDetails"] = {"included": True}
+    if error:
+        result["error"] = error
+    if cause:
+        result["cause"] = cause
+    return result
+
+
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
@@ -332,21 +351,11 @@ class Execution:
 
     def describe(self) -> dict[str, Any]:
         """The DescribeExecution response shape (input and output as JSON strings)."""
-        result: dict[str, Any] = {
-            "executionArn": self.arn, "stateMachineArn": self.state_machine.arn, "name": self.name,
-            "status": self.status, "startDate": self.start_date, "input": _dumps(self.input),
-            "inputDetails": {"included": True},
-        }
-        if self.stop_date is not None:
-            result["stopDate"] = self.stop_date
-        if self.status == "SUCCEEDED":
-            result["output"] = _dumps(self.output)
-            result["outputDetails"] = {"included": True}
-        if self.error:
-            result["error"] = self.error
-        if self.cause:
-            result["cause"] = self.cause
-        return result
+        return describe_response(arn=self.arn, state_machine_arn=self.state_machine.arn, name=self.name,
+                                 status=self.status, start_date=self.start_date, input=_dumps(self.input),
+                                 stop_date=self.stop_date,
+                                 output=_dumps(self.output) if self.status == "SUCCEEDED" else None,
+                                 error=self.error, cause=self.cause)
 
     # ----- the run ---------------------------------------------------------------------------
     def _execute(self) -> None:

@@ -17,6 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from d2ops.asl.interpreter import describe_response
+
 
 class ExecutionRecord(BaseModel):
     """DescribeExecution plus the history: everything the local Step Functions API serves."""
@@ -36,19 +38,9 @@ class ExecutionRecord(BaseModel):
     history: list[dict[str, Any]]
 
     def describe(self) -> dict[str, Any]:
-        result: dict[str, Any] = {"executionArn": self.execution_arn, "stateMachineArn": self.state_machine_arn,
-                                  "name": self.name, "status": self.status, "startDate": self.start_date,
-                                  "input": self.input, "inputDetails": {"included": True}}
-        if self.stop_date is not None:
-            result["stopDate"] = self.stop_date
-        if self.output is not None:
-            result["output"] = self.output
-            result["outputDetails"] = {"included": True}
-        if self.error:
-            result["error"] = self.error
-        if self.cause:
-            result["cause"] = self.cause
-        return result
+        return describe_response(arn=self.execution_arn, state_machine_arn=self.state_machine_arn, name=self.name,
+                                 status=self.status, start_date=self.start_date, input=self.input,
+                                 stop_date=self.stop_date, output=self.output, error=self.error, cause=self.cause)
 
     def list_item(self) -> dict[str, Any]:
         item: dict[str, Any] = {"executionArn": self.execution_arn, "stateMachineArn": self.state_machine_arn,
