@@ -8,7 +8,7 @@ translate the SageMaker requests into their arguments and their results back.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -47,6 +47,19 @@ def _command(app: dict[str, Any], default: tuple[str, ...]) -> tuple[str, ...]:
     return container_entry.local_command([*entrypoint, *(app.get("ContainerArguments") or [])])
 
 
+def _run_logged(run: Callable[[Callable[[str], None]], local_jobs.JobResult],
+                work_dir: Path) -> tuple[local_jobs.JobResult | JobOutcome, list[str]]:
+    """``run(log)`` with its lines teed to the job's log file: its result, or the failed JobOutcome of a job
+    the local runner refused (LocalJobError); and the lines it logged."""
+    tee = _LogTee(work_dir / JOB_LOG)
+    try:
+        return run(tee), tee.lines
+    except local_jobs.LocalJobError as exc:
+        return JobOutcome(failure_reason=f"ClientError: {exc}", log_lines=tee.lines), tee.lines
+    finally:
+        tee.close()
+
+
 class LocalJobBackend:
     def run_training(self, request: dict[str, Any], channels: dict[str, Path], work_dir: Path,
                      stop: threading.Event) -> JobOutcome:
@@ -58,18 +71,14 @@ class LocalJobBackend:
             instance_count=int(resources.get("InstanceCount", 1)),
             environment=dict(request.get("Environment") or {}),  # as SageMaker sets the container's
             max_runtime_seconds=stopping.get("MaxRuntimeInSeconds"))
-        tee = _LogTee(work_dir / JOB_LOG)
-        try:
-            result = local_jobs.run_training_job(spec, stop=stop, log=tee)
-        except local_jobs.LocalJobError as exc:
-            return JobOutcome(failure_reason=f"ClientError: {exc}", log_lines=tee.lines)
-        finally:
-            tee.close()
+        result, lines = _run_logged(lambda log: local_jobs.run_training_job(spec, stop=stop, log=log), work_dir)
+        if isinstance(result, JobOutcome):
+            return result
         reason = result.failure_reason if result.status != "Completed" else None
         if result.status == "Stopped":
             reason = reason or "the job was stopped"
         return JobOutcome(failure_reason=reason, model_tar=result.model_artifact, output_tar=result.output_artifact,
-                          log_lines=tee.lines)
+                          log_lines=lines)
 
     def run_processing(self, request: dict[str, Any], inputs: dict[str, Path], work_dir: Path,
                        stop: threading.Event) -> JobOutcome:
@@ -84,16 +93,12 @@ class LocalJobBackend:
             job_name=request["ProcessingJobName"], inputs=inputs, work_dir=work_dir / "root", output_dir=output_dir,
             command=command,
             environment=dict(request.get("Environment") or {}), max_runtime_seconds=stopping.get("MaxRuntimeInSeconds"))
-        tee = _LogTee(work_dir / JOB_LOG)
-        try:
-            result = local_jobs.run_processing_job(spec, stop=stop, log=tee)
-        except local_jobs.LocalJobError as exc:
-            return JobOutcome(failure_reason=f"ClientError: {exc}", log_lines=tee.lines)
-        finally:
-            tee.close()
+        result, lines = _run_logged(lambda log: local_jobs.run_processing_job(spec, stop=stop, log=log), work_dir)
+        if isinstance(result, JobOutcome):
+            return result
         if result.status != "Completed":
             return JobOutcome(failure_reason=result.failure_reason or f"the job ended {result.status}",
-                              log_lines=tee.lines)
+                              log_lines=lines)
         outputs: dict[str, Path] = {}
         for output in (request.get("ProcessingOutputConfig") or {}).get("Outputs") or []:
             local = PurePosixPath(output["S3Output"]["LocalPath"])
@@ -101,13 +106,13 @@ class LocalJobBackend:
             if ".." in local.parts or (local != PROCESSING_OUTPUT_ROOT and PROCESSING_OUTPUT_ROOT not in local.parents):
                 return JobOutcome(failure_reason=f"ClientError: output {output['OutputName']} LocalPath {local} is "
                                                  f"not under {PROCESSING_OUTPUT_ROOT}, the one output dir "
-                                                 "the local runner collects", log_lines=tee.lines)
+                                                 "the local runner collects", log_lines=lines)
             collected = output_dir / local.relative_to(PROCESSING_OUTPUT_ROOT)
             if not collected.resolve().is_relative_to(output_dir.resolve()):  # a link the job made, say
                 return JobOutcome(failure_reason=f"ClientError: output {output['OutputName']} LocalPath {local} "
-                                                 f"leads outside {PROCESSING_OUTPUT_ROOT}", log_lines=tee.lines)
+                                                 f"leads outside {PROCESSING_OUTPUT_ROOT}", log_lines=lines)
             outputs[output["OutputName"]] = collected
-        return JobOutcome(failure_reason=None, processing_outputs=outputs, log_lines=tee.lines)
+        return JobOutcome(failure_reason=None, processing_outputs=outputs, log_lines=lines)
 
 
 class TorchServeBackend:
