@@ -19,13 +19,13 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 from PIL import Image
 
 from d2ops import synth
 from d2ops_core import pipeline_metrics as pm
 from d2ops_core.validation import Code, DatasetUnreadable, ValidationReport, validate_s3
 from tests.fixtures.emf import emf_metrics, total
+from tests.fixtures.moto_server import moto_server
 
 pytestmark = pytest.mark.integration
 
@@ -36,12 +36,9 @@ ARTIFACTS = "d2ops-artifacts-test"
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    with pytest.MonkeyPatch.context() as mp:
+    with moto_server() as url, pytest.MonkeyPatch.context() as mp:
         for key, value in {
-            "AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing",
             "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1", "ARTIFACTS_BUCKET": ARTIFACTS,
             "POWERTOOLS_SERVICE_NAME": "validate_dataset", "POWERTOOLS_TRACE_DISABLED": "true",
             "MIN_MAP": "0.30", "MAX_REGRESSION": "0.01",  # the stack's gate (template.yaml)
@@ -49,8 +46,7 @@ def s3_endpoint() -> Iterator[str]:
             mp.setenv(key, value)
         mp.delenv("AWS_PROFILE", raising=False)
         mp.syspath_prepend(str(ROOT / "functions/validate_dataset"))
-        yield f"http://{host}:{port}"
-    server.stop()
+        yield url
 
 
 @pytest.fixture(scope="module")

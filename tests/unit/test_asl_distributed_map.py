@@ -14,32 +14,21 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from d2ops.asl import AslDefinitionError, StateMachine, TaskFailed
+from tests.fixtures.moto_server import moto_server
 
 BUCKET = "items"
 
 
 @pytest.fixture(scope="module")
 def moto_url() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                             "AWS_DEFAULT_REGION")}
-    os.environ.update({"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "offline", "AWS_SECRET_ACCESS_KEY": "offline",
-                       "AWS_DEFAULT_REGION": "us-east-1"})
-    try:
+    with moto_server() as url, pytest.MonkeyPatch.context() as mp:
+        env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "offline", "AWS_SECRET_ACCESS_KEY": "offline",
+               "AWS_DEFAULT_REGION": "us-east-1"}
+        for key, value in env.items():
+            mp.setenv(key, value)
         yield url
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        server.stop()
 
 
 @pytest.fixture
