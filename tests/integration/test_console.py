@@ -338,7 +338,14 @@ def test_the_command_serves_the_running_runtime_and_reaches_its_endpoint_through
         assert status == 404 and rt.stack.endpoint_name in answer["message"]  # asked the gateway: not deployed
     finally:
         os.killpg(process.pid, signal.SIGINT)
-        assert process.wait(timeout=30) == 0
+        # communicate() drains both pipes: a process blocked writing to a full, unread stderr never exits
+        try:
+            _, err = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            _, err = process.communicate()
+            raise AssertionError(f"d2ops console did not stop on Ctrl-C in 60 s; stderr: {err[-4000:]}") from None
+        assert process.returncode == 0, err[-4000:]
 
 
 def test_the_loss_curve_grows_while_the_run_trains_and_polling_stops_when_it_ends(
