@@ -321,7 +321,8 @@ def test_the_console_server_refuses_what_it_does_not_serve(console: tuple[Consol
 def test_the_command_serves_the_running_runtime_and_reaches_its_endpoint_through_the_gateway(
         console: tuple[Console, OfflineRuntime, RunSummary]) -> None:
     _, rt, summary = console
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    # PYTHONFAULTHANDLER: a process that does not stop is asked (SIGABRT) where each of its threads is
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]), "PYTHONFAULTHANDLER": "1"}
     # While this runtime holds the work dir, the command reads its status API (runtime.json).
     process = subprocess.Popen([sys.executable, "-m", "d2ops", "console", "--work-dir", str(rt.work_dir)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -330,22 +331,25 @@ def test_the_command_serves_the_running_runtime_and_reaches_its_endpoint_through
         assert process.stdout is not None
         line = process.stdout.readline()
         found = re.match(r"d2ops console: (http://127\.0\.0\.1:\d+/) ", line)
-        assert found, (line, process.stderr.read() if process.poll() is not None and process.stderr else "")
+        assert found, line
         status, listing = _request(found[1] + "api/runs")
         assert status == 200 and [r["run_id"] for r in listing["runs"]] == [summary.run_id]
         status, answer = _request(f"{found[1]}api/endpoints/{rt.stack.endpoint_name}/invocations", "POST", b"\x89PNG",
                                   {"X-D2ops-Console": "1", "Content-Type": "image/png"})
         assert status == 404 and rt.stack.endpoint_name in answer["message"]  # asked the gateway: not deployed
-    finally:
-        os.killpg(process.pid, signal.SIGINT)
-        # communicate() drains both pipes: a process blocked writing to a full, unread stderr never exits
-        try:
-            _, err = process.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            _, err = process.communicate()
-            raise AssertionError(f"d2ops console did not stop on Ctrl-C in 60 s; stderr: {err[-4000:]}") from None
-        assert process.returncode == 0, err[-4000:]
+    except BaseException:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    os.killpg(process.pid, signal.SIGINT)
+    # communicate() drains both pipes: a process blocked writing to a full, unread stderr never exits
+    try:
+        _, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGABRT)
+        _, err = process.communicate()
+        raise AssertionError(f"d2ops console did not stop on Ctrl-C in 60 s; its threads: {err[-8000:]}") from None
+    assert process.returncode == 0, err[-4000:]
 
 
 def test_the_loss_curve_grows_while_the_run_trains_and_polling_stops_when_it_ends(
