@@ -1,11 +1,14 @@
 """The stages a user thinks of a run in, and which of the pipeline's states belong to each.
 
-The state machine has about 120 states: the dozen a run goes through and the recovery, retry and
-wait machinery around them. People read a run as validate -> prepare -> train -> evaluate -> gate ->
-deploy -> notify (or: its failure reported). ``STAGES`` puts every state of
-``statemachine/training_pipeline.asl.json`` (the states of its Map's item processor included) in
-exactly one stage (tests/unit/test_pipeline_stages.py checks it against the committed definition),
-so ``d2ops status``, ``d2ops graph`` and the console group a run the same way.
+People read a run as validate -> prepare -> train -> evaluate -> gate -> deploy -> notify (or: its
+failure reported), and the definition is written that way: its top level is one Parallel state per
+stage, named by the stage's title, each followed by the Choice that goes on or to Report failure,
+with the stage's own states (recovery, retry and wait machinery included) inside the branch.
+``STAGES`` lists each stage's states (its branch's, a Map's item processor's included) and the
+frame around them, the Parallel and the Choice after it (tests/unit/test_pipeline_stages.py checks
+it against the committed definition), so ``d2ops status``, ``d2ops graph`` and the console group a
+run the same way without reading the definition. ``FAILURE_RECORDS`` are the states that record
+``$.failure``: a stage that enters one has failed, and goes on to Report failure.
 
 ``EXPECTED_MISSES`` are task errors the definition catches as a normal outcome (the first run's
 "Find current endpoint" finds no endpoint, a create that finds its resource already created on a
@@ -26,7 +29,10 @@ from typing import Any
 class Stage:
     key: str
     title: str
-    states: tuple[str, ...]
+    states: tuple[str, ...]  # the stage's own states: its Parallel's branch
+    # The states that only frame the stage: its Parallel (named by the title) and the Choice after it. A run's
+    # timeline leaves them out (the Parallel's visit spans the stage's, the Choice decides in no time).
+    frame: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -57,71 +63,81 @@ class Loop:
 STAGES: tuple[Stage, ...] = (
     Stage("validate", "Validate", (
         "Validate dataset", "Dataset valid?", "Check images", "Check image batch", "Explain failed image checks",
-        "Summarize image checks",
-    )),
+        "Summarize image checks", "Dataset accepted", "Record dataset rejection", "Record unreadable dataset",
+        "Record validation error",
+    ), frame=("Validate", "Validated?")),
     # The endpoint lease is taken before training (one run at a time deploys to the endpoint) and the
     # training job's names are fixed: what a run does before it spends money.
     Stage("prepare", "Prepare", (
         "Prepare endpoint lease wait", "Acquire endpoint lease", "Read endpoint lease", "Endpoint lease still held?",
         "Check lease holder", "Lease holder running?", "Clear stale endpoint lease", "Lease waits left?",
         "Wait for endpoint lease", "Count endpoint lease wait", "Longest lease wait reached?",
-        "Keep longest lease wait", "Prepare training job",
-    )),
+        "Keep longest lease wait", "Prepare training job", "Record preparation failure", "Record endpoint busy",
+        "Record lease failure",
+    ), frame=("Prepare", "Prepared?")),
     Stage("train", "Train", (
         "Train model", "Training job already created?", "Retry creating training job?",
         "Training job creation retries left?", "Start retrying training job creation",
         "Wait to retry creating training job", "Count training job creation retry",
         "Start waiting for created training job", "Check created training job", "Created training job is ours?",
         "Wait for created training job", "Count created training job check", "Read created training job",
-        "Read created training job failure",
-    )),
+        "Read created training job failure", "Record training failure",
+    ), frame=("Train", "Trained?")),
     Stage("evaluate", "Evaluate", (
         "Evaluate challenger and champion", "Evaluation job already created?", "Retry creating evaluation job?",
         "Evaluation job creation retries left?", "Start retrying evaluation job creation",
         "Wait to retry creating evaluation job", "Count evaluation job creation retry",
         "Start waiting for created evaluation job", "Check created evaluation job", "Created evaluation job is ours?",
         "Wait for created evaluation job", "Count created evaluation job check", "Read created evaluation job",
-        "Read created evaluation job failure", "Read evaluation report",
-    )),
-    Stage("gate", "Quality gate", (
+        "Read created evaluation job failure", "Read evaluation report", "Record evaluation failure",
+    ), frame=("Evaluate", "Evaluated?")),
+    Stage("gate", "Gate", (
         "Quality gate", "Quality gate passed", "Below quality threshold", "Worse than champion",
-        "Worse than champion on a class", "Register model version", "Model approved?",
-    )),
+        "Worse than champion on a class", "Register model version", "Model approved?", "Ready to deploy",
+        "Record quality gate failure", "Record registration failure",
+    ), frame=("Gate", "Approved?")),
     Stage("deploy", "Deploy", (
         "Create model", "Model already created?", "Find created model", "Created model is ours?",
         "Create endpoint config", "Endpoint config already created?", "Find created endpoint config",
         "Created endpoint config is ours?", "Find current endpoint", "Endpoint missing?", "Endpoint lookup failed",
         "Create endpoint", "Update endpoint (blue/green)", "Start waiting for endpoint", "Wait for endpoint",
         "Check endpoint status", "Count endpoint check", "Endpoint in service?", "Canary baking?",
-        "Smoke test endpoint", "Deployment complete?",
+        "Smoke test endpoint", "Deployment complete?", "Record deployment failure",
         # rolling back a deployment that did not come up healthy
         "Endpoint rolled back by alarms", "Find rollback alarms", "Rollback alarms unreadable",
         "Record alarm rollback", "Endpoint not in service", "Undo deployment", "Roll back endpoint",
         "Report smoke test failure", "Trip smoke test alarm", "Start waiting for rollback", "Wait for rollback",
         "Check rollback", "Count rollback check", "Rolled back?", "Rollback not verified", "Delete new endpoint",
-        "Record rolled-back deployment", "Record rollback in endpoint history",
-        # promotion: the new model becomes the champion, the endpoint free for the next run
-        "Record champion", "Record endpoint history", "Promote to champion", "Release endpoint lease",
-    )),
+        "Record rolled-back deployment", "Record rollback in endpoint history", "Endpoint history not written",
+        # promotion: the new model becomes the champion
+        "Record champion", "Record endpoint history", "Promote to champion", "Record promotion failure",
+    ), frame=("Deploy", "Deployed?")),
+    # The endpoint is free for the next run, then people are told.
     Stage("notify", "Notify", (
-        "Compose success notification", "Success notification without cost", "Notify success", "Run succeeded",
-    )),
-    # Every failure path: recorded, described, notified, the lease given back, and the Fail state whose
-    # error name says what happened.
+        "Release endpoint lease", "Compose success notification", "Success notification without cost",
+        "Notify success", "Run succeeded", "Notification failed",
+    ), frame=("Notify",)),
+    # Every failure, once its stage recorded it: described, notified, the lease given back, and the Fail state
+    # whose error name says what happened.
     Stage("failure", "Report failure", (
-        "Record dataset rejection", "Record unreadable dataset", "Record validation error",
-        "Record preparation failure", "Record training failure", "Record evaluation failure",
-        "Record quality gate failure", "Record registration failure", "Record deployment failure",
-        "Record promotion failure", "Record endpoint busy", "Record lease failure", "Describe failure",
-        "Compose failure notification", "Failure notification without cost", "Notify failure",
-        "Holding endpoint lease?", "Release endpoint lease after failure", "Route failure",
+        "Failure explained?", "Describe failure", "Compose failure notification",
+        "Failure notification without cost", "Notify failure", "Holding endpoint lease?",
+        "Release endpoint lease after failure", "Route failure",
         "Dataset rejected", "Validation failed", "Preparation failed", "Training failed", "Evaluation failed",
         "Quality gate failed", "Registration failed", "Deployment failed", "Promotion failed", "Endpoint busy",
-        "Endpoint lease failed", "Run failed", "Notification failed",
-    )),
+        "Endpoint lease failed", "Run failed",
+    ), frame=("Report failure",)),
 )
 
-_BY_STATE: dict[str, Stage] = {name: stage for stage in STAGES for name in stage.states}
+_BY_STATE: dict[str, Stage] = {name: stage for stage in STAGES for name in (*stage.frame, *stage.states)}
+FRAMES = frozenset(name for stage in STAGES for name in stage.frame)
+
+FAILURE_RECORDS = frozenset({
+    "Record dataset rejection", "Record unreadable dataset", "Record validation error", "Record preparation failure",
+    "Record endpoint busy", "Record lease failure", "Record training failure", "Record evaluation failure",
+    "Record quality gate failure", "Record registration failure", "Record deployment failure",
+    "Record alarm rollback", "Record rolled-back deployment", "Record promotion failure",
+})
 _BY_KEY: dict[str, Stage] = {stage.key: stage for stage in STAGES}
 
 
@@ -166,7 +182,7 @@ EXPECTED_MISSES: Mapping[str, ExpectedMiss] = {m.state: m for m in (
 def expected_miss(state_name: str, error: str | None, later_states: Iterable[str]) -> ExpectedMiss | None:
     """The expected miss a failed visit of ``state_name`` with ``error`` was, given the states the run
     entered after it (in order), or None when it was a failure. The run must reach a recovering state
-    before it leaves the stage (or ends)."""
+    before it records a failure or leaves the stage (or ends)."""
     miss = EXPECTED_MISSES.get(state_name)
     if miss is None or error not in miss.errors:
         return None
@@ -174,7 +190,7 @@ def expected_miss(state_name: str, error: str | None, later_states: Iterable[str
     for name in later_states:
         if name in miss.recovered_by:
             return miss
-        if _BY_STATE.get(name) is not home:
+        if name in FAILURE_RECORDS or _BY_STATE.get(name) is not home:
             return None
     return None
 
@@ -210,12 +226,18 @@ def loop_of(state_name: str) -> Loop | None:
     return next((loop for loop in LOOPS if state_name in loop.states), None)
 
 
-def definition_states(definition: Mapping[str, Any]) -> list[str]:
-    """Every state name of an ASL definition, those of Map item processors and Parallel branches included."""
-    names: list[str] = []
+def all_states(definition: Mapping[str, Any]) -> dict[str, Any]:
+    """Every state of an ASL definition by name, those of Map item processors and Parallel branches (the
+    stages) included: a state's name is unique in the whole machine."""
+    found: dict[str, Any] = {}
     for name, state in definition.get("States", {}).items():
-        names.append(name)
+        found[name] = state
         for inner in (state.get("ItemProcessor"), state.get("Iterator"), *state.get("Branches", [])):
             if isinstance(inner, Mapping):
-                names += definition_states(inner)
-    return names
+                found.update(all_states(inner))
+    return found
+
+
+def definition_states(definition: Mapping[str, Any]) -> list[str]:
+    """Every state name of an ASL definition, those of Map item processors and Parallel branches included."""
+    return list(all_states(definition))

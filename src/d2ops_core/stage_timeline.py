@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from d2ops_core.pipeline_stages import STAGES, Stage, expected_miss, loop_of, stage_of
+from d2ops_core.pipeline_stages import FAILURE_RECORDS, FRAMES, STAGES, Stage, expected_miss, loop_of, stage_of
 
 # succeeded; missed: an error that was the expected outcome (d2ops_core.pipeline_stages.EXPECTED_MISSES);
 # caught: an error the run routed on (its failure path, a retry); failed: the error the run ended on
@@ -158,10 +158,11 @@ def _visit_status(index: int, steps: Sequence[Step]) -> tuple[LineStatus, str | 
     miss = expected_miss(step.name, step.error, (s.name for s in steps[index + 1:]))
     if miss:
         return "missed", miss.meaning
-    # caught, and routed straight to the failure path: this is where the run failed (the Fail state
-    # at the end only names it)
+    # caught, and routed straight to the failure's record (or the failure path): this is where the run failed
+    # (the Fail state at the end only names it)
     routed = steps[index + 1].name if index + 1 < len(steps) else None
-    return ("failed" if routed is not None and _stage(routed).key == "failure" else "caught"), None
+    failed = routed is not None and (routed in FAILURE_RECORDS or _stage(routed).key == "failure")
+    return ("failed" if failed else "caught"), None
 
 
 _WORST: tuple[LineStatus, ...] = ("failed", "running", "caught", "missed", "succeeded")
@@ -212,7 +213,7 @@ def summarise(steps: Iterable[Step | Mapping[str, Any] | Any]) -> list[StageRun]
     like the failure path's notification, is one group per stay)."""
     runs: list[StageRun] = []
     spans: list[list[Step]] = []
-    for line, visits in _grouped(as_steps(steps)):
+    for line, visits in _grouped([s for s in as_steps(steps) if s.name not in FRAMES]):
         stage = _stage(line.states[0])
         if not runs or runs[-1].stage is not stage:
             runs.append(StageRun(stage=stage, status="succeeded", seconds=None))

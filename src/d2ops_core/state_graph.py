@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from d2ops_core.pipeline_stages import STAGES, Stage, definition_states
+from d2ops_core.pipeline_stages import STAGES, Stage, all_states, definition_states
 from d2ops_core.stage_timeline import (
     OTHER,
     Line,
@@ -74,8 +74,8 @@ def transitions(state: dict[str, Any]) -> list[tuple[str, str]]:
 
 def outcomes(definition: dict[str, Any], history: list[dict[str, Any]], execution_status: str) -> tuple[
         dict[str, str], set[tuple[str, str]]]:
-    """Each top-level state's outcome in the run, and the transitions it took."""
-    states = definition["States"]
+    """Each state's outcome in the run (the stages' states included), and the transitions it took."""
+    states = all_states(definition)
     status: dict[str, str] = {}
     taken: set[tuple[str, str]] = set()
     previous: str | None = None
@@ -85,11 +85,13 @@ def outcomes(definition: dict[str, Any], history: list[dict[str, Any]], executio
         if kind.endswith("StateEntered"):
             name = event["stateEnteredEventDetails"]["name"]
             if name not in states:
-                continue  # a state inside a Map or Parallel branch
+                continue  # a state of another version of the definition
             if previous is not None:
                 taken.add((previous, name))
             current = name
             status[name] = "failed" if states[name]["Type"] == "Fail" else "running"
+            if states[name]["Type"] in ("Parallel", "Map"):
+                previous = None  # its branch's first state is entered from no state of the branch
         elif kind.endswith("StateExited"):
             name = event["stateExitedEventDetails"]["name"]
             if name not in states:
@@ -237,7 +239,7 @@ def render_svg(definition: dict[str, Any], history: list[dict[str, Any]], execut
     status, _ = outcomes(definition, history, execution_status)
     views = stage_view(definition, steps_from_history(history, execution_status))
     heads, line_boxes, folds, width, height = stage_boxes(views)
-    kinds = {name: state["Type"] for name, state in definition["States"].items()}
+    kinds = {name: state["Type"] for name, state in all_states(definition).items()}
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
            f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="Helvetica, Arial, sans-serif" font-size="12">',
            "<defs>",
@@ -284,7 +286,7 @@ def render_svg(definition: dict[str, Any], history: list[dict[str, Any]], execut
             detail = line.status + (f" \u00b7 {human_duration(line.seconds)}" if line.seconds is not None else "")
             tip = f"{line_title(line)}: {detail}" + (f" ({line.note})" if line.note else "") + (
                 f" [{line.error}]" if line.error else "") + ("" if single else " \u2014 " + ", ".join(line.states))
-            # every top-level state has one group titled with its outcome (drawn here, or empty below)
+            # every state has one group titled with its outcome (drawn here, or empty below)
             opening = (f"<g><title>{html.escape(single)} ({kinds[single]}): {status.get(single, 'not reached')}"
                        f"</title><title>{html.escape(tip)}</title>" if single and single not in drawn
                        else f'<g class="line"><title>{html.escape(tip)}</title>')

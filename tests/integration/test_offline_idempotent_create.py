@@ -18,6 +18,7 @@ import pytest
 
 from d2ops.asl import StateMachine
 from d2ops.offline.runtime import OfflineRuntime
+from d2ops_core.pipeline_stages import all_states
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -42,7 +43,7 @@ INPUT = {"dataset": {"name": "shapes", "version": "v1"},
 
 def _register_machine(rt: OfflineRuntime, name: str, *, client_token: bool) -> StateMachine:
     """The pipeline's own "Register model version" state, alone (no Catch: a failure fails the run)."""
-    state = {k: v for k, v in rt.machine.definition["States"]["Register model version"].items()
+    state = {k: v for k, v in all_states(rt.machine.definition)["Register model version"].items()
              if k not in ("Next", "Catch")}
     if not client_token:
         state["Parameters"] = {k: v for k, v in state["Parameters"].items() if not k.startswith("ClientToken")}
@@ -93,7 +94,7 @@ DEPLOY_STATES = ("Create model", "Model already created?", "Find created model",
 def _deploy_machine(rt: OfflineRuntime) -> StateMachine:
     """The pipeline's own create states with what follows them stubbed: Succeed where the deployment goes on,
     Fail where it is recorded as failed."""
-    states: dict[str, Any] = {name: rt.machine.definition["States"][name] for name in DEPLOY_STATES}
+    states: dict[str, Any] = {name: all_states(rt.machine.definition)[name] for name in DEPLOY_STATES}
     states["Find current endpoint"] = {"Type": "Succeed"}
     states["Record deployment failure"] = {"Type": "Fail", "Error": "DeploymentFailed", "CausePath": "$.error.Cause"}
     return StateMachine.from_definition({"StartAt": "Create model", "States": states}, name="deploy")

@@ -28,6 +28,7 @@ from d2ops.asl.interpreter import Execution
 from d2ops.offline.runtime import OfflineRuntime
 from d2ops.offline.services.sagemaker_jobs import JobOutcome
 from d2ops.offline.task_integrations import ServiceExecutors
+from d2ops_core.pipeline_stages import all_states
 from d2ops_core.platform import QuotaRefusal, parse_quota_refusal, quota_name
 from d2ops_core.s3_layout import parse_s3_uri
 from tests.fixtures.pipeline import support
@@ -93,7 +94,7 @@ def rt(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineRuntime]:
 
 @pytest.fixture(scope="module")
 def machine(rt: OfflineRuntime) -> StateMachine:
-    states: dict[str, Any] = {name: rt.machine.definition["States"][name] for name in JOB_STATES}
+    states: dict[str, Any] = {name: all_states(rt.machine.definition)[name] for name in JOB_STATES}
     states["Read evaluation report"] = {"Type": "Succeed"}
     states["Record training failure"] = {"Type": "Fail", "Error": "TrainingFailed", "CausePath": "$.error.Cause"}
     states["Record evaluation failure"] = {"Type": "Fail", "Error": "EvaluationFailed", "CausePath": "$.error.Cause"}

@@ -25,6 +25,7 @@ from d2ops_core.champion import CHAMPION_KEY, ChampionRecord
 from d2ops_core.dataset_diff import compare, directory_reader, index_version
 from d2ops_core.dataset_identity import DatasetRef
 from d2ops_core.documents.dataset_diff import DatasetDiff, DatasetDiffSummary
+from d2ops_core.pipeline_stages import all_states
 from tests.fixtures.pipeline import support
 from tests.fixtures.pipeline.support import Boto3Integrations, FakeRuntime, LambdaInvoker
 
@@ -134,7 +135,7 @@ class WithUpdateEndpoint(Boto3Integrations):
 def run(stack: dict[str, Any], dataset: DatasetRef,
         lambdas: Any = None) -> tuple[Execution, Boto3Integrations]:
     # One answer per smoke-test request (the state's Payload.requests).
-    requests = support.machine().definition["States"]["Smoke test endpoint"]["Parameters"]["Payload"]["requests"]
+    requests = all_states(support.machine().definition)["Smoke test endpoint"]["Parameters"]["Payload"]["requests"]
     FakeRuntime.answers += [(200, "application/json", json.dumps(DETECTIONS).encode())] * requests
     aws = WithUpdateEndpoint(after_job=lambda kind, request: write_evaluation(stack, kind, request))
     trigger = run_start.Trigger(source="s3-event", object_key=dataset.manifest_key,

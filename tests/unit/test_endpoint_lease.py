@@ -13,6 +13,7 @@ from aws_lambda_powertools.utilities.parser import ValidationError
 from moto import mock_aws
 
 from d2ops import template as sam
+from d2ops_core.pipeline_stages import all_states
 from tests.fixtures.pipeline import support
 
 support.function_path("release_endpoint_lease")
@@ -21,7 +22,7 @@ from release_endpoint_lease.models import ENDED_STATUSES, HOLDER_ATTRIBUTE, KEY_
 
 EVENT = support.load_event("release_endpoint_lease", "execution_aborted")
 HOLDER = EVENT["detail"]["executionArn"]
-STATES = json.loads(support.DEFINITION.read_text())["States"]
+STATES = all_states(json.loads(support.DEFINITION.read_text()))
 
 
 @pytest.fixture

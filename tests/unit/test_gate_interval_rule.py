@@ -17,6 +17,7 @@ from moto import mock_aws
 
 from d2ops.asl.choice import evaluate_rule
 from d2ops_core.documents.evaluation import DifferenceInterval
+from d2ops_core.pipeline_stages import all_states
 from tests.fixtures.pipeline import support
 
 support.function_path("summarize_evaluation")
@@ -26,7 +27,7 @@ from summarize_evaluation.service import EvaluationReportInvalid, beyond, more_v
 EVENT = support.load_event("summarize_evaluation", "report")  # MinMap 0.3, MaxRegression 0.01, per class 0.1 / 30
 KEY = EVENT["report_uri"].removeprefix(f"s3://{support.ARTIFACTS_BUCKET}/")
 DEFINITION = support.machine().definition
-QUALITY_GATE = DEFINITION["States"]["Quality gate"]
+QUALITY_GATE = all_states(DEFINITION)["Quality gate"]
 
 
 def interval(challenger: float, champion: float, low: float, high: float, confidence: float = 0.95) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from d2ops import synth
 from d2ops.asl import substitute
 from d2ops.offline.stack import load_stack
 from d2ops_core import images as rule
+from d2ops_core.pipeline_stages import all_states
 from d2ops_core.validation import Code, validate_local
 from d2ops_core.validation.inventory import ImageBatchResult, ImageItem
 from tests.fixtures.pipeline import support
@@ -253,7 +254,7 @@ def _prepare_event(models: Any, stack: Any) -> Any:
 def _create_model_state(stack: Any) -> dict[str, Any]:
     """The definition's "Create model" state with the stack's DefinitionSubstitutions applied to it."""
     definition = json.loads(stack.definition_path.read_text())
-    state = json.dumps(definition["States"]["Create model"])
+    state = json.dumps(all_states(definition)["Create model"])
     return dict(json.loads(substitute(state, stack.substitutions)))
 
 

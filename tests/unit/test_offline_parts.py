@@ -17,6 +17,7 @@ from d2ops.offline.stack import HttpRoute, LocalFunction, OfflineStack, StackErr
 from d2ops.offline.status_api_server import _route_regex, http_event
 from d2ops.offline.task_integrations import error_name, json_safe
 from d2ops_core import metrics
+from d2ops_core.pipeline_stages import all_states
 from d2ops_core.state_graph import outcomes, render_svg
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,7 +139,7 @@ def test_state_durations_and_outcomes_from_a_history() -> None:
     assert ("Validate dataset", "Dataset valid?") in taken and ("Dataset valid?", "Prepare training job") not in taken
     svg = render_svg(DEFINITION, REJECTED_HISTORY, "FAILED", "run <x> & y")
     assert svg.startswith("<svg") and "run &lt;x&gt; &amp; y" in svg
-    assert svg.count("<g><title>") == len(DEFINITION["States"])
+    assert svg.count("<g><title>") == len(all_states(DEFINITION))
     assert "<title>Dataset rejected (Fail): failed</title>" in svg
 
 

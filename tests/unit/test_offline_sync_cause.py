@@ -10,9 +10,10 @@ from botocore.exceptions import ClientError
 
 from d2ops.asl.choice import evaluate_rule
 from d2ops.offline.task_integrations import sync_create_cause
+from d2ops_core.pipeline_stages import all_states
 from tests.fixtures.pipeline import support
 
-STATES = json.loads(support.DEFINITION.read_text())["States"]
+STATES = all_states(json.loads(support.DEFINITION.read_text()))
 TAKEN = ("Training job names must be unique within an AWS account and region, and a training job with this name "
          "already exists (arn:aws:sagemaker:us-east-1:123456789012:training-job/shapes-v1-x-train)")
 

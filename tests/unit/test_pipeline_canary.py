@@ -15,6 +15,7 @@ import pytest
 from d2ops import template as sam
 from d2ops.offline.errors import ApiError
 from d2ops.offline.services.sagemaker_endpoints import _Canary, traffic_share
+from d2ops_core.pipeline_stages import all_states
 from tests.fixtures.pipeline import support
 
 support.function_path("prepare_training")
@@ -24,7 +25,7 @@ from prepare_training.service import traffic_routing  # noqa: E402
 from smoke_test_endpoint.models import SmokeTestEvent  # noqa: E402
 
 TEMPLATE = sam.load_template()
-STATES = json.loads(support.DEFINITION.read_text())["States"]
+STATES = all_states(json.loads(support.DEFINITION.read_text()))
 UPDATE = STATES["Update endpoint (blue/green)"]["Parameters"]
 POLICY = UPDATE["DeploymentConfig"]["BlueGreenUpdatePolicy"]
 # The endpoint instance counts the stack allows (PrepareSettings.endpoint_instance_count).

@@ -14,6 +14,7 @@ import pytest
 from d2ops import template as sam
 from d2ops.asl.substitution import placeholders, substitute
 from d2ops_core import run_ids
+from d2ops_core.pipeline_stages import all_states
 from tests.fixtures.pipeline import support
 
 support.function_path("prepare_training")
@@ -30,7 +31,7 @@ from check_images.models import BatchInput  # noqa: E402
 
 TEXT = support.DEFINITION.read_text()
 DEFINITION = json.loads(TEXT)
-STATES: dict[str, dict[str, Any]] = DEFINITION["States"]
+STATES: dict[str, dict[str, Any]] = all_states(DEFINITION)
 ASL_VALIDATOR = support.REPO / "tools" / "node_modules" / ".bin" / "asl-validator"
 FAILURE_ERRORS = {"DatasetRejected", "ValidationFailed", "PreparationFailed", "TrainingFailed", "EvaluationFailed",
                   "QualityGateFailed", "RegistrationFailed", "DeploymentFailed", "PromotionFailed", "PipelineFailed",

@@ -29,11 +29,12 @@ from d2ops import template as sam
 from d2ops.asl.choice import evaluate_rule
 from d2ops.asl.interpreter import Execution
 from d2ops_core.failures import QUOTA_STACK_PARAMETERS, describe, refusal
+from d2ops_core.pipeline_stages import all_states
 from d2ops_core.platform import quota_refusal_message
 from tests.fixtures.pipeline import support
 from tests.fixtures.pipeline.support import entered_states, run_case, task_parameters
 
-STATES: dict[str, dict[str, Any]] = json.loads(support.DEFINITION.read_text())["States"]
+STATES: dict[str, dict[str, Any]] = all_states(json.loads(support.DEFINITION.read_text()))
 SYNC = {"training": "Train model", "evaluation": "Evaluate challenger and champion"}
 # What a quota, validation or access refusal may cost before the run fails: "within a minute", less the
 # failure-describing and notifying steps after it.

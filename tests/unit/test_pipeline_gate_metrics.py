@@ -16,6 +16,7 @@ from moto import mock_aws
 from d2ops.asl.choice import evaluate_rule
 from d2ops_core import pipeline_metrics as pm
 from d2ops_core.documents.evaluation import EvaluationReport
+from d2ops_core.pipeline_stages import all_states
 from tests.fixtures.emf import emf_metrics
 from tests.fixtures.pipeline import support
 
@@ -64,7 +65,7 @@ def test_the_summary_reports_the_gate_decision_and_the_challenger_ap(
 
 
 _FRACTION = st.sampled_from([0.0, 0.29, 0.3, 0.31, 0.5, 0.59, 0.6, 1.0])
-QUALITY_GATE = support.machine().definition["States"]["Quality gate"]
+QUALITY_GATE = all_states(support.machine().definition)["Quality gate"]
 
 
 _WIDTH = st.sampled_from([0.0, 0.005, 0.01, 0.02, 0.2])

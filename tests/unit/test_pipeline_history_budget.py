@@ -20,10 +20,11 @@ import pytest
 
 from d2ops import template as sam
 from d2ops.asl import StateMachine, TaskContext, TaskFailed
+from d2ops_core.pipeline_stages import all_states
 from tests.fixtures.pipeline import support
 
 HISTORY_LIMIT = 25_000  # Step Functions quota: events in one execution's history
-STATES: dict[str, dict[str, Any]] = json.loads(support.DEFINITION.read_text())["States"]
+STATES: dict[str, dict[str, Any]] = all_states(json.loads(support.DEFINITION.read_text()))
 
 
 def _events_of(original: dict[str, Any], *, fail_first: bool = False) -> int:

@@ -12,8 +12,11 @@ import pytest
 
 from d2ops_core.pipeline_stages import (
     EXPECTED_MISSES,
+    FAILURE_RECORDS,
+    FRAMES,
     LOOPS,
     STAGES,
+    all_states,
     definition_states,
     expected_miss,
     loop_of,
@@ -24,17 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 DEFINITION: dict[str, Any] = json.loads((REPO / "statemachine" / "training_pipeline.asl.json").read_text())
 
 
-def _all_states(definition: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    found: dict[str, dict[str, Any]] = {}
-    for name, state in definition["States"].items():
-        found[name] = state
-        for inner in (state.get("ItemProcessor"), state.get("Iterator"), *state.get("Branches", [])):
-            if inner:
-                found.update(_all_states(inner))
-    return found
-
-
-STATES = _all_states(DEFINITION)
+STATES = all_states(DEFINITION)
 
 
 def _targets(state: dict[str, Any]) -> set[str]:
@@ -44,7 +37,7 @@ def _targets(state: dict[str, Any]) -> set[str]:
 
 
 def test_every_state_of_the_definition_is_in_exactly_one_stage() -> None:
-    staged = Counter(name for stage in STAGES for name in stage.states)
+    staged = Counter(name for stage in STAGES for name in (*stage.frame, *stage.states))
     assert [name for name, n in staged.items() if n > 1] == []
     assert sorted(set(STATES) - set(staged)) == []  # a new state must be given a stage
     assert sorted(set(staged) - set(STATES)) == []  # a renamed or removed state must leave its stage
@@ -61,10 +54,43 @@ def test_stage_of_names_the_state_it_does_not_know() -> None:
         stage_of("No such state")
 
 
-def test_the_failure_stage_holds_every_fail_state_and_what_leads_only_there() -> None:
-    fails = {name for name, s in STATES.items() if s["Type"] == "Fail"}
+def test_the_failure_stage_holds_every_fail_state_but_the_notifications_own() -> None:
+    fails = {name for name, s in STATES.items() if s["Type"] == "Fail"} - {"Notification failed"}
     assert fails and all(stage_of(n).key == "failure" for n in fails)
-    assert stage_of("Run succeeded").key == "notify"
+    assert stage_of("Run succeeded").key == "notify" and stage_of("Notification failed").key == "notify"
+
+
+def _branch_states(branch: dict[str, Any]) -> set[str]:
+    return set(definition_states(branch))
+
+
+def test_the_top_level_is_the_stages_each_a_parallel_holding_exactly_its_states() -> None:
+    top = DEFINITION["States"]
+    assert list(top) == [name for stage in STAGES for name in stage.frame]
+    assert DEFINITION["StartAt"] == STAGES[0].title
+    for i, stage in enumerate(STAGES):
+        parallel = top[stage.title]
+        assert parallel["Type"] == "Parallel" and len(parallel["Branches"]) == 1, stage.title
+        assert _branch_states(parallel["Branches"][0]) == set(stage.states), stage.title
+        assert parallel["OutputPath"] == "$[0]"  # the branch's document passes on as if written inline
+        assert "Catch" not in parallel and "Retry" not in parallel  # errors are the branch's to handle
+        if len(stage.frame) == 1:  # the last stage of either ending: the run ends with it
+            assert parallel.get("End") is True and stage.key in ("notify", "failure")
+            continue
+        then = top[stage.frame[1]]
+        assert parallel["Next"] == stage.frame[1] and then["Type"] == "Choice"
+        assert then["Choices"] == [{"Variable": "$.failure", "IsPresent": True, "Next": "Report failure"}]
+        assert then["Default"] == STAGES[i + 1].title
+    assert {name for stage in STAGES for name in stage.frame} == FRAMES
+
+
+def test_the_failure_records_are_the_states_writing_the_failure_document() -> None:
+    writers = {name for name, s in STATES.items() if s.get("ResultPath") == "$.failure"}
+    assert writers == FAILURE_RECORDS
+    # a record ends its stage (or hands over to the rollback's history entry, which ends it)
+    for name in writers:
+        state = STATES[name]
+        assert state.get("End") is True or STATES[state["Next"]].get("End") is True, name
 
 
 def test_each_expected_miss_is_a_catch_of_the_definition_whose_route_reaches_the_recovering_state() -> None:

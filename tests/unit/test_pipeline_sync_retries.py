@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 
 from d2ops import template as sam
+from d2ops_core.pipeline_stages import all_states
 from tests.fixtures.pipeline import support
 from tests.fixtures.pipeline.support import entered_states, run_case, state_output, task_parameters
 
-STATES = json.loads(support.DEFINITION.read_text())["States"]
+STATES = all_states(json.loads(support.DEFINITION.read_text()))
 # Step Functions' execution history holds at most 25,000 events.
 HISTORY_LIMIT = 25_000
 # Events one pass of a wait loop writes: Wait (entered, exited), Pass (entered, exited), Task (entered,

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from d2ops import template as sam
+from d2ops_core.pipeline_stages import all_states
 from tests.fixtures.pipeline import support
 
 TEMPLATE = sam.load_template()
@@ -41,7 +42,7 @@ def test_the_endpoint_name_is_the_same_everywhere() -> None:
         resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
         assert any(str(resolved(r)).endswith(f":endpoint/{name}") for r in resources)
     assert resolved(TEMPLATE.document["Outputs"]["EndpointName"]["Value"]) == name
-    create = json.loads(support.DEFINITION.read_text())["States"]["Create endpoint config"]["Parameters"]
+    create = all_states(json.loads(support.DEFINITION.read_text()))["Create endpoint config"]["Parameters"]
     assert create["ProductionVariants.$"] == "$.plan.endpoint.production_variants"  # prepare_training's, whole
     support.function_path("prepare_training")
     from prepare_training.service import VARIANT_NAME

@@ -26,6 +26,7 @@ from d2ops import aws_contract as contract
 from d2ops.asl.errors import TaskFailed
 from d2ops.asl.mock import MockConfig, MockTestCase
 from d2ops_core import platform
+from d2ops_core.pipeline_stages import all_states
 from tests.fixtures.pipeline import support
 
 support.function_path("summarize_evaluation")
@@ -127,15 +128,15 @@ def test_bounded_cuts_to_the_limit_and_counts_what_it_left_out() -> None:
 
 
 def _gate_state(name: str) -> dict[str, Any]:
-    return DEFINITION["States"][name]["Parameters"]
+    return all_states(DEFINITION)[name]["Parameters"]
 
 
 def test_every_gate_verdict_describes_the_model_version_within_the_limit() -> None:
     """The numeric verdicts' descriptions are their reasons after the bounded head, the class verdict's
     its bounded reason, and the Register state sends that description, never the unbounded reason."""
-    register = DEFINITION["States"]["Register model version"]["Parameters"]
+    register = all_states(DEFINITION)["Register model version"]["Parameters"]
     assert register["ModelPackageDescription.$"] == "$.gate.description"
-    verdicts = [s for s, d in DEFINITION["States"].items()
+    verdicts = [s for s, d in all_states(DEFINITION).items()
                 if d.get("Type") == "Pass" and d.get("Next") == "Register model version"]
     assert len(verdicts) == 4
     for verdict in verdicts:  # the Lambda decided and worded each verdict; its description is bounded there

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from d2ops_core import platform
+from d2ops_core.pipeline_stages import all_states
 from d2ops_core.score_thresholds import FULL_MAP_AT, REGISTRY_KEY, REGISTRY_NONE, registry_value, registry_word
 
 _INPUT = botocore.session.get_session().get_service_model("sagemaker").operation_model("CreateModelPackage").input_shape
@@ -95,7 +96,7 @@ def test_register_model_version_carries_the_summarized_value() -> None:
 
     from tests.fixtures.pipeline import support
 
-    register = json.loads(support.DEFINITION.read_text())["States"]["Register model version"]
+    register = all_states(json.loads(support.DEFINITION.read_text()))["Register model version"]
     properties = register["Parameters"]["CustomerMetadataProperties"]
     assert properties[REGISTRY_KEY + ".$"] == "$.evaluation.score_thresholds"
     assert len(properties) <= platform.CUSTOMER_METADATA_MAX_ENTRIES

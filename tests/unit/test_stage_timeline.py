@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from d2ops.commands.status import format_run, format_timeline
+from d2ops_core.pipeline_stages import all_states
 from d2ops_core.stage_timeline import Step, human_duration, lines_of, stage_statuses, steps_from_history, summarise
 from d2ops_core.state_graph import render_png, render_svg, stage_view
 from tests.fixtures.pipeline import support
@@ -72,7 +73,7 @@ def test_a_failed_training_reads_as_failed_in_train_and_ends_on_the_fail_state_n
     assert [s.status for s in stays] == ["succeeded", "succeeded", "failed", "failed"]
     train = stays[2].lines
     assert [(line.title, line.status, line.error) for line in train] == [
-        ("Train model", "failed", "States.TaskFailed")]
+        ("Train model", "failed", "States.TaskFailed"), ("Record training failure", "succeeded", None)]
     assert (stays[-1].lines[-1].title, stays[-1].lines[-1].error) == ("Training failed", "TrainingFailed")
     assert stage_statuses(stays)["deploy"] == "not reached"
 
@@ -89,7 +90,7 @@ def test_a_lookup_that_fails_for_another_reason_stays_a_failure() -> None:
     assert (lookup.status, lookup.error, lookup.note) == ("caught", "SageMaker.SageMakerException", None)
     stays = summarise(steps)
     assert [(s.stage.key, s.status) for s in stays] == [("deploy", "failed"), ("failure", "failed")]
-    assert stays[0].seconds == 4.0  # from entering its first state to leaving its last (four states)
+    assert stays[0].seconds == 5.0  # from entering its first state to leaving its last (five: its record too)
 
 
 def test_a_repeated_state_is_one_line_and_a_state_of_another_version_is_kept() -> None:
@@ -131,18 +132,18 @@ def test_the_graph_has_the_stages_on_top_the_run_highlighted_and_the_unreached_f
     assert "Create endpoint" not in by["deploy"].folded
     assert by["deploy"].next_stages == ["notify"] and by["notify"].next_stages == []
     drawn = sum(len(v.lines) for v in views)
-    assert drawn < 40 < len(DEFINITION["States"])  # the run's path, not the whole machine
+    assert drawn < 40 < len(all_states(DEFINITION))  # the run's path, not the whole machine
 
     svg = render_svg(DEFINITION, history, status, "run")
     width, height = (float(v) for v in re.search(r'width="(\d+)" height="(\d+)"', svg).groups())  # type: ignore[union-attr]
     assert height < 1000 and width < 2000
     assert svg.count('class="taken"') == 6  # validate -> ... -> notify
     assert svg.count('<g class="stage"') == 8 and svg.count('<g class="folded"') == 8
-    assert by["notify"].folded == ["Success notification without cost"]  # the cost was there
+    assert by["notify"].folded == ["Success notification without cost", "Notification failed"]  # all went well
     assert "<title>Find current endpoint (Task): caught</title>" in svg  # the state's outcome, by name
     assert ">missed \u00b7 0s<" in svg and ">Wait for endpoint \u00d73<" in svg
-    # every top-level state is named once, drawn or folded
-    assert svg.count("<g><title>") == len(DEFINITION["States"])
+    # every state is named once, drawn or folded
+    assert svg.count("<g><title>") == len(all_states(DEFINITION))
     png = tmp_path / "run.png"
     render_png(DEFINITION, history, status, "run", png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

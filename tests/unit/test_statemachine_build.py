@@ -24,6 +24,7 @@ from d2ops.statemachine.builder import (
     Machine,
     Pass,
     RetryPolicy,
+    Stage,
     Task,
     Var,
     create_or_find,
@@ -39,6 +40,7 @@ from d2ops.statemachine.builder import (
     when,
 )
 from d2ops_core.documents.run_state import Plan
+from d2ops_core.pipeline_stages import all_states
 from tests.fixtures.pipeline import support
 
 REPO = support.REPO
@@ -80,11 +82,12 @@ def test_a_stale_committed_file_fails_the_check_naming_the_state(tmp_path: Path,
     # A hand edit of the JSON (here one Retry's MaxAttempts) is what --check exists to catch.
     stale = tmp_path / "training_pipeline.asl.json"
     document = json.loads(generated())
-    document["States"]["Acquire endpoint lease"]["Retry"][0]["MaxAttempts"] = 9
+    document["States"]["Prepare"]["Branches"][0]["States"]["Acquire endpoint lease"]["Retry"][0]["MaxAttempts"] = 9
     stale.write_text(json.dumps(document, indent=2) + "\n")
     assert main(["--check", "--output", str(stale)]) == 1
     err = capsys.readouterr().err
-    assert '["States"]["Acquire endpoint lease"]["Retry"][0]["MaxAttempts"]: committed 9, generated 5' in err
+    assert ('["States"]["Prepare"]["Branches"][0]["States"]["Acquire endpoint lease"]["Retry"][0]["MaxAttempts"]: '
+            'committed 9, generated 5') in err
     assert "make asl" in err
     # The writer fixes it; the check then passes.
     assert main(["--output", str(stale)]) == 0
@@ -99,13 +102,14 @@ def test_a_missing_file_fails_the_check(tmp_path: Path, capsys: pytest.CaptureFi
 
 def test_a_change_to_the_definition_is_seen_as_stale() -> None:
     machine = tp.definition()
-    states = dict(machine.states)
-    renamed = dataclasses.replace(states["Train model"], next="Read evaluation report")
-    mutated = Machine(tuple((n, renamed if n == "Train model" else s) for n, s in machine.states),
-                      comment=machine.comment, timeout=machine.timeout)
+    train = dict(machine.states)["Train"]
+    assert isinstance(train, Stage)
+    branch = tuple((n, dataclasses.replace(s, timeout=60) if n == "Train model" else s) for n, s in train.branch.states)
+    mutated = Machine(tuple((n, dataclasses.replace(train, branch=Machine(branch)) if n == "Train" else s)
+                            for n, s in machine.states), comment=machine.comment, timeout=machine.timeout)
     difference = first_difference(COMMITTED.read_text(), render(mutated))
-    assert difference == ('["States"]["Train model"]["Next"]: committed "Evaluate challenger and champion", '
-                          'generated "Read evaluation report"')
+    assert difference == ('["States"]["Train"]["Branches"][0]["States"]["Train model"]["TimeoutSeconds"]: '
+                          'generated, not in the committed file')
 
 
 def test_a_reordering_alone_is_seen_as_stale_by_line() -> None:
@@ -118,15 +122,6 @@ def test_a_reordering_alone_is_seen_as_stale_by_line() -> None:
 
 
 # --- retry policies -------------------------------------------------------------------------------
-
-
-def all_states(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    for name, state in document["States"].items():
-        out[name] = state
-        if "ItemProcessor" in state:
-            out.update(all_states(state["ItemProcessor"]))
-    return out
 
 
 def test_every_retry_is_one_named_policy_and_each_policy_is_used() -> None:
@@ -151,7 +146,7 @@ def test_a_retry_policy_is_capped_full_jitter_backoff() -> None:
 
 
 def test_result_selectors_are_the_handlers_output_models() -> None:
-    states = json.loads(generated())["States"]
+    states = all_states(json.loads(generated()))
     evaluation = handler_model("summarize_evaluation.models:EvaluationSummary")
     notification = handler_model("compose_notification.models:Notification")
     smoke = handler_model("smoke_test_endpoint.models:SmokeTestResult")
@@ -286,7 +281,7 @@ def test_failure_triple_shape() -> None:
 
 
 def test_every_recorded_failure_is_routed_to_its_fail_state() -> None:
-    states = json.loads(generated())["States"]
+    states = all_states(json.loads(generated()))
     routes = {c["StringEquals"]: c["Next"] for c in states["Route failure"]["Choices"]}
     for kind in tp.FAILURE_KINDS:
         assert states[kind.fail_state] == {"Type": "Fail", "Error": kind.error, "CausePath": "$.failure.cause"}
@@ -337,7 +332,7 @@ def test_every_generated_state_is_in_exactly_one_stage() -> None:
 
     from d2ops_core.pipeline_stages import STAGES
 
-    placed = Counter(state for stage in STAGES for state in stage.states)
+    placed = Counter(state for stage in STAGES for state in (*stage.frame, *stage.states))
     names = tp.definition().names()
     assert len(names) == len(set(names))
     assert sorted(set(names) - set(placed)) == [], "states in no stage"

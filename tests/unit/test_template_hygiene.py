@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from d2ops.template import REPO_ROOT, SamTemplate, load_template
+from d2ops_core.pipeline_stages import all_states
 
 T: SamTemplate = load_template()
 RESOURCES = T.resources
@@ -688,7 +689,7 @@ def test_jobs_and_the_endpoint_run_without_network_and_multi_host_traffic_is_enc
     assert evaluation["NetworkConfig"] == {"EnableNetworkIsolation": True,
                                            "EnableInterContainerTrafficEncryption": True}
     definition = json.loads((REPO_ROOT / "statemachine" / "training_pipeline.asl.json").read_text())
-    create_model = definition["States"]["Create model"]["Parameters"]
+    create_model = all_states(definition)["Create model"]["Parameters"]
     assert create_model["EnableNetworkIsolation"] is True and create_model["ExecutionRoleArn"] == "${EndpointRoleArn}"
     substitution = props("PipelineStateMachine")["DefinitionSubstitutions"]["EndpointRoleArn"]
     assert substitution == {"Fn::GetAtt": ["EndpointRole", "Arn"]} or substitution == {"Fn::GetAtt": "EndpointRole.Arn"}

@@ -35,6 +35,7 @@ from typing import Any
 
 from d2ops.bench import cpu_model
 from d2ops.bench.child import measure_in_child
+from d2ops_core.pipeline_stages import all_states
 
 OPEN_IMAGES_TRAIN = 1_743_042  # Open Images V7 detection train images
 CLASSES = 600
@@ -157,7 +158,7 @@ def _event() -> Any:
 def check_images_state() -> dict[str, Any]:
     """The pipeline's Check images state as a one-state machine (its Catch and Next dropped)."""
     definition = json.loads((REPO_ROOT / "statemachine" / "training_pipeline.asl.json").read_text())
-    state = {k: v for k, v in definition["States"]["Check images"].items() if k not in ("Catch", "Next")}
+    state = {k: v for k, v in all_states(definition)["Check images"].items() if k not in ("Catch", "Next")}
     if state["ItemBatcher"]["MaxItemsPerBatch"] != BATCH:
         raise SystemExit(f"the definition batches {state['ItemBatcher']['MaxItemsPerBatch']} images, not {BATCH}")
     return {"StartAt": "Check images", "States": {"Check images": {**state, "End": True}}}

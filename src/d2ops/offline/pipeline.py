@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 
 from d2ops.offline.runtime import OfflineRuntime
 from d2ops.training_progress import DEFAULT_MIN_INTERVAL, LineSplitter, ProgressReporter
-from d2ops_core.pipeline_stages import EXPECTED_MISSES, expected_miss, stage_of
+from d2ops_core.pipeline_stages import EXPECTED_MISSES, FAILURE_RECORDS, expected_miss, stage_of
 
 Printer = Callable[[str], None]
 
@@ -104,8 +104,9 @@ class ProgressPrinter:
         name, took, error, since = self._pending
         if entered is not None:
             since.append(entered)
-            if _same_stage(entered, name) and not EXPECTED_MISSES[name].recovered_by & set(since):
-                return  # still deciding: the run has not left the stage nor recovered yet
+            if (entered not in FAILURE_RECORDS and _same_stage(entered, name)
+                    and not EXPECTED_MISSES[name].recovered_by & set(since)):
+                return  # still deciding: the run has not recovered, recorded a failure nor left the stage yet
         self._pending = None
         miss = expected_miss(name, error, since)
         self.out(f"{clock} ok {name} ({took:.1f}s, missed: {miss.meaning})" if miss
@@ -126,7 +127,9 @@ class ProgressPrinter:
             self._entered[name] = event["timestamp"]
             self._current = name
             self._visits[name] = self._visits.get(name, 0) + 1
-            if self._visits[name] == 1 and (kind.startswith("Task") or kind.startswith("Wait")):
+            if kind.startswith("Parallel"):  # a stage (d2ops_core.pipeline_stages) begins
+                self.out(f"{clock} == {name}")
+            elif self._visits[name] == 1 and (kind.startswith("Task") or kind.startswith("Wait")):
                 self.out(f"{clock}   -> {name}")
         elif kind.endswith("StateExited"):
             name = event["stateExitedEventDetails"]["name"]
@@ -146,8 +149,8 @@ class ProgressPrinter:
             if kind.startswith("Execution"):
                 self._settle_miss(None, clock)
                 self.out(f"{clock} run FAILED: {details.get('error')}: {str(details.get('cause', ''))[:300]}")
-            elif self._current:
-                self._errors[self._current] = str(details.get("error"))
+            elif self._current and details.get("error"):  # ParallelStateFailed names none: its branch's state did
+                self._errors[self._current] = str(details["error"])
         elif kind == "ExecutionSucceeded":
             self.out(f"{clock} run SUCCEEDED")
         elif kind == "ExecutionAborted":

@@ -182,7 +182,7 @@ class Task:
 class Pass:
     """A Pass state: ``parameters`` (or a fixed ``result``) written at ``result_path``."""
 
-    next: str
+    next: str | None  # None: End
     comment: str | None = None
     input_path: str | _Absent = ABSENT
     parameters: Json | _Absent = ABSENT
@@ -192,7 +192,8 @@ class Pass:
 
     def asl(self) -> Json:
         return _state("Pass", self.comment, ("InputPath", self.input_path), ("Parameters", self.parameters),
-                      ("Result", self.result), ("ResultPath", self.result_path), ("Next", self.next))
+                      ("Result", self.result), ("ResultPath", self.result_path),
+                      ("End", True) if self.next is None else ("Next", self.next))
 
 
 @dataclass(frozen=True)
@@ -261,7 +262,23 @@ class DistributedMap:
                       ("Catch", [c.asl() for c in self.catch]), ("Next", self.next))
 
 
-State = Task | Pass | Choice | Wait | Fail | Succeed | DistributedMap
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the run (Validate, Train, ...) as a Parallel state with a single branch, so the Step
+    Functions console draws the stage as a box holding its states. The branch's output passes on unchanged
+    (``OutputPath: $[0]`` unwraps the Parallel's one-element result), and a branch's error fails the stage
+    with the same error and cause, as if its states were written inline."""
+
+    branch: Machine
+    next: str | None  # None: End
+    comment: str | None = None
+
+    def asl(self) -> Json:
+        return _state("Parallel", self.comment, ("Branches", [self.branch.asl()]), ("OutputPath", "$[0]"),
+                      ("End", True) if self.next is None else ("Next", self.next))
+
+
+State = Task | Pass | Choice | Wait | Fail | Succeed | DistributedMap | Stage
 
 
 def _targets(state: Json) -> list[str]:
@@ -279,11 +296,14 @@ class Machine:
     timeout: int | None = None
 
     def __post_init__(self) -> None:
+        # Names are unique across the whole machine, branches included: the console, the execution
+        # history and d2ops_core.pipeline_stages know a state by its name alone.
         seen: set[str] = set()
-        for name, _ in self.states:
+        for name in self.names():
             if name in seen:
                 raise ValueError(f"state {name!r} is defined twice")
             seen.add(name)
+        seen = {name for name, _ in self.states}
         if not self.states:
             raise ValueError("a state machine needs at least one state")
         if self.start_at is not None and self.start_at not in seen:
@@ -295,12 +315,14 @@ class Machine:
                     raise ValueError(f"state {name!r} goes to {target!r}, which is no state")
 
     def names(self) -> list[str]:
-        """Every state's name, a Map's item processor's states after the Map."""
+        """Every state's name, a Map's item processor's (or a stage's branch's) states after it."""
         out: list[str] = []
         for name, state in self.states:
             out.append(name)
             if isinstance(state, DistributedMap):
                 out += state.processor.names()
+            elif isinstance(state, Stage):
+                out += state.branch.names()
         return out
 
     def asl(self) -> Json:
@@ -516,7 +538,7 @@ class SyncJob:
     ours_comment_tail: str
 
 
-def sync_job_create_or_find(job: SyncJob, *, next: str, failed: str, create_retries: int = 5,
+def sync_job_create_or_find(job: SyncJob, *, next: str | None, failed: str, create_retries: int = 5,
                             first_retry_seconds: int = 15, retry: RetryPolicy) -> list[Named]:
     """The ``.sync`` create, made safe to repeat.
 
@@ -541,7 +563,8 @@ def sync_job_create_or_find(job: SyncJob, *, next: str, failed: str, create_retr
     describe = resource(f"aws-sdk:sagemaker:describe{api}")
     status = Var(f"{created_path}.status")
 
-    def describe_task(next_state: str, result_selector: Json, result_path: str, comment: str | None = None) -> Task:
+    def describe_task(next_state: str | None, result_selector: Json, result_path: str,
+                      comment: str | None = None) -> Task:
         return Task(describe, next_state, comment=comment, parameters=name_param, result_selector=result_selector,
                     result_path=result_path, retry=(retry,), catch=catch_all(failed),
                     comment_after="Parameters")

@@ -39,6 +39,7 @@ from d2ops.statemachine.builder import (
     Named,
     Pass,
     RetryPolicy,
+    Stage,
     Succeed,
     SyncJob,
     Task,
@@ -87,12 +88,14 @@ ROUTED = (ENDPOINT_BUSY, LEASE_FAILED,
           *(k for k in FAILURE_KINDS if k not in (ENDPOINT_BUSY, LEASE_FAILED, PIPELINE_FAILED)))
 
 # Where the failure states go.
+REPORT_FAILURE = "Report failure"
 DESCRIBE = "Describe failure"
 NOTIFY_FAILURE = "Compose failure notification"
 
 # --- names the definition shares ------------------------------------------------------------------
 
 ENDPOINT = sub("EndpointName")
+DATASET = ("$.dataset.name", "$.dataset.version")
 LEASE_KEY: Json = {"endpoint_name": {"S": ENDPOINT}}
 HOLDER: Json = {"#holder": "holder"}
 DATASET_PAYLOAD: Json = {"bucket.$": "$.dataset.bucket", "prefix.$": "$.dataset.prefix", "run_id.$": RUN_ID}
@@ -113,7 +116,7 @@ def _release_lease(name: str, holder: str, *, next: str, comment: str | None,
                       catch=(on_conflict, failed) if on_conflict else (failed,))
 
 
-def _put_object(name: str, key: str | tuple[str, str], body: str, *, next: str, catch: Catch,
+def _put_object(name: str, key: str | tuple[str, str], body: str, *, next: str | None, catch: Catch,
                 comment: str | None = None) -> Named:
     """An S3 PutObject of a JSON document into the artifacts bucket (``key``: literal, or ``(template, arg)``)."""
     key_field = {"Key": key} if isinstance(key, str) else {"Key.$": fmt(*key)}
@@ -142,7 +145,7 @@ def validation() -> list[Named]:
         ("Dataset valid?", Choice(
             (when(all_of(Var("$.validation.summary.images_pending").is_present(),
                          Var("$.validation.summary.images_pending").is_true()), "Check images"),
-             when(Var("$.validation.summary.valid").is_true(), "Prepare endpoint lease wait")),
+             when(Var("$.validation.summary.valid").is_true(), "Dataset accepted")),
             "Record dataset rejection",
             comment="A version with more images than InlineImageLimit comes back images_pending (annotations valid "
                     "so far, no snapshot yet): its images are checked and snapshotted by the Distributed Map, then "
@@ -183,6 +186,21 @@ def validation() -> list[Named]:
                     "inventory, check train/val overlap by content, and return the final summary.",
             result_selector={"summary.$": "$.Payload"}, result_path="$.validation", timeout=960,
             catch=VALIDATION_CATCH),
+        ("Dataset accepted", Succeed()),
+        record_failure(
+            "Record dataset rejection", DATASET_REJECTED,
+            fmt("dataset {} {} failed validation with {} errors; report {}", *DATASET,
+                "$.validation.summary.error_count", "$.validation.summary.report_uri"),
+            next=None,
+            comment="Invalid data is a normal validation result; the report lists every problem.",
+            **{"report_uri.$": "$.validation.summary.report_uri",
+               "first_errors.$": "$.validation.summary.first_errors"}),
+        record_failure("Record unreadable dataset", DATASET_REJECTED,
+                       _caught("dataset {} {} cannot be read ({})", *DATASET), next=None,
+                       comment="No manifest.json, a missing bucket or denied access."),
+        record_failure("Record validation error", VALIDATION_FAILED,
+                       _caught("validating dataset {} {} failed ({})", *DATASET), next=None,
+                       comment="The validator itself failed (timeout, crash), not the data."),
     ]
 
 
@@ -284,27 +302,55 @@ EVALUATION = SyncJob(
     ours_comment_tail=".")
 
 
-def train_and_evaluate() -> list[Named]:
+def preparation() -> list[Named]:
     return [
+        *endpoint_lease(),
         lambda_task(
             "Prepare training job", "PrepareTrainingFunctionArn",
             {"run_id.$": RUN_ID, "dataset.$": "$.dataset", "manifest.$": "$.validation.summary.manifest",
              "validation.$": "$.validation.summary"},
-            next="Train model", retry=LAMBDA,
+            next=None, retry=LAMBDA,
             comment="Build the training and evaluation job requests from stack defaults and manifest overrides.",
             result_selector=payload_fields(Plan), result_path="$.plan", timeout=330,
             catch=catch_all("Record preparation failure")),
-        *sync_job_create_or_find(TRAINING, next="Evaluate challenger and champion", failed="Record training failure",
-                                 retry=SAGEMAKER_READ),
+        record_failure("Record preparation failure", PREPARATION_FAILED,
+                       _caught("preparing the training job failed ({})"), next=None,
+                       comment="Bad stack configuration or manifest overrides."),
+        record_failure(
+            "Record endpoint busy", ENDPOINT_BUSY,
+            fmt(f"endpoint {ENDPOINT} stayed leased to {{}} through {{}} waits for the lease",
+                "$.lease_holder.Item.holder.S", "$.lease_wait.waits"),
+            next=None,
+            comment="Another run kept the endpoint through every wait; this run trained nothing and can be started "
+                    "again."),
+        record_failure("Record lease failure", LEASE_FAILED,
+                       _caught(f"the lease on endpoint {ENDPOINT} could not be taken ({{}})"), next=None),
+    ]
+
+
+def training() -> list[Named]:
+    return [
+        *sync_job_create_or_find(TRAINING, next=None, failed="Record training failure", retry=SAGEMAKER_READ),
+        record_failure("Record training failure", TRAINING_FAILED,
+                       _caught("training job {} failed ({})", "$.plan.names.training_job"), next=None,
+                       comment="The job's Cause (with its FailureReason) becomes one line in Describe failure."),
+    ]
+
+
+def evaluation() -> list[Named]:
+    return [
         *sync_job_create_or_find(EVALUATION, next="Read evaluation report", failed="Record evaluation failure",
                                  retry=SAGEMAKER_READ),
         lambda_task(
             "Read evaluation report", "SummarizeEvaluationFunctionArn",
             {"report_uri.$": "$.plan.evaluation_report_uri", "gate.$": "$.plan.gate", "dataset.$": "$.dataset"},
-            next="Quality gate", retry=LAMBDA,
+            next=None, retry=LAMBDA,
             comment="Pick the primary metric BY NAME from evaluation.json for the quality gate.",
             result_selector=payload_fields(handler_model("summarize_evaluation.models:EvaluationSummary")),
             result_path="$.evaluation", timeout=120, catch=catch_all("Record evaluation failure")),
+        record_failure("Record evaluation failure", EVALUATION_FAILED,
+                       _caught("evaluation job {} failed ({})", "$.plan.names.evaluation_job"), next=None,
+                       comment="The processing job or its report failed."),
     ]
 
 
@@ -364,8 +410,15 @@ def gate_and_register() -> list[Named]:
             result_selector={"model_package_arn.$": "$.ModelPackageArn"}, result_path="$.registration",
             retry=(SAGEMAKER_WRITE,), catch=catch_all("Record registration failure"))),
         ("Model approved?", Choice(
-            (when(Var("$.gate.approval_status").test("StringEquals", "Approved"), "Create model"),),
+            (when(Var("$.gate.approval_status").test("StringEquals", "Approved"), "Ready to deploy"),),
             "Record quality gate failure")),
+        ("Ready to deploy", Succeed()),
+        record_failure("Record quality gate failure", QUALITY_GATE_FAILED, "$.gate.reason", next=None,
+                       comment="Registered as Rejected first, so the registry shows every challenger.",
+                       **{"evaluation.$": "$.evaluation", "model_package_arn.$": "$.registration.model_package_arn"}),
+        record_failure("Record registration failure", REGISTRATION_FAILED,
+                       _caught("registering the model failed ({})"), next=None,
+                       comment="The Model Registry refused the package."),
     ]
 
 
@@ -647,7 +700,7 @@ def _notify(name: str, document: str, next: str, *, on_error: str) -> Named:
         result_path=None, retry=(SNS,), catch=catch_all(on_error, "$.notify_error"))
 
 
-def promote_and_notify() -> list[Named]:
+def promotion() -> list[Named]:
     promotion_failed = Catch("Record promotion failure")
     return [
         ("Record champion", Pass(
@@ -665,8 +718,35 @@ def promote_and_notify() -> list[Named]:
                     "$.champion", next="Promote to champion", catch=promotion_failed,
                     comment="Append-only: one object per promotion (d2ops_core.champion.EndpointHistoryEntry), "
                             "written before champion.json."),
-        _put_object("Promote to champion", "champion.json", "$.champion", next="Release endpoint lease",
-                    catch=promotion_failed),
+        _put_object("Promote to champion", "champion.json", "$.champion", next=None, catch=promotion_failed),
+    ]
+
+
+def deployment_records() -> list[Named]:
+    """How a deployment (or its promotion) fails: the record, and for a rollback its entry in the endpoint's
+    history."""
+    return [
+        record_failure("Record deployment failure", DEPLOYMENT_FAILED, DEPLOYMENT_CAUSE, next=None,
+                       comment="The endpoint was not changed by us (or SageMaker already rolled it back)."),
+        record_failure("Record rolled-back deployment", DEPLOYMENT_FAILED, DEPLOYMENT_CAUSE,
+                       next="Record rollback in endpoint history",
+                       comment="The new endpoint config was undone; see rollback.",
+                       **{"rollback.$": "$.rollback", "endpoint_name": ENDPOINT,
+                          "model_package_arn.$": "$.registration.model_package_arn", "rolled_back_at.$": ENTERED_TIME,
+                          "rolled_back_by": "pipeline"}),
+        _put_object("Record rollback in endpoint history",
+                    (f"endpoint-history/{ENDPOINT}/rolled-back-{{}}.json", RUN_ID), "$.failure", next=None,
+                    catch=Catch("Endpoint history not written", result_path="$.history_error"),
+                    comment="Append-only: the attempt that was rolled back (d2ops_core.champion.EndpointRollback); "
+                            "the run still fails."),
+        ("Endpoint history not written", Succeed()),
+        record_failure("Record promotion failure", PROMOTION_FAILED, _caught("recording the champion failed ({})"),
+                       next=None, comment="The endpoint serves the new model but champion.json was not written."),
+    ]
+
+
+def notification() -> list[Named]:
+    return [
         _release_lease(
             "Release endpoint lease", EXECUTION_ARN, next="Compose success notification",
             comment="The champion record and the endpoint agree: the next run may compare and deploy. Only if this "
@@ -677,65 +757,20 @@ def promote_and_notify() -> list[Named]:
                       "Notify success"),
         _notify("Notify success", "$.champion", "Run succeeded", on_error="Notification failed"),
         ("Run succeeded", Succeed()),
+        ("Notification failed", Fail("NotificationFailed", "$.notify_error.Cause")),
     ]
 
 
-def failures() -> list[Named]:
-    dataset = ("$.dataset.name", "$.dataset.version")
+def failure_report() -> list[Named]:
+    explained = Var("$.failure.error")
     return [
-        record_failure(
-            "Record dataset rejection", DATASET_REJECTED,
-            fmt("dataset {} {} failed validation with {} errors; report {}", *dataset,
-                "$.validation.summary.error_count", "$.validation.summary.report_uri"),
-            next=NOTIFY_FAILURE,
-            comment="Invalid data is a normal validation result; the report lists every problem.",
-            **{"report_uri.$": "$.validation.summary.report_uri",
-               "first_errors.$": "$.validation.summary.first_errors"}),
-        record_failure("Record unreadable dataset", DATASET_REJECTED,
-                       _caught("dataset {} {} cannot be read ({})", *dataset), next=DESCRIBE,
-                       comment="No manifest.json, a missing bucket or denied access."),
-        record_failure("Record validation error", VALIDATION_FAILED,
-                       _caught("validating dataset {} {} failed ({})", *dataset), next=DESCRIBE,
-                       comment="The validator itself failed (timeout, crash), not the data."),
-        record_failure("Record preparation failure", PREPARATION_FAILED,
-                       _caught("preparing the training job failed ({})"), next=DESCRIBE,
-                       comment="Bad stack configuration or manifest overrides."),
-        record_failure("Record training failure", TRAINING_FAILED,
-                       _caught("training job {} failed ({})", "$.plan.names.training_job"), next=DESCRIBE,
-                       comment="The job's Cause (with its FailureReason) becomes one line in Describe failure."),
-        record_failure("Record evaluation failure", EVALUATION_FAILED,
-                       _caught("evaluation job {} failed ({})", "$.plan.names.evaluation_job"), next=DESCRIBE,
-                       comment="The processing job or its report failed."),
-        record_failure("Record quality gate failure", QUALITY_GATE_FAILED, "$.gate.reason", next=NOTIFY_FAILURE,
-                       comment="Registered as Rejected first, so the registry shows every challenger.",
-                       **{"evaluation.$": "$.evaluation", "model_package_arn.$": "$.registration.model_package_arn"}),
-        record_failure("Record registration failure", REGISTRATION_FAILED,
-                       _caught("registering the model failed ({})"), next=DESCRIBE,
-                       comment="The Model Registry refused the package."),
-        record_failure("Record deployment failure", DEPLOYMENT_FAILED, DEPLOYMENT_CAUSE, next=DESCRIBE,
-                       comment="The endpoint was not changed by us (or SageMaker already rolled it back)."),
-        record_failure("Record rolled-back deployment", DEPLOYMENT_FAILED, DEPLOYMENT_CAUSE,
-                       next="Record rollback in endpoint history",
-                       comment="The new endpoint config was undone; see rollback.",
-                       **{"rollback.$": "$.rollback", "endpoint_name": ENDPOINT,
-                          "model_package_arn.$": "$.registration.model_package_arn", "rolled_back_at.$": ENTERED_TIME,
-                          "rolled_back_by": "pipeline"}),
-        _put_object("Record rollback in endpoint history",
-                    (f"endpoint-history/{ENDPOINT}/rolled-back-{{}}.json", RUN_ID), "$.failure", next=DESCRIBE,
-                    catch=Catch(DESCRIBE, result_path="$.history_error"),
-                    comment="Append-only: the attempt that was rolled back (d2ops_core.champion.EndpointRollback); "
-                            "the run still fails."),
-        record_failure("Record promotion failure", PROMOTION_FAILED, _caught("recording the champion failed ({})"),
-                       next=DESCRIBE, comment="The endpoint serves the new model but champion.json was not written."),
-        record_failure(
-            "Record endpoint busy", ENDPOINT_BUSY,
-            fmt(f"endpoint {ENDPOINT} stayed leased to {{}} through {{}} waits for the lease",
-                "$.lease_holder.Item.holder.S", "$.lease_wait.waits"),
-            next=NOTIFY_FAILURE,
-            comment="Another run kept the endpoint through every wait; this run trained nothing and can be started "
-                    "again."),
-        record_failure("Record lease failure", LEASE_FAILED,
-                       _caught(f"the lease on endpoint {ENDPOINT} could not be taken ({{}})"), next=DESCRIBE),
+        ("Failure explained?", Choice(
+            (when(explained.one_of(QUALITY_GATE_FAILED.error, ENDPOINT_BUSY.error), NOTIFY_FAILURE),
+             when(all_of(explained.test("StringEquals", DATASET_REJECTED.error),
+                         Var("$.failure.report_uri").is_present()), NOTIFY_FAILURE)),
+            DESCRIBE,
+            comment="A rejected dataset (its report), a refused model (the gate's reason) and a busy endpoint are "
+                    "explained by their record; every other failure carries a caught error Describe failure reads.")),
         lambda_task(
             DESCRIBE, "DescribeFailureFunctionArn", "$", next=NOTIFY_FAILURE, retry=LAMBDA_WITH_FALLBACK,
             comment="People get one line: the summary above plus the failing step's own message or FailureReason, "
@@ -754,14 +789,44 @@ def failures() -> list[Named]:
             failed=Catch("Route failure", result_path="$.lease_error")),
         route_failures("Route failure", ROUTED, default=PIPELINE_FAILED),
         *fail_states(FAILURE_KINDS),
-        ("Notification failed", Fail("NotificationFailed", "$.notify_error.Cause")),
     ]
 
 
+def _stage(name: str, states: list[Named], *, next: str | None, comment: str) -> Named:
+    return name, Stage(Machine(tuple(states)), next, comment)
+
+
+def _unless_failed(name: str, next: str) -> Named:
+    """After a stage: on to ``next``, or to Report failure when the stage recorded ``$.failure``."""
+    return name, Choice((when(Var("$.failure").is_present(), REPORT_FAILURE),), next)
+
+
 def definition() -> Machine:
+    # The top level is the stages a user thinks in (d2ops_core.pipeline_stages.STAGES names the same ones); each
+    # stage's branch holds its recovery, retry and wait machinery and ends with $.failure recorded when it failed.
     return Machine(
-        (*validation(), *endpoint_lease(), *train_and_evaluate(), *gate_and_register(), *deploy(), *roll_back(),
-         *promote_and_notify(), *failures()),
+        (_stage("Validate", validation(), next="Validated?",
+                comment="Validate the COCO dataset version: annotations, then every image."),
+         _unless_failed("Validated?", "Prepare"),
+         _stage("Prepare", preparation(), next="Prepared?",
+                comment="Take the endpoint lease and build the training and evaluation job requests."),
+         _unless_failed("Prepared?", "Train"),
+         _stage("Train", training(), next="Trained?", comment="Train the model on SageMaker."),
+         _unless_failed("Trained?", "Evaluate"),
+         _stage("Evaluate", evaluation(), next="Evaluated?",
+                comment="Score the new model and the champion on the same val split."),
+         _unless_failed("Evaluated?", "Gate"),
+         _stage("Gate", gate_and_register(), next="Approved?",
+                comment="Decide on the evaluation and register the model, Approved or Rejected."),
+         _unless_failed("Approved?", "Deploy"),
+         _stage("Deploy", [*deploy(), *roll_back(), *promotion(), *deployment_records()], next="Deployed?",
+                comment="Deploy blue/green, smoke-test, roll back if unhealthy, promote to champion."),
+         _unless_failed("Deployed?", "Notify"),
+         _stage("Notify", notification(), next=None,
+                comment="Release the endpoint lease and tell people the new model is deployed."),
+         _stage(REPORT_FAILURE, failure_report(), next=None,
+                comment="Describe the failure, notify, release the lease, and fail with the error that says what "
+                        "happened.")),
         comment="d2ops: validate a COCO dataset version, train, evaluate against the champion, gate, register, "
                 "deploy blue/green, smoke-test, promote, notify. Every failure notifies and ends in a Fail state "
                 "named after what happened.",
