@@ -9,6 +9,7 @@ package back; the same state without the token registers the model twice.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Iterator
@@ -94,7 +95,7 @@ DEPLOY_STATES = ("Create model", "Model already created?", "Find created model",
 def _deploy_machine(rt: OfflineRuntime) -> StateMachine:
     """The pipeline's own create states with what follows them stubbed: Succeed where the deployment goes on,
     Fail where it is recorded as failed."""
-    states: dict[str, Any] = {name: all_states(rt.machine.definition)[name] for name in DEPLOY_STATES}
+    states: dict[str, Any] = {name: copy.deepcopy(all_states(rt.machine.definition)[name]) for name in DEPLOY_STATES}
     states["Find current endpoint"] = {"Type": "Succeed"}
     states["Record deployment failure"] = {"Type": "Fail", "Error": "DeploymentFailed", "CausePath": "$.error.Cause"}
     return StateMachine.from_definition({"StartAt": "Create model", "States": states}, name="deploy")

@@ -13,6 +13,7 @@ history's timestamps. Jobs finish at once (no model is trained here).
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import tarfile
@@ -28,23 +29,12 @@ from d2ops.asl.interpreter import Execution
 from d2ops.offline.runtime import OfflineRuntime
 from d2ops.offline.services.sagemaker_jobs import JobOutcome
 from d2ops.offline.task_integrations import ServiceExecutors
-from d2ops_core.pipeline_stages import all_states
 from d2ops_core.platform import QuotaRefusal, parse_quota_refusal, quota_name
 from d2ops_core.s3_layout import parse_s3_uri
 from tests.fixtures.pipeline import support
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-JOB_STATES = [f"{verb} {what}" for what in ("training job", "evaluation job") for verb in (
-    "Start waiting for created", "Check created", "Wait for created", "Read created")]
-JOB_STATES += [f"{verb} {what} job{tail}" for what in ("training", "evaluation") for verb, tail in (
-    ("Retry creating", "?"), ("Start retrying", " creation"), ("Wait to retry creating", ""),
-    ("Count", " creation retry"))]
-JOB_STATES += ["Training job creation retries left?", "Evaluation job creation retries left?"]
-JOB_STATES += ["Train model", "Training job already created?", "Created training job is ours?",
-               "Count created training job check", "Read created training job failure",
-               "Evaluate challenger and champion", "Evaluation job already created?", "Created evaluation job is ours?",
-               "Count created evaluation job check", "Read created evaluation job failure"]
 FAULTS = {"sagemaker:createTrainingJob": 1, "sagemaker:createProcessingJob": 1}
 
 
@@ -94,11 +84,19 @@ def rt(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineRuntime]:
 
 @pytest.fixture(scope="module")
 def machine(rt: OfflineRuntime) -> StateMachine:
-    states: dict[str, Any] = {name: all_states(rt.machine.definition)[name] for name in JOB_STATES}
-    states["Read evaluation report"] = {"Type": "Succeed"}
-    states["Record training failure"] = {"Type": "Fail", "Error": "TrainingFailed", "CausePath": "$.error.Cause"}
-    states["Record evaluation failure"] = {"Type": "Fail", "Error": "EvaluationFailed", "CausePath": "$.error.Cause"}
-    return StateMachine.from_definition({"StartAt": "Train model", "States": states}, name="jobs")
+    """The pipeline's own Train and Evaluate stages, one after the other; the evaluation report's reading is a
+    Succeed, each stage's failure record a Fail named after it."""
+    train, evaluate = (copy.deepcopy(rt.machine.definition["States"][stage]) for stage in ("Train", "Evaluate"))
+    train["Branches"][0]["States"]["Record training failure"] = {
+        "Type": "Fail", "Error": "TrainingFailed", "CausePath": "$.error.Cause"}
+    evaluate["Branches"][0]["States"]["Record evaluation failure"] = {
+        "Type": "Fail", "Error": "EvaluationFailed", "CausePath": "$.error.Cause"}
+    evaluate["Branches"][0]["States"]["Read evaluation report"] = {"Type": "Succeed"}
+    train["Next"] = "Evaluate"
+    del evaluate["Next"]
+    evaluate["End"] = True
+    return StateMachine.from_definition({"StartAt": "Train", "States": {"Train": train, "Evaluate": evaluate}},
+                                        name="jobs")
 
 
 def plan(tag: str) -> dict[str, Any]:
