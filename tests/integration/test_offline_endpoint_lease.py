@@ -222,7 +222,9 @@ def test_a_run_stopped_before_its_creates_answer_gives_its_lease_back_and_its_jo
         _until(lambda: len(answers.stops) == 2, 30, "the abandoned task stopping its job")
     # Whatever the abandoned task heard after the stop, the run's history ends where the run did.
     events = history(rt, arn)
-    assert [e["type"] for e in events[-2:]] == ["TaskStateAborted", "ExecutionAborted"], events[-3:]
+    # (the task inside the Train stage, then the stage's Parallel, then the execution)
+    assert [e["type"] for e in events[-3:]] == ["TaskStateAborted", "ParallelStateAborted", "ExecutionAborted"], \
+        events[-4:]
     assert [e["type"] for e in task_events(events, "Train model")] == ["TaskScheduled", "TaskStarted",
                                                                        "TaskStateAborted"]
 
