@@ -21,10 +21,14 @@ from prepare_training.service import build_plan  # noqa: E402
 LEASE_TAKEN = ["Prepare endpoint lease wait", "Acquire endpoint lease"]
 NOTIFIED_RELEASED = ["Compose failure notification", "Notify failure", "Holding endpoint lease?",
                      "Release endpoint lease after failure", "Route failure"]
-TO_THE_GATE = ["Validate dataset", "Dataset valid?", *LEASE_TAKEN, "Prepare training job", "Train model",
-               "Evaluate challenger and champion", "Read evaluation report", "Quality gate"]
-REJECTED_BY_THE_GATE = ["Register model version", "Model approved?", "Record quality gate failure", *NOTIFIED_RELEASED,
-                        "Quality gate failed"]
+# Report failure starts by deciding whether the recorded failure needs Describe failure (a caught error to read).
+EXPLAINED = ["Failure explained?"]
+DESCRIBED = ["Failure explained?", "Describe failure"]
+TO_THE_GATE = ["Validate dataset", "Dataset valid?", "Dataset accepted", *LEASE_TAKEN, "Prepare training job",
+               "Train model", "Evaluate challenger and champion", "Read evaluation report", "Quality gate"]
+TO_TRAINING = TO_THE_GATE[:7]  # through "Train model"
+REJECTED_BY_THE_GATE = ["Register model version", "Model approved?", "Record quality gate failure", *EXPLAINED,
+                        *NOTIFIED_RELEASED, "Quality gate failed"]
 
 
 def notified_failure(execution: Execution) -> dict:
@@ -142,9 +146,28 @@ def test_invalid_dataset_is_rejected_with_its_report() -> None:
     assert message["report_uri"].endswith(f"runs/{support.RUN_ID}/validation/report.json")
     assert message["first_errors"][0]["code"] == "BBOX_OUTSIDE_IMAGE"
     assert "failed validation with 2 errors" in ex.cause
-    assert entered_states(ex) == ["Validate dataset", "Dataset valid?", "Record dataset rejection",
+    assert entered_states(ex) == ["Validate dataset", "Dataset valid?", "Record dataset rejection", *EXPLAINED,
                                   "Compose failure notification", "Notify failure", "Holding endpoint lease?",
                                   "Route failure", "Dataset rejected"]
+
+
+@pytest.mark.parametrize(("case", "error", "described"), [
+    ("DatasetRejected", "DatasetRejected", False),  # its validation report explains it
+    ("GateFailedThreshold", "QualityGateFailed", False),  # the gate's reason
+    ("EndpointBusy", "EndpointBusy", False),  # who held the lease, through how many waits
+    ("TrainingFailed", "TrainingFailed", True),  # the job's FailureReason is in the caught error
+    ("ManifestMissing", "DatasetRejected", True),  # unreadable: no report, the Lambda's message is in the error
+])
+def test_only_failures_their_record_does_not_explain_are_described(case: str, error: str, described: bool) -> None:
+    """Report failure keeps the old records' routing: a rejected dataset with its report, a refused model and a
+    busy endpoint go straight to the notification; every other failure (an unreadable dataset included, the same
+    error name without a report) is described from its caught error first."""
+    ex = run_case(case)
+    assert ex.status == "FAILED" and ex.error == error, (ex.error, ex.cause)
+    states = entered_states(ex)
+    after = states[states.index("Failure explained?") + 1]
+    assert after == ("Describe failure" if described else "Compose failure notification")
+    assert ("Describe failure" in states) is described
 
 
 def test_missing_manifest_is_rejected_with_the_lambda_error() -> None:
@@ -169,7 +192,7 @@ def test_training_failure_ends_in_training_failed_with_the_reason() -> None:
     assert ex.cause == (f"training job {support.RUN_ID.replace('_', '-')}-train failed (States.TaskFailed): "
                         "AlgorithmError: CUDA out of memory (see /opt/ml/output/failure)")
     assert len(task_parameters(ex, "Train model")) == 1, "a failed job is not retried"
-    assert entered_states(ex) == [*TO_THE_GATE[:6], "Record training failure", "Describe failure", *NOTIFIED_RELEASED,
+    assert entered_states(ex) == [*TO_TRAINING, "Record training failure", *DESCRIBED, *NOTIFIED_RELEASED,
                                   "Training failed"]
 
 
@@ -177,8 +200,8 @@ def test_evaluation_failure() -> None:
     ex = run_case("EvaluationFailed")
     assert_failed(ex, "EvaluationFailed", "Evaluation failed")
     assert "has no model.pt" in ex.cause
-    assert entered_states(ex) == [*TO_THE_GATE[:7], "Record evaluation failure", "Describe failure",
-                                  *NOTIFIED_RELEASED, "Evaluation failed"]
+    assert entered_states(ex) == [*TO_TRAINING, "Evaluate challenger and champion", "Record evaluation failure",
+                                  *DESCRIBED, *NOTIFIED_RELEASED, "Evaluation failed"]
 
 
 def test_gate_below_threshold_registers_rejected_then_fails() -> None:
@@ -310,9 +333,9 @@ def test_update_rolled_back_by_alarms_is_a_deployment_failure_recorded_in_the_en
     states = entered_states(ex)
     assert "Smoke test endpoint" not in states and "Roll back endpoint" not in states
     rolled_back = states.index("Endpoint rolled back by alarms")
-    assert states[rolled_back:rolled_back + 5] == ["Endpoint rolled back by alarms", "Find rollback alarms",
+    assert states[rolled_back:rolled_back + 6] == ["Endpoint rolled back by alarms", "Find rollback alarms",
                                                    "Record alarm rollback", "Record rollback in endpoint history",
-                                                   "Describe failure"]
+                                                   *DESCRIBED]
     (lookup,) = task_parameters(ex, "Find rollback alarms")
     assert lookup == {"AlarmNames": ["d2ops-EndpointErrorAlarm-1", "d2ops-EndpointLatencyAlarm-1",
                                      "d2ops-SmokeTestAlarm-1"], "StateValue": "ALARM"}
@@ -409,10 +432,10 @@ def test_a_lease_left_by_an_ended_run_is_cleared_and_taken() -> None:
     ex = run_case("StaleLeaseCleared")
     assert ex.status == "SUCCEEDED", (ex.error, ex.cause)
     states = entered_states(ex)
-    assert states[2:9] == ["Prepare endpoint lease wait", "Acquire endpoint lease", "Read endpoint lease",
-                           "Endpoint lease still held?", "Check lease holder", "Lease holder running?",
-                           "Clear stale endpoint lease"]
-    assert states[9:11] == ["Acquire endpoint lease", "Prepare training job"]  # no waiting
+    assert states[2:10] == ["Dataset accepted", "Prepare endpoint lease wait", "Acquire endpoint lease",
+                            "Read endpoint lease", "Endpoint lease still held?", "Check lease holder",
+                            "Lease holder running?", "Clear stale endpoint lease"]
+    assert states[10:12] == ["Acquire endpoint lease", "Prepare training job"]  # no waiting
     (clear,) = task_parameters(ex, "Clear stale endpoint lease")
     (check,) = task_parameters(ex, "Check lease holder")
     # Only the ended holder's lease, whoever else may have taken it since.
