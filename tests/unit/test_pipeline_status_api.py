@@ -273,7 +273,8 @@ def test_run_detail_of_a_successful_run(aws: dict[str, Any]) -> None:
     detail = run_detail("FirstDeployment", aws["sagemaker"])
     assert detail.status == "SUCCEEDED" and detail.current_state is None and detail.error is None
     names = [s.name for s in detail.timeline]
-    assert names[0] == "Validate dataset" and names[-1] == "Run succeeded"
+    # every state visit, the stages' frames too: the Validate stage is entered before its first state
+    assert names[:2] == ["Validate", "Validate dataset"] and names[-1] == "Run succeeded"
     assert names.count("Check endpoint status") == 3
     assert all(s.exited_at and s.duration_seconds is not None for s in detail.timeline[:-1])
     # The only failed step is the expected, caught "no endpoint yet" answer of the lookup.
