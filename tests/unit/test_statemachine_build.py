@@ -302,6 +302,26 @@ def test_a_machine_refuses_a_state_defined_twice_and_a_missing_start() -> None:
         Machine((("A", state),), start_at="B")
 
 
+def test_a_stage_is_a_single_branch_parallel_passing_its_branch_output_on() -> None:
+    branch = Machine((("Work", Pass(None)),))
+    assert Stage(branch, "After", comment="c").asl() == {
+        "Type": "Parallel", "Comment": "c", "Branches": [{"StartAt": "Work", "States": {"Work": {"Type": "Pass",
+                                                                                                  "End": True}}}],
+        "OutputPath": "$[0]", "Next": "After"}
+    assert Stage(branch, None).asl()["End"] is True
+
+
+def test_state_names_are_unique_across_stages_and_a_branch_cannot_leave_its_stage() -> None:
+    inner = Machine((("Work", Pass(None)),))
+    with pytest.raises(ValueError, match="'Work' is defined twice"):
+        Machine((("Stage", Stage(inner, "Work")), ("Work", Pass(None))))
+    with pytest.raises(ValueError, match="'Work' is defined twice"):
+        Machine((("A", Stage(inner, "B")), ("B", Stage(inner, None))))
+    with pytest.raises(ValueError, match="state 'Work' goes to 'After', which is no state"):
+        Stage(Machine((("Work", Pass("After")),)), "After")
+    assert Machine((("Stage", Stage(inner, None)),)).names() == ["Stage", "Work"]
+
+
 def test_a_machine_refuses_a_transition_to_a_missing_state() -> None:
     end = ("End", Pass("A"))
     for state in (Pass("Nowhere"), Choice((when(Var("$.x").is_present(), "Nowhere"),), "End"),
