@@ -6,15 +6,17 @@ import json
 import re
 import subprocess
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from d2ops import template as sam
+from d2ops.asl.choice import evaluate_rule
 from d2ops.asl.substitution import placeholders, substitute
 from d2ops_core import run_ids
-from d2ops_core.pipeline_stages import all_states
+from d2ops_core.pipeline_stages import FAILURE_RECORDS, STAGES, all_states, stage_of
 from tests.fixtures.pipeline import support
 
 support.function_path("prepare_training")
@@ -38,7 +40,22 @@ FAILURE_ERRORS = {"DatasetRejected", "ValidationFailed", "PreparationFailed", "T
                   "NotificationFailed", "EndpointBusy", "EndpointLeaseFailed"}
 
 
-def successors(state: dict[str, Any]) -> list[str]:
+def _scopes(machine: dict[str, Any], owner: str | None = None) -> Iterator[tuple[dict[str, Any], str | None]]:
+    """Each states machine of the definition (the top level, every Parallel branch, every Map item processor)
+    with the state that holds it (None for the top level)."""
+    yield machine, owner
+    for name, state in machine["States"].items():
+        for inner in (*state.get("Branches", []), *([state["ItemProcessor"]] if "ItemProcessor" in state else [])):
+            yield from _scopes(inner, name)
+
+
+SCOPES = list(_scopes(DEFINITION))
+OWNER: dict[str, str | None] = {name: owner for machine, owner in SCOPES for name in machine["States"]}
+
+
+def targets(state: dict[str, Any]) -> list[str]:
+    """The states a state names as its next ones: Next, its Choices and Default, its catchers'. In ASL
+    these are names of its own states machine (a branch cannot name a state outside the branch)."""
     nxt = [state["Next"]] if "Next" in state else []
     nxt += [c["Next"] for c in state.get("Choices", [])]
     nxt += [state["Default"]] if "Default" in state else []
@@ -46,8 +63,22 @@ def successors(state: dict[str, Any]) -> list[str]:
     return nxt
 
 
+def successors(name: str) -> list[str]:
+    """Where a run can go after ``name`` at any depth: its targets; a Parallel or Map into its branches'
+    first states; the end of a Parallel's branch (End, or a Succeed state) on to the Parallel's Next. A
+    Fail state in a branch fails its Parallel, which no stage catches: the run ends there."""
+    state = STATES[name]
+    nxt = targets(state)
+    nxt += [branch["StartAt"] for branch in state.get("Branches", [])]
+    nxt += [state["ItemProcessor"]["StartAt"]] if "ItemProcessor" in state else []
+    owner = OWNER[name]
+    if owner is not None and STATES[owner]["Type"] == "Parallel" and (state.get("End") or state["Type"] == "Succeed"):
+        nxt += [STATES[owner]["Next"]] if "Next" in STATES[owner] else []
+    return nxt
+
+
 def predecessors(name: str) -> set[str]:
-    return {src for src, state in STATES.items() if name in successors(state)}
+    return {src for src in STATES if name in successors(src)}
 
 
 def tasks() -> dict[str, dict[str, Any]]:
@@ -73,11 +104,29 @@ def test_every_arn_is_partition_aware() -> None:
 
 
 def test_every_state_is_reachable_and_every_target_exists() -> None:
+    # One name, one state, at every depth (STATES, the run's history and the stages all go by name).
+    assert sum(len(machine["States"]) for machine, _ in SCOPES) == len(STATES)
+    for machine, owner in SCOPES:
+        here = machine["States"]
+        assert machine["StartAt"] in here, owner
+        for name, state in here.items():
+            for nxt in targets(state):
+                # A branch's targets are its own states: the stages are joined by their Parallels' Next only.
+                assert nxt in here, f"{name!r} (in {owner or 'the top level'}) targets {nxt!r}, not a state there"
+        # Each branch, each item processor and the top level reach all of their states from their StartAt.
+        seen = {machine["StartAt"]}
+        queue = deque(seen)
+        while queue:
+            for nxt in targets(here[queue.popleft()]):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    queue.append(nxt)
+        assert seen == set(here), f"unreachable in {owner or 'the top level'}: {sorted(set(here) - seen)}"
+    # ... and a run reaches every state of the machine, entering the stages and going on after them.
     seen = {DEFINITION["StartAt"]}
     queue = deque(seen)
     while queue:
-        for nxt in successors(STATES[queue.popleft()]):
-            assert nxt in STATES, f"a transition targets the missing state {nxt!r}"
+        for nxt in successors(queue.popleft()):
             if nxt not in seen:
                 seen.add(nxt)
                 queue.append(nxt)
@@ -89,16 +138,38 @@ def test_every_state_is_reachable_and_every_target_exists() -> None:
 SYNC_CREATES = {"Train model", "Evaluate challenger and champion"}
 
 
+def _catches_all(state: dict[str, Any]) -> bool:
+    return bool(state.get("Catch")) and state["Catch"][-1]["ErrorEquals"] == ["States.ALL"]
+
+
 def test_every_task_has_retry_and_a_catch_all() -> None:
+    assert "Check image batch" in tasks()  # the walk below sees the Tasks of branches and item processors
     for name, state in tasks().items():
         assert state.get("Retry") or name in SYNC_CREATES, f"{name} has no Retry"
+        owner = OWNER[name]
+        if owner is not None and STATES[owner]["Type"] == "Map":
+            # A Map child's error fails its child execution; the Map's own catch-all takes it (the
+            # distributed Map reports it as States.ExceedToleratedFailureThreshold, whatever it was).
+            assert _catches_all(STATES[owner]), f"{owner}, which runs {name}, has no States.ALL catcher"
+            continue
         assert state.get("Catch"), f"{name} has no Catch"
-        assert state["Catch"][-1]["ErrorEquals"] == ["States.ALL"], f"{name}: the last catcher must be States.ALL"
+        assert _catches_all(state), f"{name}: the last catcher must be States.ALL"
         for retrier in state.get("Retry", []):
             assert retrier["MaxAttempts"] <= 12 and retrier.get("BackoffRate", 1) >= 1, name
             # Capped, jittered backoff: retries of many runs neither grow unbounded nor stampede.
             assert retrier["JitterStrategy"] == "FULL", name
             assert retrier["IntervalSeconds"] <= retrier["MaxDelaySeconds"] <= 1800, name
+
+
+def test_the_stages_leave_their_errors_to_their_branches() -> None:
+    # A stage's Parallel neither retries (it would run the whole stage again) nor catches: its branch
+    # catches every Task error and records it, so an error that fails a Parallel is a Fail state's (Report
+    # failure's error names, NotificationFailed) and ends the run with that name.
+    parallels = {n: s for n, s in STATES.items() if s["Type"] == "Parallel"}
+    assert set(parallels) == {stage.frame[0] for stage in STAGES}
+    for name, state in parallels.items():
+        assert "Catch" not in state and "Retry" not in state, name
+        assert len(state["Branches"]) == 1 and state["OutputPath"] == "$[0]", name
 
 
 def test_the_sync_creates_have_no_blanket_retry() -> None:
@@ -108,6 +179,43 @@ def test_the_sync_creates_have_no_blanket_retry() -> None:
     for name in SYNC_CREATES:
         assert "Retry" not in STATES[name], name
         assert STATES[name]["Catch"][0]["ErrorEquals"] == ["SageMaker.AmazonSageMakerException"], name
+
+
+def _sample_failure(record: str) -> dict[str, Any]:
+    """What a Record state writes to $.failure, each path's value stood in for by a string."""
+    return {key.removesuffix(".$"): value if not key.endswith(".$") else f"<{value}>"
+            for key, value in STATES[record]["Parameters"].items()}
+
+
+def failure_paths(record: str) -> list[list[str]]:
+    """Every way a run goes from ``record`` to its end. A Choice that reads only $.failure is decided on the
+    record's $.failure (the routing after each stage, Failure explained?, Route failure); every other state
+    may go to any of its successors (a catcher, the lease held or not)."""
+    document = {"failure": _sample_failure(record)}
+    paths: list[list[str]] = []
+
+    def walk(path: list[str]) -> None:
+        state = STATES[path[-1]]
+        nxt = successors(path[-1])
+        tested = [c["Variable"] for rule in state.get("Choices", []) for c in _conditions(rule)]
+        if tested and all(v == "$.failure" or v.startswith("$.failure.") for v in tested):
+            chosen = [r["Next"] for r in state["Choices"] if evaluate_rule(r, document, {})]
+            nxt = [(chosen or [state["Default"]])[0]]
+        if not nxt:
+            paths.append(path)
+        for name in dict.fromkeys(nxt):  # a Next and a catcher may name the same state
+            assert name not in path, f"{record} loops back to {name}"
+            walk([*path, name])
+
+    walk([record])
+    return paths
+
+
+def _conditions(rule: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for sub in (*rule.get("And", []), *rule.get("Or", []), *([rule["Not"]] if "Not" in rule else [])):
+        yield from _conditions(sub)
+    if "Variable" in rule:
+        yield rule
 
 
 def test_every_failure_notifies_before_its_fail_state() -> None:
@@ -127,30 +235,54 @@ def test_every_failure_notifies_before_its_fail_state() -> None:
     # ... after the endpoint lease is released (when the run got as far as taking it).
     assert predecessors("Route failure") == {"Holding endpoint lease?", "Release endpoint lease after failure"}
     assert predecessors("Holding endpoint lease?") == {"Notify failure"}
-    # Everything that reaches the failure notification recorded $.failure first (directly, or
-    # through "Describe failure", which only rewrites failure.cause as one line).
-    assert predecessors("Compose failure notification") - {"Describe failure"} == {"Record dataset rejection",
-                                                                      "Record quality gate failure",
-                                                                      "Record endpoint busy"}
-    recorders = predecessors("Compose failure notification") - {"Describe failure"} | predecessors("Describe failure")
-    # A rolled-back deployment is appended to the endpoint's history on its way: that Task only reads
-    # $.failure (ResultPath null, its own error kept apart), after a Record state wrote it.
-    history = "Record rollback in endpoint history"
-    assert STATES[history]["ResultPath"] is None
-    assert [c["ResultPath"] for c in STATES[history]["Catch"]] == ["$.history_error"]
-    # Both rollbacks write the one record shape: the pipeline's own and SageMaker's alarm-driven one.
-    assert predecessors(history) == {"Record rolled-back deployment", "Record alarm rollback"}
-    for name in recorders - {history} | predecessors(history):
+    # The failure notification is composed at once or after "Describe failure" (which only rewrites
+    # failure.cause as one line), as "Failure explained?" decides on $.failure, first thing Report failure does.
+    assert predecessors("Compose failure notification") == {"Failure explained?", "Describe failure"}
+    assert predecessors("Describe failure") == {"Failure explained?"}
+    assert predecessors("Failure explained?") == {"Report failure"}
+    # Only what a stage recorded reaches Report failure: the Choice after each stage, on $.failure.
+    assert predecessors("Report failure") == {stage.frame[1] for stage in STAGES if len(stage.frame) == 2}
+    # The records: Pass states writing $.failure, the failure error named, no raw Cause.
+    recorders = {n for n, s in STATES.items() if s.get("ResultPath") == "$.failure"}
+    assert recorders == FAILURE_RECORDS
+    for name in recorders:
         state = STATES[name]
-        assert state["Type"] == "Pass" and state["ResultPath"] == "$.failure", name
+        assert state["Type"] == "Pass", name
         assert state["Parameters"]["error"] in FAILURE_ERRORS
         # Raw Causes (Lambda stack traces, whole job descriptions) never go into the people-facing cause.
         assert "$.error.Cause" not in json.dumps(state["Parameters"]), name
-    # Every recorded caught error is described: a Record state that reads $.error goes through it.
-    for name, state in STATES.items():
-        if name.startswith("Record") and "$.error." in json.dumps(state.get("Parameters", {})):
-            assert state["Next"] in ("Describe failure", history), name
-    assert STATES[history]["Next"] == "Describe failure"
+    # A rolled-back deployment is appended to the endpoint's history on its way: that Task only reads
+    # $.failure (ResultPath null, its own error kept apart), after a Record state wrote it; if it fails
+    # the stage still ends with the failure recorded.
+    history = "Record rollback in endpoint history"
+    assert STATES[history]["ResultPath"] is None
+    assert [(c["ResultPath"], c["Next"]) for c in STATES[history]["Catch"]] == [("$.history_error",
+                                                                                  "Endpoint history not written")]
+    assert STATES["Endpoint history not written"]["Type"] == "Succeed"
+    # Both rollbacks write the one record shape: the pipeline's own and SageMaker's alarm-driven one.
+    assert predecessors(history) == {"Record rolled-back deployment", "Record alarm rollback"}
+    # Every way on from every record: out of its stage, through the Choice after that stage into Report
+    # failure, described when it recorded a caught error ($.error; the rest are explained by their record:
+    # the dataset's report, the gate's reason, the lease holder), notified, and failed with its error.
+    route = {c["StringEquals"]: c["Next"] for c in STATES["Route failure"]["Choices"]}
+    undescribed = set()
+    for record in recorders:
+        stage = stage_of(record)
+        paths = failure_paths(record)
+        assert paths, record
+        for path in paths:
+            leaving = path.index(stage.frame[1])  # the Choice after the record's stage
+            assert set(path[1:leaving]) <= {history, "Endpoint history not written"}, path
+            assert path[leaving + 1:leaving + 3] == ["Report failure", "Failure explained?"], path
+            rest = path[leaving + 3:]
+            assert "Notify failure" in rest and rest[-2] == "Route failure", path
+            error = STATES[record]["Parameters"]["error"]
+            assert rest[-1] == route[error] and STATES[rest[-1]]["Error"] == error, path
+            described = "Describe failure" in rest
+            assert described == ("$.error." in json.dumps(STATES[record]["Parameters"])), path
+            if not described:
+                undescribed.add(record)
+    assert undescribed == {"Record dataset rejection", "Record quality gate failure", "Record endpoint busy"}
     describe = STATES["Describe failure"]
     assert describe["Next"] == "Compose failure notification"
     assert [c["Next"] for c in describe["Catch"]] == ["Compose failure notification"]
@@ -212,7 +344,11 @@ def test_lambda_payloads_and_selectors_match_the_lambda_models() -> None:
 def test_pending_images_go_through_the_distributed_map_and_back_to_the_same_choice() -> None:
     choice = STATES["Dataset valid?"]
     pending, valid = choice["Choices"]  # pending first: a provisional valid=true must not reach training
-    assert pending["Next"] == "Check images" and valid["Next"] == "Prepare endpoint lease wait"
+    assert pending["Next"] == "Check images" and valid["Next"] == "Dataset accepted"
+    # A valid dataset ends the Validate stage, which goes on (no $.failure) to the Prepare stage.
+    assert STATES["Dataset accepted"]["Type"] == "Succeed" and OWNER["Dataset accepted"] == "Validate"
+    assert successors("Dataset accepted") == ["Validated?"] and STATES["Validated?"]["Default"] == "Prepare"
+    assert STATES["Prepare"]["Branches"][0]["StartAt"] == "Prepare endpoint lease wait"
     assert {"Variable": "$.validation.summary.images_pending", "BooleanEquals": True} in pending["And"]
     assert choice["Default"] == "Record dataset rejection"
     check = STATES["Check images"]
@@ -305,9 +441,11 @@ def test_asl_validator_accepts_the_substituted_definition(tmp_path: Path) -> Non
 
 
 def test_asl_validator_rejects_a_broken_definition(tmp_path: Path) -> None:
-    broken = json.loads(substitute(TEXT, support.substitutions()))
-    broken["States"]["Train model"]["Next"] = "No such state"
-    path = tmp_path / "broken.json"
-    path.write_text(json.dumps(broken))
-    result = _asl_validate(path)
-    assert result.returncode != 0 and "No such state" in result.stdout + result.stderr
+    for target in ("No such state", "Trained?"):  # a missing state; a state outside the branch
+        broken = json.loads(substitute(TEXT, support.substitutions()))
+        branch = broken["States"]["Train"]["Branches"][0]
+        branch["States"]["Count training job creation retry"]["Next"] = target
+        path = tmp_path / "broken.json"
+        path.write_text(json.dumps(broken))
+        result = _asl_validate(path)
+        assert result.returncode != 0 and target in result.stdout + result.stderr, target

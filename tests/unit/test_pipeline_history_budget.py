@@ -3,7 +3,9 @@
 Past the limit AWS fails the execution with States.Runtime, which no Catch sees: no notification, a
 lease left to the release function. So every loop's largest pass count (the template parameter's
 MaxValue, the prepare step's pydantic bound, or the literal in the ASL), times the events of its
-most expensive pass, plus every state once with all its retries, must stay under the limit.
+most expensive pass, plus every state once with all its retries, must stay under the limit. "Every
+state" is every depth of the definition: the stages' Parallel frames (Entered, Started, Succeeded,
+Exited) and the routing Choices after them (Entered, Exited) write events of their own.
 
 Events per state come from the embedded interpreter (tests/unit/test_asl_history.py holds it to
 AWS's GetExecutionHistory shape), measured on one-state machines, not typed in here.
@@ -20,7 +22,7 @@ import pytest
 
 from d2ops import template as sam
 from d2ops.asl import StateMachine, TaskContext, TaskFailed
-from d2ops_core.pipeline_stages import all_states
+from d2ops_core.pipeline_stages import FRAMES, all_states
 from tests.fixtures.pipeline import support
 
 HISTORY_LIMIT = 25_000  # Step Functions quota: events in one execution's history
@@ -47,6 +49,11 @@ def _events_of(original: dict[str, Any], *, fail_first: bool = False) -> int:
                  "ItemProcessor": {"ProcessorConfig": {"Mode": original["ItemProcessor"]["ProcessorConfig"]["Mode"],
                                                        "ExecutionType": "EXPRESS"},
                                    "StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}}
+    elif state["Type"] == "Parallel":
+        # A stage's frame: its branch's own states are counted where they are visited, so the branch here is
+        # one Pass, taken off again below.
+        state = {"Type": "Parallel", "Next": "Done",
+                 "Branches": [{"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}]}
     elif state["Type"] == "Task":
         state = {"Type": "Task", "Resource": state["Resource"], "Next": "Done"}
         if fail_first:
@@ -67,7 +74,8 @@ def _events_of(original: dict[str, Any], *, fail_first: bool = False) -> int:
                                            name="Budget")
     execution = machine.run({"x": 1, "items": [1, 2]}, executors={"arn:*": service}, execution_name="budget")
     assert execution.status == "SUCCEEDED", (state, execution.cause)
-    return len(execution.history) - 4  # ExecutionStarted, Succeed entered/exited, ExecutionSucceeded
+    branch = events_per_visit({"Type": "Pass"}) if state["Type"] == "Parallel" else 0
+    return len(execution.history) - 4 - branch  # ExecutionStarted, Succeed entered/exited, ExecutionSucceeded
 
 
 _MEASURED: dict[str, int] = {}
@@ -185,7 +193,8 @@ def wait_loops() -> dict[str, tuple[int, int]]:
 
 
 def straight_path() -> int:
-    """Every state once, each with all its retries spent once: more than any path without loops writes."""
+    """Every state once, each with all its retries spent once: more than any path without loops writes.
+    The stages' frames are among them: a run enters each stage's Parallel once at most (the top level has no loop)."""
     total = 2  # ExecutionStarted, ExecutionSucceeded/Failed
     for state in STATES.values():
         total += events_per_visit(state)
@@ -199,6 +208,9 @@ def test_event_costs_are_measured_from_the_interpreter() -> None:
     assert events_per_visit({"Type": "Task", "Resource": "arn:aws:states:::dynamodb:getItem"}) >= 5
     assert events_per_visit({"Type": "Task", "Resource": "arn:aws:states:::sagemaker:createTrainingJob.sync"}) >= 6
     assert events_per_retry() >= 3  # failed, scheduled, started
+    # A stage's frame, its branch's states left out: ParallelStateEntered, Started, Succeeded, Exited.
+    assert events_per_visit({"Type": "Parallel"}) == 4
+    assert events_per_visit({"Type": "Choice"}) == 2
 
 
 def test_every_wait_loop_of_the_pipeline_is_found_and_bounded() -> None:
@@ -222,6 +234,8 @@ def worst_case_events() -> tuple[int, dict[str, int]]:
 
 
 def test_the_longest_run_the_limits_allow_fits_the_execution_history() -> None:
+    # The frames are counted once (straight_path): no way leads back into a stage.
+    assert set(STATES) >= FRAMES and not any(next(cycles_through(frame), None) for frame in FRAMES)
     total, in_loops = worst_case_events()
     assert total < HISTORY_LIMIT, f"{total} events at the limits' maximums: {in_loops}, straight {straight_path()}"
 
