@@ -14,7 +14,9 @@ The repeated shapes are functions returning ``(name, state)`` pairs:
 - ``create_or_find``: the same idea for a create call that returns at once (model, endpoint config);
 - ``FailureKind`` with ``record_failure``, ``route_failures`` and ``fail_states``: the failure triple
   (a Pass recording ``$.failure``, the Choice routing on its error, the Fail state named after it);
-- ``RetryPolicy``: one named Retry shape per kind of call (``RETRY_POLICIES`` lists them).
+- ``RetryPolicy``: one named Retry shape per kind of call (``RETRY_POLICIES`` lists them);
+- ``Stage``: a stage of the run as a single-branch Parallel, which the Step Functions console draws as
+  one box holding the stage's states (names stay unique across the whole machine).
 """
 
 from __future__ import annotations
@@ -460,7 +462,7 @@ FAILURE_PATH = "$.failure"
 FAILURE_CAUSE = "$.failure.cause"
 
 
-def record_failure(name: str, kind: FailureKind, cause: str, *, next: str, comment: str | None = None,
+def record_failure(name: str, kind: FailureKind, cause: str, *, next: str | None, comment: str | None = None,
                    **extra: Any) -> Named:
     """The Pass that records ``$.failure`` (error, cause, run, dataset, then ``extra``) for the notification
     and the Fail state. ``cause`` is a path or intrinsic (``cause.$``); ``extra`` keys are written as given."""
