@@ -1,5 +1,6 @@
 """SigV4 for the status API: sign requests as a caller (``d2ops status --stack``, the console) and
-verify them as API Gateway's IAM authorizer does (the offline status API).
+verify them as API Gateway's IAM authorizer does (the offline status API; the offline runtime's AWS
+endpoint and moto's server verify with the same `verify`, `d2ops.offline.caller_check`).
 
 Both sides compute the signature with botocore's ``SigV4Auth`` (service ``execute-api``), so the
 offline check exercises exactly the signing path a deployed stack sees.
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from botocore.auth import SIGV4_TIMESTAMP, SigV4Auth
+from botocore.auth import SIGV4_TIMESTAMP, S3SigV4Auth, SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials, ReadOnlyCredentials
 
@@ -32,6 +33,9 @@ MISSING_TOKEN = "Missing Authentication Token"
 BAD_SIGNATURE = ("The request signature we calculated does not match the signature you provided. Check your AWS "
                  "Secret Access Key and signing method. Consult the service documentation for details.")
 INVALID_TOKEN = "The security token included in the request is invalid."
+# S3's x-amz-content-sha256 values that stand for a body the signature does not cover (botocore sends the
+# first over TLS, the second with a trailing flexible checksum in an aws-chunked body).
+S3_UNSIGNED_PAYLOADS = frozenset({"UNSIGNED-PAYLOAD", "STREAMING-UNSIGNED-PAYLOAD-TRAILER"})
 
 _AUTHORIZATION = re.compile(r"^AWS4-HMAC-SHA256 Credential=(?P<credential>[^,\s]+),"
                             r"\s*SignedHeaders=(?P<signed>[^,\s]+),\s*Signature=(?P<signature>[0-9a-f]{64})$")
@@ -150,12 +154,16 @@ class Caller:
 
 
 def verify(method: str, url: str, headers: Mapping[str, str], body: bytes, known: Mapping[str, Credentials],
-           region: str, now: datetime | None = None, service: str | Collection[str] = SERVICE) -> Caller:
+           region: str, now: datetime | None = None, service: str | Collection[str] | None = SERVICE) -> Caller:
     """Recompute the request's signature with the signer's secret; raise :class:`SignatureRejected` unless equal.
 
     ``known`` maps access key ids to their credentials (the offline runtime knows only its own).
-    ``url`` is the URL as the client addressed it (scheme, Host header, path and raw query).
-    ``service``: the signing name the credential scope must name (any of several, when a collection).
+    ``url`` is the URL as the client addressed it (scheme, Host header, path and raw query, as sent).
+    ``service``: the signing name the credential scope must name (any of several, when a collection; any
+    at all when None, as moto's server, which serves every service, takes them). A scope naming ``s3`` is
+    checked by S3's rules, as botocore's ``S3SigV4Auth`` signs: the path as sent (not normalised), and the
+    ``x-amz-content-sha256`` header (required) as the payload hash, which is the body's SHA-256 unless it
+    is one of `S3_UNSIGNED_PAYLOADS`.
     """
     lower = {k.lower(): v for k, v in headers.items()}
     authorization = lower.get("authorization")
@@ -170,8 +178,8 @@ def verify(method: str, url: str, headers: Mapping[str, str], body: bytes, known
     date, _, rest = scope.partition("/")
     scope_region, _, rest = rest.partition("/")
     scope_service, _, terminator = rest.partition("/")
-    services = (service,) if isinstance(service, str) else tuple(service)
-    if scope_service not in services or terminator != "aws4_request":
+    services = (service,) if isinstance(service, str) else tuple(service) if service is not None else (scope_service,)
+    if scope_service not in services or not scope_service or terminator != "aws4_request":
         raise SignatureRejected(f"Credential should be scoped to correct service: '{services[0]}'.")
     if scope_region != region:
         raise SignatureRejected(f"Credential should be scoped to a valid region, not '{scope_region}'.")
@@ -206,13 +214,22 @@ def verify(method: str, url: str, headers: Mapping[str, str], body: bytes, known
     if missing:
         raise SignatureRejected(BAD_SIGNATURE)
     claimed = lower.get("x-amz-content-sha256")
-    if claimed is not None and claimed != hashlib.sha256(body).hexdigest():
+    s3 = scope_service == "s3"
+    if s3 and claimed is None:
+        raise SignatureRejected("Missing required header for this request: x-amz-content-sha256",
+                                "IncompleteSignatureException")
+    if s3 and claimed is not None and claimed.startswith("STREAMING-") and claimed not in S3_UNSIGNED_PAYLOADS:
+        # Each chunk of such a body carries its own signature; botocore never sends one, so none is checked here.
+        raise SignatureRejected(f"x-amz-content-sha256 {claimed!r}: chunk-signed payloads are not accepted offline "
+                                "(send the body's SHA-256, UNSIGNED-PAYLOAD or STREAMING-UNSIGNED-PAYLOAD-TRAILER)")
+    if claimed is not None and not (s3 and claimed in S3_UNSIGNED_PAYLOADS) \
+            and not hmac.compare_digest(claimed.encode(), hashlib.sha256(body).hexdigest().encode()):
         # botocore signs this header's value in place of the body: it must be the body's hash.
         raise SignatureRejected(BAD_SIGNATURE)
     # Rebuild the request from the signed headers alone, as the signer saw it, and sign it again.
     request = AWSRequest(method=method, url=url, data=body, headers={name: lower[name] for name in signed_names})
     request.context["timestamp"] = amz_date
-    signer = SigV4Auth(credentials, scope_service, region)
+    signer = (S3SigV4Auth if s3 else SigV4Auth)(credentials, scope_service, region)
     expected = signer.signature(signer.string_to_sign(request, signer.canonical_request(request)), request)
     if not hmac.compare_digest(expected.encode(), match["signature"].encode()):
         raise SignatureRejected(BAD_SIGNATURE)

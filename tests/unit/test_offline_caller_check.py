@@ -1,24 +1,28 @@
 """The offline runtime answers only its own caller (issue 23): every refusal over real HTTP.
 
-A runtime starts once for the module; its gateway is asked with raw HTTP (unsigned, foreign Host)
-and with boto3 signing as the runtime, as another key or with a wrong secret. Processing jobs go to
-a job backend that records what it was asked to run, so a refused request is seen never to reach it.
+A runtime starts once for the module; its gateway and its moto server are asked with raw HTTP
+(unsigned, foreign Host, altered after signing, a forged forward mark) and with boto3 signing as the
+runtime, as another key or with a wrong secret. Processing jobs go to a job backend that records what
+it was asked to run, so a refused request is seen never to reach it.
 """
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
 import stat
 import threading
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
-from botocore.auth import SigV4Auth
+from botocore import UNSIGNED
+from botocore.auth import S3SigV4Auth, SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 from botocore.credentials import Credentials
@@ -26,6 +30,7 @@ from botocore.exceptions import ClientError
 
 from d2ops import container_entry, local_jobs
 from d2ops.local_serving import LocalEndpoint
+from d2ops.offline.aws_endpoint import FORWARDED_HEADER
 from d2ops.offline.runtime import RUNTIME_INFO, OfflineRuntime
 from d2ops.offline.services.sagemaker_jobs import JobOutcome
 from d2ops.offline.stack import REGION
@@ -352,3 +357,150 @@ def test_jobs_and_endpoints_run_without_the_runtimes_credentials(runtime: tuple[
         assert not secrets & set(env.values())
         assert not set(container_entry.HOST_CREDENTIAL_VARIABLES) & set(env)
         assert env["AWS_ENDPOINT_URL"] == rt.moto_url  # the rest of the runtime's environment still reaches them
+
+
+# ----- moto's port: only requests signed with the runtime's credentials (MotoCallerCheck) ---------------------
+class _TrailerSigner(S3SigV4Auth):
+    """S3's signer as botocore signs a body with a trailing checksum (over TLS; this endpoint is plain HTTP)."""
+
+    def payload(self, request: AWSRequest) -> str:
+        return "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
+
+
+def _moto(rt: OfflineRuntime, service: str, credentials: Credentials | None, region: str = REGION) -> Any:
+    """A boto3 client straight to moto's port, signing as ``credentials`` (None: unsigned)."""
+    if credentials is None:
+        return boto3.client(service, region_name=region, endpoint_url=rt.moto_url,
+                            config=Config(signature_version=UNSIGNED, retries={"max_attempts": 1, "mode": "standard"}))
+    return boto3.client(service, region_name=region, endpoint_url=rt.moto_url, config=NO_RETRIES,
+                        aws_access_key_id=credentials.access_key, aws_secret_access_key=credentials.secret_key,
+                        aws_session_token=credentials.token)
+
+
+def _s3_signed(rt: OfflineRuntime, method: str, path: str, body: bytes = b"",
+               headers: dict[str, str] | None = None, signer: type[S3SigV4Auth] = S3SigV4Auth) -> dict[str, str]:
+    """The headers (Host among them) of an S3 request to moto signed by the runtime as botocore signs it."""
+    host = f"127.0.0.1:{_port(rt.moto_url)}"
+    request = AWSRequest(method=method, url=f"http://{host}{path}", data=body, headers=dict(headers or {}))
+    signer(rt.credentials, "s3", REGION).add_auth(request)
+    return {"Host": host, **dict(request.headers.items())}
+
+
+@pytest.fixture(scope="module")
+def private_object(runtime: tuple[OfflineRuntime, _RecordingJobs]) -> tuple[str, str]:
+    rt, _ = runtime
+    rt.client("s3").put_object(Bucket=rt.stack.data_bucket, Key="private/x.txt", Body=b"private")
+    return rt.stack.data_bucket, "private/x.txt"
+
+
+def test_moto_refuses_unsigned_requests(runtime: tuple[OfflineRuntime, _RecordingJobs],
+                                        private_object: tuple[str, str]) -> None:
+    """Mutation caught: moto's port served without the signature check (any local process read the buckets)."""
+    rt, _ = runtime
+    bucket, key = private_object
+    status, _, body = _send(rt.moto_url, "GET", f"/{bucket}/{key}", b"", {"Host": f"127.0.0.1:{_port(rt.moto_url)}"})
+    assert status == 403 and b"<Code>AccessDenied</Code>" in body and b"private" not in body.split(b"</Code>")[1]
+    s3 = _moto(rt, "s3", None)
+    assert _refused(s3.list_buckets)[:2] == (403, "AccessDenied")
+    assert _refused(s3.get_object, Bucket=bucket, Key=key)[:2] == (403, "AccessDenied")
+    # AWS JSON (DynamoDB: the endpoint lease's table), the query protocol (SNS) and RPC v2 CBOR (CloudWatch).
+    assert _refused(_moto(rt, "dynamodb", None).list_tables)[:2] == (400, "MissingAuthenticationTokenException")
+    assert _refused(_moto(rt, "sns", None).list_topics)[:2] == (403, "MissingAuthenticationToken")
+    assert _refused(_moto(rt, "cloudwatch", None).describe_alarms)[:2] == (400, "MissingAuthenticationTokenException")
+
+
+def test_moto_refuses_another_key_a_wrong_secret_and_another_region(
+        runtime: tuple[OfflineRuntime, _RecordingJobs], private_object: tuple[str, str]) -> None:
+    """Mutation caught: any well-formed signature accepted (key, secret or region not the runtime's)."""
+    rt, _ = runtime
+    bucket, key = private_object
+    stranger = Credentials("ASIASTRANGERSTRANGER", "x" * 40, rt.credentials.token)
+    assert _refused(_moto(rt, "s3", stranger).get_object, Bucket=bucket, Key=key) == (
+        403, "InvalidAccessKeyId", "The AWS Access Key Id you provided does not exist in our records.")
+    assert _refused(_moto(rt, "dynamodb", stranger).list_tables)[:2] == (400, "UnrecognizedClientException")
+    assert _refused(_moto(rt, "sns", stranger).list_topics)[:2] == (403, "InvalidClientTokenId")
+    assert _refused(_moto(rt, "cloudwatch", stranger).describe_alarms)[:2] == (400, "UnrecognizedClientException")
+    forged = Credentials(rt.credentials.access_key, "not-the-secret", rt.credentials.token)
+    status, code, message = _refused(_moto(rt, "s3", forged).get_object, Bucket=bucket, Key=key)
+    assert (status, code) == (403, "SignatureDoesNotMatch")
+    assert message.startswith("The request signature we calculated does not match")
+    assert _refused(_moto(rt, "dynamodb", forged).list_tables)[:2] == (400, "InvalidSignatureException")
+    assert _refused(_moto(rt, "sns", forged).list_topics)[:2] == (403, "SignatureDoesNotMatch")
+    elsewhere = _refused(_moto(rt, "dynamodb", rt.credentials, region="eu-west-1").list_tables)
+    assert elsewhere == (400, "InvalidSignatureException",
+                         "Credential should be scoped to a valid region, not 'eu-west-1'.")
+
+
+def test_moto_refuses_a_signed_request_whose_path_header_or_body_changed(
+        runtime: tuple[OfflineRuntime, _RecordingJobs], private_object: tuple[str, str]) -> None:
+    """Mutation caught: the signature checked against something other than what was sent (the path, a signed
+    header's value, the body's hash), or S3's payload hash taken on trust."""
+    rt, _ = runtime
+    bucket, key = private_object
+    s3 = rt.client("s3")
+    headers = _s3_signed(rt, "GET", f"/{bucket}/{key}")
+    assert _send(rt.moto_url, "GET", f"/{bucket}/{key}", b"", headers)[2] == b"private"  # as signed: served
+    status, _, body = _send(rt.moto_url, "GET", f"/{bucket}/private/other.txt", b"", headers)
+    assert status == 403 and b"<Code>SignatureDoesNotMatch</Code>" in body
+    put = _s3_signed(rt, "PUT", f"/{bucket}/altered.txt", b"mine", {"x-amz-meta-owner": "me"})
+    status, _, body = _send(rt.moto_url, "PUT", f"/{bucket}/altered.txt", b"mine", {**put, "x-amz-meta-owner": "you"})
+    assert status == 403 and b"<Code>SignatureDoesNotMatch</Code>" in body
+    status, _, body = _send(rt.moto_url, "PUT", f"/{bucket}/altered.txt", b"evil", put)  # the hash is mine's
+    assert status == 403 and b"<Code>SignatureDoesNotMatch</Code>" in body
+    assert _refused(s3.head_object, Bucket=bucket, Key="altered.txt")[1] == "404"
+    # A JSON service's body is covered by the signature the same way.
+    body_json, signed = _signed(rt.credentials, "dynamodb", f"127.0.0.1:{_port(rt.moto_url)}",
+                                "DynamoDB_20120810.ListTables", {})
+    status, _, answer = _send(rt.moto_url, "POST", "/", b'{"Limit": 1}', signed)
+    assert (status, json.loads(answer)["__type"]) == (400, "InvalidSignatureException")
+    assert _send(rt.moto_url, "POST", "/", body_json, signed)[0] == 200
+
+
+def test_moto_serves_the_runtimes_own_clients(runtime: tuple[OfflineRuntime, _RecordingJobs]) -> None:
+    """Mutation caught: S3 checked by the generic signer (a key with '//', '..' or a space is normalised and
+    refused), or a body S3 does not hash (botocore's trailing checksum) refused."""
+    rt, _ = runtime
+    bucket = rt.stack.artifacts_bucket
+    s3 = rt.client("s3")
+    key = "dir//a b/../c+d%é.txt"
+    s3.put_object(Bucket=bucket, Key=key, Body=b"payload")  # botocore's default checksum (x-amz-checksum-crc32)
+    assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == b"payload"
+    assert key in [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="dir/")["Contents"]]
+    # An aws-chunked body with a trailing checksum, as botocore sends a PutObject over TLS.
+    data = b"trailed"
+    checksum = base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+    chunked = f"{len(data):x}\r\n".encode() + data + f"\r\n0\r\nx-amz-checksum-crc32:{checksum}\r\n\r\n".encode()
+    headers = _s3_signed(rt, "PUT", f"/{bucket}/trailed.txt", chunked, {
+        "Content-Encoding": "aws-chunked", "X-Amz-Decoded-Content-Length": str(len(data)),
+        "X-Amz-Trailer": "x-amz-checksum-crc32"}, signer=_TrailerSigner)
+    assert headers["X-Amz-Content-SHA256"] == "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
+    assert _send(rt.moto_url, "PUT", f"/{bucket}/trailed.txt", chunked, headers)[0] == 200
+    assert s3.get_object(Bucket=bucket, Key="trailed.txt")["Body"].read() == data
+    dynamodb = rt.client("dynamodb")
+    table = next(iter(rt.stack.tables))
+    key_name = rt.stack.tables[table]["KeySchema"][0]["AttributeName"]
+    dynamodb.put_item(TableName=table, Item={key_name: {"S": "caller-check"}})
+    assert dynamodb.get_item(TableName=table, Key={key_name: {"S": "caller-check"}})["Item"]
+    dynamodb.delete_item(TableName=table, Key={key_name: {"S": "caller-check"}})
+
+
+def test_requests_the_endpoint_forwards_reach_moto_and_a_forged_mark_does_not(
+        runtime: tuple[OfflineRuntime, _RecordingJobs], private_object: tuple[str, str]) -> None:
+    """Mutation caught: the forwarder without the runtime's secret (SageMaker's records unreachable: its
+    signature names the endpoint's Host), or the mark let through without comparing its value."""
+    rt, _ = runtime
+    sagemaker = _sagemaker(rt)
+    assert sagemaker.describe_model_package_group(ModelPackageGroupName=rt.stack.model_package_group)
+    model = {"ModelName": "forwarded", "ExecutionRoleArn": "arn:aws:iam::123456789012:role/x",
+             "PrimaryContainer": {"Image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/d2ops-serving:offline"}}
+    sagemaker.create_model(**model)
+    # The second create is forwarded as a DescribeModel (target and body rewritten), then refused as SageMaker does.
+    status, code, message = _refused(sagemaker.create_model, **model)
+    assert (status, code) == (400, "ValidationException") and message.startswith("Cannot create already existing")
+    bucket, key = private_object
+    host = f"127.0.0.1:{_port(rt.moto_url)}"
+    status, _, body = _send(rt.moto_url, "GET", f"/{bucket}/{key}", b"", {"Host": host, FORWARDED_HEADER: "guess"})
+    assert status == 403 and b"<Code>SignatureDoesNotMatch</Code>" in body and FORWARDED_HEADER.encode() in body
+    # The mark decides, not the signature beside it: a forged one is refused even on a signed request.
+    signed = _s3_signed(rt, "GET", f"/{bucket}/{key}")
+    assert _send(rt.moto_url, "GET", f"/{bucket}/{key}", b"", {**signed, FORWARDED_HEADER: "guess"})[0] == 403

@@ -3,10 +3,11 @@
 The services it serves are `d2ops.offline.services.SERVICES` (Step Functions, SageMaker's jobs and
 endpoints, SageMaker Runtime, SageMaker's Service Quotas), each in its own module; a request goes
 to the first that accepts it (by its ``X-Amz-Target`` prefix or its REST path), and what a service
-leaves to moto is forwarded to the moto server unchanged. boto3 reaches it through each service's
-``AWS_ENDPOINT_URL_*`` variable. Before any service sees a request, ``check`` (the runtime sets
-`d2ops.offline.caller_check.CallerCheck`) may refuse it: foreign Host, no valid signature by the
-runtime's credentials, a member outside its pattern, an entrypoint the pipeline does not run.
+leaves to moto is forwarded to the moto server (marked as forwarded: `MotoUpstream`). boto3 reaches
+it through each service's ``AWS_ENDPOINT_URL_*`` variable. Before any service sees a request,
+``check`` (the runtime sets `d2ops.offline.caller_check.CallerCheck`) may refuse it: foreign Host, no
+valid signature by the runtime's credentials, a member outside its pattern, an entrypoint the
+pipeline does not run.
 """
 
 from __future__ import annotations
@@ -26,18 +27,34 @@ from d2ops.offline.services.base import EmulatedService, WireRequest, WireRespon
 log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024 * 1024  # generous for images; refuses absurd requests before reading them
+# Marks a request the endpoint forwards to moto, whose signature the endpoint's check verified; its value is
+# the runtime's forward secret (`d2ops.offline.caller_check.MotoCallerCheck` compares and removes it).
+FORWARDED_HEADER = "X-D2ops-Forwarded"
 
 
 class MotoUpstream:
-    """moto's server, reached with the request's own headers (moto checks no signature)."""
+    """moto's server, reached with the request's own headers and, when given, the runtime's forward secret.
 
-    def __init__(self, moto_url: str) -> None:
+    moto's port answers only requests signed with the runtime's credentials (`caller_check.MotoCallerCheck`);
+    a forwarded request's signature no longer matches (its Host is moto's, its X-Amz-Target or body may be
+    rewritten). The endpoint's own check verified it before any service saw it, so it travels with
+    `FORWARDED_HEADER` instead of a new signature: one secret compared in constant time, where re-signing
+    would mean signing with the runtime's own credentials whatever the forwarder built, which proves no
+    more, and would change which service moto dispatches to if the scope were rebuilt differently
+    (moto picks the service from the caller's credential scope, kept here as sent).
+    """
+
+    def __init__(self, moto_url: str, forward_secret: str | None = None) -> None:
         self.url = moto_url.rstrip("/")
+        self.forward_secret = forward_secret
 
     def forward(self, request: WireRequest, *, target: str | None = None,
                 body: bytes | None = None) -> WireResponse:
         headers = {k: (target if target is not None and k.lower() == "x-amz-target" else v)
-                   for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+                   for k, v in request.headers.items()
+                   if k.lower() not in ("host", "content-length", FORWARDED_HEADER.lower())}
+        if self.forward_secret is not None:
+            headers[FORWARDED_HEADER] = self.forward_secret
         upstream = urllib.request.Request(self.url + request.path, data=request.body if body is None else body,
                                           headers=headers, method="POST")
         try:
@@ -51,9 +68,10 @@ class MotoUpstream:
 class AwsEndpoint:
     """Owns the HTTP server thread; services are added (`add`) before or after it starts."""
 
-    def __init__(self, moto_url: str, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, moto_url: str, host: str = "127.0.0.1", port: int = 0, *,
+                 forward_secret: str | None = None) -> None:
         self.moto_url = moto_url.rstrip("/")
-        self.upstream = MotoUpstream(self.moto_url)
+        self.upstream = MotoUpstream(self.moto_url, forward_secret)
         self.services: list[EmulatedService] = []
         # Asked first for every request: None lets it through, else its answer is the refusal (caller_check).
         self.check: Callable[[WireRequest], WireResponse | None] | None = None

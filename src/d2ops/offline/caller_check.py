@@ -24,11 +24,17 @@ Refusals are AWS's own error shapes: the JSON protocols' ``{"__type", "message"}
 signature and validation errors, as SageMaker and Step Functions answer them), REST services'
 ``x-amzn-ErrorType`` header with ``{"message"}`` (HTTP 403 for signature errors, 400 for validation);
 a foreign Host gets 403 ``AccessDeniedException``.
+
+moto's server, which the runtime's clients reach directly for S3, DynamoDB, SNS and the rest, is
+behind `MotoCallerCheck`: its own Host, no web origin, the runtime's signature (or the endpoint's
+forward mark), refused in each protocol's own shape.
 """
 
 from __future__ import annotations
 
+import hmac
 import importlib
+import io
 import json
 import re
 import sys
@@ -42,6 +48,7 @@ from botocore.credentials import Credentials
 from botocore.model import OperationModel, ServiceModel
 
 from d2ops.aws_contract import constraint_problems
+from d2ops.offline.aws_endpoint import FORWARDED_HEADER
 from d2ops.offline.services.base import WireRequest, WireResponse
 from d2ops.sigv4 import SignatureRejected, verify
 
@@ -267,28 +274,61 @@ def _literal_entrypoints(node: Any) -> Iterator[list[str]]:
             yield from _literal_entrypoints(item)
 
 
-class MotoLoopbackOnly:
-    """WSGI middleware around moto's server app: its own Host only, and no web page's requests.
+class MotoCallerCheck:
+    """WSGI middleware around moto's server app: its own Host, no web page, and only the runtime's signature.
 
-    moto answers every web origin (flask-cors on each service's app); a page could read the offline
-    buckets, or reach the port by a name it controls (DNS rebinding). boto3 sends no ``Origin``; a
-    browser sends one with every cross-origin request, a CORS preflight included: those are refused
-    (403, no ``Access-Control-Allow-*`` header), as is any foreign ``Host``. moto checks no signature:
-    a local process that finds the port still reaches it (the AWS endpoint, which runs code, does check).
+    moto answers every web origin (flask-cors on each service's app) and checks no signature; a page
+    could read the offline buckets, or reach the port by a name it controls (DNS rebinding), and any
+    local process that finds the port could read and write them. So, before moto sees a request:
+
+    1. a foreign ``Host`` is refused, and so is any ``Origin`` but the port's own (boto3 sends none; a
+       browser sends one with every cross-origin request, a CORS preflight included), with no
+       ``Access-Control-Allow-*`` header on any answer;
+    2. the request carries a SigV4 signature (``Authorization`` header) by the runtime's credentials
+       for the runtime's region, verified by `d2ops.sigv4.verify` for whichever service its credential
+       scope names (S3's by S3's rules). Presigned (query-string) requests are not accepted: nothing
+       offline makes them;
+    3. or it is one the runtime's AWS endpoint forwards (`d2ops.offline.aws_endpoint.MotoUpstream`),
+       marked by the per-runtime secret in `FORWARDED_HEADER`, which is removed before moto sees it.
+
+    Refusals are AWS's per protocol, so botocore raises a ClientError naming the problem: S3's XML
+    ``<Error>`` (403 ``AccessDenied`` unsigned, ``InvalidAccessKeyId``, ``SignatureDoesNotMatch``), the
+    query protocol's ``<ErrorResponse>`` (403 ``MissingAuthenticationToken``, ``InvalidClientTokenId``,
+    ``SignatureDoesNotMatch``), the JSON protocols' ``{"__type", "message"}`` and RPC v2 CBOR's same map
+    (400 ``MissingAuthenticationTokenException``, ``UnrecognizedClientException``,
+    ``InvalidSignatureException``).
     """
 
-    def __init__(self, app: Any, port: int) -> None:
+    def __init__(self, app: Any, port: int, *, credentials: Credentials, region: str, forward_secret: str) -> None:
         self.app = app
         self.hosts = frozenset({f"127.0.0.1:{port}", f"localhost:{port}"})
         self.origins = frozenset(f"http://{host}" for host in self.hosts)
+        self.known = {credentials.access_key: credentials}
+        self.region = region
+        self.forward_secret = forward_secret.encode()
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
         host = environ.get("HTTP_HOST", "")
         origin = environ.get("HTTP_ORIGIN")
         if host not in self.hosts:
-            return self._refuse(start_response, f"Host {host!r} is not this offline endpoint")
+            return _xml_refusal(start_response, 403, "AccessDenied", f"Host {host!r} is not this offline endpoint")
         if origin is not None and origin not in self.origins:
-            return self._refuse(start_response, f"requests from the web origin {origin!r} are not served offline")
+            return _xml_refusal(start_response, 403, "AccessDenied",
+                                f"requests from the web origin {origin!r} are not served offline")
+        body = _read_body(environ)
+        forwarded = environ.pop(FORWARDED_ENVIRON, None)
+        try:
+            if forwarded is not None:
+                # Checked by CallerCheck at the endpoint, then changed by the forwarder (Host, X-Amz-Target).
+                if not hmac.compare_digest(forwarded.encode(), self.forward_secret):
+                    raise SignatureRejected(f"{FORWARDED_HEADER}: not this runtime's forwarded request",
+                                            "InvalidSignatureException")
+            else:
+                raw_path = environ.get("RAW_URI") or environ.get("REQUEST_URI") or environ.get("PATH_INFO", "/")
+                verify(environ.get("REQUEST_METHOD", "GET"), f"http://{host}{raw_path}", _wsgi_headers(environ),
+                       body, self.known, self.region, service=None)
+        except SignatureRejected as exc:
+            return _aws_refusal(start_response, environ, body, exc)
 
         def start_without_cors(status: str, headers: list[tuple[str, str]], *rest: Any) -> Any:
             kept = [(k, v) for k, v in headers if not k.lower().startswith("access-control-")]
@@ -296,12 +336,96 @@ class MotoLoopbackOnly:
 
         return self.app(environ, start_without_cors)
 
-    @staticmethod
-    def _refuse(start_response: Any, message: str) -> list[bytes]:
-        body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
-                f"<Message>{_xml_text(message)}</Message></Error>").encode()
-        start_response("403 Forbidden", [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
-        return [body]
+
+# The environ key of aws_endpoint.FORWARDED_HEADER, as a WSGI server names a request header.
+FORWARDED_ENVIRON = "HTTP_" + FORWARDED_HEADER.upper().replace("-", "_")
+# A refusal's code by verify's error type, for the XML protocols (S3's names, the query protocol's names).
+_S3_CODES = {"MissingAuthenticationTokenException": "AccessDenied", "UnrecognizedClientException": "InvalidAccessKeyId"}
+_QUERY_CODES = {"MissingAuthenticationTokenException": "MissingAuthenticationToken",
+                "UnrecognizedClientException": "InvalidClientTokenId",
+                "IncompleteSignatureException": "IncompleteSignature"}
+_S3_MESSAGES = {"AccessDenied": "Access Denied (the offline runtime answers only requests signed with its "
+                                "credentials: runtime.json)",
+                "InvalidAccessKeyId": "The AWS Access Key Id you provided does not exist in our records."}
+
+
+def _read_body(environ: dict[str, Any]) -> bytes:
+    """The request's body, read whole and put back (moto reads it after the check)."""
+    stream = environ.get("wsgi.input")
+    if stream is None:
+        return b""
+    if environ.get("wsgi.input_terminated"):
+        body = stream.read()
+    else:
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = 0
+        body = stream.read(length) if length > 0 else b""
+    environ["wsgi.input"] = io.BytesIO(body)
+    return bytes(body)
+
+
+def _wsgi_headers(environ: Mapping[str, Any]) -> dict[str, str]:
+    """The request's headers, lower-case, from a WSGI environ (the server drops names with ``_``)."""
+    headers = {key[5:].lower().replace("_", "-"): str(value) for key, value in environ.items()
+               if key.startswith("HTTP_")}
+    for key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+        if environ.get(key):
+            headers[key.lower().replace("_", "-")] = str(environ[key])
+    return headers
+
+
+def _aws_refusal(start_response: Any, environ: Mapping[str, Any], body: bytes, exc: SignatureRejected) -> list[bytes]:
+    """``exc`` in the protocol of the service the request is for (what botocore will parse)."""
+    if environ.get("HTTP_SMITHY_PROTOCOL") == "rpc-v2-cbor":
+        return _respond(start_response, 400, _cbor_strings({"__type": exc.error_type, "message": exc.message}),
+                        "application/cbor", [("smithy-protocol", "rpc-v2-cbor")])
+    if environ.get("HTTP_X_AMZ_TARGET"):
+        document = json.dumps({"__type": exc.error_type, "message": exc.message}).encode()
+        return _respond(start_response, 400, document, "application/x-amz-json-1.0")
+    form = str(environ.get("CONTENT_TYPE", "")).startswith("application/x-www-form-urlencoded")
+    if "Action=" in str(environ.get("QUERY_STRING", "")) or (form and b"Action=" in body):
+        code = _QUERY_CODES.get(exc.error_type, "SignatureDoesNotMatch")
+        return _respond(start_response, 403, (
+            '<?xml version="1.0" encoding="UTF-8"?>\n<ErrorResponse><Error><Type>Sender</Type>'
+            f"<Code>{code}</Code><Message>{_xml_text(exc.message)}</Message></Error></ErrorResponse>").encode(),
+                        "text/xml")
+    code = _S3_CODES.get(exc.error_type, "SignatureDoesNotMatch")
+    return _xml_refusal(start_response, 403, code, _S3_MESSAGES.get(code, exc.message))
+
+
+def _xml_refusal(start_response: Any, status: int, code: str, message: str) -> list[bytes]:
+    """S3's error document."""
+    body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+            f"<Message>{_xml_text(message)}</Message></Error>").encode()
+    return _respond(start_response, status, body, "application/xml")
+
+
+def _respond(start_response: Any, status: int, body: bytes, content_type: str,
+             extra: list[tuple[str, str]] | None = None) -> list[bytes]:
+    reason = {400: "Bad Request", 403: "Forbidden"}[status]
+    start_response(f"{status} {reason}", [("Content-Type", content_type), ("Content-Length", str(len(body))),
+                                           *(extra or [])])
+    return [body]
+
+
+def _cbor_strings(document: Mapping[str, str]) -> bytes:
+    """A map of text strings in CBOR (RFC 8949): what an RPC v2 CBOR error body is."""
+
+    def head(major: int, length: int) -> bytes:
+        if length < 24:
+            return bytes([major << 5 | length])
+        for extra, size in ((24, 1), (25, 2), (26, 4), (27, 8)):
+            if length < 1 << (8 * size):
+                return bytes([major << 5 | extra]) + length.to_bytes(size, "big")
+        raise ValueError("too long")
+
+    out = head(5, len(document))
+    for key, value in document.items():
+        for text in (key.encode(), value.encode()):
+            out += head(3, len(text)) + text
+    return out
 
 
 def _xml_text(text: str) -> str:

@@ -9,8 +9,8 @@ Starting it: takes the work dir's lock, ends processes an interrupted runtime le
 starts moto's server (S3, SNS, SQS, the SageMaker control-plane records) and the local
 gateway (Step Functions, SageMaker jobs and endpoints, SageMaker Runtime, SageMaker's Service
 Quotas), points boto3 at them through the standard ``AWS_ENDPOINT_URL_*`` variables with
-credentials made for this runtime alone (the gateway and the status API answer only requests signed
-with them, `d2ops.offline.caller_check`; other commands read them from ``runtime.json``), creates
+credentials made for this runtime alone (moto's server, the gateway and the status API answer only
+requests signed with them, `d2ops.offline.caller_check`; other commands read them from ``runtime.json``), creates
 the stack's buckets (with their event notifications), topic and model package group from
 template.yaml and its images' tags in ECR, restores the S3
 snapshot of the last run, reloads execution and job records, and serves the status API.
@@ -39,7 +39,7 @@ from botocore.credentials import Credentials
 from d2ops.asl import StateMachine
 from d2ops.offline import events, moto_fidelity
 from d2ops.offline.aws_endpoint import AwsEndpoint
-from d2ops.offline.caller_check import CallerCheck, MotoLoopbackOnly, pipeline_entrypoints
+from d2ops.offline.caller_check import CallerCheck, MotoCallerCheck, pipeline_entrypoints
 from d2ops.offline.lambdas import LocalLambdas
 from d2ops.offline.processes import ProcessWarden
 from d2ops.offline.quotas import AccountQuotas
@@ -164,15 +164,22 @@ class OfflineRuntime:
             if self.fresh:
                 for name in ("executions", "sagemaker", "jobs", "endpoints", "s3"):
                     shutil.rmtree(self.work_dir / name, ignore_errors=True)
+            self.credentials = new_credentials()
+            _IN_PROCESS.append(self.credentials)
+            # What the gateway adds to the requests it forwards to moto (verified there by CallerCheck); never
+            # leaves this process.
+            forward_secret = secrets.token_urlsafe(32)
             self.moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
             self.moto.start()
             host, port = self.moto.get_host_and_port()
-            # moto's app, behind our own Host/Origin check (the served app is the server's attribute; no fork)
-            self.moto._server.app = MotoLoopbackOnly(self.moto._server.app, port)  # type: ignore[union-attr]
+            # moto's app, behind our own Host/Origin/signature check (the served app is the server's attribute;
+            # no fork)
+            served = self.moto._server
+            assert served is not None  # started above
+            served.app = MotoCallerCheck(served.app, port, credentials=self.credentials, region=REGION,
+                                         forward_secret=forward_secret)
             self.moto_url = f"http://{host}:{port}"
-            self.gateway = AwsEndpoint(self.moto_url)
-            self.credentials = new_credentials()
-            _IN_PROCESS.append(self.credentials)
+            self.gateway = AwsEndpoint(self.moto_url, forward_secret=forward_secret)
             env = {**credentials_environment(self.credentials), "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
                    # Everything moto serves goes straight to it; the gateway takes the services emulated here.
                    "AWS_ENDPOINT_URL": self.moto_url,
