@@ -88,14 +88,10 @@ def offline_boto_session() -> Any:
 
     Another process's runtime: ``d2ops.offline.client.running_runtime(work_dir).session()``.
     """
-    import boto3
+    from d2ops.offline.client import session_for
+    from d2ops.offline.runtime import offline_credentials
 
-    from d2ops.offline.runtime import CREDENTIALS
-    from d2ops.offline.stack import REGION
-
-    return boto3.session.Session(aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                                 aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                                 aws_session_token=CREDENTIALS["AWS_SESSION_TOKEN"], region_name=REGION)
+    return session_for(offline_credentials())
 
 
 def _prepare_training() -> tuple[ModuleType, ModuleType, str]:

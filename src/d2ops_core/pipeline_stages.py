@@ -186,12 +186,24 @@ def expected_miss(state_name: str, error: str | None, later_states: Iterable[str
     miss = EXPECTED_MISSES.get(state_name)
     if miss is None or error not in miss.errors:
         return None
-    home = stage_of(state_name)
+    return miss if _recovered(miss, later_states) else None
+
+
+def miss_settled(state_name: str, later_states: Iterable[str]) -> bool:
+    """Whether the states entered after ``state_name`` (one of EXPECTED_MISSES) already tell what its error
+    was: the run recovered, recorded a failure or left the stage (a live reader waits until then)."""
+    return _recovered(EXPECTED_MISSES[state_name], later_states) is not None
+
+
+def _recovered(miss: ExpectedMiss, later_states: Iterable[str]) -> bool | None:
+    """True: the run reached a recovering state; False: it recorded a failure or left the stage first;
+    None: neither yet."""
+    home = stage_of(miss.state)
     for name in later_states:
         if name in miss.recovered_by:
-            return miss
+            return True
         if name in FAILURE_RECORDS or _BY_STATE.get(name) is not home:
-            return None
+            return False
     return None
 
 

@@ -22,7 +22,7 @@ from botocore.credentials import Credentials
 
 from d2ops.offline.client import offline_status_api
 from d2ops.offline.pipeline import RunSummary, run_pipeline
-from d2ops.offline.runtime import CREDENTIALS, OfflineRuntime
+from d2ops.offline.runtime import OfflineRuntime, credentials_environment
 from d2ops.offline.stack import REGION
 from d2ops.sigv4 import SignedStatusApi
 from d2ops_core.s3_layout import parse_s3_uri
@@ -159,7 +159,7 @@ def test_cli_status_reads_a_stack_by_its_outputs_and_signs(rejected: tuple[Offli
     cloudformation.create_stack(StackName="not-d2ops", TemplateBody=json.dumps({"Resources": template["Resources"]}))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
            "AWS_ENDPOINT_URL_CLOUDFORMATION": rt.moto_url, "AWS_REGION": REGION, "AWS_DEFAULT_REGION": REGION,
-           **CREDENTIALS}
+           **credentials_environment(rt.credentials)}
     for key in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):
         env.pop(key, None)
 

@@ -20,6 +20,7 @@ from d2ops_core.pipeline_stages import (
     definition_states,
     expected_miss,
     loop_of,
+    miss_settled,
     stage_of,
 )
 
@@ -121,6 +122,15 @@ def test_an_expected_miss_is_one_only_when_the_run_recovers() -> None:
     assert expected_miss("Find current endpoint", "States.TaskFailed", ["Record deployment failure"]) is None
     assert expected_miss("Validate dataset", "DatasetNotFound", ["Record unreadable dataset"]) is None
     assert expected_miss("Find current endpoint", "SageMaker.SageMakerException", []) is None
+
+
+def test_a_miss_is_settled_once_the_run_recovers_records_a_failure_or_leaves_the_stage() -> None:
+    lookup = "Find current endpoint"
+    assert not miss_settled(lookup, []) and not miss_settled(lookup, ["Endpoint missing?"])
+    assert miss_settled(lookup, ["Endpoint missing?", "Create endpoint"])  # recovered
+    assert miss_settled(lookup, ["Endpoint missing?", "Endpoint lookup failed", "Record deployment failure"])
+    assert miss_settled(lookup, ["Deployed?"]) is False  # the stage's own frame: still in the stage
+    assert miss_settled(lookup, ["Failure explained?"]) and miss_settled(lookup, ["A state of a newer definition"])
 
 
 def test_each_loop_is_a_cycle_of_the_definition_through_its_head() -> None:

@@ -42,6 +42,7 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
+from xml.sax.saxutils import escape as xml_escape
 
 import botocore.session
 from botocore.credentials import Credentials
@@ -389,7 +390,7 @@ def _aws_refusal(start_response: Any, environ: Mapping[str, Any], body: bytes, e
         code = _QUERY_CODES.get(exc.error_type, "SignatureDoesNotMatch")
         return _respond(start_response, 403, (
             '<?xml version="1.0" encoding="UTF-8"?>\n<ErrorResponse><Error><Type>Sender</Type>'
-            f"<Code>{code}</Code><Message>{_xml_text(exc.message)}</Message></Error></ErrorResponse>").encode(),
+            f"<Code>{code}</Code><Message>{xml_escape(exc.message)}</Message></Error></ErrorResponse>").encode(),
                         "text/xml")
     code = _S3_CODES.get(exc.error_type, "SignatureDoesNotMatch")
     return _xml_refusal(start_response, 403, code, _S3_MESSAGES.get(code, exc.message))
@@ -398,7 +399,7 @@ def _aws_refusal(start_response: Any, environ: Mapping[str, Any], body: bytes, e
 def _xml_refusal(start_response: Any, status: int, code: str, message: str) -> list[bytes]:
     """S3's error document."""
     body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
-            f"<Message>{_xml_text(message)}</Message></Error>").encode()
+            f"<Message>{xml_escape(message)}</Message></Error>").encode()
     return _respond(start_response, status, body, "application/xml")
 
 
@@ -428,5 +429,3 @@ def _cbor_strings(document: Mapping[str, str]) -> bytes:
     return out
 
 
-def _xml_text(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

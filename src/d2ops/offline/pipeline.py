@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 
 from d2ops.offline.runtime import OfflineRuntime
 from d2ops.training_progress import DEFAULT_MIN_INTERVAL, LineSplitter, ProgressReporter
-from d2ops_core.pipeline_stages import EXPECTED_MISSES, FAILURE_RECORDS, expected_miss, stage_of
+from d2ops_core.pipeline_stages import EXPECTED_MISSES, expected_miss, miss_settled
 
 Printer = Callable[[str], None]
 
@@ -77,13 +77,6 @@ def state_durations(history: list[dict[str, Any]]) -> tuple[dict[str, float], li
     return durations, order
 
 
-def _same_stage(a: str, b: str) -> bool:
-    try:
-        return stage_of(a) is stage_of(b)
-    except KeyError:  # a state no stage holds (another definition's): the run has moved on
-        return False
-
-
 class ProgressPrinter:
     """History events -> one line per state entered and left (with its duration and error)."""
 
@@ -104,8 +97,7 @@ class ProgressPrinter:
         name, took, error, since = self._pending
         if entered is not None:
             since.append(entered)
-            if (entered not in FAILURE_RECORDS and _same_stage(entered, name)
-                    and not EXPECTED_MISSES[name].recovered_by & set(since)):
+            if not miss_settled(name, since):
                 return  # still deciding: the run has not recovered, recorded a failure nor left the stage yet
         self._pending = None
         miss = expected_miss(name, error, since)

@@ -27,7 +27,7 @@ import os
 import secrets
 import shutil
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -59,7 +59,7 @@ DEFAULT_WORK_DIR = Path(".d2ops")
 # Where a running runtime listens and its credentials (for `d2ops status` and the other commands); mode 0600.
 RUNTIME_INFO = "runtime.json"
 _CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-# What CREDENTIALS holds while no runtime runs in this process: no runtime accepts it.
+# offline_credentials() while no runtime runs in this process: no runtime accepts it.
 _NO_RUNTIME = Credentials("offline", "offline", "offline")
 _IN_PROCESS: list[Credentials] = []  # the credentials of the runtimes started in this process, latest last
 
@@ -85,22 +85,6 @@ def offline_credentials() -> Credentials:
     Another process's runtime: `d2ops.offline.client.running_runtime` reads its credentials from ``runtime.json``.
     """
     return _IN_PROCESS[-1] if _IN_PROCESS else _NO_RUNTIME
-
-
-class _CurrentCredentials(Mapping[str, str]):
-    """The AWS_* variables of `offline_credentials`, read when used (each runtime makes its own)."""
-
-    def __getitem__(self, key: str) -> str:
-        return credentials_environment(offline_credentials())[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(_CREDENTIAL_VARIABLES)
-
-    def __len__(self) -> int:
-        return len(_CREDENTIAL_VARIABLES)
-
-
-CREDENTIALS: Mapping[str, str] = _CurrentCredentials()
 
 
 _ALARM_KEYS = frozenset({"AlarmDescription", "Namespace", "MetricName", "Dimensions", "Statistic", "ExtendedStatistic",
