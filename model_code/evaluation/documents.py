@@ -10,9 +10,15 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from d2ops_core.documents.evaluation import Comparison, EvaluationReport, ModelEvaluation, ModelScores
+from d2ops_core.documents.evaluation import (
+    Comparison,
+    EvaluationReport,
+    HeldOutImages,
+    ModelEvaluation,
+    ModelScores,
+)
 from d2ops_core.metrics import PrimaryMetric, primary_metric
-from model_code.evaluation.coco import Evaluation
+from model_code.evaluation.scoring import Evaluation
 
 # The task -> primary-metric rule lives in d2ops_core.metrics (it raises on an unknown task); this
 # name is the same function, kept for the trainers' export code that imports it from here.
@@ -41,10 +47,13 @@ def class_instances(gt: dict[str, Any]) -> dict[str, int]:
 
 def job_report(primary: PrimaryMetric, challenger: Evaluation, champion: Evaluation | None,
                instances: dict[str, int], comparison: Comparison | None = None,
-               challenger_score_thresholds: dict[str, float] | None = None) -> dict[str, Any]:
+               challenger_score_thresholds: dict[str, float] | None = None,
+               held_out: HeldOutImages | None = None) -> dict[str, Any]:
     """What the evaluation processing job writes and the pipeline's gate reads (validated on the way out:
-    a champion needs the ``comparison``, model_code.evaluation.comparison.compare_models)."""
+    a champion needs ``held_out`` and, where those images hold ground truth, the ``comparison``,
+    model_code.evaluation.comparison.compare_models)."""
     report = EvaluationReport(primary_metric=primary, val_images=challenger.val_images, class_instances=instances,
                               challenger=scores(challenger), champion=scores(champion) if champion else None,
-                              comparison=comparison, challenger_score_thresholds=challenger_score_thresholds or {})
+                              held_out=held_out, comparison=comparison,
+                              challenger_score_thresholds=challenger_score_thresholds or {})
     return report.model_dump(mode="json")

@@ -28,8 +28,8 @@ from d2ops_core.s3_layout import EVALUATION_REPORT_NAME
 from model_code.artifact import ArtifactError, LoadedDetector, load_artifact, write_json
 from model_code.dataset_version import DatasetError, open_dataset_version, read_coco
 from model_code.evaluation.coco import Evaluation, evaluate_detector, print_progress
-from model_code.evaluation.comparison import compare_models, comparison_html
-from model_code.evaluation.documents import class_instances, job_report
+from model_code.evaluation.comparison import comparison_html, evaluation_report
+from model_code.evaluation.held_out import held_out
 
 MAX_MESSAGE = 1000
 
@@ -81,12 +81,18 @@ def evaluate(root: Path, sample_images: int = 6) -> dict[str, object]:
                   f"{len(gt['images'])} images", flush=True)
             results[who] = evaluate_detector(model, gt, dataset.images_dir, progress=print_progress(who))
     primary = primary_metric(challenger.metadata.task)
-    instances = class_instances(gt)
-    comparison = (compare_models(gt, results["challenger"], results["champion"], primary, instances, gate)
-                  if "champion" in results else None)
+    compared = held = None
+    if champion is not None:
+        # Only val images neither model was trained on (by content) can tell them apart fairly: a champion
+        # scored on images it learned from looks better than it is.
+        compared, held = held_out(gt, dataset.images_dir, {"challenger": challenger.training_images,
+                                                           "champion": champion.training_images})
+        print(f"gate: {held.compared} of {len(gt['images'])} val images held out from both models"
+              + "".join(f"; {e.images} left out: {e.reason.replace('_', ' ')}" for e in held.excluded)
+              + "".join(f"; the {who} does not list its training images" for who in held.unverified), flush=True)
     # The challenger's thresholds travel to the Model Registry entry through the summarize Lambda.
-    report = job_report(primary, results["challenger"], results.get("champion"), instances, comparison,
-                        challenger.metadata.score_thresholds)
+    report = evaluation_report(gt, results["challenger"], results.get("champion"), primary, gate, compared=compared,
+                               held=held, score_thresholds=challenger.metadata.score_thresholds)
     output = root / "processing" / "output"
     output.mkdir(parents=True, exist_ok=True)
     from model_code.evaluation.report import write_report
@@ -96,11 +102,13 @@ def evaluate(root: Path, sample_images: int = 6) -> dict[str, object]:
     thresholds = {who: getattr(m.metadata, "score_thresholds", None)
                   for who, m in (("challenger", challenger), ("champion", champion)) if m is not None}
     write_report(output / "report", results, gt, dataset.images_dir, sample_images=sample_images,
-                 score_thresholds=thresholds, comparison_section=comparison_html(comparison, gate))
-    write_json(output / EVALUATION_REPORT_NAME, report)  # last: its presence means the job's work is complete
+                 score_thresholds=thresholds,
+                 comparison_section=comparison_html(report.comparison, report.held_out, gate))
+    document = report.model_dump(mode="json")
+    write_json(output / EVALUATION_REPORT_NAME, document)  # last: its presence means the job's work is complete
     for who, ev in results.items():
         print(f"{who}: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(ev.metrics.items())), flush=True)
-    return report
+    return document
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "d2ops.commands.synth",
     "d2ops.commands.validate",
     "d2ops.commands.diff",
+    "d2ops.commands.gate",
     "d2ops.commands.asl",
     "d2ops.commands.train_local",
     "d2ops.commands.serve",

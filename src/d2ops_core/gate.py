@@ -12,6 +12,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+# The stack's defaults (template.yaml's MinMap, MaxRegression, MaxClassRegression; a test holds them equal),
+# which `d2ops gate` applies where no option says otherwise. MaxRegression: with 0.03 an equal challenger is
+# approved most of the time from about 200 held-out val images (make bench-gate, docs/pipeline.md).
+DEFAULT_MIN_MAP = 0.30
+DEFAULT_MAX_REGRESSION = 0.03
+DEFAULT_MAX_CLASS_REGRESSION = 0.10
 DEFAULT_CONFIDENCE = 0.95
 # Two-sided levels: at 0.5 or below an "interval" refuses on a coin toss; 1 is no interval at all.
 MIN_CONFIDENCE_EXCLUSIVE = 0.5
@@ -34,6 +40,10 @@ MAX_CLASS_REGRESSION_ENV = "GATE_MAX_CLASS_REGRESSION"
 DIGITS = 9
 # The stack's MinClassInstances default (template.yaml): classes with fewer val instances are not judged.
 DEFAULT_MIN_CLASS_INSTANCES = 30
+# The stack's MinComparedImages default (template.yaml): with fewer held-out val images the gate never
+# approves. An equal challenger needs about 200 of them to be approved most of the time (docs/pipeline.md);
+# below 50 the paired bootstrap's own intervals are too narrow to trust (percentile intervals undercover).
+DEFAULT_MIN_COMPARED_IMAGES = 50
 
 
 class GateSettingError(ValueError):
@@ -53,9 +63,15 @@ class GateSettings:
 
 
 def regression_beyond(high: float, tolerance: float) -> bool:
-    """The gate's rule: the regression beyond ``tolerance`` is significant when even the interval's
+    """The refusal rule: the regression beyond ``tolerance`` is significant when even the interval's
     upper end (the best case for the challenger) is below -tolerance. Exactly -tolerance is within it."""
     return round(high, DIGITS) < -tolerance
+
+
+def within_tolerance(low: float, tolerance: float) -> bool:
+    """The approval rule (non-inferiority): even the interval's lower end (the worst case for the
+    challenger) is at or above -tolerance. Between this and :func:`regression_beyond` lies "review"."""
+    return round(low, DIGITS) >= -tolerance
 
 
 def more_val_images(low: float, high: float, val_images: int, tolerance: float) -> int | None:
@@ -70,7 +86,7 @@ def more_val_images(low: float, high: float, val_images: int, tolerance: float) 
     half_width = round((high - low) / 2, DIGITS)
     if tolerance <= 0 or half_width <= tolerance:
         return None
-    if regression_beyond(high, tolerance) or round(low, DIGITS) >= -tolerance:
+    if regression_beyond(high, tolerance) or within_tolerance(low, tolerance):
         return None
     return max(1, math.ceil(val_images * (half_width / tolerance) ** 2) - val_images)
 

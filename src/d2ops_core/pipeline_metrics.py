@@ -33,4 +33,6 @@ PIPELINE_METRICS: dict[str, str | None] = {
     DATASET_ERRORS: ERROR_CODE, IMAGES_VALIDATED: None, INSTANCES_VALIDATED: None,
     GATE_DECISIONS: DECISION, CHALLENGER_AP: PRIMARY_METRIC,
 }
-DECISIONS = ("approved", "rejected")
+# The gate's decisions in the order of d2ops_core.gate_decision.Decision ("approve", "refuse", "review"):
+# "approved" and "rejected" as they read since the first dashboards, "review" where a person decides.
+DECISIONS = ("approved", "rejected", "review")

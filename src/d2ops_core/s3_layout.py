@@ -86,6 +86,16 @@ def snapshot_prefix(run_id: str) -> str:
     return f"{run_prefix(run_id)}{SNAPSHOT_DIR}/"
 
 
+def review_request_key(run_id: str) -> str:
+    """A run waiting for a person's decision (d2ops_core.documents.review.ReviewRequest, with its task token)."""
+    return f"{run_prefix(run_id)}review/request.json"
+
+
+def review_decision_key(run_id: str) -> str:
+    """The person's decision on the run (d2ops_core.documents.review.ReviewDecision), written once."""
+    return f"{run_prefix(run_id)}review/decision.json"
+
+
 def dataset_diff_key(run_id: str) -> str:
     """The diff of the run's dataset against the champion's (d2ops_core.documents.dataset_diff.DatasetDiff)."""
     return f"{run_prefix(run_id)}dataset-diff.json"

@@ -54,6 +54,7 @@ def write_evaluation(stack: dict[str, Any], kind: str, request: dict[str, Any]) 
     if "champion" in inputs:
         document["champion"] = ModelScores(metrics={"bbox_AP": 0.5}).model_dump()
         document["comparison"] = support.point_comparison(document)
+        document["held_out"] = support.held_out(document)
     report = EvaluationReport.model_validate(document)
     bucket, prefix = s3_layout.parse_s3_uri(request["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"])
     stack["s3"].put_object(Bucket=bucket, Key=prefix + "evaluation.json", Body=report.model_dump_json())

@@ -110,6 +110,7 @@ def write_evaluation(stack: dict[str, Any], kind: str, request: dict[str, Any]) 
                               "challenger_score_thresholds": CHALLENGER_THRESHOLDS}
     if champion is not None:
         report["comparison"] = support.point_comparison(report)
+        report["held_out"] = support.held_out(report)
     bucket, prefix = s3_layout.parse_s3_uri(request["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"])
     stack["s3"].put_object(Bucket=bucket, Key=prefix + "evaluation.json", Body=json.dumps(report))
 

@@ -13,12 +13,12 @@ from collections import Counter
 import pytest
 
 from d2ops import synth
-from d2ops_core.documents.evaluation import EvaluationReport
+from d2ops_core.documents.evaluation import EvaluationReport, HeldOutImages
 from d2ops_core.gate import GateSettings
 from model_code.dataset_version import read_coco
 from model_code.evaluation.coco import score_results
-from model_code.evaluation.comparison import compare_models
-from model_code.evaluation.documents import class_instances, job_report
+from model_code.evaluation.comparison import evaluation_report
+from model_code.evaluation.documents import class_instances
 from tests.fixtures.pipeline import support
 
 support.function_path("summarize_evaluation")
@@ -52,7 +52,7 @@ def detections(gt: dict, seed: int) -> list[dict]:
 def gate(report: dict, max_class_regression: float, min_class_instances: int) -> dict:
     parsed = EvaluationReport.model_validate_json(json.dumps(report))  # as the Lambda reads evaluation.json
     event = SummarizeEvent(report_uri="s3://bucket/evaluation.json", dataset={"name": "shapes", "version": "v1"}, gate={
-        "primary_metric": "bbox_AP", "min_map": 0.0, "max_regression": 1.0,
+        "primary_metric": "bbox_AP", "min_map": 0.0, "max_regression": 1.0, "min_compared_images": 1,
         "max_class_regression": max_class_regression, "min_class_instances": min_class_instances})
     return summarize(parsed, event).model_dump(mode="json")
 
@@ -64,9 +64,10 @@ def test_the_class_a_challenger_stopped_detecting_is_named_with_real_aps_and_cou
     challenger_dets = [d for d in champion_dets if d["category_id"] != lost_id]
     champion, challenger = (score_results(gt, champion_dets, ["bbox"]), score_results(gt, challenger_dets, ["bbox"]))
     instances = class_instances(gt)
-    comparison = compare_models(gt, challenger, champion, "bbox_AP", instances,
-                                GateSettings(resamples=200, min_class_instances=1))
-    report = job_report("bbox_AP", challenger, champion, instances, comparison)
+    parsed = evaluation_report(gt, challenger, champion, "bbox_AP", GateSettings(resamples=200, min_class_instances=1))
+    comparison = parsed.comparison
+    assert comparison is not None and parsed.held_out == HeldOutImages(compared=len(gt["images"]))
+    report = parsed.model_dump(mode="json")
     # The interval is of these very APs, and each class's level is Bonferroni-adjusted over the judged
     # classes (mutations: the point estimates from another scorer; the adjustment dropped).
     assert comparison.overall.challenger == pytest.approx(challenger.metrics["bbox_AP"], abs=1e-9)

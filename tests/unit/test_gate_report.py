@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from d2ops_core.documents.evaluation import Comparison
+from d2ops_core.documents.evaluation import Comparison, HeldOutImages
 from d2ops_core.gate import GateSettings
 from model_code.evaluation.comparison import comparison_html
 
@@ -14,25 +14,39 @@ def _interval(diff: float, low: float, high: float, confidence: float) -> dict[s
 
 COMPARISON = Comparison.model_validate({
     "metric": "bbox_AP", "val_images": 40, "resamples": 1000, "seed": 0, "confidence": 0.95,
-    "overall": _interval(-0.02, -0.05, 0.01, 0.95),
-    "per_class": {"disc": _interval(-0.3, -0.4, -0.2, 0.975), "star<b>": _interval(0.0, -0.005, 0.005, 0.975)}})
+    "overall": {**_interval(-0.02, -0.05, 0.01, 0.95), "low_mc_error": 0.0021, "high_mc_error": 0.0019},
+    "per_class": {"disc": {**_interval(-0.3, -0.4, -0.2, 0.975), "method": "normal"},
+                  "star<b>": {**_interval(0.0, -0.005, 0.005, 0.975), "method": "normal"}},
+    "classes": {"disc": {"challenger": 0.2, "champion": 0.5, "difference": -0.3, "instances": 40, "images": 30},
+                "star<b>": {"challenger": 0.5, "champion": 0.5, "difference": 0.0, "instances": 35, "images": 20},
+                "rare": {"challenger": 0.0, "champion": 0.7, "difference": -0.7, "instances": 4, "images": 1}}})
+HELD = HeldOutImages(compared=40, excluded=[{"reason": "champion_trained_on", "images": 12,
+                                             "examples": ["a.jpg", "b<.jpg"]}])
 
 
 def test_the_section_shows_each_interval_the_gate_s_reading_and_the_images_it_would_need() -> None:
-    page = comparison_html(COMPARISON, GateSettings(max_regression=0.01, max_class_regression=0.1))
-    assert "paired bootstrap over 40 val images" in page and "1000 resamples (seed 0)" in page
-    # overall: [-0.05, +0.01] reaches -0.01, so within; half-width 0.03 = 3 x 0.01 -> 9 x 40 images, 320 more
-    assert "<td>[-0.0500, +0.0100]</td><td>0.95</td><td>within &plusmn;0.01</td><td>about 320 more</td>" in page
+    page = comparison_html(COMPARISON, HELD, GateSettings(max_regression=0.01, max_class_regression=0.1))
+    assert "paired bootstrap over 40 held-out val images" in page and "1000 resamples (seed 0)" in page
+    assert "<li>12 champion trained on (e.g. a.jpg, b&lt;.jpg)</li>" in page  # escaped, and said why
+    # overall: [-0.05, +0.01] reaches below -0.01: review; half-width 0.03 = 3 x 0.01 -> 9 x 40 images, 320 more
+    assert ("<td>[-0.0500, +0.0100]</td><td>percentile &plusmn;0.0021 / &plusmn;0.0019</td><td>0.95</td>"
+            "<td>may be worse by more than 0.01: review</td><td>about 320 more</td>") in page
     # disc: its whole interval below -0.1 (mutation: the overall tolerance used per class would say the same,
-    # but star's row must then not be 'enough')
-    assert "<td>[-0.4000, -0.2000]</td><td>0.975</td><td>significant regression beyond &plusmn;0.1</td>" in page
-    assert "<th>star&lt;b&gt;</th>" in page and "<td>within &plusmn;0.1</td><td>enough</td>" in page
+    # but star's row must then not read 'not surely worse')
+    assert "<td>[-0.4000, -0.2000]</td><td>normal</td><td>0.975</td><td>surely worse by more than 0.1: refused" in page
+    assert "<th>star&lt;b&gt;</th>" in page and "<td>not surely worse by more than 0.1</td>" in page
+    # every class, judged or not; the rare one's drop is flagged for review
+    assert "<th>rare</th><td>0.0000</td><td>0.7000</td><td>-0.7000</td><td>4</td><td>1</td><td>no</td>" in page
+    assert "drops by more than 0.1: review" in page
 
 
 def test_without_the_tolerances_the_intervals_are_shown_without_a_verdict() -> None:
-    page = comparison_html(COMPARISON, GateSettings())
-    assert "[-0.4000, -0.2000]" in page and "significant" not in page
-    assert comparison_html(None, GateSettings()) == ""  # a first model: nothing to compare
+    page = comparison_html(COMPARISON, HELD, GateSettings())
+    assert "[-0.4000, -0.2000]" in page and "surely" not in page and "approvable" not in page
+    assert comparison_html(None, None, GateSettings()) == ""  # a first model: nothing to compare
+    nothing = comparison_html(None, HeldOutImages(compared=0, excluded=[{"reason": "champion_trained_on",
+                                                                         "images": 8}]), GateSettings())
+    assert "0 held-out val images compared" in nothing and "nothing to compare" in nothing
 
 
 def test_d2ops_status_shows_the_interval_and_the_images_it_would_need() -> None:

@@ -72,18 +72,18 @@ def test_the_plan_s_gate_and_the_evaluation_job_s_environment_carry_the_same_tig
 
 
 @pytest.mark.parametrize(("asked", "codes"), [
-    (Gate(confidence=0.99), [Code.GATE_CONFIDENCE_ABOVE_STACK]),  # a wider interval lets more through
+    (Gate(confidence=0.8), [Code.GATE_CONFIDENCE_BELOW_STACK]),  # a narrower interval approves more readily
     (Gate(resamples=500), [Code.GATE_RESAMPLES_BELOW_STACK]),
-    (Gate(confidence=0.95, resamples=1000), []),  # equal to the stack's: not laxer (mutation: >= for >)
-    (Gate(confidence=0.8, resamples=gate.MAX_RESAMPLES), []),
+    (Gate(confidence=0.95, resamples=1000), []),  # equal to the stack's: not laxer (mutation: <= for <)
+    (Gate(confidence=0.99, resamples=gate.MAX_RESAMPLES), []),
 ])
-def test_a_manifest_may_only_lower_the_confidence_and_raise_the_resamples(asked: Gate, codes: list[Code]) -> None:
+def test_a_manifest_may_only_raise_the_confidence_and_the_resamples(asked: Gate, codes: list[Code]) -> None:
     limits = StackLimits(min_map=0.3, max_regression=0.01, confidence=0.95, resamples=1000)
     from d2ops_core.validation.manifest import TrainingOverrides
 
     assert [c for c, _, _ in stack_limit_problems(asked, TrainingOverrides(), limits)] == codes
     confidence, resamples = effective_interval(limits, asked)
-    assert confidence <= 0.95 and resamples >= 1000  # never laxer or coarser than the stack, whatever was asked
+    assert confidence >= 0.95 and resamples >= 1000  # never laxer or coarser than the stack, whatever was asked
     if not codes:
         assert (confidence, resamples) == (asked.confidence, asked.resamples)
 

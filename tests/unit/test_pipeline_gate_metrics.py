@@ -23,7 +23,7 @@ from tests.fixtures.pipeline import support
 support.function_path("summarize_evaluation")
 from summarize_evaluation import handler as summarize_handler  # noqa: E402
 from summarize_evaluation.models import SummarizeEvent  # noqa: E402
-from summarize_evaluation.service import decision, summarize  # noqa: E402
+from summarize_evaluation.service import metric_decision, summarize  # noqa: E402
 
 SUMMARIZE_EVENT = support.load_event("summarize_evaluation", "report")
 
@@ -44,19 +44,25 @@ def _report(challenger: float, champion: float | None) -> dict[str, Any]:
     if champion is not None:
         report["champion"] = scores(champion)
         report["comparison"] = support.point_comparison(report)
+        report["held_out"] = support.held_out(report)
     return report
 
 
 @pytest.mark.parametrize(("challenger", "champion", "decision"), [
-    (0.5, None, "approved"), (0.2, None, "rejected"), (0.5, 0.6, "rejected"), (0.6, 0.55, "approved")])
+    (0.5, None, "approved"), (0.2, None, "rejected"), (0.5, 0.6, "rejected"), (0.6, 0.55, "approved"),
+    (0.6, 0.65, "review")])
 def test_the_summary_reports_the_gate_decision_and_the_challenger_ap(
         aws: None, capsys: pytest.CaptureFixture[str], challenger: float, champion: float | None,
         decision: str) -> None:
     s3 = boto3.client("s3")
     s3.create_bucket(Bucket=support.ARTIFACTS_BUCKET)
     key = SUMMARIZE_EVENT["report_uri"].removeprefix(f"s3://{support.ARTIFACTS_BUCKET}/")
-    s3.put_object(Bucket=support.ARTIFACTS_BUCKET, Key=key, Body=json.dumps(_report(challenger, champion)).encode())
-    event = {**SUMMARIZE_EVENT, "gate": {**SUMMARIZE_EVENT["gate"], "min_map": 0.3, "max_regression": 0.01}}
+    event = {**SUMMARIZE_EVENT, "gate": {**SUMMARIZE_EVENT["gate"], "min_map": 0.3, "max_regression": 0.01,
+                                         "min_compared_images": 10}}
+    report = _report(challenger, champion)
+    if decision == "review":  # an interval from clearly worse to equal: it cannot show the challenger is within 0.01
+        report["comparison"]["overall"].update(low=-0.09, high=-0.0, half_width=0.045)
+    s3.put_object(Bucket=support.ARTIFACTS_BUCKET, Key=key, Body=json.dumps(report).encode())
     summarize_handler.handler(event, support.FakeLambdaContext())
     found = emf_metrics(capsys.readouterr().out)
     assert [(n, d[pm.DECISION], v) for n, d, v in found if n == pm.GATE_DECISIONS] == [(pm.GATE_DECISIONS, decision,
@@ -91,9 +97,9 @@ def test_the_metric_s_decision_is_the_quality_gate_choice_state_s(challenger: fl
     gate = QUALITY_GATE
     document = {"evaluation": summary.model_dump(mode="json")}
     taken = next((rule["Next"] for rule in gate["Choices"] if evaluate_rule(rule, document, {})), gate["Default"])
-    expected = "approved" if taken == gate["Default"] else "rejected"
-    assert decision(summary) == expected
+    expected = {gate["Default"]: "approved", "Needs review": "review"}.get(taken, "rejected")
+    assert metric_decision(summary) == expected
     # ...and the refusal its reason is written for is the branch the Choice takes.
-    assert taken == {None: gate["Default"], "below_min_map": "Below quality threshold",
-                     "regressed": "Worse than champion",
+    assert taken == {None: "Needs review" if summary.decision == "review" else gate["Default"],
+                     "below_min_map": "Below quality threshold", "regressed": "Worse than champion",
                      "class_regressed": "Worse than champion on a class"}[summary.refused_by]

@@ -107,7 +107,7 @@ def test_manifest_overrides_become_string_hyperparameters_and_gate_thresholds(aw
     ({"training": {"ims_per_batch": 17}}, "TRAINING_IMS_PER_BATCH_ABOVE_STACK"),
     ({"gate": {"max_class_regression": 0.5}}, "GATE_MAX_CLASS_REGRESSION_ABOVE_STACK"),
     ({"gate": {"min_class_instances": 31}}, "GATE_MIN_CLASS_INSTANCES_ABOVE_STACK"),
-    ({"gate": {"confidence": 0.99}}, "GATE_CONFIDENCE_ABOVE_STACK"),
+    ({"gate": {"confidence": 0.8}}, "GATE_CONFIDENCE_BELOW_STACK"),
     ({"gate": {"resamples": 999}}, "GATE_RESAMPLES_BELOW_STACK"),
 ])
 def test_a_manifest_never_loosens_the_stack_limits(aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch,

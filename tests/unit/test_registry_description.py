@@ -76,7 +76,7 @@ def report(names: list[str]) -> dict[str, Any]:
         return {"metrics": {"bbox_AP": 0.6}, "per_class": {n: {"bbox_AP": ap} for n in names}}
     document = {"primary_metric": "bbox_AP", "val_images": 40, "class_instances": dict.fromkeys(names, 100),
                 "challenger": side(0.1), "champion": side(0.9)}
-    return {**document, "comparison": support.point_comparison(document)}
+    return {**document, "comparison": support.point_comparison(document), "held_out": support.held_out(document)}
 
 
 def summarize(names: list[str], dataset: str, version: str) -> dict[str, Any]:

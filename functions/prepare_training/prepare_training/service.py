@@ -348,7 +348,9 @@ def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: Champio
     confidence, resamples = effective_interval(settings.limits, event.manifest.gate)
     gate = GateThresholds(primary_metric=metrics.primary_metric(event.manifest.task), min_map=min_map,
                           max_regression=max_regression, max_class_regression=max_class_regression,
-                          min_class_instances=min_class_instances, confidence=confidence, resamples=resamples)
+                          min_class_instances=min_class_instances, confidence=confidence, resamples=resamples,
+                          min_compared_images=settings.limits.min_compared_images
+                          or gate_settings.DEFAULT_MIN_COMPARED_IMAGES)
     return Plan(
         training_job=training,
         evaluation_job=evaluation_job_request(settings, event, names, model_artifact_uri(training), champion, gate),

@@ -12,7 +12,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from d2ops_core import pipeline_metrics as pm
 from d2ops_core.lambda_task import task_handler
 from summarize_evaluation.models import EvaluationSummary, SummarizeEvent
-from summarize_evaluation.service import decision, read_report, summarize
+from summarize_evaluation.service import metric_decision, read_report, summarize
 
 logger = Logger()
 tracer = Tracer()
@@ -21,7 +21,7 @@ tracer = Tracer()
 def record_metrics(summary: EvaluationSummary) -> None:
     """One gate decision and the challenger's AP (EMF; each its own document, as each has its own dimension)."""
     with single_metric(namespace=pm.NAMESPACE, name=pm.GATE_DECISIONS, unit=MetricUnit.Count, value=1) as metric:
-        metric.add_dimension(name=pm.DECISION, value=decision(summary))
+        metric.add_dimension(name=pm.DECISION, value=metric_decision(summary))
     with single_metric(namespace=pm.NAMESPACE, name=pm.CHALLENGER_AP, unit=MetricUnit.NoUnit,
                        value=summary.challenger_value) as metric:
         metric.add_dimension(name=pm.PRIMARY_METRIC, value=summary.primary_metric)

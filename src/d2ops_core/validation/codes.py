@@ -28,7 +28,7 @@ class Code(StrEnum):
     GATE_MAX_REGRESSION_ABOVE_STACK = "GATE_MAX_REGRESSION_ABOVE_STACK"
     GATE_MAX_CLASS_REGRESSION_ABOVE_STACK = "GATE_MAX_CLASS_REGRESSION_ABOVE_STACK"
     GATE_MIN_CLASS_INSTANCES_ABOVE_STACK = "GATE_MIN_CLASS_INSTANCES_ABOVE_STACK"
-    GATE_CONFIDENCE_ABOVE_STACK = "GATE_CONFIDENCE_ABOVE_STACK"
+    GATE_CONFIDENCE_BELOW_STACK = "GATE_CONFIDENCE_BELOW_STACK"
     GATE_RESAMPLES_BELOW_STACK = "GATE_RESAMPLES_BELOW_STACK"
     TRAINING_MAX_ITER_ABOVE_STACK = "TRAINING_MAX_ITER_ABOVE_STACK"
     TRAINING_IMS_PER_BATCH_ABOVE_STACK = "TRAINING_IMS_PER_BATCH_ABOVE_STACK"
@@ -104,8 +104,8 @@ MEANINGS: dict[Code, str] = {
                                                  "(a manifest may only lower it)"),
     Code.GATE_MIN_CLASS_INSTANCES_ABOVE_STACK: ("gate.min_class_instances is above the stack's MinClassInstances "
                                                 "(a manifest may only lower it: more classes judged)"),
-    Code.GATE_CONFIDENCE_ABOVE_STACK: ("gate.confidence is above the stack's GateConfidence (a manifest may only "
-                                       "lower it: a narrower interval, refused more readily)"),
+    Code.GATE_CONFIDENCE_BELOW_STACK: ("gate.confidence is below the stack's GateConfidence (a manifest may only "
+                                       "raise it: a wider interval, approved less readily)"),
     Code.GATE_RESAMPLES_BELOW_STACK: ("gate.resamples is below the stack's GateResamples (a manifest may only raise "
                                       "it, up to d2ops_core.gate.MAX_RESAMPLES)"),
     Code.TRAINING_MAX_ITER_ABOVE_STACK: "training.max_iter is above the stack's MaxTrainingIterations",

@@ -82,7 +82,7 @@ class Gate(_Strict):
         default=None, ge=1, le=1_000_000, description="val instances a class needs to be judged per class")
     confidence: float | None = Field(
         default=None, gt=gate_settings.MIN_CONFIDENCE_EXCLUSIVE, lt=gate_settings.MAX_CONFIDENCE_EXCLUSIVE,
-        description="two-sided level of the interval of challenger - champion; at most the stack's GateConfidence")
+        description="two-sided level of the interval of challenger - champion; at least the stack's GateConfidence")
     resamples: int | None = Field(
         default=None, ge=gate_settings.MIN_RESAMPLES, le=gate_settings.MAX_RESAMPLES,
         description="paired-bootstrap resamples of the val images; at least the stack's GateResamples")
@@ -144,6 +144,8 @@ class StackLimits(BaseModel):
     confidence: float | None = Field(default=None, gt=gate_settings.MIN_CONFIDENCE_EXCLUSIVE,
                                      lt=gate_settings.MAX_CONFIDENCE_EXCLUSIVE)
     resamples: int | None = Field(default=None, ge=gate_settings.MIN_RESAMPLES, le=gate_settings.MAX_RESAMPLES)
+    # MinComparedImages: the held-out val images an approval needs (no manifest key: a dataset cannot lower it).
+    min_compared_images: int | None = Field(default=None, ge=1)
 
     # Environment variable -> field: template.yaml sets these on the functions that enforce them.
     ENV: ClassVar[dict[str, str]] = {"MIN_MAP": "min_map", "MAX_REGRESSION": "max_regression",
@@ -151,7 +153,8 @@ class StackLimits(BaseModel):
                                      "MAX_CLASS_REGRESSION": "max_class_regression",
                                      "MIN_CLASS_INSTANCES": "min_class_instances",
                                      gate_settings.CONFIDENCE_ENV: "confidence",
-                                     gate_settings.RESAMPLES_ENV: "resamples"}
+                                     gate_settings.RESAMPLES_ENV: "resamples",
+                                     "MIN_COMPARED_IMAGES": "min_compared_images"}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> StackLimits:
@@ -191,10 +194,10 @@ def stack_limit_problems(gate: Gate | None, training: TrainingOverrides,
     # A stack that sets no interval settings has the defaults (d2ops_core.gate), so it is checked against those.
     stack_confidence = gate_settings.DEFAULT_CONFIDENCE if limits.confidence is None else limits.confidence
     stack_resamples = gate_settings.DEFAULT_RESAMPLES if limits.resamples is None else limits.resamples
-    if gate is not None and gate.confidence is not None and gate.confidence > stack_confidence:
-        problems.append((Code.GATE_CONFIDENCE_ABOVE_STACK, f"gate.confidence {gate.confidence:g} is above the "
-                         f"stack's GateConfidence {stack_confidence:g}: a manifest may ask for a narrower interval "
-                         "(refusing a regression more readily), not a wider one", "gate.confidence"))
+    if gate is not None and gate.confidence is not None and gate.confidence < stack_confidence:
+        problems.append((Code.GATE_CONFIDENCE_BELOW_STACK, f"gate.confidence {gate.confidence:g} is below the "
+                         f"stack's GateConfidence {stack_confidence:g}: a manifest may ask for a wider interval "
+                         "(approving less readily), not a narrower one", "gate.confidence"))
     if gate is not None and gate.resamples is not None and gate.resamples < stack_resamples:
         problems.append((Code.GATE_RESAMPLES_BELOW_STACK, f"gate.resamples {gate.resamples} is below the stack's "
                          f"GateResamples {stack_resamples}: a manifest may ask for more resamples (up to "
@@ -241,13 +244,14 @@ def effective_class_gate(limits: StackLimits, gate: Gate | None) -> tuple[float 
 def effective_interval(limits: StackLimits, gate: Gate | None) -> tuple[float, int]:
     """(confidence, resamples) of the interval the gate judges, tightened like :func:`effective_gate`.
 
-    A lower confidence narrows the interval (a regression is refused more readily); more resamples
-    only make its ends more precise. A stack that sets neither has d2ops_core.gate's defaults.
+    The gate approves only when the interval's lower end clears the tolerance, so a lower confidence (a
+    narrower interval) would approve more readily: a manifest may only raise it. More resamples only make
+    the ends more precise. A stack that sets neither has d2ops_core.gate's defaults.
     """
     stack_confidence = gate_settings.DEFAULT_CONFIDENCE if limits.confidence is None else limits.confidence
     stack_resamples = gate_settings.DEFAULT_RESAMPLES if limits.resamples is None else limits.resamples
     asked_confidence, asked_resamples = (gate.confidence, gate.resamples) if gate else (None, None)
-    return (min(stack_confidence, asked_confidence or stack_confidence),
+    return (max(stack_confidence, asked_confidence or stack_confidence),
             max(stack_resamples, asked_resamples or stack_resamples))
 
 
