@@ -116,11 +116,18 @@ def format_run(run: dict[str, Any]) -> list[str]:
                      f"{evaluation.get('challenger_value'):.4f}" + (f", champion {champion:.4f}" if champion is not None
                                                                     else ", no champion yet"))
         interval = evaluation.get("interval")
-        if interval and evaluation.get("val_images"):  # the paired bootstrap the gate judged
+        compared = evaluation.get("images_compared", evaluation.get("val_images"))
+        if interval and compared:  # the paired bootstrap the gate judged, on the held-out images
             lines.append("    " + interval_line(
                 str(evaluation.get("primary_metric")), interval["difference"], interval["low"], interval["high"],
-                interval["confidence"], evaluation["val_images"], evaluation.get("more_val_images"),
+                interval["confidence"], compared, evaluation.get("more_val_images"),
                 evaluation.get("max_regression")))
+        if evaluation.get("images_excluded"):
+            lines.append(f"    {evaluation['images_excluded']} of {evaluation.get('val_images')} val images left "
+                         "out: a model was trained on them")
+        if evaluation.get("decision"):
+            because = ", ".join(evaluation.get("review_because") or [])
+            lines.append(f"    decision: {evaluation['decision']}" + (f" ({because})" if because else ""))
     gate = run.get("gate") or {}
     if gate:
         lines.append(f"  gate      {gate.get('decision')}: {gate.get('reason')}")
