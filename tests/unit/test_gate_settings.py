@@ -1,8 +1,9 @@
-"""The interval's settings (GateConfidence, GateResamples) from the stack to the evaluation job.
+"""The gate's settings (GateConfidence, GateResamples, MinComparedImages, the tolerances' defaults) from the
+stack to the evaluation job and the summarize step.
 
 The stack parameters agree with d2ops_core.gate; prepare_training writes the plan's gate and the
-evaluation job's GATE_* Environment from the same tightened values; a manifest may only lower the
-confidence and raise the resamples; the job refuses a bad value naming the variable.
+evaluation job's GATE_* Environment from the same tightened values; a manifest may only raise the
+confidence and the resamples; the job refuses a bad value naming the variable.
 """
 
 from __future__ import annotations
@@ -37,6 +38,26 @@ def test_the_template_parameters_agree_with_the_gate_module() -> None:
         assert not pattern.fullmatch(text), text
 
 
+def test_the_tolerances_defaults_are_the_stack_s_and_d2ops_gate_s() -> None:
+    """One fact, three readers (the template, d2ops gate's defaults, the plan). Mutation: one changed alone."""
+    params = load_template().document["Parameters"]
+    assert float(params["MinMap"]["Default"]) == gate.DEFAULT_MIN_MAP
+    assert float(params["MaxRegression"]["Default"]) == gate.DEFAULT_MAX_REGRESSION
+    assert float(params["MaxClassRegression"]["Default"]) == gate.DEFAULT_MAX_CLASS_REGRESSION
+    assert params["MinClassInstances"]["Default"] == gate.DEFAULT_MIN_CLASS_INSTANCES
+    compared = params["MinComparedImages"]
+    assert compared["Type"] == "Number" and compared["Default"] == gate.DEFAULT_MIN_COMPARED_IMAGES
+    assert compared["MinValue"] == 1
+
+
+def test_min_compared_images_reaches_the_plan_from_the_stack() -> None:
+    stack = load_stack(parameters={"MinComparedImages": "120"})
+    env = stack.functions["PrepareTrainingFunction"].environment
+    assert env["MIN_COMPARED_IMAGES"] == "120"
+    assert _plan({**support.PREPARE_ENV, "MIN_COMPARED_IMAGES": "120"}, None).gate.min_compared_images == 120
+    assert _plan(support.PREPARE_ENV, None).gate.min_compared_images == gate.DEFAULT_MIN_COMPARED_IMAGES
+
+
 def test_the_functions_that_enforce_the_limits_get_them_from_the_stack() -> None:
     stack = load_stack(parameters={"GateConfidence": "0.9", "GateResamples": "2000"})
     for name in ("ValidateDatasetFunction", "PrepareTrainingFunction"):
@@ -57,11 +78,11 @@ def _plan(stack_env: dict[str, str], manifest_gate: dict[str, Any] | None) -> An
 
 def test_the_plan_s_gate_and_the_evaluation_job_s_environment_carry_the_same_tightened_values() -> None:
     stack_env = {**support.PREPARE_ENV, "GATE_CONFIDENCE": "0.95", "GATE_RESAMPLES": "1000"}
-    plan = _plan(stack_env, {"confidence": 0.9, "resamples": 4000, "min_class_instances": 20})
-    assert (plan.gate.confidence, plan.gate.resamples, plan.gate.min_class_instances) == (0.9, 4000, 20)
+    plan = _plan(stack_env, {"confidence": 0.99, "resamples": 4000, "min_class_instances": 20})
+    assert (plan.gate.confidence, plan.gate.resamples, plan.gate.min_class_instances) == (0.99, 4000, 20)
     env = plan.evaluation_job["Environment"]
     # Read back the way the job reads it (mutation: the stack's values passed instead of the plan's).
-    assert gate.read_job_environment(env) == gate.GateSettings(confidence=0.9, resamples=4000,
+    assert gate.read_job_environment(env) == gate.GateSettings(confidence=0.99, resamples=4000,
                                                                min_class_instances=20, seed=0, max_regression=0.01,
                                                                max_class_regression=0.1)
     assert all(isinstance(v, str) for v in env.values())  # SageMaker's Environment is strings
