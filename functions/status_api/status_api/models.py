@@ -11,7 +11,7 @@ from d2ops_core.cost import RunCost
 from d2ops_core.dataset_identity import DatasetRef
 from d2ops_core.documents.dataset_diff import DatasetDiffSummary
 from d2ops_core.documents.error_analysis import ErrorAnalysis
-from d2ops_core.documents.evaluation import Comparison
+from d2ops_core.documents.evaluation import Comparison, HeldOutImages
 from d2ops_core.evaluation_curves import PrCurves
 
 RunStatus = Literal["RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "PENDING_REDRIVE"]
@@ -212,9 +212,13 @@ class EvaluationView(BaseModel):
     val_images: int
     challenger: ModelScoresView
     champion: ModelScoresView | None = None
+    held_out: HeldOutImages | None = Field(
+        None, description="which val images the comparison used: those neither model was trained on (None without "
+                          "a champion, and in reports written before they were counted)")
     comparison: Comparison | None = Field(
-        None, description="challenger - champion by a paired bootstrap over the val images: the interval the gate "
-                          "judged, overall and per judged class (None without a champion)")
+        None, description="challenger - champion by a paired bootstrap over the held-out val images: the interval "
+                          "the gate judged, overall and per judged class, and every class's point APs (None "
+                          "without a champion)")
     pr_curves: PrCurves | None = Field(None, description="absent for reports written before the curves were kept")
     errors: ErrorAnalysis | None = Field(None, description="AP by object size, confusion matrix with background, "
                                          "the worst val images drawn; absent for reports written before it")
