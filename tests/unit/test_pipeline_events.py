@@ -25,7 +25,7 @@ from compose_notification.models import NotificationEvent  # noqa: E402
 from prepare_training.models import PrepareEvent  # noqa: E402
 from smoke_test_endpoint.models import SmokeTestEvent  # noqa: E402
 from start_pipeline.models import ObjectCreatedEvent  # noqa: E402
-from status_api.models import ENDPOINT_NAME_PATTERN, StartRunRequest  # noqa: E402
+from status_api.models import ENDPOINT_NAME_PATTERN, DecisionRequest, StartRunRequest  # noqa: E402
 from summarize_evaluation.models import SummarizeEvent  # noqa: E402
 
 INPUT_MODELS: dict[str, type[BaseModel]] = {"start_pipeline": ObjectCreatedEvent, "prepare_training": PrepareEvent,
@@ -64,7 +64,8 @@ def test_status_api_events_name_documented_routes_with_valid_requests() -> None:
             pattern = ENDPOINT_NAME_PATTERN if name == "endpointName" else RUN_ID_PATTERN
             assert "{" + name + "}" in route and re.fullmatch(pattern, value), path.name
         if method == "POST":
-            StartRunRequest.model_validate_json(event["body"])
+            body_model = DecisionRequest if route.endswith("/decision") else StartRunRequest
+            body_model.model_validate_json(event["body"])
         routes.add((method.lower(), route))
     # One sample per documented operation.
     assert routes == {(m, p) for p, ops in document["paths"].items() for m in ops}

@@ -26,6 +26,7 @@ from moto.core import set_initial_no_auth_action_count
 from d2ops.asl.interpreter import Execution
 from d2ops.template import load_template, resolve
 from d2ops_core.champion import CHAMPION_KEY, history_prefix
+from d2ops_core.s3_layout import review_decision_key, review_request_key
 from tests.fixtures.pipeline import support
 
 support.function_path("status_api")
@@ -33,6 +34,9 @@ from status_api import handler as api  # noqa: E402
 
 ARTIFACTS, DATA = support.ARTIFACTS_BUCKET, support.DATA_BUCKET
 REPORT_STATEMENT = "ReadRunReportsAndEndpointHistory"
+REVIEW_STATEMENTS = ("ReadReviews", "RecordDecisions")
+REVIEWER = "arn:aws:iam::123456789012:role/d2ops-ReviewerRole"
+REVIEWER_SESSION = "arn:aws:sts::123456789012:assumed-role/d2ops-ReviewerRole/alice"
 LIST_STATEMENTS = ("MissingReportsAreNoSuchKey", "MissingManifestsAreNoSuchKey")
 
 
@@ -84,6 +88,9 @@ def problems(statements: list[dict[str, Any]], calls: list[tuple[str, dict[str, 
             if not allowed(statements, "s3:ListBucket", bucket, prefix=key):
                 found.append(f"{operation} s3://{params['Bucket']}/{key}: no s3:ListBucket for the prefix {key!r} "
                              "(S3 would answer 403 for it missing)")
+        elif operation == "PutObject":
+            if not allowed(statements, "s3:PutObject", f"{bucket}/{params['Key']}"):
+                found.append(f"PutObject s3://{params['Bucket']}/{params['Key']}: no s3:PutObject")
         elif operation == "ListObjectsV2":
             if not allowed(statements, "s3:ListBucket", bucket, prefix=params.get("Prefix", "")):
                 found.append(f"ListObjectsV2 s3://{params['Bucket']} prefix {params.get('Prefix')!r}: not granted")
@@ -163,6 +170,17 @@ def put_everything(s3: Any, execution: Execution) -> None:
                   Body=b"{}")
     s3.put_object(Bucket=ARTIFACTS, Key=CHAMPION_KEY, Body=b"{}")
     s3.put_object(Bucket=DATA, Key="datasets/shapes/v1/manifest.json", Body=b"{}")
+    from tests.unit.test_status_api_decision import review_request
+
+    s3.put_object(Bucket=ARTIFACTS, Key=review_request_key(support.RUN_ID),
+                  Body=review_request(support.RUN_ID).model_dump_json().encode())
+
+
+class AcceptingStepFunctions:
+    """SendTaskSuccess accepting the token (Step Functions is not what this test checks)."""
+
+    def send_task_success(self, **kwargs: Any) -> dict[str, Any]:
+        return {}
 
 
 def all_reads(monkeypatch: pytest.MonkeyPatch, aws: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -176,6 +194,14 @@ def all_reads(monkeypatch: pytest.MonkeyPatch, aws: dict[str, Any]) -> list[tupl
     with contextlib.suppress(Exception):  # the interpreter stand-in cannot start runs; the manifest was read
         service.start_run_for_uri(aws["s3"], aws["sfn"], aws["execution"].state_machine.arn, DATA,
                                   f"s3://{DATA}/datasets/shapes/v1/")
+    # POST /runs/{runId}/decision reads the review request and any recorded decision, then records one;
+    # GET /runs/{runId} of a run the gate sent to review reads both.
+    from status_api import review
+    from status_api.models import DecisionRequest
+
+    review.decide(AcceptingStepFunctions(), aws["s3"], ARTIFACTS, REVIEWER, support.RUN_ID,
+                  DecisionRequest(decision="approve"), REVIEWER_SESSION)
+    review.review_view(aws["s3"], ARTIFACTS, support.RUN_ID, {"evaluation": {"decision": "review"}}, "RUNNING")
     return calls
 
 
@@ -190,6 +216,9 @@ def test_every_s3_read_of_the_status_api_is_granted_and_listable(monkeypatch: py
     assert any(op == "GetObject" and k.endswith("/report/pr_curves.json") for op, _, k in read)
     assert any(op == "GetObject" and k.endswith("/report/errors.json") for op, _, k in read)
     assert ("HeadObject", DATA, "datasets/shapes/v1/manifest.json") in read
+    for key in (review_request_key(support.RUN_ID), review_decision_key(support.RUN_ID)):
+        assert ("GetObject", ARTIFACTS, key) in read, f"the API never read {key}"
+    assert ("PutObject", ARTIFACTS, review_decision_key(support.RUN_ID)) in read
     statements = s3_statements()
     assert problems(statements, calls) == []
     # Mutation: without the listing grants, every read of a possibly missing key is a 403 in waiting.
@@ -198,6 +227,9 @@ def test_every_s3_read_of_the_status_api_is_granted_and_listable(monkeypatch: py
         assert problems(fewer, calls), f"dropping {sid} went unnoticed"
     fewer = [st for st in statements if st.get("Sid") != REPORT_STATEMENT]
     assert any("no s3:GetObject" in p for p in problems(fewer, calls))
+    for sid in REVIEW_STATEMENTS:
+        fewer = [st for st in statements if st.get("Sid") != sid]
+        assert any("/review/" in p for p in problems(fewer, calls)), f"dropping {sid} went unnoticed"
 
 
 @pytest.mark.parametrize("route", ["validation", "evaluation"])

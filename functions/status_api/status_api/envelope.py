@@ -8,7 +8,8 @@ answered a bare 500: an event of another shape (a REST API 1.0 event, a console 
 ``check_event`` finds the first two before the resolver runs (no JSON parse: it only decodes
 the text); the body is parsed once, by the resolver, through ``json_body`` (its
 ``json_body_deserializer``), which turns the last two into BadEnvelope. Either way the answer
-is a 400 naming the problem.
+is a 400 naming the problem. A body larger than any request the API takes (``MAX_BODY_CHARS``) is
+refused before anything reads it: 413.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ import binascii
 import json
 from collections.abc import Mapping
 from typing import Any
+
+# The largest body a route takes is a decision's: a 1000-character reason, each character at most 12 JSON
+# characters (a surrogate pair's two \uXXXX escapes). API Gateway passes up to 10 MB; the API reads 64 KiB.
+MAX_BODY_CHARS = 64 * 1024
 
 
 class BadEnvelope(ValueError):
@@ -47,6 +52,9 @@ def body_text(event: Mapping[str, Any]) -> str | None:
         return None
     if not isinstance(body, str):
         raise BadEnvelope(400, f"request body arrived as {type(body).__name__}, not text")
+    if len(body) > MAX_BODY_CHARS:
+        raise BadEnvelope(413, f"request body is {len(body)} characters; the status API takes at most "
+                               f"{MAX_BODY_CHARS}")
     if not event.get("isBase64Encoded"):
         return body
     try:
@@ -75,8 +83,8 @@ def json_body(text: str) -> Any:
     try:
         return json.loads(text)
     except RecursionError as exc:
-        raise BadEnvelope(400, "request body is not valid JSON: arrays/objects nest too deeply (the body is "
-                               "{\"dataset_uri\": \"s3://...\"})") from exc
+        raise BadEnvelope(400, "request body is not valid JSON: arrays/objects nest too deeply (the API takes "
+                               "flat objects)") from exc
     except json.JSONDecodeError as exc:
         raise BadEnvelope(400, f"request body is not valid JSON: {exc.msg} at line {exc.lineno}, column "
                                f"{exc.colno}") from exc

@@ -24,10 +24,12 @@ from d2ops_core.champion import EndpointHistory
 from d2ops_core.failures import one_line
 from d2ops_core.run_ids import RUN_ID_PATTERN
 from d2ops_core.validation.report import ValidationReport
-from status_api import clients, service, views
+from status_api import clients, review, service, views
 from status_api.envelope import BadEnvelope, check_event, json_body
 from status_api.models import (
     ENDPOINT_NAME_PATTERN,
+    DecisionRequest,
+    DecisionResponse,
     ErrorResponse,
     EvaluationView,
     ModelsResponse,
@@ -104,6 +106,19 @@ def cannot_serve(exc: service.BadRequest) -> Response:
     return _problem(400, one_line(str(exc)))
 
 
+@app.exception_handler(review.Forbidden)
+def forbidden(exc: review.Forbidden) -> Response:
+    """A caller the route does not allow (not the stack's reviewer role): 403 naming who may."""
+    logger.warning("refused caller", extra={"reason": str(exc)})
+    return _problem(403, one_line(str(exc)))
+
+
+@app.exception_handler(review.Conflict)
+def conflict(exc: review.Conflict) -> Response:
+    """A request that contradicts what happened already (decided before, or no longer waiting): 409."""
+    return _problem(409, one_line(str(exc)))
+
+
 @app.exception_handler([ClientError, AwsConnectionError, ReadTimeoutError])
 def busy(exc: Exception) -> Response:
     """Throttled or unreachable AWS APIs are a 503 with Retry-After, not a 500; other AWS errors stay 5xx."""
@@ -136,7 +151,8 @@ def list_runs(
 @tracer.capture_method
 def get_run(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> RunDetail:  # the route spells it runId
     return service.get_run(clients.client("stepfunctions"), clients.client("sagemaker"),
-                           os.environ["STATE_MACHINE_ARN"], runId, cloudwatch=clients.Lazy("cloudwatch"))
+                           os.environ["STATE_MACHINE_ARN"], runId, cloudwatch=clients.Lazy("cloudwatch"),
+                           s3=clients.Lazy("s3"), artifacts_bucket=os.environ["ARTIFACTS_BUCKET"])
 
 
 def _ok(description: str, model: type) -> dict[int, OpenAPIResponse]:
@@ -197,6 +213,30 @@ def start_run(request: StartRunRequest) -> tuple[StartRunResponse, int]:
                                         request.dataset_uri)
     logger.info("run requested", extra=started.model_dump())
     return started, 200 if started.already_started else 202
+
+
+@app.post("/runs/<runId>/decision",
+          summary="Decide a run the quality gate sent to review: approve (deploy as if the gate approved) or reject",
+          description="Only sessions of the stack's reviewer role (its ReviewerRoleArn output) may decide. The "
+                      "decision completes the run's wait (SendTaskSuccess) and is recorded once: the caller's ARN, "
+                      "the reason and the time, in the run, the registry entry and the endpoint history.",
+          responses={**_ok("the decision the run received (already_decided: this caller's same decision, "
+                           "recorded before)", DecisionResponse),
+                     400: error("the body is not {\"decision\": \"approve\"|\"reject\", \"reason\": ...} (a "
+                                "rejection needs a reason)"),
+                     403: error("the caller is not a session of the stack's reviewer role"),
+                     404: error("the run is not waiting for a review (no such run, or the gate did not ask for one)"),
+                     409: error("the run was already decided (the message names by whom), or it no longer waits "
+                                "(timed out or ended)"),
+                     413: error("the request body is larger than the status API takes"), 503: BUSY})
+@tracer.capture_method
+def decide(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)], request: DecisionRequest) -> DecisionResponse:
+    decided = review.decide(clients.client("stepfunctions"), clients.client("s3"), os.environ["ARTIFACTS_BUCKET"],
+                            os.environ.get("REVIEWER_ROLE_ARN", ""), runId, request,
+                            review.caller_arn(app.current_event.raw_event))
+    logger.info("review decision", extra={"run_id": runId, "decision": decided.decision,
+                                          "decided_by": decided.decided_by, "repeated": decided.already_decided})
+    return decided
 
 
 @app.get("/models", summary="Model Registry versions and the current champion",

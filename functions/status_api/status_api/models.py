@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import unicodedata
+from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from d2ops_core.champion import ChampionRecord
 from d2ops_core.cost import RunCost
@@ -12,6 +14,7 @@ from d2ops_core.dataset_identity import DatasetRef
 from d2ops_core.documents.dataset_diff import DatasetDiffSummary
 from d2ops_core.documents.error_analysis import ErrorAnalysis
 from d2ops_core.documents.evaluation import Comparison, HeldOutImages
+from d2ops_core.documents.review import MAX_REASON, ReviewDecision
 from d2ops_core.evaluation_curves import PrCurves
 
 RunStatus = Literal["RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "PENDING_REDRIVE"]
@@ -83,6 +86,27 @@ class EndpointInfo(BaseModel):
     endpoint_config: str | None = None
 
 
+class ReviewView(BaseModel):
+    """A run the gate sent to a person: what it waits for, or who decided what, why and when."""
+
+    status: Literal["requested", "waiting", "approved", "rejected", "not decided"] = Field(
+        description="requested: the gate said review and the run is entering its wait; waiting: a reviewer may "
+                    "decide now (POST /runs/{runId}/decision); approved / rejected: decided (decided_by, reason, "
+                    "decided_at); not decided: the run stopped waiting without a decision (timed out at expires_at, "
+                    "or the run ended)")
+    gate_reason: str | None = Field(None, description="why the numbers could not settle it (the gate's reason)")
+    review_because: list[str] = Field(default_factory=list, description=(
+        "the gate's review reasons: uncertain, class_dropped, too_few_images, champion_training_unknown"))
+    images_compared: int | None = Field(None, description="held-out val images both models were compared on")
+    images_excluded: int | None = Field(None, description="val images left out because a model trained on them")
+    requested_at: datetime | None = Field(None, description="when the run started waiting")
+    expires_at: datetime | None = Field(None, description="when the wait times out and the model is refused")
+    model_package_arn: str | None = Field(None, description="the registry entry, PendingManualApproval until decided")
+    decided_by: str | None = Field(None, description="the reviewer's IAM ARN, as API Gateway saw the caller")
+    reason: str | None = None
+    decided_at: datetime | None = None
+
+
 class RunDetail(BaseModel):
     run_id: str
     execution_arn: str
@@ -106,6 +130,8 @@ class RunDetail(BaseModel):
                           "champion, or the run has not prepared training yet)")
     cost: RunCost | None = Field(None, description="SageMaker instance time x price: training (with spot savings), "
                                                    "evaluation and the endpoint during the run")
+    review: ReviewView | None = Field(None, description="a person's review, for runs the gate sent to one (None "
+                                                        "otherwise)")
 
 
 class StartRunRequest(BaseModel):
@@ -118,6 +144,44 @@ class StartRunResponse(BaseModel):
     run_id: str
     execution_arn: str
     already_started: bool = Field(description="true when this upload's run existed already (idempotent)")
+
+
+class DecisionRequest(BaseModel):
+    """``POST /runs/{runId}/decision``: a reviewer's decision on a run waiting for review."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt "reason" is an error, not a silent default
+
+    decision: Literal["approve", "reject"]
+    reason: str | None = Field(None, min_length=1, max_length=MAX_REASON, description=(
+        "why (required to reject; approving without one records \"approved\"): one line, recorded in the run, "
+        "the registry entry's ApprovalDescription and the endpoint history"), examples=["checked the drop by hand"])
+
+    @field_validator("reason")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = value.strip()
+        if not value:
+            raise ValueError("the reason is blank")
+        # The reason lands in one-line places (the registry's description, the notification, logs).
+        if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in value):
+            raise ValueError("the reason must be one line of printable text (no control or format characters)")
+        return value
+
+    @model_validator(mode="after")
+    def _reject_says_why(self) -> DecisionRequest:
+        if self.decision == "reject" and self.reason is None:
+            raise ValueError("a rejection needs a reason (1-1000 characters)")
+        return self
+
+
+class DecisionResponse(ReviewDecision):
+    """The decision the run received (the callback's output, recorded at runs/<run id>/review/decision.json)."""
+
+    run_id: str
+    already_decided: bool = Field(description="true when this answers a repeated request: the same caller's same "
+                                              "decision was recorded before (a retry after a lost answer)")
 
 
 class ModelVersion(BaseModel):

@@ -262,8 +262,13 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str, cloudwatch: Any = None) -> RunDetail:
-    """The run's detail; with ``cloudwatch``, its training job's progress (TrainingInfo.progress) too."""
+def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str, cloudwatch: Any = None,
+            s3: Any = None, artifacts_bucket: str | None = None) -> RunDetail:
+    """The run's detail; with ``cloudwatch``, its training job's progress (TrainingInfo.progress) too; with ``s3``
+    and ``artifacts_bucket``, the review documents of a run the gate sent to review (status_api.review)."""
+    from status_api.review import review_view  # it builds on this module
+
+
     arn = run_ids.execution_arn(state_machine_arn, run_id)
     try:
         execution = sfn.describe_execution(executionArn=arn)
@@ -271,7 +276,8 @@ def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str, cloud
         raise RunNotFound(f"no run {run_id!r}") from exc
     events = execution_history(sfn, arn)
     steps, current = timeline(events, execution["status"])
-    doc = RunState.read(latest_document(events, execution))
+    raw = latest_document(events, execution)
+    doc = RunState.read(raw)
     for section, why in doc.unreadable.items():  # left out of the answer; the rest still shows
         logger.warning("run %s: section %s unreadable: %s", run_id, section, why)
     try:  # the input's dataset: the document's own may be missing from a run that failed early
@@ -297,7 +303,8 @@ def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str, cloud
         gate=_shown(doc.gate), model_package_arn=doc.registration.model_package_arn if doc.registration else None,
         endpoint=endpoint, failure=_failure(doc), error=execution.get("error"), cause=_cause(execution.get("cause")),
         dataset_diff=doc.plan.dataset_diff if doc.plan else None,
-        cost=run_cost(doc, training_job, evaluation_job, execution.get("stopDate")))
+        cost=run_cost(doc, training_job, evaluation_job, execution.get("stopDate")),
+        review=review_view(s3, artifacts_bucket, run_id, raw, execution["status"]))
 
 
 def _shown(section: BaseModel | None) -> dict[str, Any] | None:
