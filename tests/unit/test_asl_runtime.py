@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from d2ops.asl import Clock, Execution, StateMachine, TaskContext, TaskFailed, VirtualClock
+from d2ops.asl import Clock, Execution, StateMachine, TaskContext, TaskFailed, TaskTokens, VirtualClock
+from d2ops.asl.callbacks import token_execution
 
 LAMBDA = "arn:aws:states:::lambda:invoke"
 
@@ -327,10 +328,13 @@ def test_a_task_answer_that_arrives_after_the_abort_is_not_recorded() -> None:
 
 def test_context_object_fields() -> None:
     seen: dict[str, Any] = {}
+    tokens = TaskTokens()
 
     def capture(context: TaskContext) -> Any:
         seen.update(context.context_object)
-        return {"token": context.task_token}
+        assert context.task_token is not None
+        tokens.succeed(context.task_token, {"token": context.task_token})  # the receiver calls back at once
+        return {"MessageId": "m-1"}
 
     definition = {"StartAt": "T", "States": {"T": {
         "Type": "Task", "Resource": "arn:aws:states:::sqs:sendMessage.waitForTaskToken", "End": True,
@@ -340,13 +344,13 @@ def test_context_object_fields() -> None:
     recorder = Recorder(capture)
     clock = VirtualClock(datetime(2024, 1, 1, tzinfo=UTC))
     execution = StateMachine.from_definition(definition, name="Ctx").run(
-        {"k": "v"}, executors={"arn:*": recorder}, execution_name="run-1", clock=clock)
+        {"k": "v"}, executors={"arn:*": recorder}, execution_name="run-1", clock=clock, callbacks=tokens)
     params = recorder.calls[0][0]
     assert params["id"] == "arn:aws:states:us-east-1:123456789012:execution:Ctx:run-1" == execution.arn
     assert params["start"] == params["entered"] == "2024-01-01T00:00:00.000Z"
     assert (params["sm"], params["input"], params["state"]) == ("Ctx", "v", "T")
     assert params["role"] == "arn:aws:iam::123456789012:role/Ctx-role"
-    assert params["token"] == execution.output["token"] and len(params["token"]) == 36
+    assert params["token"] == execution.output["token"] and token_execution(params["token"]) == execution.arn
     assert seen["Execution"]["Name"] == "run-1"
 
 

@@ -25,14 +25,18 @@ Python API::
                             clock=Clock(), on_event=print)          # background thread, real time
     running.abort()                                                 # StopExecution
 
+    tokens = TaskTokens()       # .waitForTaskToken tasks wait here for their token (callbacks=tokens)
+    tokens.succeed(token, {...}); tokens.fail(token, "Rejected", "why"); tokens.heartbeat(token)
+
 ``StateMachine.from_definition(dict_or_json, name=...)`` builds one from memory. Definitions are
 validated first: an ``AslDefinitionError`` names each problem by state and field, including the
 features refused on purpose (task credentials). See
 docs/asl-interpreter.md for what is supported and how it differs from the service.
 """
 
+from d2ops.asl.callbacks import TaskTokens
 from d2ops.asl.clock import Cancel, Clock, VirtualClock
-from d2ops.asl.errors import AslDefinitionError, StatesError, TaskFailed
+from d2ops.asl.errors import AslDefinitionError, StatesError, TaskFailed, TokenRefused
 from d2ops.asl.executors import ExecutorRegistry, TaskContext, TaskExecutor
 from d2ops.asl.interpreter import PAYLOAD_LIMIT_BYTES, Execution, StateMachine, definition_name
 from d2ops.asl.mock import MockConfig, MockTestCase
@@ -52,6 +56,8 @@ __all__ = [
     "TaskContext",
     "TaskExecutor",
     "TaskFailed",
+    "TaskTokens",
+    "TokenRefused",
     "VirtualClock",
     "definition_name",
     "placeholders",

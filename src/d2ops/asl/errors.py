@@ -39,12 +39,42 @@ class TaskFailed(Exception):
 
 
 class StatesError(Exception):
-    """A runtime error inside an execution, carrying the Step Functions error name and cause."""
+    """A runtime error inside an execution, carrying the Step Functions error name and cause.
 
-    def __init__(self, error: str, cause: str = "") -> None:
+    ``also`` names errors a retrier or catcher may match besides ``error``, which is the name the history
+    records: a callback task's heartbeat timeout is recorded as ``States.Timeout`` and still matched by
+    ``States.HeartbeatTimeout`` ("only available inside the Catch and Retry fields", as the service's
+    error-handling guide says of it)."""
+
+    def __init__(self, error: str, cause: str = "", also: Sequence[str] = ()) -> None:
         super().__init__(f"{error}: {cause}" if cause else error)
         self.error = error
         self.cause = cause
+        self.also = tuple(also)
+
+    def matched_by(self, error_equals: Sequence[str]) -> bool:
+        """Whether a retrier's or catcher's ``ErrorEquals`` covers this error (or one of ``also``)."""
+        return any(error_matches(error_equals, name) for name in (self.error, *self.also))
+
+
+# SendTaskSuccess/SendTaskFailure/SendTaskHeartbeat's answers for a token they cannot use (botocore's
+# stepfunctions model names the error shapes): one that never named a task, and one whose task no longer
+# waits (completed, timed out, or its execution ended).
+INVALID_TOKEN = "InvalidToken"
+TASK_TIMED_OUT = "TaskTimedOut"
+
+
+class TokenRefused(Exception):
+    """A callback (SendTask*) names a token no task is waiting on; ``code`` is the API error it answers.
+
+    ``execution_arn``: for an InvalidToken, the execution a well-formed token names (a caller that knows
+    more executions than the registry, such as the offline API after a restart, may answer TaskTimedOut)."""
+
+    def __init__(self, code: str, message: str, execution_arn: str | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.execution_arn = execution_arn
 
 
 class ExecutionAborted(Exception):

@@ -57,6 +57,7 @@ class TaskContext:
         self._on_submitted = on_submitted
         self._execution_deadline = execution_deadline
         self._lock = threading.Lock()
+        self._settled = False
 
     @property
     def cancelled(self) -> bool:
@@ -67,6 +68,15 @@ class TaskContext:
         """Record a heartbeat (SendTaskHeartbeat): resets the HeartbeatSeconds window."""
         with self._lock:
             self._last_heartbeat = self.clock.now()
+
+    def settle(self) -> bool:
+        """Claim the task's one outcome: True for the first caller only. A callback's SendTaskSuccess and the
+        timeout that would end the same task both claim it, so exactly one of them decides the task."""
+        with self._lock:
+            if self._settled:
+                return False
+            self._settled = True
+            return True
 
     def submitted(self, output: Any = None) -> None:
         """Record a TaskSubmitted event (a ``.sync`` job was created and is now being waited on)."""

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from d2ops.asl import distributed, intrinsics, jsonata_expr
+from d2ops.asl.callbacks import TaskTokens, new_token
 from d2ops.asl.choice import evaluate_rule
 from d2ops.asl.clock import Cancel, Clock, VirtualClock, iso
 from d2ops.asl.definition import JSONATA, JSONPATH, is_timestamp, parse_intrinsic, task_states, validate
@@ -43,7 +44,6 @@ from d2ops.asl.errors import (
     ExecutionTimedOut,
     StatesError,
     TaskFailed,
-    error_matches,
 )
 from d2ops.asl.executors import ExecutorRegistry, TaskContext, TaskDeadline, TaskExecutor
 from d2ops.asl.jsonvalue import MAX_JSON_DEPTH, json_problem, text_too_deep
@@ -110,6 +110,11 @@ def _parse_timestamp(value: Any) -> datetime | None:
         return datetime.fromisoformat(value).replace(microsecond=0)
     except ValueError:  # the right shape but no such date (2024-02-30)
         return None
+
+
+def _is_callback(resource: str) -> bool:
+    """A Task of the callback pattern: it waits for its task token after the service call."""
+    return resource.endswith(".waitForTaskToken")
 
 
 def _is_int(value: Any) -> bool:
@@ -231,7 +236,8 @@ class StateMachine:
         Options: ``executors`` (a mapping of resource ARN or glob -> executor, or an
         ExecutorRegistry), ``mock`` (a MockTestCase), ``execution_name``, ``clock`` (default: a
         VirtualClock), ``on_event`` (called with each history event as it is recorded), ``rng``
-        (random.Random for jitter, UUIDs and MathRandom).
+        (random.Random for jitter, UUIDs, MathRandom and task tokens), ``callbacks`` (the TaskTokens
+        registry that SendTaskSuccess/Failure/Heartbeat reach; default: the execution's own, ``callbacks``).
         """
         execution = self._prepare(input, **options)
         execution._execute()
@@ -239,7 +245,7 @@ class StateMachine:
 
     def _prepare(self, input: Any, *, executors: Executors | None = None, mock: MockTestCase | None = None,
                  execution_name: str | None = None, clock: Clock | None = None, on_event: EventCallback | None = None,
-                 rng: random.Random | None = None) -> Execution:
+                 rng: random.Random | None = None, callbacks: TaskTokens | None = None) -> Execution:
         registry = executors if isinstance(executors, ExecutorRegistry) else ExecutorRegistry(executors or {})
         self.check_tasks(registry, mock)
         name = execution_name or str(uuid.uuid4())
@@ -256,7 +262,7 @@ class StateMachine:
         if _size(data) > PAYLOAD_LIMIT_BYTES:
             raise ValueError(f"the execution input is {_size(data)} bytes, over the {PAYLOAD_LIMIT_BYTES} byte limit")
         return Execution(self, data, name=name, registry=registry, mock=mock, clock=clock or VirtualClock(),
-                         on_event=on_event, rng=rng or random.Random())
+                         on_event=on_event, rng=rng or random.Random(), callbacks=callbacks or TaskTokens())
 
     def check_tasks(self, registry: ExecutorRegistry, mock: MockTestCase | None) -> None:
         """Refuse to start when a mock test case names something that is not a Task state or, without
@@ -289,7 +295,7 @@ class Execution:
 
     def __init__(self, machine: StateMachine, input: Any, *, name: str, registry: ExecutorRegistry,
                  mock: MockTestCase | None, clock: Clock, on_event: EventCallback | None,
-                 rng: random.Random) -> None:
+                 rng: random.Random, callbacks: TaskTokens | None = None) -> None:
         self.state_machine = machine
         self.input = input
         self.name = name
@@ -303,6 +309,8 @@ class Execution:
         self.stop_date: datetime | None = None
         self._registry = registry
         self._mock = mock
+        # Where this execution's .waitForTaskToken tasks wait for SendTaskSuccess/Failure/Heartbeat.
+        self.callbacks = callbacks if callbacks is not None else TaskTokens()
         self._on_event = on_event
         self._rng = rng
         self._events: list[dict[str, Any]] = []
@@ -638,7 +646,7 @@ class Execution:
                 return attempt(retry_count), state.get("Next")
             except StatesError as err:
                 frame.assigned = None  # a failed attempt assigns nothing
-                index = next((i for i, r in enumerate(retriers) if error_matches(r["ErrorEquals"], err.error)), None)
+                index = next((i for i, r in enumerate(retriers) if err.matched_by(r["ErrorEquals"])), None)
                 if index is not None and counts[index] < retriers[index].get("MaxAttempts", 3):
                     retrier = retriers[index]
                     try:
@@ -654,10 +662,12 @@ class Execution:
                     self._sleep(delay, frame)
                     continue
                 for position, catcher in enumerate(state.get("Catch", [])):
-                    if error_matches(catcher["ErrorEquals"], err.error):
-                        error_output = {"Error": err.error}
+                    if err.matched_by(catcher["ErrorEquals"]):
+                        error_output: dict[str, Any] = {"Error": err.error}
                         if err.cause:
                             error_output["Cause"] = err.cause
+                        if not err.error:  # SendTaskFailure without an error: the service's {"Error": null, ...}
+                            error_output = {"Error": None, "Cause": err.cause or None}
                         return self._caught(name, state, catcher, position, raw, error_output, frame, entered,
                                             retry_count), catcher["Next"]
                 raise
@@ -808,8 +818,7 @@ class Execution:
         jsonata = self._language(state) == JSONATA
 
         def attempt(retry_count: int) -> Any:
-            extra = {"Task": {"Token": f"{uuid.UUID(int=self._rng.getrandbits(128), version=4)}"}} \
-                if resource.endswith(".waitForTaskToken") else {}
+            extra = {"Task": {"Token": new_token(self.arn, self._rng)}} if _is_callback(resource) else {}
             context = self._context(name, entered, retry_count, **extra)
             if jsonata:
                 evaluator = self._jsonata(name, frame, context, raw)
@@ -1147,7 +1156,8 @@ class Execution:
                 return None  # never started: the Map Run already failed
             weight, child_input = inputs[index]
             execution = Execution(child_machine, child_input, name=names[index], registry=self._registry,
-                                  mock=self._mock, clock=self.clock, on_event=None, rng=self._rng)
+                                  mock=self._mock, clock=self.clock, on_event=None, rng=self._rng,
+                                  callbacks=self.callbacks)
             execution._invocations = self._invocations
             execution._invocation_lock = self._invocation_lock
             execution._cancel = Cancel(job.cancel)
@@ -1349,43 +1359,71 @@ class Execution:
                            execution_deadline=self._deadline)
         box: dict[str, Any] = {}
         own_parameters = json.loads(_dumps(parameters))  # the executor may mutate its copy freely
+        token = task.task_token if _is_callback(resource) else None
 
         def work() -> None:
             try:
-                box["result"] = executor(resource, own_parameters, task)
+                result = executor(resource, own_parameters, task)
+                if token is not None:  # the call went out: its answer is TaskSubmitted, the token's is the result
+                    submitted(_json_copy(result, f"the result of the executor for {resource!r}"))
+                    result = self.callbacks.wait(token, task)
+                box["result"] = result
             except BaseException as exc:  # reported to the execution, whatever it is
                 box["error"] = exc
 
+        def deadline_error(error: str) -> StatesError:
+            return self._deadline_error(name, error, timeout, heartbeat, callback=token is not None)
+
         # A worker thread lets the execution enforce timeouts and aborts on executors that block.
         worker = threading.Thread(target=work, name=f"asl-task-{name}", daemon=True)
-        worker.start()
-        while worker.is_alive():
-            worker.join(0.05)
-            if not worker.is_alive():
-                break
-            if frame.cancel.is_set() or self._deadline is not None:
-                try:
-                    self._check(frame)
-                except BaseException:
+        if token is not None:
+            self.callbacks.open(token, task)  # before the call: the service may call back before it answers
+        try:
+            worker.start()
+            while worker.is_alive():
+                worker.join(0.05)
+                if not worker.is_alive():
+                    break
+                if frame.cancel.is_set() or self._deadline is not None:
+                    try:
+                        self._check(frame)
+                    except BaseException:
+                        task.cancel.set()
+                        raise
+                limit = task.deadline()
+                # settle(): a callback that completed the task a moment before its deadline keeps it.
+                if not self.clock.virtual and limit is not None and self.clock.now() >= limit[0] and task.settle():
                     task.cancel.set()
-                    raise
-            limit = task.deadline()
-            if not self.clock.virtual and limit is not None and self.clock.now() >= limit[0]:
-                task.cancel.set()
-                raise StatesError(limit[1], self._timeout_cause(name, limit[1], timeout, heartbeat))
-        self._check(frame)
+                    raise deadline_error(limit[1])
+            self._check(frame)
+        finally:
+            if worker.is_alive():
+                task.cancel.set()  # the state is done with it, however it ended: a waiting callback stops too
+            if token is not None:
+                self.callbacks.close(token)
         error = box.get("error")
         if isinstance(error, TaskDeadline):
-            raise StatesError(error.error, self._timeout_cause(name, error.error, timeout, heartbeat))
+            raise deadline_error(error.error)
         if isinstance(error, TaskFailed | StatesError):
             raise StatesError(error.error, error.cause)
         if error is not None:
             log.warning("executor for %s (state %s) raised %r", resource, name, error, exc_info=error)
             raise StatesError(type(error).__name__, str(error))
         limit = task.deadline()
-        if limit is not None and self.clock.now() > limit[0]:
-            raise StatesError(limit[1], self._timeout_cause(name, limit[1], timeout, heartbeat))
+        if limit is not None and self.clock.now() > limit[0] and task.settle():
+            raise deadline_error(limit[1])
         return _json_copy(box.get("result"), f"the result of the executor for {resource!r}")
+
+    def _deadline_error(self, name: str, error: str, timeout: float | None, heartbeat: float | None, *,
+                        callback: bool) -> StatesError:
+        """The error of a task past its TimeoutSeconds or HeartbeatSeconds."""
+        if callback:
+            # The service records a callback task's timeout, of either kind, as TaskTimedOut with the error
+            # States.Timeout and no cause (LocalStack's snapshots recorded from AWS: callback/
+            # test_sqs_wait_for_task_token_timeout, timeouts/test_heartbeats); a Retry or Catch that names
+            # States.HeartbeatTimeout still matches a heartbeat timeout.
+            return StatesError(TIMEOUT, "", also=(HEARTBEAT_TIMEOUT,) if error == HEARTBEAT_TIMEOUT else ())
+        return StatesError(error, self._timeout_cause(name, error, timeout, heartbeat))
 
     @staticmethod
     def _timeout_cause(name: str, error: str, timeout: float | None, heartbeat: float | None) -> str:

@@ -11,6 +11,11 @@
   submitted, then poll Describe* until it ends, as the service's ``.sync`` pattern does; a
   failed or stopped job fails the task with ``States.TaskFailed`` and the job description as
   cause, and an aborted execution stops the job.
+- ``.waitForTaskToken`` (the callback pattern) on ``lambda:invoke``, ``sns:publish``,
+  ``sqs:sendMessage`` and any ``aws-sdk`` action (the integrations of this runtime the service
+  lists as supporting it): the same call; the interpreter records its answer as ``TaskSubmitted``
+  and waits for the task token (`d2ops.asl.callbacks`), which the local Step Functions API's
+  SendTaskSuccess/SendTaskFailure/SendTaskHeartbeat reach.
 
 Error names follow Step Functions' conventions: a Lambda's exception class name; for
 ``aws-sdk`` integrations ``<Service>.<ErrorCode>Exception`` when the service models the error
@@ -37,6 +42,13 @@ from d2ops.aws_contract import OPTIMISED_ERROR_PREFIX, client_name, sdk_error_pr
 from d2ops.offline.lambdas import FunctionError, LocalLambdas
 
 SYNC_POLL_SECONDS = 2.0
+# The optimised integrations served here that support .waitForTaskToken ("Optimized integrations for Step
+# Functions": SNS and SQS do; DynamoDB and SageMaker do not). Every aws-sdk integration supports it (Standard
+# workflows), and lambda:invoke.waitForTaskToken has its own executor.
+CALLBACK_SERVICES = frozenset({"sns", "sqs"})
+# Optimised integrations whose message member may be a JSON object: Step Functions sends it as JSON text
+# (the service guide's examples put the task token in such an object).
+JSON_MESSAGE_MEMBERS = {("sns", "publish"): "Message", ("sqs", "sendMessage"): "MessageBody"}
 
 ClientFactory = Callable[[str], Any]
 
@@ -164,6 +176,7 @@ class ServiceExecutors:
     def registry(self) -> ExecutorRegistry:
         return ExecutorRegistry([
             ("arn:aws:states:::lambda:invoke", self.invoke_lambda),
+            ("arn:aws:states:::lambda:invoke.waitForTaskToken", self.invoke_lambda),
             ("arn:aws:states:::sagemaker:createTrainingJob.sync", self.training_job_sync),
             ("arn:aws:states:::sagemaker:createProcessingJob.sync", self.processing_job_sync),
             ("arn:aws:states:::aws-sdk:*", self.sdk_call),
@@ -189,7 +202,9 @@ class ServiceExecutors:
     # ----- aws-sdk and optimised integrations -----------------------------------------------
     def sdk_call(self, resource: str, parameters: Any, context: TaskContext) -> Any:
         arn = parse_service_arn(resource)
-        if arn is None or arn.pattern:
+        callback = arn is not None and arn.pattern == ".waitForTaskToken" and (arn.sdk or arn.service in
+                                                                                CALLBACK_SERVICES)
+        if arn is None or (arn.pattern and not callback):
             raise TaskFailed("States.Runtime", f"the offline runtime has no integration for {resource}")
         service = client_name(arn.service)
         client = self.clients(service)
@@ -199,6 +214,9 @@ class ServiceExecutors:
         operation = client.meta.service_model.operation_model(arn.operation)
         if arn.sdk:
             parameters = sdk_member_names(parameters or {}, operation.input_shape)
+        member = JSON_MESSAGE_MEMBERS.get((arn.service, arn.action)) if not arn.sdk else None
+        if member is not None and isinstance(parameters, dict) and isinstance(parameters.get(member), dict | list):
+            parameters = dict(parameters, **{member: json.dumps(parameters[member], separators=(",", ":"))})
         try:
             self._throttle(arn.service, arn.action)
             result = method(**(parameters or {}))

@@ -7,20 +7,31 @@ input, and fails with ``ExecutionAlreadyExists`` otherwise. Executions run in ba
 threads on the real clock; each history event is persisted (see `store`), and executions
 found RUNNING on disk at start-up belonged to a runtime that was killed: they are closed as
 ABORTED with a cause saying so, since their worker processes are gone.
+
+SendTaskSuccess, SendTaskFailure and SendTaskHeartbeat complete the executions' ``.waitForTaskToken``
+tasks (`d2ops.asl.callbacks`) with the service's errors: ``ValidationException`` for a member beyond
+botocore's model limits, ``InvalidOutput`` for output that is not JSON, ``InvalidToken`` for a token
+that never named a task, ``TaskTimedOut`` for one whose task no longer waits (already completed,
+timed out, its execution ended). The tokens live in memory only: a restart aborts the RUNNING
+executions, and a token of one of them is then answered ``TaskTimedOut``.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import random
 import threading
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from d2ops.asl import ExecutorRegistry, StateMachine
+from d2ops.asl import ExecutorRegistry, StateMachine, TaskTokens, TokenRefused
+from d2ops.asl.callbacks import TASK_CLOSED_MESSAGE
+from d2ops.asl.errors import INVALID_TOKEN, TASK_TIMED_OUT
 from d2ops.asl.interpreter import Execution
+from d2ops.asl.jsonvalue import json_problem, text_too_deep
 from d2ops.offline.errors import ApiError
 from d2ops.offline.services.base import AwsJsonService, RuntimeParts
 from d2ops.offline.store import ExecutionRecord, ExecutionStore
@@ -28,6 +39,13 @@ from d2ops.offline.task_integrations import ServiceExecutors
 
 INTERRUPTED_ERROR = "OfflineRuntimeStopped"
 MAX_PAGE = 1000
+# botocore's stepfunctions model (SendTaskSuccessInput, SendTaskFailureInput): TaskToken 1-2048 characters,
+# SensitiveData at most 262144 (bytes of UTF-8, the API reference says of output), SensitiveError at most
+# 256 and SensitiveCause at most 32768 characters.
+MAX_TASK_TOKEN = 2048
+MAX_OUTPUT_BYTES = 262_144
+MAX_ERROR = 256
+MAX_CAUSE = 32_768
 EventListener = Callable[[str, dict[str, Any]], None]  # (execution name, history event)
 
 
@@ -45,6 +63,32 @@ def _offset(token: str | None) -> int:
         return value
     except (ValueError, KeyError, TypeError) as exc:
         raise ApiError("InvalidToken", f"invalid nextToken {token[:40]!r}") from exc
+
+
+def _validation(problems: list[str]) -> ApiError:
+    """The JSON protocol's ValidationException, in AWS's words; the members are sensitive, so no values."""
+    count = len(problems)
+    return ApiError("ValidationException", f"{count} validation error{'s' if count > 1 else ''} detected: "
+                                           + "; ".join(problems))
+
+
+def _string_member(request: dict[str, Any], member: str, problems: list[str], *, required: bool,
+                   minimum: int = 0, maximum: int) -> str | None:
+    """A string member of a SendTask* request, its model constraints checked into ``problems``."""
+    value = request.get(member)
+    if value is None:
+        if required:
+            problems.append(f"Value null at '{member}' failed to satisfy constraint: Member must not be null")
+        return None
+    if not isinstance(value, str):
+        raise ApiError("SerializationException", f"{member} must be a string")
+    if len(value) < minimum:
+        problems.append(f"Value at '{member}' failed to satisfy constraint: Member must have length greater than "
+                        f"or equal to {minimum}")
+    if len(value) > maximum:
+        problems.append(f"Value at '{member}' failed to satisfy constraint: Member must have length less than or "
+                        f"equal to {maximum}")
+    return value
 
 
 def _page_size(value: Any, default: int) -> int:
@@ -72,6 +116,9 @@ class LocalStepFunctions(AwsJsonService):
         self._lock = threading.RLock()
         self._listeners: list[EventListener] = []
         self.recovery_messages: list[str] = []
+        # The open task tokens of this runtime's executions: in memory only, so a restart forgets them (the
+        # executions that held them are aborted by reload()).
+        self.callbacks = TaskTokens()
 
     @classmethod
     def from_runtime(cls, parts: RuntimeParts) -> LocalStepFunctions:
@@ -177,8 +224,10 @@ class LocalStepFunctions(AwsJsonService):
                 raise ApiError("ExecutionAlreadyExists", f"Execution Already Exists: '{arn}'")
             try:
                 # The execution thread's first event waits for this lock, so it sees _live filled in.
+                # SystemRandom: task tokens are bearer secrets of their tasks, so not from a predictable generator.
                 execution = machine.start(data, executors=self.executors, execution_name=name,
-                                          on_event=lambda event: self._on_event(arn, event))
+                                          on_event=lambda event: self._on_event(arn, event),
+                                          callbacks=self.callbacks, rng=random.SystemRandom())
             except ValueError as exc:
                 raise ApiError("InvalidName" if "name" in str(exc) else "InvalidExecutionInput", str(exc)) from exc
             self._live[execution.arn] = execution
@@ -249,8 +298,70 @@ class LocalStepFunctions(AwsJsonService):
                 "definition": json.dumps(machine.definition), "roleArn": machine.role_arn, "type": "STANDARD",
                 "creationDate": datetime(2024, 1, 1, tzinfo=UTC)}
 
+    # ----- the callback pattern -------------------------------------------------------------
+    def send_task_success(self, request: dict[str, Any]) -> dict[str, Any]:
+        problems: list[str] = []
+        token = _string_member(request, "taskToken", problems, required=True, minimum=1, maximum=MAX_TASK_TOKEN)
+        text = _string_member(request, "output", problems, required=True, maximum=MAX_OUTPUT_BYTES)
+        if text is not None and len(text) <= MAX_OUTPUT_BYTES < len(text.encode("utf-8", "surrogatepass")):
+            problems.append(f"Value at 'output' failed to satisfy constraint: Member must have length less than or "
+                            f"equal to {MAX_OUTPUT_BYTES}")
+        if problems:
+            raise _validation(problems)
+        assert token is not None and text is not None
+        output = self._parse_output(text)  # before the token is used: a refused output leaves the task waiting
+        return self._callback(lambda: self.callbacks.succeed(token, output))
+
+    def send_task_failure(self, request: dict[str, Any]) -> dict[str, Any]:
+        problems: list[str] = []
+        token = _string_member(request, "taskToken", problems, required=True, minimum=1, maximum=MAX_TASK_TOKEN)
+        error = _string_member(request, "error", problems, required=False, maximum=MAX_ERROR)
+        cause = _string_member(request, "cause", problems, required=False, maximum=MAX_CAUSE)
+        if problems:
+            raise _validation(problems)
+        assert token is not None
+        return self._callback(lambda: self.callbacks.fail(token, error or "", cause or ""))
+
+    def send_task_heartbeat(self, request: dict[str, Any]) -> dict[str, Any]:
+        problems: list[str] = []
+        token = _string_member(request, "taskToken", problems, required=True, minimum=1, maximum=MAX_TASK_TOKEN)
+        if problems:
+            raise _validation(problems)
+        assert token is not None
+        return self._callback(lambda: self.callbacks.heartbeat(token))
+
+    @staticmethod
+    def _parse_output(text: str) -> Any:
+        """SendTaskSuccess's output as the task's result, or InvalidOutput (the service's error for output that
+        is not JSON; its message is ours, in the service's "<Error>: '<detail>'" form)."""
+        problem: str | None = "it is nested too deeply" if text_too_deep(text) else None
+        if problem is None:
+            try:
+                value = json.loads(text)
+            except (ValueError, RecursionError) as exc:
+                problem = f"it is not valid JSON ({exc})"
+            else:
+                problem = json_problem(value)
+                if problem is None:
+                    return value
+        raise ApiError("InvalidOutput", f"Invalid Output: '{problem}'")
+
+    def _callback(self, complete: Callable[[], None]) -> dict[str, Any]:
+        try:
+            complete()
+        except TokenRefused as refused:
+            code, message = refused.code, refused.message
+            with self._lock:
+                known = refused.execution_arn is not None and refused.execution_arn in self._records
+            if code == INVALID_TOKEN and known:
+                # A token of an execution this runtime has on record but whose task no registry holds: the
+                # execution ran under an earlier runtime and was aborted when this one started (reload()).
+                code, message = TASK_TIMED_OUT, TASK_CLOSED_MESSAGE
+            raise ApiError(code, message) from None
+        return {}
+
     OPERATIONS = ("StartExecution", "DescribeExecution", "ListExecutions", "GetExecutionHistory", "StopExecution",
-                  "DescribeStateMachine")
+                  "DescribeStateMachine", "SendTaskSuccess", "SendTaskFailure", "SendTaskHeartbeat")
 
     def call(self, operation: str, request: dict[str, Any]) -> dict[str, Any]:
         if operation not in self.OPERATIONS:
