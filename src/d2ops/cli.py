@@ -30,6 +30,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "d2ops.commands.demo",
     "d2ops.commands.run",
     "d2ops.commands.status",
+    "d2ops.commands.decide",
     "d2ops.commands.doctor",
     "d2ops.commands.weights",
     "d2ops.commands.graph",

@@ -24,12 +24,13 @@ from hypothesis import strategies as st
 from moto import mock_aws
 
 from d2ops_core.documents.review import ReviewDecision, ReviewRequest
+from d2ops_core.reviewer import is_session_of, session_name_for
 from d2ops_core.s3_layout import review_decision_key, review_request_key
 from tests.fixtures.pipeline import support
 
 support.function_path("status_api")
 from status_api import handler as api  # noqa: E402
-from status_api import review, service  # noqa: E402
+from status_api import service  # noqa: E402
 
 ACCOUNT, BUCKET = support.ACCOUNT, support.ARTIFACTS_BUCKET
 REVIEWER_ROLE = f"arn:aws:iam::{ACCOUNT}:role/d2ops-ReviewerRole-ABC123"
@@ -222,7 +223,17 @@ def test_an_outsider_learns_nothing_about_the_run(aws: dict[str, Any]) -> None:
     ("", f"arn:aws:sts::{ACCOUNT}:assumed-role/Reviewer/ann", False),
 ])
 def test_the_reviewer_comparison_is_partition_account_and_role_name(role: str, caller: str, allowed: bool) -> None:
-    assert review.is_reviewer(caller, role) is allowed
+    assert is_session_of(caller, role) is allowed
+
+
+@pytest.mark.parametrize(("caller", "session"), [
+    (f"arn:aws:iam::{ACCOUNT}:user/alice", "alice"), (f"arn:aws:iam::{ACCOUNT}:user/team/bob.b@x.org", "bob.b@x.org"),
+    (f"arn:aws:sts::{ACCOUNT}:assumed-role/AWSReservedSSO_Admin_0a1b/carol@example.com", "carol@example.com"),
+    (f"arn:aws:iam::{ACCOUNT}:root", "root"), (f"arn:aws:iam::{ACCOUNT}:user/x", "d2ops-reviewer"),
+    (f"arn:aws:iam::{ACCOUNT}:user/déjà vu", "d-j--vu"), ("not an arn", "d2ops-reviewer"),
+])
+def test_the_session_name_says_who_assumed_the_role(caller: str, session: str) -> None:
+    assert session_name_for(caller) == session
 
 
 def test_without_a_reviewer_role_nobody_may_decide(aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:

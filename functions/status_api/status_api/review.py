@@ -24,7 +24,6 @@ next request (anyone's) finds the decision in the history and writes it.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,6 +33,7 @@ from pydantic import ValidationError
 
 from d2ops_core import s3_layout, s3_probe
 from d2ops_core.documents.review import ReviewDecision, ReviewRequest, Verdict
+from d2ops_core.reviewer import ROLE_ARN, is_session_of
 from status_api.models import DecisionRequest, DecisionResponse, ReviewView
 from status_api.service import NotFound, execution_history
 
@@ -44,11 +44,6 @@ DEFAULT_APPROVAL_REASON = "approved"
 # SendTaskSuccess's refusals of a token whose task no longer waits (or never did).
 TOKEN_REFUSALS = frozenset({"TaskTimedOut", "InvalidToken", "TaskDoesNotExist"})
 NO_LONGER_WAITING = "the review is no longer waiting (decided, timed out or the run ended)"
-# IAM names: a role's ARN (any path), and the ARN API Gateway reports for a session of it.
-_ROLE_ARN = re.compile(r"^arn:(?P<partition>aws[a-z-]*):iam::(?P<account>\d{12}):role/(?:[^/]+/)*"
-                       r"(?P<name>[\w+=,.@-]{1,64})$")
-_SESSION_ARN = re.compile(r"^arn:(?P<partition>aws[a-z-]*):sts::(?P<account>\d{12}):assumed-role/"
-                          r"(?P<name>[\w+=,.@-]{1,64})/(?P<session>[\w+=,.@-]{2,64})$")
 
 
 class Forbidden(Exception):
@@ -72,18 +67,11 @@ def caller_arn(event: dict[str, Any]) -> str:
     return arn if isinstance(arn, str) else ""
 
 
-def is_reviewer(caller: str, reviewer_role_arn: str) -> bool:
-    """Whether ``caller`` is a session of the role ``reviewer_role_arn`` names: same partition, account and
-    role name (an assumed role's ARN carries the role's name, not its path)."""
-    role, session = _ROLE_ARN.match(reviewer_role_arn), _SESSION_ARN.match(caller)
-    return bool(role and session and (role["partition"], role["account"], role["name"])
-                == (session["partition"], session["account"], session["name"]))
-
-
 def may_decide(caller: str, reviewer_role_arn: str) -> None:
-    if not _ROLE_ARN.match(reviewer_role_arn):
+    """Forbidden unless ``caller`` is a session of the stack's reviewer role (d2ops_core.reviewer)."""
+    if not ROLE_ARN.match(reviewer_role_arn):
         raise Forbidden("this stack names no reviewer role (REVIEWER_ROLE_ARN), so nobody may decide reviews")
-    if not is_reviewer(caller, reviewer_role_arn):
+    if not is_session_of(caller, reviewer_role_arn):
         raise Forbidden(f"only the stack's reviewer role {reviewer_role_arn} may decide reviews; the request was "
                         f"signed by {caller or 'an unknown caller'} (assume the reviewer role: d2ops approve/reject "
                         "--stack does)")

@@ -46,6 +46,10 @@ class OfflineApis:
     def get(self, path: str) -> Any:
         return offline_status_api(self.status_api, self.credentials).get(path)
 
+    def call(self, method: str, path: str, document: Any = None) -> Any:
+        """A JSON request to the status API (``POST /runs/{runId}/decision``), as SignedStatusApi.call."""
+        return offline_status_api(self.status_api, self.credentials).call(method, path, document)
+
     def session(self) -> Any:
         """A boto3 session signing as the runtime's identity."""
         return session_for(self.credentials)
@@ -84,6 +88,7 @@ class RunningRuntime:
     gateway: str
     parameters: dict[str, str]
     credentials: Credentials  # the runtime's own (its gateway and status API answer only these)
+    status_api: str = ""  # its status API's base URL (d2ops approve / reject post decisions there)
 
     def session(self) -> Any:
         """A boto3 session signing as the runtime's identity."""
@@ -100,7 +105,8 @@ def running_runtime(work_dir: Path) -> RunningRuntime | None:
     assert credentials is not None  # _running() said so
     return RunningRuntime(moto=info["moto"], gateway=info["gateway"],
                           parameters={str(k): str(v) for k, v in parameters.items()}
-                          if isinstance(parameters, dict) else {}, credentials=credentials)
+                          if isinstance(parameters, dict) else {}, credentials=credentials,
+                          status_api=str(info.get("status_api") or ""))
 
 
 @contextlib.contextmanager

@@ -48,7 +48,7 @@ from d2ops.offline.services.base import EmulatedService
 from d2ops.offline.services.sagemaker_endpoints import ServingBackend
 from d2ops.offline.services.sagemaker_jobs import JobBackend
 from d2ops.offline.stack import ACCOUNT_ID, REGION, OfflineStack, load_stack
-from d2ops.offline.status_api_server import HttpApi
+from d2ops.offline.status_api_server import HttpApi, reviewer_session
 from d2ops.offline.store import write_json_atomic
 from d2ops_core import s3_layout
 
@@ -196,9 +196,11 @@ class OfflineRuntime:
                 clients=[kind.CLIENT for kind in SERVICES],
                 entrypoints=pipeline_entrypoints(self.machine.definition, self.stack.functions)).check
             self.gateway.start()
+            # The runtime's one identity is the developer's: it signs as a session of the stack's reviewer role.
             self.status_api = HttpApi([r for r in self.stack.routes], lambda fn, event: self.lambdas.invoke(fn, event),
                                       ACCOUNT_ID, credentials={self.credentials.access_key: self.credentials},
-                                      region=REGION)
+                                      region=REGION, callers={self.credentials.access_key: reviewer_session(
+                                          self.stack, self.credentials.access_key)})
             self.status_api.start()
             self.warden.start_watching()
             # Written through a mkstemp file (mode 0600): only this user reads the credentials in it.
