@@ -416,3 +416,116 @@ def test_the_loss_curve_grows_while_the_run_trains_and_polling_stops_when_it_end
         page.wait_for_timeout(6_500)  # longer than a poll interval
         assert len(asked) == settled
         assert page.problems == []
+
+
+def _with_review(rt: OfflineRuntime, run_id: str, evaluation: dict[str, Any]) -> Any:
+    """The run's real answer as a run the gate sent to review: its evaluation says so, and its review is what the
+    status API's own view (status_api.review.review_view) reads from the real review records in the runtime's S3."""
+    from tests.fixtures.pipeline import support
+
+    support.function_path("status_api")
+    from status_api.review import review_view
+
+    def handle(route: Any) -> None:
+        response = route.fetch()
+        view = review_view(rt.client("s3"), rt.stack.artifacts_bucket, run_id, {"evaluation": evaluation}, "RUNNING")
+        route.fulfill(response=response, json={**response.json(), "evaluation": evaluation,
+                                               "review": view.model_dump(mode="json") if view else None})
+    return handle
+
+
+REVIEW_VERDICT = {"decision": "review", "review_because": ["uncertain"], "images_compared": 40, "images_excluded": 3,
+                  "primary_metric": "bbox_AP", "challenger_value": 0.61, "has_champion": True, "champion_value": 0.63}
+
+
+def test_a_run_waiting_for_review_is_approved_or_rejected_from_the_page(
+        console: tuple[Console, OfflineRuntime, RunSummary]) -> None:
+    """The Review panel of a run waiting on a real task token (tests/fixtures/offline/review.py): why the gate
+    asked, the images compared, the Approve / Reject pair; Reject without a reason asks for one and sends
+    nothing; with one, the page's server posts to the status API's decision route, the wait completes with
+    the decision, and the view shows who rejected it and why.
+
+    Catches: buttons that post nowhere, a rejection sent without a reason, a view that does not show the
+    decision afterwards, a decision the run never received."""
+    from d2ops.offline.status_api_server import reviewer_session
+    from tests.fixtures.offline.review import GATE_REASON, finished, waiting_run
+
+    server, rt, run = console
+    waiting = waiting_run(rt, run.run_id)
+    posts: list[str] = []
+    with browser_page() as page:
+        page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
+        page.route(f"**/api/runs/{run.run_id}", _with_review(rt, run.run_id, REVIEW_VERDICT))
+        page.goto(f"{server.url}#run={run.run_id}")
+        page.locator('#review-status[data-status="waiting"]').wait_for(timeout=30_000)
+        facts = dict(zip(page.locator("#review-facts dt").all_inner_texts(),
+                         page.locator("#review-facts dd").all_inner_texts(), strict=True))
+        assert facts["why"] == GATE_REASON and facts["because"] == "uncertain"
+        assert facts["images compared"] == "40 held-out val images (3 left out: a model trained on them)"
+        assert facts["refused unless decided by"] == waiting.request.expires_at.isoformat().replace("+00:00", "Z")
+        screenshot(page, "review-waiting")
+
+        page.locator("#review-reject").click()  # no reason yet
+        assert "a rejection needs a reason" in page.locator("#review-message").inner_text()
+        assert posts == [] and rt.client("stepfunctions").describe_execution(
+            executionArn=waiting.execution_arn)["status"] == "RUNNING"
+
+        page.locator("#review-reason").fill("the rare class 'disc' drops 19 points")
+        page.locator("#review-reject").click()
+        page.locator('#review-status[data-status="rejected"]').wait_for(timeout=30_000)
+        who = reviewer_session(rt.stack, rt.credentials.access_key).user_arn
+        facts = dict(zip(page.locator("#review-facts dt").all_inner_texts(),
+                         page.locator("#review-facts dd").all_inner_texts(), strict=True))
+        assert (facts["decided by"], facts["reason"]) == (who, "the rare class 'disc' drops 19 points")
+        assert not page.locator("#review-form").count()  # decided: no buttons any more
+        assert page.locator("#message").inner_text() == (
+            f"run {run.run_id} rejected by {who}: the rare class 'disc' drops 19 points")
+        screenshot(page, "review-decided")
+        assert posts == [f"{server.url}api/runs/{run.run_id}/decision"]
+        assert page.problems == []
+    output = json.loads(finished(rt, waiting.execution_arn)["output"])["review"]  # the run received it
+    assert (output["decision"], output["decided_by"]) == ("rejected", who)
+
+
+def test_a_caller_who_may_not_decide_sees_the_status_api_s_refusal(
+        console: tuple[Console, OfflineRuntime, RunSummary]) -> None:
+    from d2ops.offline.runtime import new_credentials
+    from d2ops.offline.stack import ACCOUNT_ID
+    from tests.fixtures.offline.review import waiting_run
+
+    _, rt, run = console
+    run_id = run.run_id.replace("_", "-", 1)[:70] + "-x"  # a run id of its own: the fixture's run was decided above
+    waiting = waiting_run(rt, run_id)
+    mallory = new_credentials()
+    rt.status_api.add_caller(mallory, f"arn:aws:iam::{ACCOUNT_ID}:user/mallory")
+    with Console(offline_status_api(rt.status_api.url, mallory), invoke_with(rt.client("sagemaker-runtime"))) as own, \
+            browser_page() as page:
+        page.route(f"**/api/runs/{run.run_id}", _with_review(rt, run_id, REVIEW_VERDICT))
+        page.goto(f"{own.url}#run={run.run_id}")
+        page.locator('#review-status[data-status="waiting"]').wait_for(timeout=30_000)
+        page.route(f"**/api/runs/{run.run_id}/decision",  # her decision goes to the waiting run's route
+                   lambda route: route.continue_(url=route.request.url.replace(run.run_id, run_id)))
+        page.locator("#review-approve").click()
+        page.locator("#review-message.error").wait_for(timeout=30_000)
+        message = page.locator("#review-message").inner_text()
+        assert message.startswith("not decided: only the stack's reviewer role") and "user/mallory" in message
+        assert page.locator("#review-approve").is_enabled()  # nothing decided: she may still ask someone else
+    assert rt.client("stepfunctions").describe_execution(executionArn=waiting.execution_arn)["status"] == "RUNNING"
+    rt.client("stepfunctions").stop_execution(executionArn=waiting.execution_arn)
+
+
+def test_the_console_server_passes_decisions_on_and_refuses_what_is_not_one(
+        console: tuple[Console, OfflineRuntime, RunSummary]) -> None:
+    server, _, _ = console
+    base = server.url.rstrip("/")
+    decision = f"{base}/api/runs/shapes_v9_nothingwaits/decision"
+    headers = {"X-D2ops-Console": "1", "Content-Type": "application/json"}
+    assert _request(decision, "POST", b'{"decision": "approve"}', {"Content-Type": "application/json"})[0] == 403
+    status, answer = _request(decision, "POST", b'{"decision": "approve"}', headers)
+    assert status == 404 and "is not waiting for a review" in answer["message"]  # the status API's own answer
+    status, answer = _request(decision, "POST", b'{"decision": "reject"}', headers)
+    assert status == 400 and "a rejection needs a reason" in answer["message"]
+    assert _request(decision, "POST", b"{not json", headers)[0] == 400
+    assert _request(decision, "POST", b'{"decision": "approve"}', {**headers, "Content-Type": "text/plain"})[0] == 415
+    assert _request(decision, "POST", b"x" * 20_000, headers)[0] == 413
+    assert _request(f"{base}/api/runs/bad%20id/decision", "POST", b"{}", headers)[0] == 404

@@ -4,7 +4,10 @@ The page (``d2ops/console/``: HTML, plain JavaScript and CSS, nothing fetched fr
 reads everything through the status API, proxied by this server: the offline runtime's, or a
 deployed stack's with ``--stack`` (requests signed with the caller's AWS credentials). The
 "try an image" box posts the picture here and this server calls the endpoint's InvokeEndpoint
-(the offline endpoint through the runtime's gateway, or SageMaker's with ``--stack``).
+(the offline endpoint through the runtime's gateway, or SageMaker's with ``--stack``). On a run waiting for
+review, the Approve / Reject pair posts the decision here and this server sends it to the status API's
+``POST /runs/{runId}/decision`` as the console's caller (offline: the runtime's user, a session of the offline
+reviewer role; ``--stack``: your AWS credentials, which must be a session of the stack's ReviewerRole).
 
 The server listens on 127.0.0.1 only. It answers only requests addressed to it by that host
 (a page elsewhere cannot reach it through DNS rebinding), and a POST must carry the
@@ -38,6 +41,8 @@ STATIC_FILES = {"index.html": "text/html; charset=utf-8", "console.js": "text/ja
 API_ROUTES = re.compile(rf"^/(runs|models|runs/{RUN_ID_CHARS}(/(graph|validation|evaluation))?|"
                         r"endpoints/[A-Za-z0-9-]{1,63}/history)$")
 INVOKE_ROUTE = re.compile(r"^/api/endpoints/(?P<name>[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62})/invocations$")
+DECISION_ROUTE = re.compile(rf"^/api/runs/(?P<run>{RUN_ID_CHARS})/decision$")
+MAX_DECISION_BYTES = 16 * 1024  # {"decision", "reason"}: a reason is at most 1000 characters
 MAX_IMAGE_BYTES = 6 * 1024 * 1024  # SageMaker's real-time InvokeEndpoint payload limit
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp", "image/bmp", "image/gif", "image/tiff")
 CONSOLE_HEADER = "X-D2ops-Console"
@@ -199,15 +204,21 @@ class Console:
             handler.close_connection = True
             self._json(handler, exc.status, {"message": exc.message})
             return
-        found = INVOKE_ROUTE.match(urlsplit(handler.path).path)
-        if found is None:
+        path = urlsplit(handler.path).path
+        found, decision = INVOKE_ROUTE.match(path), DECISION_ROUTE.match(path)
+        if found is None and decision is None:
             handler.close_connection = True
-            self._json(handler, 404, {"message": "only POST /api/endpoints/<name>/invocations"})
+            self._json(handler, 404, {"message": "only POST /api/endpoints/<name>/invocations and "
+                                                 "/api/runs/<run id>/decision"})
             return
         if handler.headers.get(CONSOLE_HEADER) != "1":
             handler.close_connection = True
             self._json(handler, 403, {"message": f"requests from the console page carry {CONSOLE_HEADER}: 1"})
             return
+        if decision is not None:
+            self._decide(handler, decision["run"], length)
+            return
+        assert found is not None
         if length > MAX_IMAGE_BYTES:
             handler.close_connection = True  # the body is not read
             self._json(handler, 413, {"message": f"the image is {length} bytes; the endpoint takes at most "
@@ -234,6 +245,33 @@ class Console:
                 return
             attributes = f"score_threshold={value}"
         self._json(handler, *self.invoke(found["name"], body, content_type, attributes))
+
+    def _decide(self, handler: BaseHTTPRequestHandler, run_id: str, length: int) -> None:
+        """The page's Approve / Reject: the JSON body passed on to the status API's decision route, its answer
+        (or refusal: 403 not a reviewer, 404 not waiting, 409 decided) passed back."""
+        from d2ops.sigv4 import StatusApiError
+
+        if length > MAX_DECISION_BYTES:
+            handler.close_connection = True  # the body is not read
+            self._json(handler, 413, {"message": f"the decision is {length} bytes; at most {MAX_DECISION_BYTES}"})
+            return
+        content_type = (handler.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        body = handler.rfile.read(length) if length else b""
+        if content_type != "application/json":
+            self._json(handler, 415, {"message": f"send JSON, not {content_type or 'no Content-Type'}"})
+            return
+        try:
+            document = json.loads(body)
+        except (ValueError, RecursionError):
+            self._json(handler, 400, {"message": "the decision is not JSON: {\"decision\": \"approve\"|\"reject\", "
+                                                 "\"reason\": ...}"})
+            return
+        try:
+            self._json(handler, 200, self.api.call("POST", f"/runs/{run_id}/decision", document))
+        except StatusApiError as err:
+            self._json(handler, *_problem(err.status, err.message))
+        except OSError as exc:  # the status API went away (the runtime stopped)
+            self._json(handler, *_problem(502, f"the status API could not be reached: {exc}"))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -39,6 +39,8 @@ def add_stack_arguments(p: argparse.ArgumentParser) -> None:
 class StatusApi(Protocol):
     def get(self, path: str) -> Any: ...
 
+    def call(self, method: str, path: str, document: Any = None) -> Any: ...
+
 
 @contextlib.contextmanager
 def open_status_api(args: argparse.Namespace) -> Iterator[StatusApi]:

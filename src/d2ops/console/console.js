@@ -1,6 +1,7 @@
 // d2ops console: plain JavaScript, no build step and nothing fetched from elsewhere.
 // Every number comes from the status API through this page's own server (/api/...); the
-// "try an image" box posts to /api/endpoints/<name>/invocations, which calls the endpoint.
+// "try an image" box posts to /api/endpoints/<name>/invocations, which calls the endpoint; on a run waiting
+// for review, Approve / Reject post to /api/runs/<run>/decision (the status API's decision route).
 // Text from the API is always set with textContent, never parsed as HTML.
 "use strict";
 
@@ -159,8 +160,9 @@ async function showRun(runId) {
   document.getElementById("runs-view").hidden = true;
   document.getElementById("run-view").hidden = false;
   document.getElementById("run-title").textContent = "Run " + runId;
-  for (const id of ["run-facts", "graph", "validation", "gate", "data-diff", "evaluation", "errors", "deployment",
-                    "history", "try-detections"]) clear(id);
+  for (const id of ["run-facts", "review", "graph", "validation", "gate", "data-diff", "evaluation", "errors",
+                    "deployment", "history", "try-detections"]) clear(id);
+  document.getElementById("review").hidden = true;
   clear("try-canvas").setAttribute("width", "0");
   say("try-message", "");
   let run;
@@ -181,6 +183,7 @@ async function showRun(runId) {
     ["training job", run.training ? run.training.job_name + " " + (run.training.status || "") : null],
     ["cause", run.status !== "SUCCEEDED" ? run.cause : null],
   ]);
+  showReview(runId, run);
   showTraining(run);
   followTraining(runId, run);  // not awaited: it asks again while the run runs
   await Promise.all([drawGraph(runId), showValidation(runId, run), showGate(run), showDataDiff(run),
@@ -407,6 +410,76 @@ function showGate(run) {
         {"id": "gate-classes"}));
     }
   }
+}
+
+// ----- a person's review ------------------------------------------------------------------
+// The gate could not settle it (run.review): why, on how many images, until when the run waits, and the
+// Approve / Reject pair; once decided, who decided what, why and when. The page's server passes the
+// decision on to the status API as the console's caller, who must be a reviewer (403 says so otherwise).
+const REVIEW_STATES = {
+  "requested": "the quality gate asked for a person's review; the run is entering its wait",
+  "waiting": "waiting for a reviewer: approve to deploy it as if the gate had approved, or reject",
+  "approved": "approved by a reviewer", "rejected": "rejected by a reviewer",
+  "not decided": "not decided: the wait ended without a decision (it timed out, or the run stopped)"};
+
+function showReview(runId, run) {
+  const box = document.getElementById("review");
+  const review = run.review;
+  if (!review) return;
+  box.hidden = false;
+  box.className = "review-" + review.status.replace(" ", "-");
+  box.append(el("h3", {}, "Review"));
+  box.append(el("p", {"id": "review-status", "data-status": review.status}, REVIEW_STATES[review.status] ||
+                review.status));
+  const compared = review.images_compared === null || review.images_compared === undefined ? null
+    : review.images_compared + " held-out val images" + (review.images_excluded ?
+      ` (${review.images_excluded} left out: a model trained on them)` : "");
+  facts(box.appendChild(el("dl", {"id": "review-facts", "class": "facts"})), [
+    ["why", review.gate_reason], ["because", (review.review_because || []).join(", ")],
+    ["images compared", compared], ["waiting since", review.requested_at],
+    ["refused unless decided by", review.status === "waiting" ? review.expires_at : null],
+    ["model package", review.model_package_arn], ["decided by", review.decided_by],
+    ["reason", review.reason], ["decided at", review.decided_at]]);
+  if (review.status !== "waiting") return;
+  const reason = el("input", {"id": "review-reason", "type": "text", "maxlength": "1000",
+                              "placeholder": "reason (optional to approve, required to reject)"});
+  const approve = el("button", {"type": "button", "id": "review-approve"}, "Approve");
+  const reject = el("button", {"type": "button", "id": "review-reject"}, "Reject");
+  box.append(el("form", {"id": "review-form"}, reason, approve, reject),
+             el("p", {"id": "review-message", "role": "status"}));
+  approve.addEventListener("click", () => decide(runId, "approve"));
+  reject.addEventListener("click", () => decide(runId, "reject"));
+}
+
+async function decide(runId, decision) {
+  const field = document.getElementById("review-reason");
+  const reason = field.value.trim();
+  if (decision === "reject" && !reason) {
+    say("review-message", "a rejection needs a reason: say why in the box", true);
+    field.focus();
+    return;
+  }
+  const buttons = document.querySelectorAll("#review-form button");
+  buttons.forEach(b => { b.disabled = true; });
+  say("review-message", (decision === "approve" ? "approving" : "rejecting") + " ...");
+  const body = reason ? {decision, reason} : {decision};
+  let response, answer = null;
+  try {
+    response = await fetch("/api/runs/" + encodeURIComponent(runId) + "/decision", {
+      method: "POST", body: JSON.stringify(body),
+      headers: {"Content-Type": "application/json", "Accept": "application/json", "X-D2ops-Console": "1"}});
+    try { answer = await response.json(); } catch (e) { answer = null; }
+  } catch (e) {
+    response = {ok: false, status: 0};
+    answer = {message: String(e)};
+  }
+  if (!response.ok) {
+    say("review-message", "not decided: " + ((answer && answer.message) || ("HTTP " + response.status)), true);
+    buttons.forEach(b => { b.disabled = false; });
+    return;
+  }
+  say("message", `run ${runId} ${answer.decision} by ${answer.decided_by}: ${answer.reason}`);
+  showRun(runId);  // the run view now shows the decision
 }
 
 // The run's dataset diff against the champion's dataset (its summary; the whole diff is at its uri,
