@@ -137,3 +137,22 @@ def test_a_stack_without_a_reviewer_role_is_a_usage_error(monkeypatch: pytest.Mo
     real, _ = session(monkeypatch, f"arn:aws:iam::{ACCOUNT}:user/alice", {"StatusApiUrl": URL})
     with pytest.raises(UsageError, match="no StatusApiUrl and ReviewerRoleArn outputs"):
         decide.reviewer_api(real, "d2ops")
+
+
+def test_d2ops_status_says_how_to_decide_a_waiting_run_and_who_decided() -> None:
+    from d2ops.commands.status import format_run
+
+    def lines(review: dict[str, Any]) -> list[str]:
+        return [line for line in format_run({"run_id": "shapes_v2_abc", "status": "RUNNING", "timeline": [],
+                                             "review": review}) if "review" in line or "decide" in line]
+
+    waiting = lines({"status": "waiting", "requested_at": "2026-11-22T08:00:00Z", "expires_at": "2026-11-29T08:00:00Z"})
+    assert waiting == ["  review    waiting since 2026-11-22T08:00:00Z; refused unless decided by 2026-11-29T08:00:00Z",
+                       "    decide: d2ops approve shapes_v2_abc [--reason TEXT]  |  d2ops reject shapes_v2_abc "
+                       "--reason TEXT"]
+    decided = lines({"status": "rejected", "decided_by": "arn:aws:sts::1:assumed-role/R/alice", "reason": "drops disc",
+                     "decided_at": "2026-11-22T09:00:00Z"})
+    assert decided == ["  review    rejected by arn:aws:sts::1:assumed-role/R/alice at 2026-11-22T09:00:00Z: "
+                       "drops disc"]
+    assert "not decided" in lines({"status": "not decided"})[0]
+    assert lines({}) == []

@@ -133,6 +133,7 @@ def format_run(run: dict[str, Any]) -> list[str]:
     gate = run.get("gate") or {}
     if gate:
         lines.append(f"  gate      {gate.get('decision')}: {gate.get('reason')}")
+    lines += format_review(run.get("run_id"), run.get("review") or {})
     endpoint = run.get("endpoint") or {}
     if endpoint:
         lines.append(f"  endpoint  {endpoint.get('name') or ''} mode={endpoint.get('mode')} "
@@ -143,6 +144,24 @@ def format_run(run: dict[str, Any]) -> list[str]:
     lines.append("  timeline")
     lines += format_timeline(run.get("timeline") or [])
     return lines
+
+
+def format_review(run_id: Any, review: dict[str, Any]) -> list[str]:
+    """The status API's ``review`` (a run the gate sent to a person) -> lines: what it waits for and how to
+    decide, or who decided what, why and when."""
+    if not review:
+        return []
+    status = review.get("status")
+    if status in ("approved", "rejected"):
+        return [f"  review    {status} by {review.get('decided_by')} at {review.get('decided_at')}: "
+                f"{review.get('reason')}"]
+    if status == "waiting":
+        return [f"  review    waiting since {review.get('requested_at')}; refused unless decided by "
+                f"{review.get('expires_at')}",
+                f"    decide: d2ops approve {run_id} [--reason TEXT]  |  d2ops reject {run_id} --reason TEXT"]
+    if status == "requested":
+        return ["  review    the gate asked for a person's review; the run is entering its wait"]
+    return ["  review    not decided: the wait ended without a decision (timed out, or the run stopped)"]
 
 
 def format_timeline(steps: list[dict[str, Any]]) -> list[str]:
