@@ -138,9 +138,55 @@ def test_anyone_else_signing_is_refused_with_403_and_decides_nothing(runtime: Of
 def test_hostile_bodies_over_http_are_4xx(runtime: OfflineRuntime) -> None:
     api = offline_status_api(runtime.status_api.url, runtime.credentials)
     path = "/runs/shapes_v2_hostile0000000001/decision"
-    for body, expected in ((b"x" * (2 * 1024 * 1024), 413), (b'{"decision": "reject", "reason": "' + b"y" * 70_000
-                                                              + b'"}', 413),
+    # Over the adapter's 1 MiB, API Gateway's stand-in answers 413 before reading a byte of the body.
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(runtime.status_api.url)
+    connection = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
+    connection.putrequest("POST", path)
+    connection.putheader("Content-Type", "application/json")
+    connection.putheader("Content-Length", str(2 * 1024 * 1024))
+    connection.endheaders()  # and no body: the answer must not wait for one
+    response = connection.getresponse()
+    assert (response.status, json.loads(response.read())) == (413, {"message": "Request Entity Too Large"})
+    connection.close()
+    for body, expected in ((b'{"decision": "reject", "reason": "' + b"y" * 70_000 + b'"}', 413),
                            (b"[" * 20_000, 400), (b"\xff\xfe", 400), (b"{}", 400)):
         status, data, _ = api.request("POST", path, body, {"Content-Type": "application/json"})
         assert status == expected, (status, data[:200])
         assert b"Traceback" not in data
+
+
+def test_two_reviewers_at_once_through_the_real_step_functions_one_wins(runtime: OfflineRuntime) -> None:
+    """Two reviewers post at the same moment; the runtime's SendTaskSuccess accepts the token once: one 200, one
+    409 naming the winner, and the run received the winner's decision."""
+    import threading
+
+    run = waiting_run(runtime, "shapes_v2_race00000000000001")
+    bob = new_credentials()
+    bob_arn = f"arn:aws:sts::{ACCOUNT_ID}:assumed-role/d2ops-ReviewerRole/bob"
+    runtime.status_api.add_caller(bob, bob_arn)
+    callers = {reviewer_arn(runtime): runtime.credentials, bob_arn: bob}
+    start = threading.Barrier(len(callers))
+    answers: dict[str, tuple[int, dict[str, str]]] = {}
+
+    def post(who: str) -> None:
+        api = SignedStatusApi(runtime.status_api.url, callers[who], REGION)
+        start.wait(timeout=10)
+        status, data, _ = api.request("POST", f"/runs/{run.run_id}/decision",
+                                      json.dumps({"decision": "reject", "reason": f"by {who}"}).encode(),
+                                      {"Content-Type": "application/json"})
+        answers[who] = (status, json.loads(data))
+
+    threads = [threading.Thread(target=post, args=(who,)) for who in callers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(status for status, _ in answers.values()) == [200, 409], answers
+    winner = next(who for who, (status, _) in answers.items() if status == 200)
+    loser = next(who for who in callers if who != winner)
+    assert f"already decided: rejected by {winner}" in answers[loser][1]["message"]
+    output = json.loads(finished(runtime, run.execution_arn)["output"])["review"]
+    assert (output["decided_by"], output["reason"]) == (winner, f"by {winner}")
