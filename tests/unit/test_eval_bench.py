@@ -22,6 +22,13 @@ def test_bench_runs_end_to_end_and_both_evaluations_agree(tmp_path: Path) -> Non
     assert len(figures["stats"]) == len(figures["baseline_stats"]) == 12
     assert 0.05 < figures["stats"][0] < 0.95  # a real mix of hits and misses, not a degenerate 0 or 1
     assert figures["max_abs_stat_diff"] < 1e-4 and figures["reported_vs_stats_diff"] < 1e-9
+    # the gated evaluation: both models matched and the bootstrap run, timed against pycocotools' COCOeval,
+    # and the old pycocotools matching kept as the matching step's baseline, with identical matches
+    assert figures["gated_seconds"] >= figures["gated_matching_seconds"] + figures["gated_bootstrap_seconds"] - 0.01
+    assert abs(figures["gated_ratio"] - figures["gated_seconds"] / figures["baseline_seconds"]) < 0.01
+    assert figures["gated_resamples"] == 1000 and figures["gated_interval"][0] <= figures["gated_interval"][1]
+    assert 0 < figures["matching_seconds"] < figures["gated_matching_seconds"]
+    assert figures["matching_baseline_seconds"] > 0 and figures["matching_identical"] is True
     assert not (tmp_path / "bench").exists()  # generated files are removed unless --keep
 
 
