@@ -7,14 +7,18 @@ trainer and the artifact use (sorted dataset category ids -> labels 0..K-1).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from d2ops_core.validation.manifest import MANIFEST_FILE, parse_manifest
-from d2ops_core.validation.split import DerivedSplit, SplitError, derive_split, split_seed
+from d2ops_core.validation.manifest import MANIFEST_FILE, parse_manifest, unsafe_relative_path
+from d2ops_core.validation.split import DerivedSplit, SplitError, derive_split
 
 
 class DatasetError(Exception):
@@ -31,6 +35,8 @@ class DatasetVersion:
     val_json: Path
     images_dir: Path
     derived: DerivedSplit | None = None  # set when val was derived from train (d2ops_core.validation.split)
+    # file_name -> SHA-256 of the image's bytes, where deriving the split hashed them (the export reuses them)
+    image_sha256: Mapping[str, str] | None = field(default=None, repr=False, compare=False)
 
     def split(self, split: Literal["train", "val"]) -> Path:
         return self.train_json if split == "train" else self.val_json
@@ -70,14 +76,19 @@ def open_dataset_version(root: Path | str) -> DatasetVersion:
 
 
 def _with_derived_val(version: DatasetVersion, train_rel: str) -> DatasetVersion:
-    """The split the validator recorded (d2ops_core.validation.split is deterministic), in a scratch directory.
+    """The split the validator recorded, in a scratch directory.
 
-    Channels may be read-only, so the two documents go to a temporary directory; images stay
-    where they are (file_name values are relative to images_dir, which does not move).
+    The split is keyed on the dataset name and each image's SHA-256 (d2ops_core.validation.split);
+    the images here are the run's snapshot of the bytes the validator hashed, so hashing them again
+    gives its split (2,000 images of 100 KB: about 0.25 s). Channels may be read-only, so the two
+    documents go to a temporary directory; images stay where they are (file_name values are
+    relative to images_dir, which does not move).
     """
+    document = read_coco(version.train_json)
+    names = [str(im.get("file_name", "")) for im in document["images"] if isinstance(im, dict)]
+    hashes = image_sha256(version.images_dir, names)
     try:
-        train, val, record = derive_split(read_coco(version.train_json), split_seed(version.name, version.version),
-                                          train_rel)
+        train, val, record = derive_split(document, version.name, train_rel, hashes)
     except SplitError as exc:
         raise DatasetError(f"{version.root}: no val split and none can be derived: {exc}") from None
     out = Path(tempfile.mkdtemp(prefix="d2ops-split-"))
@@ -85,7 +96,49 @@ def _with_derived_val(version: DatasetVersion, train_rel: str) -> DatasetVersion
     (out / "val.json").write_text(json.dumps(val))
     return DatasetVersion(root=version.root, name=version.name, version=version.version, task=version.task,
                           train_json=out / "train.json", val_json=out / "val.json", images_dir=version.images_dir,
-                          derived=record)
+                          derived=record, image_sha256=hashes)
+
+
+def annotated_image_sha256(coco_json: Path, images_dir: Path, *, known: Mapping[str, str] | None = None) -> set[str]:
+    """The SHA-256 of every image file a COCO file names (for the train split: a model's training_images.txt)."""
+    document = read_coco(coco_json)
+    names = [str(im.get("file_name", "")) for im in document["images"] if isinstance(im, dict)]
+    return set(image_sha256(images_dir, names, known=known).values())
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def image_sha256(images_dir: Path, file_names: Iterable[str], *,
+                 known: Mapping[str, str] | None = None) -> dict[str, str]:
+    """file_name -> hex SHA-256 of the image file's bytes (``known`` ones are not read again).
+
+    A few threads: hashlib releases the GIL on large buffers, so reads and hashing overlap. A
+    missing or unreadable file, or a name that is not a safe relative path, is a DatasetError naming it.
+    """
+    known = known or {}
+    names = set(file_names)
+    for name in names:
+        problem = unsafe_relative_path(name)
+        if problem:
+            raise DatasetError(f"{images_dir}: image file_name {name!r} {problem}")
+    todo = sorted(n for n in names if n not in known)
+
+    def one(name: str) -> tuple[str, str]:
+        try:
+            return name, file_sha256(images_dir / name)
+        except OSError as exc:
+            raise DatasetError(f"{images_dir / name}: cannot read the image to hash it: "
+                               f"{exc.strerror or exc}") from None
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        hashed = dict(pool.map(one, todo))
+    return {**{n: known[n] for n in names if n in known}, **hashed}
 
 
 def read_coco(path: Path) -> dict[str, Any]:

@@ -37,6 +37,7 @@ import msgspec
 from d2ops_core.documents.dataset_diff import (
     CHANGED_IMAGES_SHOWN,
     SPLITS,
+    TRAIN_TO_VAL_SHOWN,
     ClassDiff,
     DatasetDiff,
     FileChange,
@@ -48,7 +49,7 @@ from d2ops_core.documents.dataset_diff import (
 )
 from d2ops_core.validation.inventory import InventoryEntry
 from d2ops_core.validation.manifest import MANIFEST_FILE, Manifest, parse_manifest, unsafe_relative_path
-from d2ops_core.validation.split import SplitError, assign_val, split_seed
+from d2ops_core.validation.split import SplitError, assign_val
 
 _MASK64 = (1 << 64) - 1
 _BOX_DECODER = msgspec.json.Decoder()
@@ -168,10 +169,14 @@ def _decode(raw: bytes, where: str) -> _Coco:
         raise DiffInputError(f"{where}: unreadable JSON ({exc})") from None
 
 
-def _split_images(doc: _Coco, split: str, derive_seed: str | None, images_prefix: str,
+def _split_images(doc: _Coco, split: str, images_prefix: str,
                   records: dict[str, ImageRecord], histogram: Counter[tuple[str, str]],
                   image_counts: Counter[tuple[str, str]]) -> int:
-    """Fold one annotation file into per-image records; returns its instance count."""
+    """Fold one annotation file into per-image records; returns its instance count.
+
+    A derived val is not known here: its images are train until :func:`_derive_val` moves them,
+    once their content is hashed (the split is keyed on it).
+    """
     names = {c.id: str(c.name) for c in doc.categories if c.name is not None}
     per_image: dict[Any, dict[str, list[int]]] = defaultdict(dict)
     for ann in doc.annotations:
@@ -179,19 +184,8 @@ def _split_images(doc: _Coco, split: str, derive_seed: str | None, images_prefix
         slot = per_image[ann.image_id].setdefault(name, [0, 0])
         slot[0] += 1
         slot[1] = (slot[1] + _box_hash(name, ann.bbox, ann.iscrowd)) & _MASK64
-    sides = [split] * len(doc.images)
-    if derive_seed is not None:  # the manifest names no val: the pipeline derives it, so does the diff
-        ids: dict[Any, set[Any]] = defaultdict(set)
-        for ann in doc.annotations:
-            if isinstance(ann.category_id, int):
-                ids[ann.image_id].add(ann.category_id)
-        entries = [(str(im.file_name), frozenset(ids.get(im.id, ()))) for im in doc.images]
-        try:
-            for i in assign_val(entries, derive_seed):
-                sides[i] = "val"
-        except SplitError:
-            pass  # too few images to derive a val: everything stays train, as validation would reject it anyway
-    for im, side in zip(doc.images, sides, strict=True):
+    side = split
+    for im in doc.images:
         key = images_prefix + str(im.file_name)
         classes = {n: (c, h) for n, (c, h) in per_image.get(im.id, {}).items()}
         record = records.get(key)
@@ -211,6 +205,29 @@ def _split_images(doc: _Coco, split: str, derive_seed: str | None, images_prefix
         histogram.setdefault((split, n), 0)
         image_counts.setdefault((split, n), 0)
     return len(doc.annotations)
+
+
+def _derive_val(records: list[ImageRecord], name: str, histogram: Counter[tuple[str, str]],
+                image_counts: Counter[tuple[str, str]]) -> str | None:
+    """Move the images the pipeline's derived split puts in val (d2ops_core.validation.split, keyed on the
+    dataset name and each image's SHA-256) from train to val; a note when it cannot be derived."""
+    train = [r for r in records if r.split == "train"]
+    unhashed = sum(r.digest is None for r in train)
+    if unhashed:
+        return f"val not derived: {unhashed} train images have no checksum (missing or not read); all count as train"
+    try:
+        val = assign_val([r.digest.hex() for r in train if r.digest is not None], name)
+    except SplitError as exc:  # the validator rejects such a version: everything stays train
+        return f"val not derived: {exc}"
+    for i in val:
+        record = train[i]
+        record.split = "val"
+        for n, (c, _) in record.classes.items():
+            histogram[("train", n)] -= c
+            histogram[("val", n)] += c
+            image_counts[("train", n)] -= 1
+            image_counts[("val", n)] += 1
+    return None
 
 
 def index_version(uri: str, source: str, read: ReadFile, fingerprints: Fingerprints, *,
@@ -239,8 +256,7 @@ def index_version(uri: str, source: str, read: ReadFile, fingerprints: Fingerpri
             continue
         files[key] = _sha(data)
         doc = _decode(data, uri + key)
-        seed = split_seed(manifest.name, manifest.version) if derive and split == "train" else None
-        instances += _split_images(doc, split, seed, manifest.images_prefix, records, histogram, image_counts)
+        instances += _split_images(doc, split, manifest.images_prefix, records, histogram, image_counts)
         del doc
         _check(deadline)
     if file_hashes:
@@ -259,6 +275,10 @@ def index_version(uri: str, source: str, read: ReadFile, fingerprints: Fingerpri
     if hashed < len(ordered):
         notes.append(f"{uri}: {len(ordered) - hashed} of {len(ordered)} images have no checksum (missing or not "
                      "read): their content is not compared")
+    if derive:  # the manifest names no val: the pipeline derives it from the images' content, so does the diff
+        note = _derive_val(ordered, manifest.name, histogram, image_counts)
+        if note:
+            notes.append(f"{uri}: {note}")
     side = VersionSide(uri=uri, name=manifest.name, version=manifest.version, source=source, run_id=run_id,
                        inventory_digest=inventory_digest, images=len(ordered), instances=instances,
                        val_derived=derive)
@@ -354,6 +374,7 @@ def compare(a: VersionIndex, b: VersionIndex) -> DatasetDiff:
     total_changed = 0
     only_a: list[ImageRecord] = []
     only_b: list[ImageRecord] = []
+    trained_to_val: list[str] = []  # B's keys of images A had in train and B has in val (a bounded heap's worth)
 
     def note(change: ImageChange) -> None:
         nonlocal total_changed
@@ -390,6 +411,11 @@ def compare(a: VersionIndex, b: VersionIndex) -> DatasetDiff:
         if old.split != new.split:
             kinds.append("split")
             counts.split_moved += 1
+            if "train" in old.split.split("+") and "val" in new.split.split("+"):
+                # The champion (trained on A's train) would be scored on it: the evaluation job leaves it out.
+                counts.train_to_val += 1
+                if len(trained_to_val) < TRAIN_TO_VAL_SHOWN:
+                    trained_to_val.append(new.key)
         if not kinds:
             counts.unchanged += 1
             return
@@ -452,7 +478,8 @@ def compare(a: VersionIndex, b: VersionIndex) -> DatasetDiff:
     if a.side.val_derived != b.side.val_derived:
         notes.append("one version names its val split and the other derives it from train")
     return DatasetDiff(a=a.side, b=b.side, same=same, images=counts, classes=classes, files=files,
-                       changed_images=image_changes, changed_images_total=total_changed, notes=notes)
+                       changed_images=image_changes, changed_images_total=total_changed,
+                       train_to_val_examples=sorted(trained_to_val), notes=notes)
 
 
 def _class_diffs(a: VersionIndex, b: VersionIndex, tallies: dict[str, _ClassTally]) -> list[ClassDiff]:

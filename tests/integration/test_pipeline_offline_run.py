@@ -256,7 +256,7 @@ def test_a_version_without_val_runs_on_a_derived_split_recorded_in_the_run(stack
     execution, _ = run(stack, upload(stack, tmp_path, "trainonly", without_val=True))
     assert execution.status == "SUCCEEDED", (execution.error, execution.cause)
     derived = execution.output["validation"]["summary"]["derived_split"]  # in the run, not only in the report
-    assert derived["seed"] == "shapes/trainonly" and derived["val_images"] >= 1 and derived["train_images"] >= 1
+    assert derived["keyed_on"] == "shapes" and derived["val_images"] >= 1 and derived["train_images"] >= 1
     bucket, key = s3_layout.parse_s3_uri(execution.output["validation"]["summary"]["report_uri"])
     report = json.loads(stack["s3"].get_object(Bucket=bucket, Key=key)["Body"].read())
     assert report["derived_split"] == derived

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -151,19 +152,49 @@ def test_cli_text_exit_codes_and_json(versions: tuple[Path, Path], capsys: pytes
 
 
 def test_derived_val_split_is_the_pipelines(tmp_path: Path) -> None:
-    """A manifest naming no val and shipping no val.json: the diff derives val as the pipeline does."""
-    images: Images = {f"{n}.jpg": (bytes([n]) * 10, "train", [("cat", [1, 1, 2, 2])]) for n in range(10)}
+    """A manifest naming no val and shipping no val.json: the diff derives val as the pipeline does, keyed on
+    the dataset name and each image's bytes (d2ops_core.validation.split); the histogram follows."""
+    images: Images = {f"{n}.jpg": (bytes([n]) * 10, "train", [("cat", [1, 1, 2, 2])]) for n in range(30)}
     a = write_version(tmp_path / "a", images, version="v1")
     (a / "annotations/val.json").unlink()
     diff = diff_of(a, a)
     assert diff.a.val_derived is True
-    cat = next(k for k in diff.classes if k.name == "cat")
-    assert cat.splits["val"].instances_a == 2 and cat.splits["train"].instances_a == 8  # VAL_PERCENT 20
     read, fingerprints = directory_reader(str(a))
     index = index_version(str(a), "directory", read, fingerprints)
-    _, val_doc, _ = derive_split(json.loads((a / "annotations/train.json").read_text()), "pets/v1", "train")
-    assert {r.key for r in index.images if r.split == "val"} == {"images/" + im["file_name"]
-                                                                 for im in val_doc["images"]}
+    hashes = {name: hashlib.sha256(data).hexdigest() for name, (data, _, _) in images.items()}
+    _, val_doc, _ = derive_split(json.loads((a / "annotations/train.json").read_text()), "pets", "train", hashes)
+    val = {"images/" + im["file_name"] for im in val_doc["images"]}
+    assert val and {r.key for r in index.images if r.split == "val"} == val
+    cat = next(k for k in diff.classes if k.name == "cat")
+    assert (cat.splits["val"].instances_a, cat.splits["train"].instances_a) == (len(val), 30 - len(val))
+    assert (cat.splits["val"].images_a, cat.splits["train"].images_a) == (len(val), 30 - len(val))
+
+
+def test_an_image_the_champion_trained_on_moved_to_val_is_a_warning(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """train -> val (the champion would be scored on its own training image) is counted and named apart from
+    val -> train, in the document, the run's summary line, `d2ops status` and `d2ops diff`."""
+    from d2ops.commands.status import format_run
+
+    moved = {**VERSION_A, "c.jpg": (b"C" * 50, "val", [("cat", [3, 3, 8, 8])]),
+             "a.jpg": (b"A" * 50, "val", [("cat", [1, 1, 10, 10])])}
+    a = write_version(tmp_path / "a", VERSION_A, version="v1")
+    b = write_version(tmp_path / "b", {**moved, "d.jpg": (b"D" * 50, "train", [("cat", [4, 4, 8, 8])]),
+                                       "e.jpg": (b"E" * 50, "train", [("cat", [5, 5, 8, 8])])}, version="v2")
+    diff = diff_of(a, b)
+    assert (diff.images.split_moved, diff.images.train_to_val) == (3, 2)  # e went val -> train: not counted
+    assert diff.train_to_val_examples == ["images/a.jpg", "images/c.jpg"]
+    summary = DatasetDiffSummary.of(diff, uri="s3://art/runs/r/dataset-diff.json")
+    assert "3 moved train<->val; 2 of them from the champion's train to val" in summary.line()
+    assert summary.warning() == ("2 val image(s) of this run are in the champion's training split (pets/v1), e.g. "
+                                 "images/a.jpg, images/c.jpg: the comparison leaves them out")
+    lines = format_run({"run_id": "r", "status": "RUNNING", "timeline": [],
+                        "dataset_diff": summary.model_dump(mode="json")})
+    assert f"  data      WARNING: {summary.warning()}" in lines
+    assert DatasetDiffSummary.of(diff_of(a, a)).warning() is None
+    assert main(["diff", str(a), str(b)]) == 1
+    assert ("warning: 2 images in A's train are in B's val (a model trained on A would be scored on them; the "
+            "pipeline's comparison leaves them out): images/a.jpg, images/c.jpg") in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("damage", "message"), [

@@ -764,9 +764,10 @@ def test_the_image_check_lambdas_have_exactly_what_their_steps_need() -> None:
         ("s3:GetObject", f"{data}/datasets/*"), ("s3:GetObjectVersion", f"{data}/datasets/*"),
         ("s3:PutObject", f"{artifacts}/runs/*/dataset/*"), ("s3:PutObjectTagging", f"{artifacts}/runs/*/dataset/*"),
     }
-    # The merge reads the items, the pending inventory and the ResultWriter's files; writes report and inventory.
+    # The merge reads the items, the pending inventory and the ResultWriter's files, and the snapshot's train
+    # annotations (a derived val split is keyed on the batches' SHA-256s); writes report and inventory.
     assert _grants("SummarizeImagesFunction") == {
-        ("s3:GetObject", f"{artifacts}/runs/*/validation/*"),
+        ("s3:GetObject", f"{artifacts}/runs/*/validation/*"), ("s3:GetObject", f"{artifacts}/runs/*/dataset/*"),
         ("s3:PutObject", f"{artifacts}/runs/*/validation/report.json"),
         ("s3:PutObject", f"{artifacts}/runs/*/inventory.jsonl"),
         ("s3:ListBucket", artifacts),  # a failed Map's manifest, found by listing its results prefix

@@ -320,6 +320,46 @@ def test_inline_fast_path_checks_and_copies_every_image(s3: Any, dataset: Path) 
     assert s3.list_objects_v2(Bucket="artifacts", Prefix="runs/run-map/dataset/images/")["KeyCount"] == 0
 
 
+def test_a_derived_val_through_the_map_is_the_split_the_local_validator_and_the_trainer_derive(
+        s3: Any, tmp_path: Path) -> None:
+    """A train-only version past the inline limit: the split is keyed on the images' SHA-256s, which only the
+    batches compute, so the summarize step derives it (from the snapshot's train file) and records the same
+    split, statistics and warnings as `d2ops validate DIR` and the trainer's model_code.dataset_version.
+
+    Catches: the Map path recording no split (or one keyed on something else), the derived sides' statistics
+    or cross-split warnings lost in the merge.
+    """
+    from model_code.dataset_version import open_dataset_version, read_coco
+
+    root = tmp_path / "ds"
+    synth.generate(root, images=24, seed=5, size=48, name="shapes", version="v1")
+    train, val = (json.loads((root / f"annotations/{s}.json").read_text()) for s in ("train", "val"))
+    train["images"] += val["images"]
+    train["annotations"] += val["annotations"]
+    (root / "annotations/train.json").write_text(json.dumps(train))
+    (root / "annotations/val.json").unlink()
+    manifest = json.loads((root / "manifest.json").read_text())
+    del manifest["val"]
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    local = validate_local(root)
+    assert local.valid and local.derived_split is not None, local.describe()
+    upload(s3, root)
+    pending = service().validate_dataset(event("run-derived"), s3, "artifacts", inline_limit=0)
+    assert pending.images_pending and pending.derived_split is None
+    assert stored_report(s3, "run-derived").derived_split_pending
+    items = items_of(s3, "run-derived")
+    batches = [check_batch(items[i:i + 5], "run-derived") for i in range(0, len(items), 5)]
+    final = summarize(s3, "run-derived", write_result_writer(s3, "run-derived", batches))
+    merged = stored_report(s3, "run-derived")
+    assert final.valid and final.derived_split == merged.derived_split == local.derived_split
+    assert not merged.derived_split_pending
+    assert merged.splits == local.splits and merged.issue_counts == local.issue_counts
+    version = open_dataset_version(root)
+    val_names = sorted(im["file_name"] for im in read_coco(version.val_json)["images"])
+    assert merged.derived_split is not None
+    assert merged.derived_split.val_digest == hashlib.sha256("\n".join(val_names).encode()).hexdigest()
+
+
 def test_invalid_annotations_are_not_handed_to_the_map(s3: Any, dataset: Path) -> None:
     """A version rejected on its annotations gets a final (invalid) summary, no items and no snapshot."""
     train = json.loads((dataset / "annotations/train.json").read_text())

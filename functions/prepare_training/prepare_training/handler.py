@@ -33,6 +33,9 @@ def handler(event: PrepareEvent, context: LambdaContext) -> dict[str, Any]:
     plan.dataset_diff = diff_against_champion(s3, settings, event, record, seconds=budget)
     if plan.dataset_diff is not None and plan.dataset_diff.error:
         logger.warning("dataset diff not computed", extra={"run_id": event.run_id, "error": plan.dataset_diff.error})
+    if plan.dataset_diff is not None and plan.dataset_diff.warning():
+        logger.warning(plan.dataset_diff.warning(), extra={"run_id": event.run_id,
+                                                           "train_to_val": plan.dataset_diff.train_to_val})
     logger.info("prepared training job", extra={"run_id": event.run_id, "names": plan.names.model_dump(),
                                                 "champion": champion.run_id if champion else None})
     return plan.model_dump(mode="json")

@@ -188,16 +188,22 @@ def summarize_images(event: SummarizeImagesEvent, s3_client: Any, artifacts_buck
            for f in (*manifest.ResultFiles.SUCCEEDED, *manifest.ResultFiles.FAILED, *manifest.ResultFiles.PENDING)) \
             or manifest.DestinationBucket not in (None, artifacts_bucket):
         raise ImageChecksIncomplete("the Map's result manifest names result files outside this run's image results")
-    merged = merge_results(report, files, batch_results(s3_client, artifacts_bucket, manifest), items=items)
+    snapshot = s3_layout.snapshot_prefix(event.run_id)
+
+    def read_snapshot(rel: str) -> bytes:  # the bytes validation read, copied before the Map started
+        return bytes(s3_client.get_object(Bucket=artifacts_bucket, Key=snapshot + rel)["Body"].read())
+
+    merged = merge_results(report, files, batch_results(s3_client, artifacts_bucket, manifest), items=items,
+                           read_file=read_snapshot)
     report_uri = _put(s3_client, artifacts_bucket, key, merged.report.model_dump_json(indent=1).encode(),
                       "application/json")
     inventory_uri = _put(s3_client, artifacts_bucket, s3_layout.inventory_key(event.run_id), merged.inventory,
                          "application/x-ndjson")
     items_key = s3_layout.image_items_key(event.run_id)
     # Every image was copied by its batch when it passed; the files were copied before the Map started.
-    snapshot = s3_layout.snapshot_uri(artifacts_bucket, event.run_id) if merged.report.valid else None
+    snapshot_uri = s3_layout.snapshot_uri(artifacts_bucket, event.run_id) if merged.report.valid else None
     return summarize(merged.report, report_uri, images_pending=False,
                      image_items_uri=s3_layout.s3_uri(artifacts_bucket, items_key), image_items_bucket=artifacts_bucket,
                      image_items_key=items_key, image_count=merged.images,
-                     image_check_concurrency=max(1, concurrency), snapshot_uri=snapshot,
+                     image_check_concurrency=max(1, concurrency), snapshot_uri=snapshot_uri,
                      inventory_uri=inventory_uri, inventory_digest=inventory_digest(merged.inventory))

@@ -89,6 +89,11 @@ def describe(diff: Any, *, images: int = 10) -> str:
     lines.append(f"images: +{c.added} added, -{c.removed} removed, {c.renamed} renamed, {c.content_changed} "
                  f"changed bytes, {c.annotations_changed} relabelled, {c.split_moved} moved train<->val, "
                  f"{c.unchanged} unchanged")
+    if c.train_to_val:
+        examples = ", ".join(diff.train_to_val_examples)
+        lines.append(f"warning: {c.train_to_val} images in A's train are in B's val (a model trained on A would be "
+                     f"scored on them; the pipeline's comparison leaves them out): {examples}"
+                     + (" ..." if c.train_to_val > len(diff.train_to_val_examples) else ""))
     for f in diff.files:
         lines.append(f"file {f.key}: {f.change}")
     changed = [k for k in diff.classes if k.status != "unchanged"]

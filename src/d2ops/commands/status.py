@@ -110,7 +110,7 @@ def format_run(run: dict[str, Any]) -> list[str]:
         if training.get("progress"):
             lines.append(f"    {format_training_progress(training['progress'])}")
     if run.get("dataset_diff"):
-        lines.append(f"  data      {_data_changes(run['dataset_diff'])}")
+        lines.extend(f"  data      {line}" for line in _data_changes(run['dataset_diff']))
     evaluation = run.get("evaluation") or {}
     if evaluation:
         champion = evaluation.get("champion_value")
@@ -176,8 +176,8 @@ def format_timeline(steps: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _data_changes(summary: Any) -> str:
-    """The dataset diff against the champion in one line (and where the whole diff is)."""
+def _data_changes(summary: Any) -> list[str]:
+    """The dataset diff against the champion in one line (and where the whole diff is), and its warning."""
     from pydantic import ValidationError
 
     from d2ops_core.documents.dataset_diff import DatasetDiffSummary
@@ -185,8 +185,9 @@ def _data_changes(summary: Any) -> str:
     try:
         diff = DatasetDiffSummary.model_validate(summary)
     except ValidationError:
-        return "dataset diff unreadable in this answer"
-    return diff.line() + (f" ({diff.uri})" if diff.uri else "")
+        return ["dataset diff unreadable in this answer"]
+    warning = diff.warning()
+    return [diff.line() + (f" ({diff.uri})" if diff.uri else "")] + ([f"WARNING: {warning}"] if warning else [])
 
 
 def _usd(value: float | None) -> str:

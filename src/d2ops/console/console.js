@@ -507,6 +507,7 @@ function showDataDiff(run) {
     ["added", diff.added], ["removed", diff.removed], ["renamed", diff.renamed || null],
     ["changed bytes", diff.content_changed || null], ["relabelled", diff.annotations_changed || null],
     ["moved train↔val", diff.split_moved || null],
+    ["from the champion's train to val", diff.train_to_val || null],
     ["instances", (diff.instances_delta > 0 ? "+" : "") + diff.instances_delta],
     ["new classes", list(diff.classes_new)], ["vanished classes", list(diff.classes_vanished)],
     ["full diff", diff.uri]]);
@@ -514,6 +515,13 @@ function showDataDiff(run) {
     box.append(table(["class", "champion", "this run", "shift"], diff.largest_shifts.map(c => [
       c.name, c.instances_a, c.instances_b, (c.instances_b >= c.instances_a ? "+" : "") + (c.instances_b - c.instances_a)]),
       {"id": "data-diff-classes"}));
+  }
+  if (diff.train_to_val) {  // the champion trained on them: the comparison leaves them out
+    box.append(el("p", {"id": "data-diff-train-to-val", "class": "error"},
+                  "warning: " + diff.train_to_val + " val image(s) of this run are in the champion's training split" +
+                  (diff.train_to_val_examples && diff.train_to_val_examples.length
+                   ? " (e.g. " + diff.train_to_val_examples.slice(0, 3).join(", ") + ")" : "") +
+                  ": the comparison leaves them out"));
   }
   for (const note of diff.notes || []) box.append(el("p", {"class": "muted"}, note));
 }

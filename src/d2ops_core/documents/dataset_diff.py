@@ -18,6 +18,8 @@ SCHEMA_VERSION = 1
 SPLITS = ("train", "val")
 # Images listed one by one in the document (the most changed first); every change is counted regardless.
 CHANGED_IMAGES_SHOWN = 50
+# Images moved from A's train to B's val named in the document (all are counted).
+TRAIN_TO_VAL_SHOWN = 5
 # Classes the state summary names (new, vanished, largest shifts): the state payload stays small.
 SUMMARY_CLASSES = 5
 
@@ -79,6 +81,9 @@ class ImageCounts(_Doc):
     content_changed: int = Field(0, description="same key, other bytes")
     annotations_changed: int = Field(0, description="the image's boxes or classes differ")
     split_moved: int = Field(0, description="the image changed sides (train <-> val)")
+    train_to_val: int = Field(0, description="of split_moved: in A's train and B's val. A's model (the champion) "
+                                             "trained on them, so scoring it on B's val would flatter it; the "
+                                             "evaluation job leaves them out of the comparison")
     unchanged: int = 0
     not_compared: int = Field(0, description="images in both whose content could not be compared (no checksum)")
 
@@ -115,6 +120,9 @@ class DatasetDiff(_Doc):
     changed_images: list[ImageChange] = Field(
         default_factory=list, description=f"at most {CHANGED_IMAGES_SHOWN}, the most changed first")
     changed_images_total: int = 0
+    train_to_val_examples: list[str] = Field(
+        default_factory=list, description=f"up to {TRAIN_TO_VAL_SHOWN} keys (in B) of the images counted in "
+                                          "images.train_to_val, sorted")
     notes: list[str] = Field(default_factory=list, description="what was read instead, what could not be compared")
 
 
@@ -143,6 +151,8 @@ class DatasetDiffSummary(_Doc):
     content_changed: int = 0
     annotations_changed: int = 0
     split_moved: int = 0
+    train_to_val: int = Field(0, description="images the champion trained on that this run has in val")
+    train_to_val_examples: list[str] = Field(default_factory=list)
     instances_delta: int = 0
     classes_new: list[str] = Field(default_factory=list)
     classes_vanished: list[str] = Field(default_factory=list)
@@ -158,13 +168,22 @@ class DatasetDiffSummary(_Doc):
                    images_a=diff.images.a, images_b=diff.images.b, added=diff.images.added,
                    removed=diff.images.removed, renamed=diff.images.renamed,
                    content_changed=diff.images.content_changed, annotations_changed=diff.images.annotations_changed,
-                   split_moved=diff.images.split_moved,
+                   split_moved=diff.images.split_moved, train_to_val=diff.images.train_to_val,
+                   train_to_val_examples=diff.train_to_val_examples,
                    instances_delta=diff.b.instances - diff.a.instances,
                    classes_new=[c.name for c in diff.classes if c.status == "new"][:SUMMARY_CLASSES],
                    classes_vanished=[c.name for c in diff.classes if c.status == "vanished"][:SUMMARY_CLASSES],
                    largest_shifts=[ClassShift(name=c.name, instances_a=c.instances_a, instances_b=c.instances_b)
                                    for c in shifted[:SUMMARY_CLASSES]],
                    notes=diff.notes[:3])
+
+    def warning(self) -> str | None:
+        """A warning when images the champion trained on are in this run's val (None otherwise)."""
+        if not self.train_to_val:
+            return None
+        examples = ", ".join(self.train_to_val_examples[:3])
+        return (f"{self.train_to_val} val image(s) of this run are in the champion's training split ({self.against})"
+                + (f", e.g. {examples}" if examples else "") + ": the comparison leaves them out")
 
     def line(self) -> str:
         """One line: ``d2ops status``, the notification, the console's heading."""
@@ -176,7 +195,8 @@ class DatasetDiffSummary(_Doc):
             return f"same data as the champion's ({self.against})"
         parts = [f"+{self.added} -{self.removed} images"]
         for count, what in ((self.renamed, "renamed"), (self.content_changed, "changed bytes"),
-                            (self.annotations_changed, "relabelled"), (self.split_moved, "moved train<->val")):
+                            (self.annotations_changed, "relabelled"), (self.split_moved, "moved train<->val"),
+                            (self.train_to_val, "of them from the champion's train to val")):
             if count:
                 parts.append(f"{count} {what}")
         parts.append(f"instances {self.instances_delta:+d}")

@@ -7,7 +7,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,7 @@ from d2ops_core.validation.report import (
     printable,
 )
 from d2ops_core.validation.sources import LocalSource, S3Source, Source
-from d2ops_core.validation.split import DerivedSplit, SplitError, derive_split, split_seed
+from d2ops_core.validation.split import DerivedSplit, SplitError, derive_split
 
 logger = logging.getLogger(__name__)
 _DATASET_PREFIX = re.compile(r"(?:^|/)datasets/(?P<name>[^/]+)/(?P<version>[^/]+)/?$")
@@ -66,13 +66,22 @@ def _dataset_ref(manifest: Manifest | None, raw: bytes, expected: tuple[str, str
     return DatasetName(name=expected[0], version=expected[1]) if expected else DatasetName()
 
 
-def _cross_split(train: SplitResult | None, val: SplitResult | None, log: IssueLog, limits: Thresholds) -> None:
+def _cross_split(train: SplitResult | None, val: SplitResult | None, log: IssueLog, limits: Thresholds, *,
+                 derived: bool = False) -> None:
+    """Checks across the splits. ``derived``: the two sides of a derived split, where a class whose images all
+    drew val is the split's doing, not the uploader's: a warning (CLASS_FEW_INSTANCES), not CATEGORY_NOT_IN_TRAIN."""
     if train is not None:
         counts = {c: train.instances[c] for c in train.categories}
         for c, name in train.categories.items():
             if counts[c] < limits.few_instances:
+                why = ""
+                if derived and counts[c] == 0 and val is not None and val.instances[c] > 0:
+                    why = (f"; its {val.instances[c]} instances are all on images that drew val in the derived "
+                           "split, so no model trains on it until one of its images draws train (or upload a val "
+                           "file)")
                 log.add(Code.CLASS_FEW_INSTANCES, f"category {name!r} (id {c}) has {counts[c]} train instances, "
-                        f"fewer than {limits.few_instances}", train.file, f"categories[{train.category_index[c]}]")
+                        f"fewer than {limits.few_instances}{why}", train.file,
+                        f"categories[{train.category_index[c]}]")
         present = {c: n for c, n in counts.items() if n > 0}
         if len(present) >= 2:
             most, least = max(present, key=present.__getitem__), min(present, key=present.__getitem__)
@@ -90,7 +99,7 @@ def _cross_split(train: SplitResult | None, val: SplitResult | None, log: IssueL
         elif train.categories[c] != name:
             log.add(Code.CATEGORY_MISMATCH, f"category id {c} is {name!r} in val but {train.categories[c]!r} in "
                     "train", val.file, where)
-        if val.instances[c] > 0 and train.instances[c] == 0:
+        if val.instances[c] > 0 and train.instances[c] == 0 and not derived:
             log.add(Code.CATEGORY_NOT_IN_TRAIN, f"category {name!r} (id {c}) has {val.instances[c]} val instances "
                     "and none in train", val.file, where)
     for c, name in train.categories.items():
@@ -111,17 +120,21 @@ def _name_overlap(train: SplitResult | None, val: SplitResult | None, prefix: st
                     f"images[{ref.index}].file_name")
 
 
-def _derive_val(source: Source, manifest: Manifest, log: IssueLog,
-                limits: Thresholds) -> tuple[DerivedSplit, SplitResult, SplitResult] | None:
-    """Derive val from the (already checked) train file; the derived sides' own stats, or None.
+def derive_val_split(train_document: bytes, manifest: Manifest, sha256_of: Mapping[str, str], log: IssueLog,
+                     limits: Thresholds | None = None) -> tuple[DerivedSplit, dict[str, SplitStats]] | None:
+    """Derive val from the (already checked) train file, once its images' content hashes are known.
 
-    The issues of the train file are already in ``log``; the two derived documents are checked
-    again only for their statistics and the cross-split checks, into a scratch log.
+    ``sha256_of``: file_name -> hex SHA-256 of the image's bytes, as the image checks computed it
+    (inline here, or the Distributed Map's results in the summarize step: d2ops_core.validation.merge).
+    Adds the cross-split checks of the two sides to ``log`` (the train file's own issues are in it
+    already: the sides are checked again only for their statistics, into a scratch log). Returns the
+    record and the two sides' statistics, or None (a split that cannot be derived is
+    MANIFEST_PATH_MISSING at ``val``).
     """
-    with source.open_large(manifest.train) as buffer:
-        document = json.loads(bytes(buffer))
+    limits = limits or Thresholds()
+    document = json.loads(train_document)
     try:
-        train, val, record = derive_split(document, split_seed(manifest.name, manifest.version), manifest.train)
+        train, val, record = derive_split(document, manifest.name, manifest.train, sha256_of)
     except SplitError as exc:
         log.add(Code.MANIFEST_PATH_MISSING, f"no val annotations were uploaded and none can be derived: {exc}",
                 MANIFEST_FILE, "val")
@@ -130,9 +143,10 @@ def _derive_val(source: Source, manifest: Manifest, log: IssueLog,
     scratch = IssueLog()
     sides = [check_split(json.dumps(doc).encode(), split, f"{manifest.train} (derived {split})", scratch,
                          task=manifest.task, limits=limits) for split, doc in (("train", train), ("val", val))]
-    if sides[0] is None or sides[1] is None:
+    if sides[0] is None or sides[1] is None or sides[0].stats is None or sides[1].stats is None:
         return None
-    return record, sides[0], sides[1]
+    _cross_split(sides[0], sides[1], log, limits, derived=True)
+    return record, {"train": sides[0].stats, "val": sides[1].stats}
 
 
 def _check_failed(log: IssueLog, file: str | None, what: str, exc: Exception) -> None:
@@ -192,12 +206,13 @@ def validate_version(source: Source, *, check_images: bool = True, expected: tup
     image_entries: list[InventoryEntry] = []  # of the images checked
     overlap = OverlapIndex()
     pending = copied = False
+    derive_pending = False  # val is derived from train once the images' content hashes are known
 
     def report() -> ValidationReport:
         return ValidationReport.build(source=source.uri, log=log, manifest=manifest,
                                       dataset=_dataset_ref(manifest, raw, expected), splits=splits,
                                       images=image_check, seconds=time.perf_counter() - started,
-                                      derived_split=derived)
+                                      derived_split=derived, derived_split_pending=derive_pending)
 
     def done() -> Validated:
         entries = {e.key: e for e in (source.entry(rel) for rel in read)}
@@ -273,26 +288,20 @@ def validate_version(source: Source, *, check_images: bool = True, expected: tup
             results[split] = result
             splits[split] = result.stats
             say(f"  {split}: {result.stats.images} images, {result.stats.instances} instances")
-    crossed = dict(results)  # what training and evaluation will read: the derived sides when val is derived
-    if derive_val and "train" in results and log.error_count == 0:  # a rejected train file is not split
-        say(f"deriving a val split from {manifest.train}")
+    # A derived split is keyed on each image's content (d2ops_core.validation.split): it is derived, and the
+    # cross-split checks run on its two sides, once the image checks know every SHA-256 (below, or in the
+    # Distributed Map's summarize step). A rejected train file is not split.
+    derive_pending = derive_val and "train" in results and log.error_count == 0
+    if derive_pending and len(results["train"].images) < 2:  # known before any image is read
+        log.add(Code.MANIFEST_PATH_MISSING, f"no val annotations were uploaded and none can be derived: "
+                f"{manifest.train}: {len(results['train'].images)} image(s): a val split needs at least 2 train "
+                "images to derive one", MANIFEST_FILE, "val")
+        derive_pending = False
+    if not derive_pending:
         try:
-            sides = _derive_val(source, manifest, log, limits)
+            _cross_split(results.get("train"), results.get("val"), log, limits)
         except Exception as exc:
-            _check_failed(log, manifest.train, "derived val split", exc)
-            sides = None
-        if sides is not None:
-            derived, crossed["train"], crossed["val"] = sides
-            for split in ("train", "val"):
-                stats = crossed[split].stats
-                if stats is not None:
-                    splits[split] = stats
-            say(f"  derived: {derived.train_images} train images, {derived.val_images} val images "
-                f"(seed {derived.seed})")
-    try:
-        _cross_split(crossed.get("train"), crossed.get("val"), log, limits)
-    except Exception as exc:
-        _check_failed(log, None, "cross-split", exc)
+            _check_failed(log, None, "cross-split", exc)
 
     prefix = manifest.images_prefix
     if not check_images or not any(key.startswith(prefix) for key in files):
@@ -300,16 +309,14 @@ def validate_version(source: Source, *, check_images: bool = True, expected: tup
             log.add(Code.MANIFEST_PATH_MISSING, f"no files under {prefix} (the manifest's images directory)",
                     MANIFEST_FILE, "images")
         try:  # no bytes read: overlap by name, which in one version is overlap by content too
-            _name_overlap(crossed.get("train"), crossed.get("val"), prefix, log)
+            _name_overlap(results.get("train"), results.get("val"), prefix, log)
         except Exception as exc:
             _check_failed(log, None, "train/val overlap", exc)
     else:
         refs = {r.file: r.images for r in results.values()}
-        val_names = ({ref.file_name for ref in crossed["val"].images}
-                     if derived is not None and "val" in crossed else None)
         missing_before = log.counts[Code.IMAGE_MISSING]
         try:
-            items = image_items(source, refs, files, prefix, log, val_names=val_names)
+            items = image_items(source, refs, files, prefix, log)
             referenced = sum(len(r) for r in refs.values())
             missing = log.counts[Code.IMAGE_MISSING] - missing_before
             clean = log.error_count == 0
@@ -344,6 +351,32 @@ def validate_version(source: Source, *, check_images: bool = True, expected: tup
             overlap.report(log.add)
         except Exception as exc:
             _check_failed(log, None, "train/val overlap", exc)
+    if derive_pending and not pending and image_check.mode == "all":
+        derive_pending = False
+        if log.error_count == 0:  # every image was read and passed: each has its SHA-256
+            say(f"deriving a val split from {manifest.train} (keyed on each image's content)")
+            try:
+                with source.open_large(manifest.train) as buffer:
+                    document = bytes(buffer)
+                sha256_of = {e.key[len(prefix):]: e.sha256 for e in image_entries
+                             if e.sha256 is not None and e.key.startswith(prefix)}
+                sides = derive_val_split(document, manifest, sha256_of, log, limits)
+                del document
+            except ObjectChanged as exc:
+                log.add(Code.OBJECT_CHANGED, str(exc), manifest.train)
+                sides = None
+            except DatasetUnreadable:
+                raise
+            except Exception as exc:
+                _check_failed(log, manifest.train, "derived val split", exc)
+                sides = None
+            if sides is not None:
+                derived, derived_stats = sides
+                splits.update(derived_stats)
+                say(f"  derived: {derived.train_images} train images, {derived.val_images} val images "
+                    f"(keyed on {derived.keyed_on!r} and each image's content)")
+    elif derive_pending and log.error_count > 0:
+        derive_pending = False  # rejected: nothing will be derived
     if snapshot and log.error_count == 0:
         copied = snapshot_files(source, read, log)
         if pending and not copied:  # a file changed before its copy: rejected now, no Map to run

@@ -66,12 +66,13 @@ class ImageItems:
 
 
 def image_items(source: Source, refs: dict[str, list[ImageRef]], files: dict[str, int], images_prefix: str,
-                log: IssueLog, *, val_names: set[str] | None = None) -> ImageItems:
+                log: IssueLog) -> ImageItems:
     """The present, non-empty image files the splits reference, one item per file, sorted by key.
 
     Missing and empty files are reported here, from the listing alone (nothing is read).
-    ``refs``: annotation file -> its entries; the first file is train, the second val. ``val_names``:
-    the file_names a derived val split took from the train file (their entries are on the val side).
+    ``refs``: annotation file -> its entries; the first file is train, the second val. A derived val
+    split's entries are all on the train side here: its split is keyed on the images' content, which
+    these checks compute, and puts identical bytes on one side (no overlap to find).
     """
     grouped: dict[str, list[tuple[str, str, int, int, int]]] = {}
     near_names: dict[str, str] | None = None  # built on the first missing image only
@@ -89,8 +90,7 @@ def image_items(source: Source, refs: dict[str, list[ImageRef]], files: dict[str
             elif size <= 0:
                 log.add(Code.IMAGE_UNREADABLE, f"{key} is empty", split_file, path)
             else:
-                on_val = n > 0 or (val_names is not None and ref.file_name in val_names)
-                side = "val" if on_val else "train"
+                side = "val" if n > 0 else "train"
                 grouped.setdefault(key, []).append((split_file, side, ref.index, ref.width, ref.height))
     return ImageItems(source, grouped)
 

@@ -53,8 +53,9 @@ class ImageLocation(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     file: str = Field(description="the annotation file, relative to the dataset root")
-    split: Literal["train", "val"] = Field(description="the side the entry is on (a derived val's entries are in the "
-                                                       "train file)")
+    split: Literal["train", "val"] = Field(description="the file the entry is in: train or val (a derived val's "
+                                                       "entries are train here: that split is keyed on the content "
+                                                       "these checks hash)")
     index: int = Field(ge=0, description="the entry's position in that file's images array")
     width: int = Field(gt=0, description="the width the entry declares")
     height: int = Field(gt=0, description="the height the entry declares")

@@ -15,11 +15,13 @@ from __future__ import annotations
 import codecs
 import json
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from d2ops_core.validation.coco import Thresholds
+from d2ops_core.validation.dataset import derive_val_split
 from d2ops_core.validation.images import OverlapIndex, merge_image_issues
 from d2ops_core.validation.inventory import ImageBatchResult, InventoryEntry
 from d2ops_core.validation.report import ImageCheck, Issue, IssueLog, ValidationReport
@@ -192,16 +194,27 @@ class Merged(BaseModel):
 
 
 def merge_results(report: ValidationReport, files_inventory: Iterable[InventoryEntry],
-                  results: Iterable[ImageBatchResult], *, items: Mapping[str, tuple[str | None, str | None]]) -> Merged:
+                  results: Iterable[ImageBatchResult], *, items: Mapping[str, tuple[str | None, str | None]],
+                  read_file: Callable[[str], bytes] | None = None, limits: Thresholds | None = None) -> Merged:
     """The stored (pending) report with every batch's issues, the content overlap and the image counts.
 
     ``items``: the Map's items, key -> (version_id, etag) as validation listed them. Raises
     ImageChecksIncomplete unless the results answer for exactly those images at exactly those versions
     and, when the version passes, every image is in the snapshot: results are only counted on, never
     trusted to say which bytes were checked.
+
+    A report whose val is still to be derived (``derived_split_pending``) gets its split here, keyed
+    on the SHA-256s the batches computed (d2ops_core.validation.split): ``read_file`` reads the train
+    annotations (the run's snapshot of them) by their path relative to the dataset root.
     """
     started = time.perf_counter()
     log = IssueLog.from_report(report)
+    manifest = report.manifest
+    derive = report.derived_split_pending and manifest is not None
+    if derive and read_file is None:
+        raise ValueError("the report's val split is to be derived: merge_results needs read_file")
+    prefix = manifest.images_prefix if manifest is not None else ""
+    sha256_of: dict[str, str] = {}  # file_name -> SHA-256, only while a split is to be derived
     lines: dict[str, bytes] = {e.key: e.model_dump_json().encode("utf-8") for e in files_inventory}
     files = set(lines)
     overlap = OverlapIndex()
@@ -225,6 +238,8 @@ def merge_results(report: ValidationReport, files_inventory: Iterable[InventoryE
                 if not image.copied and uncopied is None:
                     uncopied = key
                 lines[key] = image.entry.model_dump_json().encode("utf-8")
+                if derive and image.entry.sha256 is not None and key.startswith(prefix):
+                    sha256_of[key[len(prefix):]] = image.entry.sha256
                 overlap.add(image)
                 if image.passed:
                     probed += len(image.locations)
@@ -238,11 +253,18 @@ def merge_results(report: ValidationReport, files_inventory: Iterable[InventoryE
     overlap.report(log.add)
     if uncopied is not None and log.error_count == 0:
         raise ImageChecksIncomplete(f"{uncopied} passed its checks but is not in the run's snapshot")
+    splits, derived = dict(report.splits), report.derived_split
+    if derive and manifest is not None and read_file is not None and log.error_count == 0:
+        sides = derive_val_split(read_file(manifest.train), manifest, sha256_of, log, limits)
+        if sides is not None:
+            derived, derived_stats = sides
+            splits.update(derived_stats)
+    sha256_of.clear()  # a million names and hashes: not held while the inventory is joined
     checked = ImageCheck(mode="all", referenced=report.images.referenced, missing=report.images.missing,
                          probed=probed, decoded=decoded)
     merged = ValidationReport.build(source=report.source, log=log, manifest=report.manifest, dataset=report.dataset,
-                                    splits=report.splits, images=checked,
+                                    splits=splits, images=checked,
                                     seconds=report.seconds + time.perf_counter() - started,
-                                    derived_split=report.derived_split)
+                                    derived_split=derived)
     inventory = b"".join(lines[key] + b"\n" for key in sorted(lines))
     return Merged(report=merged, inventory=inventory, images=images)

@@ -141,13 +141,16 @@ class ValidationReport(BaseModel):
     splits: dict[str, SplitStats]
     derived_split: DerivedSplit | None = Field(
         default=None, description="set when the manifest names no val and none was uploaded: how val was derived")
+    derived_split_pending: bool = Field(
+        default=False, description="val is to be derived from train but the images were not read yet (the "
+                                   "Distributed Map checks them, or --no-images): the split is keyed on their content")
     images: ImageCheck
     seconds: float
 
     @classmethod
     def build(cls, *, source: str, log: IssueLog, manifest: Manifest | None, dataset: DatasetName,
               splits: dict[str, SplitStats], images: ImageCheck, seconds: float,
-              derived_split: DerivedSplit | None = None) -> ValidationReport:
+              derived_split: DerivedSplit | None = None, derived_split_pending: bool = False) -> ValidationReport:
         return cls(
             source=source, valid=log.error_count == 0, dataset=dataset, manifest=manifest,
             error_count=log.error_count, warning_count=log.warning_count,
@@ -155,7 +158,8 @@ class ValidationReport(BaseModel):
             issues_truncated=any(n > log.cap for n in log.counts.values()),
             errors=[i for i in log.kept if i.severity is Severity.ERROR],
             warnings=[i for i in log.kept if i.severity is Severity.WARNING],
-            splits=splits, derived_split=derived_split, images=images, seconds=round(seconds, 3),
+            splits=splits, derived_split=derived_split, derived_split_pending=derived_split_pending, images=images,
+            seconds=round(seconds, 3),
         )
 
     def has(self, code: Code) -> bool:
@@ -180,9 +184,15 @@ class ValidationReport(BaseModel):
                          f"(boxes small/medium/large {s.box_sizes.small}/{s.box_sizes.medium}/{s.box_sizes.large})")
         if self.derived_split is not None:
             d = self.derived_split
-            lines.append(f"  val derived from {d.source} (seed {d.seed}): {d.val_images} val, {d.train_images} train "
-                         f"images" + (f"; categories without a val image: {d.unsplit_categories}"
-                                      if d.unsplit_categories else ""))
+            lines.append(f"  val derived from {d.source} (keyed on {d.keyed_on!r} and each image's content): "
+                         f"{d.val_images} val, {d.train_images} train images"
+                         + (f"; categories without a val image: {d.unsplit_categories}"
+                            if d.unsplit_categories else "")
+                         + (f"; categories without a train image: {d.val_only_categories}"
+                            if d.val_only_categories else ""))
+        elif self.derived_split_pending:
+            lines.append("  val to be derived from train once the images are read (the split is keyed on their "
+                         "content)")
         lines.append(f"  image files: {self.images.mode}, {self.images.referenced} referenced, "
                      f"{self.images.missing} missing, {self.images.probed} probed, {self.images.decoded} decoded")
         for title, issues in (("errors", self.errors), ("warnings", self.warnings)):
