@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,6 +44,11 @@ CUDA_MODEL_FILE = "model.cuda.pt"
 TRACED_CUDA_DEVICE = "cuda:0"
 METADATA_FILE = "metadata.json"
 EVALUATION_FILE = "evaluation.json"
+# What the model trained on: the lowercase hex SHA-256 of each training image's bytes, one a line, sorted,
+# unique. The evaluation job scores champion and challenger only on val images neither trained on
+# (model_code.evaluation.held_out); an artifact without the file cannot say, and the gate asks a person.
+TRAINING_IMAGES_FILE = "training_images.txt"
+_SHA256_LINE = re.compile(r"^[0-9a-f]{64}$")
 REPORT_DIR = "report"
 CHECKPOINT_DIR = "checkpoint"
 # The training job's other archive: SageMaker packs SM_OUTPUT_DATA_DIR as output.tar.gz next to
@@ -127,10 +134,22 @@ class LoadedDetector:
     path: Path
     evaluation: ModelEvaluation | None = None
     _tempdir: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
+    _training_images: tuple[frozenset[str] | None] | None = field(default=None, repr=False)
 
     @property
     def class_names(self) -> list[str]:
         return self.metadata.class_names
+
+    @property
+    def training_images(self) -> frozenset[str] | None:
+        """SHA-256s of the images it trained on (TRAINING_IMAGES_FILE); None: an artifact from before the list.
+
+        Read on first use, not by every serving worker (a million images is a 65 MB file, ~150 MB as a
+        set); a malformed file is an ArtifactError naming the line.
+        """
+        if self._training_images is None:
+            self._training_images = (read_training_images(self.path),)
+        return self._training_images[0]
 
 
 def save_artifact(
@@ -202,6 +221,46 @@ def read_evaluation(directory: Path | str) -> ModelEvaluation | None:
         return ModelEvaluation.model_validate_json(path.read_bytes())
     except ValidationError as exc:
         raise ArtifactError(f"{path}: not a model evaluation: {_problems(exc)}") from exc
+
+
+def write_training_images(directory: Path | str, sha256s: Iterable[str]) -> Path:
+    """Write TRAINING_IMAGES_FILE: the hex SHA-256s, lowercased, sorted and unique, one a line."""
+    lines = sorted({s.lower() for s in sha256s})
+    bad = next((s for s in lines if not _SHA256_LINE.match(s)), None)
+    if bad is not None:
+        raise ValueError(f"{bad[:80]!r} is not a hex SHA-256")
+    path = Path(directory) / TRAINING_IMAGES_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(f"{s}\n" for s in lines), encoding="ascii")
+    os.replace(tmp, path)
+    return path
+
+
+def read_training_images(directory: Path | str) -> frozenset[str] | None:
+    """The artifact's TRAINING_IMAGES_FILE as a set of SHA-256s; None when it has none (an older artifact).
+
+    Anything but one lowercase hex SHA-256 a line (a blank last line aside) is an ArtifactError
+    naming the file and the line: a list that cannot be read must not pass as "trained on nothing".
+    """
+    path = Path(directory) / TRAINING_IMAGES_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ArtifactError(f"{path}: cannot read it: {exc.strerror or exc}") from exc
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError as exc:
+        bad_line = data[:exc.start].count(b"\n") + 1
+        raise ArtifactError(f"{path}: line {bad_line}: not ASCII; expected one lowercase hex SHA-256 a line") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    for number, line in enumerate(lines, 1):
+        if not _SHA256_LINE.match(line):
+            raise ArtifactError(f"{path}: line {number}: {line[:80]!r} is not a lowercase hex SHA-256")
+    return frozenset(lines)
 
 
 def open_artifact(path: Path | str, extract_to: Path | str) -> tuple[Path, ArtifactMetadata]:

@@ -162,7 +162,7 @@ def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None
     from d2ops_core.dataset_identity import DatasetVersion
     from d2ops_core.metrics import primary_metric
     from model_code import artifact
-    from model_code.dataset_version import read_coco
+    from model_code.dataset_version import annotated_image_sha256, read_coco
     from model_code.evaluation.coco import evaluate_detector, print_progress
     from model_code.evaluation.documents import model_evaluation_document
     from model_code.evaluation.report import write_report
@@ -194,6 +194,9 @@ def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None
         initial_weights=job.get("initial_weights"))
     model_dir = Path(job["model_dir"])
     artifact.save_artifact(model_dir, module, metadata, cuda_module=cuda_module)
+    # What it trained on, by content: the evaluation job keeps these images out of the comparison.
+    artifact.write_training_images(model_dir, annotated_image_sha256(Path(train_reg["json_file"]),
+                                                                      Path(train_reg["image_root"])))
     detector = artifact.load_artifact(model_dir)  # evaluate the file that ships, not the module in memory
     gt = read_coco(Path(val_reg["json_file"]))
     evaluation = evaluate_detector(detector, gt, Path(val_reg["image_root"]), progress=print_progress("evaluating"))

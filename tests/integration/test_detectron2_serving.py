@@ -101,7 +101,8 @@ def exported(request, tmp_path_factory, served):
 def test_export_writes_the_artifact_and_evaluates_through_it(exported):
     job = exported
     model_dir, out = Path(job["model_dir"]), Path(job["output_data_dir"])
-    assert sorted(p.name for p in model_dir.iterdir()) == ["evaluation.json", "metadata.json", "model.pt"]
+    assert sorted(p.name for p in model_dir.iterdir()) == ["evaluation.json", "metadata.json", "model.pt",
+                                                           "training_images.txt"]
     meta = artifact.read_metadata(model_dir)
     assert meta.framework == "detectron2" and meta.task == job["task"]
     mapping = job["registrations"][0]["thing_dataset_id_to_contiguous_id"]

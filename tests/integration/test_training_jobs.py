@@ -5,6 +5,7 @@ Timings and the calibration behind the numbers: docs/training.md.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import subprocess
@@ -83,8 +84,8 @@ def check_artifact(result: JobResult) -> ModelEvaluation:
     assert "train:loss" in result.metrics
     with tarfile.open(result.model_artifact) as tar:
         names = set(tar.getnames())
-    # the served artifact is what serving loads, nothing more (docs/model-artifact.md)
-    assert names == {"model.pt", "metadata.json", "evaluation.json"}
+    # the served artifact is what serving loads, and what it trained on (docs/model-artifact.md)
+    assert names == {"model.pt", "metadata.json", "evaluation.json", "training_images.txt"}
     # the fine-tuning checkpoint and the report travel in output.tar.gz, named by the metadata
     checkpoint = detector.metadata.checkpoint
     assert checkpoint is not None and checkpoint.archive == "output.tar.gz"
@@ -173,12 +174,17 @@ def short_cli_run(tmp_path_factory: pytest.TempPathFactory, shapes: Path) -> tup
     return out, json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr.splitlines()
 
 
-def test_train_local_summarises_the_job_as_its_last_line(short_cli_run: tuple[Path, dict, list[str]]) -> None:
+def test_train_local_summarises_the_job_as_its_last_line(short_cli_run: tuple[Path, dict, list[str]],
+                                                         shapes: Path) -> None:
     out, summary, _ = short_cli_run
     assert summary["status"] == "Completed" and summary["failure_reason"] is None
     detector = load_artifact(out / "model.tar.gz")
     assert detector.evaluation.metrics["bbox_AP50"] == pytest.approx(summary["bbox_AP50"], abs=1e-6)
     assert detector.metadata.model == "fasterrcnn_resnet18_fpn"
+    # what it trained on, by content: exactly the train split's image files (the evaluation job holds them out)
+    train = json.loads((shapes / "annotations" / "train.json").read_text())
+    assert detector.training_images == {hashlib.sha256((shapes / "images" / im["file_name"]).read_bytes()).hexdigest()
+                                        for im in train["images"]}
 
 
 def test_evaluation_job_scores_challenger_and_champion_separately(
