@@ -10,12 +10,10 @@ may really be.
 
 Three pieces:
 
-- :func:`matches_from_coco`: COCO's own per-image matching (pycocotools' reference
-  ``COCOeval.evaluateImg``: area "all", maxDets 100, IoU .50:.05:.95), kept per class as which
-  detection is a true positive, which is ignored (it matched a crowd region), and how many GT
-  instances each image holds. faster-coco-eval computes the report's AP but keeps its per-image
-  results inside C++ (its Python ``evaluateImg`` only raises a deprecation), hence pycocotools here;
-  the tests check the two agree.
+- :class:`ClassMatches`: COCO's own per-image matching (``COCOeval.evaluateImg``: area "all", maxDets
+  100, IoU .50:.05:.95) of one class, as which detection is a true positive, which is ignored (it
+  matched a crowd region), and how many GT instances each image holds
+  (``model_code.evaluation.matching.matches_from_coco`` computes it, vectorised).
 - :func:`weighted_ap`: COCO's AP (101-point interpolated precision, averaged over the IoU
   thresholds) of the val split in which image *i* appears ``weights[r, i]`` times, for many
   resamples *r* at once. A resample is image multiplicities, so its AP is a weighted cumulative
@@ -29,14 +27,12 @@ Three pieces:
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import io
 import math
+import os
 from collections.abc import Collection
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any
 
 import numpy as np
 
@@ -68,68 +64,6 @@ class ClassMatches:
             raise ValueError("a detection cannot be both a true positive and ignored at the same IoU threshold")
         if d and (self.det_image.min() < 0 or self.det_image.max() >= self.gt_per_image.shape[0]):
             raise ValueError(f"det_image indexes images outside 0..{self.gt_per_image.shape[0] - 1}")
-
-
-def matches_from_coco(gt: dict[str, Any], results: list[dict[str, Any]], iou_type: str) -> dict[str, ClassMatches]:
-    """Class name -> COCO's matches of ``results`` on ``gt``; images indexed in ``gt["images"]`` order.
-
-    Every category of ``gt`` is present (no detections: an empty match list), so both models of a
-    comparison name the same classes.
-    """
-    from pycocotools.coco import COCO
-    from pycocotools.cocoeval import COCOeval
-
-    if iou_type not in {"bbox", "segm"}:
-        raise ValueError(f"iou_type must be 'bbox' or 'segm', not {iou_type!r}")
-    index = {int(img["id"]): i for i, img in enumerate(gt["images"])}
-    names = {int(c["id"]): str(c["name"]) for c in gt["categories"]}
-    n_images = len(index)
-    # loadRes writes ids, areas and polygons into the dicts it gets: give it copies. bbox scoring must
-    # not see the masks (as model_code.evaluation.coco scores it).
-    wanted = [copy.deepcopy(r) if iou_type == "segm" else {k: v for k, v in r.items() if k != "segmentation"}
-              for r in results]
-    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress
-        coco_gt = COCO()
-        coco_gt.dataset = copy.deepcopy(gt)
-        coco_gt.createIndex()
-        per_image: dict[int, list[dict[str, Any]]] = {}
-        if wanted:
-            evaluator = COCOeval(coco_gt, coco_gt.loadRes(wanted), iouType=iou_type)
-            evaluator.params.imgIds = sorted(index)
-            evaluator.params.catIds = sorted(names)
-            evaluator.params.areaRng, evaluator.params.areaRngLbl = [evaluator.params.areaRng[0]], ["all"]
-            evaluator.params.maxDets = [MAX_DETECTIONS]
-            evaluator.evaluate()
-            if not np.array_equal(evaluator.params.iouThrs, IOU_THRESHOLDS):
-                raise RuntimeError("pycocotools' IoU thresholds are not .50:.05:.95")
-            for entry in evaluator.evalImgs:
-                if entry is not None:
-                    per_image.setdefault(int(entry["category_id"]), []).append(entry)
-    matches: dict[str, ClassMatches] = {}
-    for cat_id, name in names.items():
-        gt_count = np.zeros(n_images, dtype=np.int64)
-        for ann in gt["annotations"]:
-            # pycocotools' rule: a GT is ignored exactly when it is a crowd region (area "all" spans any box)
-            if int(ann["category_id"]) == cat_id and not ann.get("iscrowd"):
-                gt_count[index[int(ann["image_id"])]] += 1
-        # evalImgs come in imgIds (sorted id) order, as COCOeval.accumulate concatenates them; a stable
-        # sort on the score then gives accumulate's detection order, ties included.
-        entries = sorted(per_image.get(cat_id, []), key=lambda e: int(e["image_id"]))
-        scores = [np.asarray(e["dtScores"], dtype=float)[:MAX_DETECTIONS] for e in entries]
-        images = [np.full(len(s), index[int(e["image_id"])], dtype=np.int64) for e, s in zip(entries, scores,
-                                                                                             strict=True)]
-        t = len(IOU_THRESHOLDS)
-        matched = [np.asarray(e["dtMatches"]).reshape(t, -1)[:, :MAX_DETECTIONS] for e in entries]
-        ignored = [np.asarray(e["dtIgnore"]).reshape(t, -1)[:, :MAX_DETECTIONS].astype(bool) for e in entries]
-        if scores:
-            order = np.argsort(-np.concatenate(scores), kind="mergesort")
-            m, ig = np.concatenate(matched, axis=1)[:, order], np.concatenate(ignored, axis=1)[:, order]
-            det_image = np.concatenate(images)[order]
-        else:
-            m, ig, det_image = np.zeros((t, 0)), np.zeros((t, 0), dtype=bool), np.zeros(0, dtype=np.int64)
-        matches[name] = ClassMatches(gt_per_image=gt_count, det_image=det_image, det_tp=(m > 0) & ~ig,
-                                     det_ignore=ig)
-    return matches
 
 
 def weighted_ap(matches: ClassMatches, weights: np.ndarray) -> np.ndarray:
@@ -170,22 +104,25 @@ def _ap_block(det_weight: np.ndarray, det_tp: np.ndarray, det_ignore: np.ndarray
     detection whose recall reaches k. Recall only moves at true positives and precision only falls
     between them, so it suffices to know precision and recall at the true positives: AP is the sum
     over them of (running maximum of precision from the right) x (how many recall thresholds that
-    true positive is the first to reach), over 101. Detections run along axis 0 and resamples along
-    axis 1, so every running sum and maximum is a vectorised row-by-row operation.
+    true positive is the first to reach), over 101. The weight of the detections between true
+    positives is summed in one pass over their rows (``np.add.reduceat``); only the true positives'
+    rows are then accumulated one by one.
     """
     r = det_weight.shape[1]
     total = np.zeros(r)
     n_gt_row = np.maximum(n_gt, 1.0)[None, :]  # resamples without GT come out NaN in weighted_ap
+    # Every position that is a true positive at some threshold: the running weight is needed there only.
+    anywhere = np.flatnonzero(det_tp.any(axis=0))
     counted_cache: dict[bytes, np.ndarray] = {}
     for t in range(det_tp.shape[0]):
         tp_idx = np.flatnonzero(det_tp[t])
         if tp_idx.size == 0:
             continue
         key = np.packbits(det_ignore[t]).tobytes()
-        if key not in counted_cache:  # the ignore mask is the same at most thresholds: one running sum each
-            kept = det_weight * ~det_ignore[t][:, None]
-            counted_cache[key] = _running_sum(kept)
-        counted = counted_cache[key][tp_idx]  # TP + FP weight up to each true positive
+        if key not in counted_cache:  # the ignore mask is the same at most thresholds: one pass each
+            kept = det_weight if not det_ignore[t].any() else det_weight * ~det_ignore[t][:, None]
+            counted_cache[key] = _sums_up_to(kept, anywhere)
+        counted = counted_cache[key][np.searchsorted(anywhere, tp_idx)]  # TP + FP weight up to each TP
         tp_cum = _running_sum(det_weight[tp_idx])
         precision = tp_cum / (counted + np.spacing(1))  # COCO's tp / (tp + fp + eps)
         recall = tp_cum / n_gt_row
@@ -195,8 +132,14 @@ def _ap_block(det_weight: np.ndarray, det_tp: np.ndarray, det_ignore: np.ndarray
     return total / (det_tp.shape[0] * len(RECALL_THRESHOLDS))
 
 
-# Running sums and maxima down axis 0, a row at a time: numpy's accumulate walks each column with a
-# stride, which is several times slower on these (detections x resamples) arrays.
+def _sums_up_to(weights: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """(len(positions), r): the sum of ``weights`` rows 0..p for each of the increasing ``positions`` p."""
+    starts = np.concatenate([[0], positions[:-1] + 1])
+    return _running_sum(np.add.reduceat(weights[: positions[-1] + 1], starts, axis=0))
+
+
+# Running sums and maxima down axis 0, a row at a time: numpy's accumulate along axis 0 walks each column
+# with a stride, several times slower on these (true positives x resamples) arrays.
 def _running_sum(values: np.ndarray) -> np.ndarray:
     out = np.array(values, dtype=np.float64)
     for i in range(1, out.shape[0]):
@@ -219,9 +162,8 @@ def _thresholds_reached(recall: np.ndarray) -> np.ndarray:
     scaled = recall * last
     reached = scaled.astype(np.int64) + 1
     near = np.flatnonzero(np.abs(scaled - np.rint(scaled)) < 1e-6)  # recall is at most 1: no more than 101
-    if near.size:
-        flat = reached.reshape(-1)
-        flat[near] = np.searchsorted(RECALL_THRESHOLDS, recall.reshape(-1)[near], side="right")
+    if near.size:  # .flat: C-order positions whatever the arrays' memory layout (flatnonzero's order)
+        reached.flat[near] = np.searchsorted(RECALL_THRESHOLDS, recall.flat[near], side="right")
     return reached
 
 
@@ -324,14 +266,20 @@ def compare(challenger: dict[str, ClassMatches], champion: dict[str, ClassMatche
     by_image = np.ascontiguousarray(resample_weights(n_images, resamples, seed).T)
     classes: dict[str, ClassDifference] = {}
     differences: dict[str, np.ndarray] = {}
-    for name in with_gt:
+
+    def score(name: str) -> tuple[ClassDifference, np.ndarray]:
         ours, theirs = challenger[name], champion[name]
         point_ours, point_theirs = float(_weighted_ap(ours, ones)[0]), float(_weighted_ap(theirs, ones)[0])
         gt = ours.gt_per_image
-        classes[name] = ClassDifference(challenger=point_ours, champion=point_theirs,
-                                        difference=point_ours - point_theirs, instances=int(gt.sum()),
-                                        images=int(np.count_nonzero(gt)))
-        differences[name] = _weighted_ap(ours, by_image) - _weighted_ap(theirs, by_image)  # NaN: no GT drawn
+        return (ClassDifference(challenger=point_ours, champion=point_theirs, difference=point_ours - point_theirs,
+                                instances=int(gt.sum()), images=int(np.count_nonzero(gt))),
+                _weighted_ap(ours, by_image) - _weighted_ap(theirs, by_image))  # NaN: no GT drawn
+
+    # Classes are independent and numpy's loops release the GIL: one thread per CPU (an evaluation host has
+    # several) shortens the comparison without copying the matches into other processes.
+    with ThreadPoolExecutor(max_workers=max(1, min(len(with_gt), os.cpu_count() or 1))) as pool:
+        for name, (counted, resampled) in zip(with_gt, pool.map(score, with_gt), strict=True):
+            classes[name], differences[name] = counted, resampled
     overall_point = {who: float(np.mean([getattr(classes[c], who) for c in with_gt]))
                      for who in ("challenger", "champion")}
     overall_differences = np.mean(

@@ -24,8 +24,9 @@ from d2ops_core.documents.evaluation import (
 )
 from d2ops_core.gate import GateSettings, more_val_images, regression_beyond, within_tolerance
 from d2ops_core.metrics import PrimaryMetric
-from model_code.evaluation.bootstrap import compare, matches_from_coco
+from model_code.evaluation.bootstrap import compare
 from model_code.evaluation.documents import class_instances, job_report
+from model_code.evaluation.matching import matches_from_coco
 from model_code.evaluation.scoring import Evaluation
 
 

@@ -17,7 +17,6 @@ import pytest
 from moto import mock_aws
 
 from d2ops.asl.choice import evaluate_rule
-from d2ops_core.documents.evaluation import DifferenceInterval
 from d2ops_core.pipeline_stages import all_states
 from tests.fixtures.pipeline import support
 
