@@ -211,6 +211,10 @@ def test_evaluation_job_scores_challenger_and_champion_separately(
     counted = Counter(names[a["category_id"]] for a in val["annotations"] if not a.get("iscrowd"))
     assert parsed.class_instances == {name: counted[name] for name in names.values()}
     assert parsed.champion is not None and set(parsed.champion.per_class) <= set(parsed.class_instances)
+    # Both models list the images they trained on, none of them in val: every val image is compared.
+    assert parsed.held_out is not None and (parsed.held_out.compared, parsed.held_out.excluded,
+                                            parsed.held_out.unverified) == (40, [], [])
+    assert parsed.comparison is not None and parsed.comparison.val_images == 40
     # each model's numbers are its own: they match what its training job measured on the same split
     challenger_own = load_artifact(trained.model_artifact).evaluation.metrics
     champion_own = load_artifact(cli_out / "model.tar.gz").evaluation.metrics
