@@ -26,9 +26,17 @@ MAX_HISTORY_ENTRIES = 1000  # objects read per history answer: years of promotio
 
 
 class GateDecision(BaseModel):
-    decision: str  # approved | rejected
-    approval_status: str  # the Model Registry status: Approved | Rejected
-    reason: str
+    """``$.gate``: what the quality gate decided, and, when it asked a person (decision "review"), who decided
+    and why ("Read review decision" replaces the review's "PendingManualApproval" with the outcome)."""
+
+    decision: str  # approved | rejected | review (waiting for a person)
+    approval_status: str  # the Model Registry status: Approved | Rejected | PendingManualApproval
+    reason: str = Field(description="the decision's reason, whole: the gate's, or who decided and why")
+    decided_by: str | None = Field(None, description=(
+        "the reviewer's IAM ARN when a person decided (the gate sent the model to review); None when the gate's "
+        "numbers decided, or when nobody decided before the review timed out"))
+    decided_at: str | None = Field(None, description="when the reviewer decided (ISO 8601)")
+    review_reason: str | None = Field(None, description="the reviewer's own words")
 
 
 class ChampionRecord(BaseModel):
@@ -117,6 +125,8 @@ class ServedPeriod(BaseModel):
     primary_value: float
     evaluation_uri: str
     promoted_because: str = Field(description="the quality gate's reason when it was promoted")
+    approved_by: str | None = Field(None, description="the reviewer's IAM ARN when a person approved it (the gate "
+                                                      "sent it to review); None when the gate's numbers did")
     served_from: str
     served_to: str | None = None
     replaced_by_run: str | None = None
@@ -162,7 +172,8 @@ def build_history(endpoint_name: str, promotions: list[ChampionRecord],
             run_id=record.run_id, dataset_name=record.dataset.name, dataset_version=record.dataset.version,
             model_package_arn=record.model_package_arn, endpoint_config_name=record.endpoint_config_name,
             primary_metric=record.primary_metric, primary_value=record.primary_value,
-            evaluation_uri=record.evaluation_uri, promoted_because=record.gate.reason, served_from=record.promoted_at,
+            evaluation_uri=record.evaluation_uri, promoted_because=record.gate.reason,
+            approved_by=record.gate.decided_by, served_from=record.promoted_at,
             served_to=successor.promoted_at if successor else None,
             replaced_by_run=successor.run_id if successor else None,
             why_replaced=successor.gate.reason if successor else None))

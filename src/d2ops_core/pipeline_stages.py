@@ -93,8 +93,11 @@ STAGES: tuple[Stage, ...] = (
     ), frame=("Evaluate", "Evaluated?")),
     Stage("gate", "Gate", (
         "Quality gate", "Quality gate passed", "Below quality threshold", "Worse than champion",
-        "Worse than champion on a class", "Register model version", "Model approved?", "Ready to deploy",
-        "Record quality gate failure", "Record registration failure",
+        "Worse than champion on a class", "Needs review", "Register model version", "Model approved?",
+        # a person decides what the numbers could not
+        "Prepare review wait", "Wait for review", "Read review decision", "Record review in registry",
+        "Review approved?", "Ready to deploy", "Record quality gate failure", "Record registration failure",
+        "Record review failure",
     ), frame=("Gate", "Approved?")),
     Stage("deploy", "Deploy", (
         "Create model", "Model already created?", "Find created model", "Created model is ours?",
@@ -135,7 +138,7 @@ FRAMES = frozenset(name for stage in STAGES for name in stage.frame)
 FAILURE_RECORDS = frozenset({
     "Record dataset rejection", "Record unreadable dataset", "Record validation error", "Record preparation failure",
     "Record endpoint busy", "Record lease failure", "Record training failure", "Record evaluation failure",
-    "Record quality gate failure", "Record registration failure", "Record deployment failure",
+    "Record quality gate failure", "Record registration failure", "Record review failure", "Record deployment failure",
     "Record alarm rollback", "Record rolled-back deployment", "Record promotion failure",
 })
 _BY_KEY: dict[str, Stage] = {stage.key: stage for stage in STAGES}
@@ -176,6 +179,9 @@ EXPECTED_MISSES: Mapping[str, ExpectedMiss] = {m.state: m for m in (
                  "the model exists already"),
     ExpectedMiss("Create endpoint config", frozenset({"SageMaker.SageMakerException"}),
                  frozenset({"Find created endpoint config"}), "the endpoint config exists already"),
+    # Nobody deciding in time is an outcome of the review, not a failure of the step: the model is refused.
+    ExpectedMiss("Wait for review", frozenset({"States.Timeout", "States.HeartbeatTimeout"}),
+                 frozenset({"Read review decision"}), "nobody decided in time: the model is refused"),
 )}
 
 

@@ -144,6 +144,17 @@ MODEL_PACKAGE_DESCRIPTION_SOURCE = Source(
 MODEL_PACKAGE_DESCRIPTION_MAX = 1024
 MODEL_PACKAGE_DESCRIPTION_CATEGORIES = frozenset("LMZSNP")  # first letters of unicodedata.category
 
+# UpdateModelPackage's ApprovalDescription (botocore shape ApprovalDescription): at most 1,024 characters of
+# pattern .* , a Java regex whose . matches anything but a line terminator (\n, \r, \u0085, \u2028,
+# \u2029): one line. The review's decision is written there ("<approved|rejected> by <ARN>: <reason>",
+# the "Read review decision" Lambda, functions/request_review); a longer or multi-line one would be a
+# ValidationException and end the run RegistrationFailed instead of with the reviewer's decision.
+# tests/unit/test_review_decision.py reads both from botocore's model.
+APPROVAL_DESCRIPTION_SOURCE = Source(
+    "https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_UpdateModelPackage.html")
+APPROVAL_DESCRIPTION_MAX = 1024
+JAVA_LINE_TERMINATORS = frozenset("\n\r\u0085\u2028\u2029")
+
 # CreateModelPackage's CustomerMetadataProperties (botocore shapes CustomerMetadataMap, CustomerMetadataKey,
 # CustomerMetadataValue): at most 50 entries; keys of 1-128 and values of 1-256 characters, each a letter,
 # separator or number (\p{L}\p{Z}\p{N}) or one of _.:/=+-@. No JSON fits (no braces, quotes, commas), so a

@@ -191,10 +191,13 @@ def test_a_gate_refusal_says_what_changed_in_the_data_since_the_champion(case: s
     # Refused on the interval, wholly below the tolerance: more images would not change that, so no count.
     ("GateFailedRegression", "bbox_AP challenger - champion: difference -0.020, 95% interval [-0.034, -0.012] "
                              "on 40 val images"),
-    # Deployed on an interval straddling -0.01: how many more val images would narrow it to the tolerance.
-    ("SmokeTestFailsRollsBack", "bbox_AP challenger - champion: difference 0.020, 95% interval [-0.025, 0.065] "
-                                "on 40 val images; wider than the tolerance \u00b10.01: about 770 more val images "
-                                "would narrow it"),
+    # Approved on an interval within the tolerance: no count either.
+    ("SmokeTestFailsRollsBack", "bbox_AP challenger - champion: difference 0.020, 95% interval [-0.005, 0.045] "
+                                "on 120 val images"),
+    # Sent to review on an interval straddling -0.01: how many more val images would narrow it to the tolerance.
+    ("ReviewRejected", "bbox_AP challenger - champion: difference 0.020, 95% interval [-0.025, 0.065] "
+                       "on 40 val images; wider than the tolerance \u00b10.01: about 770 more val images "
+                       "would narrow it"),
     ("GateFailedThreshold", None),  # no champion: nothing was compared
 ])
 def test_the_notification_quotes_the_gate_s_interval(case: str, expected: str | None) -> None:
@@ -202,3 +205,31 @@ def test_the_notification_quotes_the_gate_s_interval(case: str, expected: str | 
     execution = support.run_case(case)
     fields = support.state_output(execution, "Compose failure notification")["notification"]["fields"]
     assert fields["gate_comparison"] == expected
+
+
+REVIEWER = "arn:aws:sts::123456789012:assumed-role/d2ops-ReviewerRole-1A2B3C/alice"
+
+
+@pytest.mark.parametrize(("decision", "gate", "expected"), [
+    # The gate's numbers decided: no review line.
+    ("approve", {"decision": "approved", "approval_status": "Approved", "reason": "within the tolerance"}, None),
+    # A person decided: who, when, why.
+    ("review", {"decision": "approved", "approval_status": "Approved", "reason": "approved by ...",
+                "decided_by": REVIEWER, "decided_at": "2026-11-23T10:15:00Z", "review_reason": "looks right"},
+     f"approved by {REVIEWER} at 2026-11-23T10:15:00Z: looks right"),
+    # Nobody decided in time: what ended the wait.
+    ("review", {"decision": "rejected", "approval_status": "Rejected",
+                "reason": "no decision within 7 days: refused; the gate asked for a review: x"},
+     "no decision within 7 days: refused; the gate asked for a review: x"),
+    # The run failed while it waited (its request, say): nobody decided.
+    ("review", {"decision": "review", "approval_status": "PendingManualApproval", "reason": "needs a person"},
+     "waiting for a person's decision when the run failed: nobody decided"),
+])
+def test_the_notification_says_who_decided_a_review(decision: str, gate: dict[str, Any],
+                                                    expected: str | None) -> None:
+    from compose_notification.service import review_line
+
+    base = event("failed", failure={"error": "QualityGateFailed", "cause": "x"})
+    document = {**base.document.model_dump(mode="json"), "evaluation": {"decision": decision}, "gate": gate}
+    assert review_line(NotificationEvent.model_validate({**base.model_dump(mode="json"), "document": document})) \
+        == expected

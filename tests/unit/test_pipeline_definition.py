@@ -31,6 +31,9 @@ from validate_dataset.models import SummarizeImagesEvent, ValidateDatasetEvent  
 support.function_path("check_images")
 from check_images.models import BatchInput  # noqa: E402
 
+support.function_path("request_review")
+from request_review.models import ReadDecisionEvent, RequestReviewEvent, ReviewedGate  # noqa: E402
+
 TEXT = support.DEFINITION.read_text()
 DEFINITION = json.loads(TEXT)
 STATES: dict[str, dict[str, Any]] = all_states(DEFINITION)
@@ -298,8 +301,12 @@ def test_the_whole_run_has_a_time_limit_that_covers_its_parts() -> None:
     endpoint = PrepareSettings.model_fields
     endpoint_wait = int(endpoint["endpoint_poll_seconds"].default) * int(endpoint["endpoint_max_wait_attempts"].default)
     task_limits = sum(s.get("TimeoutSeconds", 0) for s in STATES.values())
+    # A person's review waits at most ReviewTimeoutSeconds (its TimeoutSecondsPath reads the parameter).
+    assert STATES["Wait for review"]["TimeoutSecondsPath"] == "$.review_wait.timeout_seconds"
+    assert "${ReviewTimeoutSeconds}" in json.dumps(STATES["Prepare review wait"]["Parameters"])
+    longest_review = int(tpl.document["Parameters"]["ReviewTimeoutSeconds"]["MaxValue"])
     # The endpoint is waited for twice at most: the deployment, then a verified rollback.
-    worst = longest_training + EVALUATION_MAX_SECONDS + 2 * endpoint_wait + task_limits
+    worst = longest_training + EVALUATION_MAX_SECONDS + 2 * endpoint_wait + longest_review + task_limits
     assert worst < DEFINITION["TimeoutSeconds"] <= 1.05 * worst + 3600, (worst, DEFINITION["TimeoutSeconds"])
     alarm = tpl.resource("PipelineTimedOutAlarm")["Properties"]  # a timed-out run skips the notify states
     assert alarm["MetricName"] == "ExecutionsTimedOut" and alarm["AlarmActions"] == [{"Ref": "NotificationTopic"}]
@@ -312,8 +319,52 @@ def test_the_quality_gate_compares_named_metrics_not_positions() -> None:
     gate = json.dumps(STATES["Quality gate"])
     assert not re.search(r"\[\d+\]", gate), "the gate must not index into lists"
     # The summarize Lambda decides once; the Choice branches on its decision, nothing else.
-    tested = {c["Variable"] for rule in STATES["Quality gate"]["Choices"] for c in rule.get("And", [rule])}
-    assert tested == {"$.evaluation.refused_by"}
+    rules = [rule.get("Not", rule) for rule in STATES["Quality gate"]["Choices"]]
+    tested = {c["Variable"] for rule in rules for c in rule.get("And", [rule])}
+    assert tested == {"$.evaluation.refused_by", "$.evaluation.decision"}
+
+
+@pytest.mark.parametrize(("decision", "refused_by", "state"), [
+    ("approve", None, "Quality gate passed"),
+    ("refuse", "below_min_map", "Below quality threshold"),
+    ("refuse", "regressed", "Worse than champion"),
+    ("refuse", "class_regressed", "Worse than champion on a class"),
+    ("review", None, "Needs review"),
+    # Whatever else it may read: a refusal refuses, and any decision but approve goes to a person.
+    ("approve", "regressed", "Worse than champion"),
+    ("refuse", None, "Needs review"),
+    ("maybe", None, "Needs review"),
+])
+def test_only_an_approval_passes_the_gate_by_itself(decision: str, refused_by: str | None, state: str) -> None:
+    """Mutation: a Default that approves whatever the Choice does not name, or review routed as approved."""
+    gate = STATES["Quality gate"]
+    document = {"evaluation": {"decision": decision, "refused_by": refused_by}}
+    taken = next((rule["Next"] for rule in gate["Choices"] if evaluate_rule(rule, document, {})), gate["Default"])
+    assert taken == state
+    assert STATES[taken]["Parameters"]["approval_status"] == {
+        "Quality gate passed": "Approved", "Needs review": "PendingManualApproval"}.get(taken, "Rejected")
+
+
+def test_a_review_waits_on_its_task_token_then_records_the_decision_in_the_registry() -> None:
+    wait = STATES["Wait for review"]
+    assert wait["Resource"] == "arn:${Partition}:states:::lambda:invoke.waitForTaskToken"
+    assert wait["Parameters"]["Payload"]["task_token.$"] == "$$.Task.Token"
+    assert "HeartbeatSeconds" not in wait and "HeartbeatSecondsPath" not in wait  # nobody sends heartbeats
+    # A time-out and any other error (SendTaskFailure, a failed request) are read, never left uncaught.
+    assert [(c["ErrorEquals"], c["ResultPath"], c["Next"]) for c in wait["Catch"]] == [
+        (["States.Timeout", "States.HeartbeatTimeout"], "$.review", "Read review decision"),
+        (["States.ALL"], "$.review", "Read review decision")]
+    assert STATES["Model approved?"]["Choices"][1] == {
+        "Variable": "$.gate.approval_status", "StringEquals": "PendingManualApproval", "Next": "Prepare review wait"}
+    update = STATES["Record review in registry"]
+    assert update["Resource"] == "arn:${Partition}:states:::aws-sdk:sagemaker:updateModelPackage"
+    assert update["Parameters"] == {"ModelPackageArn.$": "$.registration.model_package_arn",
+                                    "ModelApprovalStatus.$": "$.gate.approval_status",
+                                    "ApprovalDescription.$": "$.gate.approval_description"}
+    # Only Approved deploys; the Choice after the registry does not loop back to the review.
+    assert STATES["Review approved?"]["Choices"] == [
+        {"Variable": "$.gate.approval_status", "StringEquals": "Approved", "Next": "Ready to deploy"}]
+    assert STATES["Review approved?"]["Default"] == "Record quality gate failure"
 
 
 def _payload_keys(state: str) -> set[str]:
@@ -330,6 +381,9 @@ def test_lambda_payloads_and_selectors_match_the_lambda_models() -> None:
     assert _selected_keys("Prepare training job") == set(Plan.model_fields)
     assert _payload_keys("Read evaluation report") == set(SummarizeEvent.model_fields)
     assert _selected_keys("Read evaluation report") == set(EvaluationSummary.model_fields)
+    assert _payload_keys("Wait for review") == set(RequestReviewEvent.model_fields)
+    assert _payload_keys("Read review decision") == set(ReadDecisionEvent.model_fields)
+    assert _selected_keys("Read review decision") == set(ReviewedGate.model_fields)
     assert _payload_keys("Smoke test endpoint") == set(SmokeTestEvent.model_fields)
     assert _selected_keys("Smoke test endpoint") <= set(SmokeTestResult.model_fields)
     # One function, two calls: the Map's results to merge, or (the Map failed) its error to explain.

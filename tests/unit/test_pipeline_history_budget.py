@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from d2ops import template as sam
-from d2ops.asl import StateMachine, TaskContext, TaskFailed
+from d2ops.asl import StateMachine, TaskContext, TaskFailed, TaskTokens
 from d2ops_core.pipeline_stages import FRAMES, all_states
 from tests.fixtures.pipeline import support
 
@@ -61,6 +61,7 @@ def _events_of(original: dict[str, Any], *, fail_first: bool = False) -> int:
     else:
         state["Next"] = "Done"
     calls: list[str] = []
+    tokens = TaskTokens()
 
     def service(resource: str, parameters: Any, context: TaskContext) -> Any:
         calls.append(resource)
@@ -68,11 +69,15 @@ def _events_of(original: dict[str, Any], *, fail_first: bool = False) -> int:
             raise TaskFailed("Boom", "first attempt fails")
         if resource.endswith(".sync"):
             context.submitted({})
+        if resource.endswith(".waitForTaskToken"):  # the callback (a person's decision) comes at once
+            assert context.task_token is not None
+            tokens.succeed(context.task_token, {})
         return {}
 
     machine = StateMachine.from_definition({"StartAt": "S", "States": {"S": state, "Done": {"Type": "Succeed"}}},
                                            name="Budget")
-    execution = machine.run({"x": 1, "items": [1, 2]}, executors={"arn:*": service}, execution_name="budget")
+    execution = machine.run({"x": 1, "items": [1, 2]}, executors={"arn:*": service}, execution_name="budget",
+                            callbacks=tokens)
     assert execution.status == "SUCCEEDED", (state, execution.cause)
     branch = events_per_visit({"Type": "Pass"}) if state["Type"] == "Parallel" else 0
     return len(execution.history) - 4 - branch  # ExecutionStarted, Succeed entered/exited, ExecutionSucceeded

@@ -509,3 +509,128 @@ def test_a_failed_image_batch_fails_the_run_with_the_batch_s_own_error() -> None
     assert explain["Payload"]["map_error"]["Error"] == "States.ExceedToleratedFailureThreshold"
     assert explain["Payload"]["run_id"] == support.RUN_ID
     assert "ImageChecksFailed" in ex.cause and "the batch Lambda crashed" in ex.cause, ex.cause
+
+
+# ----- a person decides what the gate could not (decision "review") ---------------------------------------
+ALICE = "arn:aws:sts::123456789012:assumed-role/d2ops-ReviewerRole-1A2B3C/alice"
+BOB = "arn:aws:sts::123456789012:assumed-role/d2ops-ReviewerRole-1A2B3C/bob"
+TO_THE_REVIEW = [*TO_THE_GATE, "Needs review", "Register model version", "Model approved?", "Prepare review wait",
+                 "Wait for review", "Read review decision", "Record review in registry", "Review approved?"]
+PACKAGE = "arn:aws:sagemaker:us-east-1:123456789012:model-package/d2ops-models/2"
+
+
+def _mocked(name: str) -> dict:
+    return dict(json.loads(support.MOCK_CONFIG.read_text())["MockedResponses"][name]["0"]["Return"])
+
+
+def _registry_update(ex: Execution) -> dict:
+    (update,) = task_parameters(ex, "Record review in registry")
+    return dict(update)
+
+
+def test_the_gate_s_review_waits_for_a_person_with_the_token_and_what_is_to_be_decided() -> None:
+    """What "Wait for review" sends the request Lambda is its input model whole (a payload drifting from
+    RequestReviewEvent would fail the real invocation), with this attempt's token, and it waits for
+    ReviewTimeoutSeconds (604800, the stack's default) from the definition's TimeoutSecondsPath."""
+    support.function_path("request_review")
+    from request_review.models import RequestReviewEvent
+
+    ex = run_case("ReviewApproved")
+    (register,) = task_parameters(ex, "Register model version")
+    assert register["ModelApprovalStatus"] == "PendingManualApproval"
+    (wait,) = task_parameters(ex, "Wait for review")
+    assert wait["FunctionName"] == support.substitutions()["RequestReviewFunctionArn"]
+    event = RequestReviewEvent.model_validate(wait["Payload"])
+    gate = _mocked("GateNeedsReview")["Payload"]
+    assert (event.run_id, event.execution_arn, event.model_package_arn) == (support.RUN_ID, ex.arn, PACKAGE)
+    assert (event.gate_reason, event.review_because) == (gate["gate_reason"], ["uncertain", "too_few_images"])
+    assert event.timeout_seconds == 604800 and event.images_compared == 40
+    assert event.task_token and event.dataset.name == "shapes"
+    scheduled = [e for e in ex.history if e["type"] == "TaskScheduled"
+                 and json.loads(e["taskScheduledEventDetails"]["parameters"]).get("Payload", {}).get("task_token")]
+    assert [e["taskScheduledEventDetails"]["timeoutInSeconds"] for e in scheduled] == [604800]
+
+
+def test_a_review_approved_by_a_person_deploys_and_records_who_approved_and_why() -> None:
+    """Mutation: the person's approval not reaching the registry (still PendingManualApproval, which SageMaker
+    will not deploy) or the champion record / endpoint history naming the gate's numbers instead of the
+    reviewer."""
+    ex = run_case("ReviewApproved")
+    assert ex.status == "SUCCEEDED", (ex.error, ex.cause)
+    states = entered_states(ex)
+    assert states[:len(TO_THE_REVIEW) + 2] == [*TO_THE_REVIEW, "Ready to deploy", "Create model"]
+    assert "Update endpoint (blue/green)" in states and states[-1] == "Run succeeded"
+    decision = _mocked("ReviewApprovedByAlice")
+    assert ex.output["review"] == decision  # the callback's output, whole, where the status API reads it
+    said = f"approved by {ALICE}: {decision['reason']}"
+    assert _registry_update(ex) == {"ModelPackageArn": PACKAGE, "ModelApprovalStatus": "Approved",
+                                    "ApprovalDescription": said}
+    (promote,) = task_parameters(ex, "Promote to champion")
+    champion = ChampionRecord.model_validate_json(promote["Body"])
+    assert champion.gate.decision == "approved" and champion.gate.approval_status == "Approved"
+    assert (champion.gate.decided_by, champion.gate.review_reason) == (ALICE, decision["reason"])
+    assert champion.gate.decided_at == decision["decided_at"]
+    assert champion.gate.reason.startswith(said + "; the gate asked for a review: needs a person's review")
+    (history,) = task_parameters(ex, "Record endpoint history")
+    served = build_history(support.ENDPOINT_NAME, [ChampionRecord.model_validate_json(history["Body"])], []).served
+    assert served[0].approved_by == ALICE and served[0].promoted_because == champion.gate.reason
+    (notify,) = task_parameters(ex, "Notify success")
+    message = json.loads(notify["Message"])
+    assert message["review"] == f"approved by {ALICE} at {decision['decided_at']}: {decision['reason']}"
+
+
+def test_a_review_rejected_by_a_person_fails_the_gate_naming_who_rejected_it_and_why() -> None:
+    ex = run_case("ReviewRejected")
+    message = assert_failed(ex, "QualityGateFailed", "Quality gate failed")
+    decision = _mocked("ReviewRejectedByBob")
+    said = f"rejected by {BOB}: {decision['reason']}"
+    assert ex.cause.startswith(said + "; the gate asked for a review: ")
+    assert _registry_update(ex) == {"ModelPackageArn": PACKAGE, "ModelApprovalStatus": "Rejected",
+                                    "ApprovalDescription": said}
+    assert entered_states(ex) == [*TO_THE_REVIEW, "Record quality gate failure", *EXPLAINED, *NOTIFIED_RELEASED,
+                                  "Quality gate failed"]
+    assert message["gate"]["decided_by"] == BOB and message["model_package_arn"] == PACKAGE
+    assert message["review"] == f"rejected by {BOB} at {decision['decided_at']}: {decision['reason']}"
+    # The notification still quotes the interval the gate could not settle, and how many images would.
+    assert message["gate_comparison"] == ("bbox_AP challenger - champion: difference 0.020, 95% interval "
+                                          "[-0.025, 0.065] on 40 val images; wider than the tolerance \u00b10.01: "
+                                          "about 770 more val images would narrow it")
+
+
+def test_a_review_nobody_decides_in_time_is_refused_saying_so() -> None:
+    """The wait's time-out (States.Timeout, as a callback task reports either of its limits) is the run's
+    answer: registered Rejected, QualityGateFailed, the lease given back; never a deployment."""
+    ex = run_case("ReviewTimedOut")
+    message = assert_failed(ex, "QualityGateFailed", "Quality gate failed")
+    assert ex.cause.startswith("no decision within 7 days: refused; the gate asked for a review: ")
+    assert _registry_update(ex)["ModelApprovalStatus"] == "Rejected"
+    assert _registry_update(ex)["ApprovalDescription"] == "rejected: no decision within 7 days"
+    assert "Create model" not in entered_states(ex)
+    assert message["gate"]["decided_by"] is None and message["review"] == ex.cause
+
+
+def test_a_review_ended_by_send_task_failure_is_refused_with_its_error() -> None:
+    ex = run_case("ReviewWithdrawn")
+    assert_failed(ex, "QualityGateFailed", "Quality gate failed")
+    assert ex.cause.startswith("the review ended without a decision (ReviewWithdrawn: the dataset was uploaded by "
+                               "mistake): refused")
+    assert _registry_update(ex)["ApprovalDescription"] == (
+        "rejected: the review ended without a decision (ReviewWithdrawn: the dataset was uploaded by mistake)")
+
+
+def test_an_approval_the_registry_will_not_record_is_not_deployed() -> None:
+    """SageMaker deploys only an Approved package: a refused UpdateModelPackage ends RegistrationFailed after its
+    retries, described from the caught error, never a deployment of a package still pending."""
+    ex = run_case("ReviewApprovedRegistryRefuses")
+    assert_failed(ex, "RegistrationFailed", "Registration failed")
+    assert len(task_parameters(ex, "Record review in registry")) == 5  # the first try and 4 retries
+    states = entered_states(ex)
+    assert "Create model" not in states and states[states.index("Record review failure") + 1:][:2] == DESCRIBED
+    assert ex.cause.startswith("recording the review decision failed (SageMaker.SageMakerException)")
+
+
+def test_every_mocked_review_answer_is_a_decision_the_status_api_sends() -> None:
+    from d2ops_core.documents.review import ReviewDecision
+
+    for name in ("ReviewApprovedByAlice", "ReviewRejectedByBob"):
+        ReviewDecision.model_validate(_mocked(name))

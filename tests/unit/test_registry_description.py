@@ -138,7 +138,7 @@ def test_every_gate_verdict_describes_the_model_version_within_the_limit() -> No
     assert register["ModelPackageDescription.$"] == "$.gate.description"
     verdicts = [s for s, d in all_states(DEFINITION).items()
                 if d.get("Type") == "Pass" and d.get("Next") == "Register model version"]
-    assert len(verdicts) == 4
+    assert len(verdicts) == 5  # approved, the three refusals, and review (PendingManualApproval)
     for verdict in verdicts:  # the Lambda decided and worded each verdict; its description is bounded there
         params = _gate_state(verdict)
         assert params["reason.$"] == "$.evaluation.gate_reason", verdict

@@ -7,12 +7,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from d2ops_core.bounded_text import MAX_SNS_SUBJECT
 from d2ops_core.cost import RunCost
 from d2ops_core.documents.run_state import RunState
 
-# SNS Publish: a Subject must be "less than 100 characters long", with no line breaks or control
-# characters (botocore's model); we also keep it ASCII for mail clients.
-MAX_SUBJECT = 99
+# SNS Publish's Subject: ASCII, one line, fewer than 100 characters (d2ops_core.bounded_text.sns_subject).
+MAX_SUBJECT = MAX_SNS_SUBJECT
 
 
 class NotificationEvent(BaseModel):
@@ -42,6 +42,9 @@ class NotificationFields(BaseModel):
     gate_comparison: str | None = Field(
         None, description="the interval of challenger - champion the gate judged, in one line, with how many more "
                           "val images would narrow it to the tolerance when it is wider (None: no champion compared)")
+    review: str | None = Field(
+        None, description="when the gate asked a person: who decided, when and why ('approved by <ARN> at <time>: "
+                          "<reason>'), or that nobody did in time (None: the gate's numbers decided)")
 
 
 class Notification(BaseModel):

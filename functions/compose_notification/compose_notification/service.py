@@ -7,14 +7,14 @@ the composition itself fail.
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from compose_notification.models import MAX_SUBJECT, Notification, NotificationEvent, NotificationFields
+from compose_notification.models import Notification, NotificationEvent, NotificationFields
 from d2ops_core import cost, gate, sagemaker_jobs
+from d2ops_core.bounded_text import sns_subject
 from d2ops_core.documents.dataset_diff import DatasetDiffSummary
 
 # The Fail state's error when the gate refuses (statemachine/training_pipeline.asl.json).
@@ -68,9 +68,7 @@ def subject_line(event: NotificationEvent, run: cost.RunCost | None, unknown: st
     else:
         error = event.document.failure.error if event.document.failure else "run failed"
         text = f"d2ops run failed: {error} ({dataset}, {price})"
-    ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
-    flat = " ".join("".join(c if c.isprintable() else " " for c in ascii_text).split())
-    return flat if len(flat) <= MAX_SUBJECT else flat[:MAX_SUBJECT - 3].rstrip() + "..."
+    return sns_subject(text)
 
 
 def compose(event: NotificationEvent, sagemaker: Any, env: Mapping[str, str] | None = None) -> Notification:
@@ -102,7 +100,8 @@ def compose(event: NotificationEvent, sagemaker: Any, env: Mapping[str, str] | N
                                                   cost_unknown=unknown,
                                                   data_changes=diff.line() if diff else None,
                                                   dataset_diff_uri=diff.uri if diff else None,
-                                                  gate_comparison=gate_comparison(event)))
+                                                  gate_comparison=gate_comparison(event),
+                                                  review=review_line(event)))
 
 
 def gate_comparison(event: NotificationEvent) -> str | None:
@@ -113,6 +112,18 @@ def gate_comparison(event: NotificationEvent) -> str | None:
     i = evaluation.interval
     return gate.interval_line(evaluation.primary_metric or "AP", i.difference, i.low, i.high, i.confidence,
                               evaluation.val_images, evaluation.more_val_images, evaluation.max_regression)
+
+
+def review_line(event: NotificationEvent) -> str | None:
+    """Who decided a model the gate sent to review, when and why; or, when nobody did, what ended the wait."""
+    evaluation, gate = event.document.evaluation, event.document.gate
+    if evaluation is None or (evaluation.model_extra or {}).get("decision") != "review" or gate is None:
+        return None
+    if gate.decided_by:
+        return f"{gate.decision} by {gate.decided_by} at {gate.decided_at}: {gate.review_reason}"
+    if gate.decision == "review":  # the run failed before the review ended (its request, say)
+        return "waiting for a person's decision when the run failed: nobody decided"
+    return gate.reason
 
 
 def gate_refusal_diff(event: NotificationEvent) -> DatasetDiffSummary | None:

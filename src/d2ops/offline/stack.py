@@ -34,10 +34,11 @@ OFFLINE_PARAMETERS: dict[str, str] = {
 # Function settings that must differ on a CPU-only laptop: detectron2 has no PyPI build, so the
 # torchvision trainer runs offline; endpoints come up in seconds, so they are polled often. The offline
 # stack is addressed by --work-dir, not by a stack name: no STACK_NAME, so a missing-weights failure names
-# `d2ops weights upload FILE` without --stack.
+# `d2ops weights upload FILE` and a review request `d2ops approve RUN_ID` without --stack.
 OFFLINE_FUNCTION_ENV: dict[str, dict[str, str]] = {
     "PrepareTrainingFunction": {"FRAMEWORK": "torchvision", "ENDPOINT_POLL_SECONDS": "2",
                                 "ENDPOINT_MAX_WAIT_ATTEMPTS": "150", "STACK_NAME": ""},
+    "RequestReviewFunction": {"STACK_NAME": ""},
 }
 
 # Training hyperparameters for CPU runs on small images (the synthetic demo data, the tests): the

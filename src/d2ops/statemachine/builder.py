@@ -159,6 +159,7 @@ class Task:
     result_path: str | _Absent | None = ABSENT
     output_path: str | _Absent = ABSENT
     timeout: int | _Absent = ABSENT
+    timeout_path: str | _Absent = ABSENT  # TimeoutSecondsPath: a limit the stack sets (numbers are not substituted)
     retry: tuple[RetryPolicy, ...] = ()
     catch: tuple[Catch, ...] = ()
     # The few states whose Comment the committed file writes after another key (JSON objects are
@@ -170,6 +171,7 @@ class Task:
             ("Resource", self.resource), ("InputPath", self.input_path), ("Parameters", self.parameters),
             ("ResultSelector", self.result_selector), ("ResultPath", self.result_path),
             ("OutputPath", self.output_path), ("TimeoutSeconds", self.timeout),
+            ("TimeoutSecondsPath", self.timeout_path),
             ("Retry", [r.asl() for r in self.retry] if self.retry else ABSENT),
             ("Catch", [c.asl() for c in self.catch] if self.catch else ABSENT),
             ("End", True) if self.next is None else ("Next", self.next),

@@ -356,12 +356,12 @@ def evaluation() -> list[Named]:
 
 def gate_and_register() -> list[Named]:
     refused_by = Var("$.evaluation.refused_by")
+    approval_status = Var("$.gate.approval_status")
 
-    def gate(name: str, approved: bool, comment: str | None = None) -> Named:
+    def gate(name: str, decision: str, status: str, comment: str | None = None) -> Named:
         return name, Pass(
             "Register model version", comment=comment,
-            parameters={"decision": "approved" if approved else "rejected",
-                        "approval_status": "Approved" if approved else "Rejected",
+            parameters={"decision": decision, "approval_status": status,
                         "reason.$": "$.evaluation.gate_reason",
                         "description.$": fmt("{}{}", "$.evaluation.description_head",
                                              "$.evaluation.gate_description")},
@@ -371,23 +371,28 @@ def gate_and_register() -> list[Named]:
         ("Quality gate", Choice(
             (when(refused_by.test("StringEquals", "below_min_map"), "Below quality threshold"),
              when(refused_by.test("StringEquals", "regressed"), "Worse than champion"),
-             when(refused_by.test("StringEquals", "class_regressed"), "Worse than champion on a class")),
+             when(refused_by.test("StringEquals", "class_regressed"), "Worse than champion on a class"),
+             when(not_(Var("$.evaluation.decision").test("StringEquals", "approve")), "Needs review")),
             "Quality gate passed",
-            comment="The summarize Lambda decided once (summarize_evaluation.service.summarize): challenger primary "
-                    "AP below MinMap; or, with a champion, the paired-bootstrap interval of challenger - champion "
-                    "wholly below -MaxRegression (a significant regression beyond the tolerance); or a class with "
-                    "MinClassInstances val instances whose interval is wholly below -MaxClassRegression. This state "
-                    "branches on its decision, refused_by (null: passed).")),
-        gate("Quality gate passed", approved=True),
-        gate("Below quality threshold", approved=False),
-        gate("Worse than champion", approved=False),
-        gate("Worse than champion on a class", approved=False,
+            comment="The summarize Lambda decided once (d2ops_core.gate_decision.judge): refuse (refused_by: the "
+                    "challenger's AP below MinMap, the interval of challenger - champion wholly below "
+                    "-MaxRegression, or a judged class's wholly below -MaxClassRegression), review (the numbers "
+                    "cannot settle it: a person decides) or approve. Only decision 'approve' with no refusal "
+                    "passes; any other decision goes to a person, never to an approval by default.")),
+        gate("Quality gate passed", "approved", "Approved"),
+        gate("Below quality threshold", "rejected", "Rejected"),
+        gate("Worse than champion", "rejected", "Rejected"),
+        gate("Worse than champion on a class", "rejected", "Rejected",
              comment="The reason names each class, both APs, the interval of the difference and its val instance "
                      "count (summarize_evaluation); the registry's description is its bounded, cleaned form."),
+        gate("Needs review", "review", "PendingManualApproval",
+             comment="The interval straddles -MaxRegression, a class dropped, too few held-out images were "
+                     "compared, or the champion's training images are unknown (review_because): registered "
+                     "PendingManualApproval, then a person decides."),
         ("Register model version", Task(
             resource("aws-sdk:sagemaker:createModelPackage"), "Model approved?",
-            comment="Every evaluated model is registered, Approved or Rejected, with its evaluation as model "
-                    "metrics.",
+            comment="Every evaluated model is registered, Approved, Rejected or PendingManualApproval (a person "
+                    "decides), with its evaluation as model metrics.",
             parameters={
                 "ModelPackageGroupName": sub("ModelPackageGroupName"),
                 "ClientToken.$": f"States.Hash({RUN_ID}, 'MD5')",
@@ -410,15 +415,75 @@ def gate_and_register() -> list[Named]:
             result_selector={"model_package_arn.$": "$.ModelPackageArn"}, result_path="$.registration",
             retry=(SAGEMAKER_WRITE,), catch=catch_all("Record registration failure"))),
         ("Model approved?", Choice(
-            (when(Var("$.gate.approval_status").test("StringEquals", "Approved"), "Ready to deploy"),),
+            (when(approval_status.test("StringEquals", "Approved"), "Ready to deploy"),
+             when(approval_status.test("StringEquals", "PendingManualApproval"), "Prepare review wait")),
             "Record quality gate failure")),
+        *review(),
         ("Ready to deploy", Succeed()),
         record_failure("Record quality gate failure", QUALITY_GATE_FAILED, "$.gate.reason", next=None,
-                       comment="Registered as Rejected first, so the registry shows every challenger.",
-                       **{"evaluation.$": "$.evaluation", "model_package_arn.$": "$.registration.model_package_arn"}),
+                       comment="Registered as Rejected first, so the registry shows every challenger. The gate's "
+                               "record says who decided: the numbers, or a person (decided_by).",
+                       **{"evaluation.$": "$.evaluation", "model_package_arn.$": "$.registration.model_package_arn",
+                          "gate.$": "$.gate"}),
         record_failure("Record registration failure", REGISTRATION_FAILED,
                        _caught("registering the model failed ({})"), next=None,
                        comment="The Model Registry refused the package."),
+    ]
+
+
+def review() -> list[Named]:
+    """A person decides what the numbers could not: the run waits on a task token (the request Lambda writes
+    it where the status API's POST /runs/{runId}/decision finds it), at most ReviewTimeoutSeconds, still
+    holding the endpoint lease, so the champion cannot change under the pending decision."""
+    return [
+        ("Prepare review wait", Pass(
+            "Wait for review",
+            comment="ReviewTimeoutSeconds (default 7 days): a stack parameter reaches the definition as text, and "
+                    "TimeoutSeconds must be a number, so the wait reads it from here (TimeoutSecondsPath).",
+            parameters={"timeout_seconds.$": f"States.StringToJson('{sub('ReviewTimeoutSeconds')}')"},
+            result_path="$.review_wait")),
+        ("Wait for review", Task(
+            resource("lambda:invoke.waitForTaskToken"), "Read review decision",
+            comment="The request Lambda writes runs/<run>/review/request.json with this task's token and tells "
+                    "people what to decide, why, until when and how. The decision (d2ops approve/reject, the "
+                    "console, POST /runs/{runId}/decision) completes the task with SendTaskSuccess: its output, a "
+                    "ReviewDecision, is $.review. A time-out (no HeartbeatSeconds: nobody is there to send one "
+                    "while a person thinks) or a SendTaskFailure is caught into $.review too, and refuses.",
+            parameters={"FunctionName": sub("RequestReviewFunctionArn"), "Payload": {
+                "task_token.$": "$$.Task.Token", "run_id.$": RUN_ID, "execution_arn.$": EXECUTION_ARN,
+                "dataset.$": "$.dataset", "model_package_arn.$": "$.registration.model_package_arn",
+                "gate_reason.$": "$.evaluation.gate_reason", "review_because.$": "$.evaluation.review_because",
+                "images_compared.$": "$.evaluation.images_compared", "requested_at.$": ENTERED_TIME,
+                "timeout_seconds.$": "$.review_wait.timeout_seconds"}},
+            result_path="$.review", timeout_path="$.review_wait.timeout_seconds", retry=(LAMBDA,),
+            catch=(Catch("Read review decision", ("States.Timeout", "States.HeartbeatTimeout"), "$.review"),
+                   *catch_all("Read review decision", "$.review")))),
+        lambda_task(
+            "Read review decision", "ReadReviewDecisionFunctionArn",
+            {"run_id.$": RUN_ID, "review.$": "$.review", "timeout_seconds.$": "$.review_wait.timeout_seconds",
+             "gate_reason.$": "$.evaluation.gate_reason"},
+            next="Record review in registry", retry=LAMBDA,
+            comment="Approved only when a person approved; a rejection, a time-out, a SendTaskFailure or an answer "
+                    "that is not a decision refuses. $.gate then says who decided and why.",
+            result_selector=payload_fields(handler_model("request_review.models:ReviewedGate")),
+            result_path="$.gate", timeout=60, catch=catch_all("Record review failure")),
+        ("Record review in registry", Task(
+            resource("aws-sdk:sagemaker:updateModelPackage"), "Review approved?",
+            comment="The registry entry leaves PendingManualApproval: Approved or Rejected, its ApprovalDescription "
+                    "'<approved|rejected> by <ARN>: <reason>' (or why nobody decided), one line within SageMaker's "
+                    "1,024 characters.",
+            parameters={"ModelPackageArn.$": "$.registration.model_package_arn",
+                        "ModelApprovalStatus.$": "$.gate.approval_status",
+                        "ApprovalDescription.$": "$.gate.approval_description"},
+            result_path=None, retry=(SAGEMAKER_WRITE,), catch=catch_all("Record review failure"))),
+        ("Review approved?", Choice(
+            (when(Var("$.gate.approval_status").test("StringEquals", "Approved"), "Ready to deploy"),),
+            "Record quality gate failure")),
+        record_failure("Record review failure", REGISTRATION_FAILED,
+                       _caught("recording the review decision failed ({})"), next=None,
+                       comment="The decision could not be read or the registry refused it: the model is not "
+                               "deployed; $.gate says what was decided, when it was read.",
+                       **{"model_package_arn.$": "$.registration.model_package_arn"}),
     ]
 
 
@@ -817,7 +882,8 @@ def definition() -> Machine:
                 comment="Score the new model and the champion on the same val split."),
          _unless_failed("Evaluated?", "Gate"),
          _stage("Gate", gate_and_register(), next="Approved?",
-                comment="Decide on the evaluation and register the model, Approved or Rejected."),
+                comment="Decide on the evaluation and register the model, Approved or Rejected; when the numbers "
+                        "cannot settle it, a person decides (Wait for review)."),
          _unless_failed("Approved?", "Deploy"),
          _stage("Deploy", [*deploy(), *roll_back(), *promotion(), *deployment_records()], next="Deployed?",
                 comment="Deploy blue/green, smoke-test, roll back if unhealthy, promote to champion."),
@@ -830,4 +896,4 @@ def definition() -> Machine:
         comment="d2ops: validate a COCO dataset version, train, evaluate against the champion, gate, register, "
                 "deploy blue/green, smoke-test, promote, notify. Every failure notifies and ends in a Fail state "
                 "named after what happened.",
-        timeout=900000)
+        timeout=2100000)
