@@ -50,14 +50,15 @@ def test_without_the_tolerances_the_intervals_are_shown_without_a_verdict() -> N
 
 
 def test_d2ops_status_shows_the_interval_and_the_images_it_would_need() -> None:
-    """The run's $.evaluation as the definition selects it from the Lambda (a mocked gate refusal)."""
+    """The run's $.evaluation as the definition selects it from the Lambda (a mocked review)."""
     from d2ops.commands.status import format_run
     from tests.fixtures.pipeline import support
 
-    evaluation = support.state_output(support.run_case("UpdateDeployment"), "Read evaluation report")["evaluation"]
+    evaluation = support.state_output(support.run_case("ReviewApproved"), "Read evaluation report")["evaluation"]
     lines = format_run({"run_id": "r", "status": "SUCCEEDED", "timeline": [], "evaluation": evaluation})
     assert ("    bbox_AP challenger - champion: difference 0.020, 95% interval [-0.025, 0.065] on 40 val images; "
             "wider than the tolerance \u00b10.01: about 770 more val images would narrow it") in lines
+    assert "    decision: review (uncertain, too_few_images)" in lines
     first = {**evaluation, "interval": None, "more_val_images": None}  # no champion: no comparison line
     assert not any("interval" in line for line in format_run({"run_id": "r", "status": "FAILED", "timeline": [],
                                                                 "evaluation": first}))

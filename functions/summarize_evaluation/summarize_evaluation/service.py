@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import math
 import unicodedata
 from typing import Any
@@ -12,6 +10,7 @@ from pydantic import ValidationError
 
 from d2ops_core import pipeline_metrics as pm
 from d2ops_core import platform
+from d2ops_core.bounded_text import bounded
 from d2ops_core.documents.evaluation import EvaluationReport
 from d2ops_core.gate_decision import GateReportInvalid, judge
 from d2ops_core.s3_layout import parse_s3_uri
@@ -64,25 +63,6 @@ def registry_text(text: str) -> str:
     """``text`` with every character SageMaker's description pattern refuses replaced (platform table)."""
     allowed = platform.MODEL_PACKAGE_DESCRIPTION_CATEGORIES
     return "".join(c if unicodedata.category(c)[0] in allowed else " " if c in _SPACES else "\ufffd" for c in text)
-
-
-def _units(text: str) -> int:
-    """Length in UTF-16 code units: what a Java service counts; never fewer than Python's characters."""
-    return len(text.encode("utf-16-le", "surrogatepass")) // 2
-
-
-def bounded(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` characters (and UTF-16 units), ending with an ellipsis and how
-    many characters were left out, so a reader knows it was cut and by how much."""
-    if _units(text) <= limit:
-        return text
-    ends = list(itertools.accumulate(_units(c) for c in text))  # ends[i]: units of text[:i + 1]
-    keep = bisect.bisect_right(ends, limit)  # the most characters that fit without a suffix
-    while True:  # the suffix's length depends on the count it names: give back characters until it fits
-        suffix = f"\u2026 ({len(text) - keep} more characters)"
-        if (ends[keep - 1] if keep else 0) + _units(suffix) <= limit or keep == 0:
-            return text[:keep] + suffix
-        keep -= 1
 
 
 def description_head(name: str, version: str) -> str:

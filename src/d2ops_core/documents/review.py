@@ -23,7 +23,9 @@ from d2ops_core.run_ids import RUN_ID_PATTERN
 
 # botocore's stepfunctions model: taskToken is 1-2048 characters; SendTaskSuccess's output at most 256 KiB.
 MAX_TASK_TOKEN = 2048
-MAX_REASON = 1000  # the registry's ApprovalDescription holds 1,024 characters; the rest is "<verb> by <arn>: "
+# A reason a person can read in one go; the registry's ApprovalDescription ("<verb> by <arn>: <reason>", 1,024
+# characters) keeps what fits of it, cut visibly, and the run and the decision record keep it whole.
+MAX_REASON = 1000
 
 Verdict = Literal["approved", "rejected"]
 
