@@ -118,7 +118,7 @@ bench-eval: setup  ## our bbox evaluation (faster-coco-eval) vs pycocotools COCO
 
 # --- the gate's statistics (issue 22) -----------------------------------------------------
 .PHONY: bench-gate
-bench-gate: setup  ## the quality gate on simulated detections: a 2-point regression caught, equal models refused (today's rule vs the interval)
+bench-gate: setup  ## the quality gate's decision (approve/review/refuse) against the true AP difference on simulated detections; docs/images/gate-bench.png (about 30 min on 2 cores)
 	nice -n 10 $(BIN)/python -m d2ops.bench.gate
 
 # --- serving (issue 4) ------------------------------------------------------------------
