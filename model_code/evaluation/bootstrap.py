@@ -287,6 +287,11 @@ def compare(challenger: dict[str, ClassMatches], champion: dict[str, ClassMatche
         axis=0)
     overall = percentile_interval(overall_point["challenger"], overall_point["champion"], overall_differences,
                                   confidence)
+    # Every class's own upper end, at the Bonferroni level over all of them: whether its point drop is noise.
+    listed_confidence = 1.0 - (1.0 - confidence) / len(with_gt)
+    for c in with_gt:
+        classes[c] = classes[c].model_copy(update={"high": normal_interval(
+            classes[c].challenger, classes[c].champion, differences[c], listed_confidence).high})
     judged = sorted(judged_classes)
     class_confidence = 1.0 - (1.0 - confidence) / len(judged) if judged else confidence
     per_class = {c: normal_interval(classes[c].challenger, classes[c].champion, differences[c], class_confidence)

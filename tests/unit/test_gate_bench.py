@@ -141,7 +141,7 @@ def test_a_quick_run_ends_with_the_json_line_and_writes_the_plot(capsys: pytest.
     out = capsys.readouterr().out.strip().splitlines()
     last = json.loads(out[-1])
     for key in ("caught_rate", "false_block_rate", "approve_rate_at_minus_5pts_40_images",
-                "approve_rate_equal_200_images"):
+                "approve_rate_equal_200_images", "approve_rate_equal_200_images_at_default"):
         assert 0.0 <= last[key] <= 1.0, key
         assert last[f"{key}_trials"] >= 2 and 0 < last[f"{key}_se"] <= 0.5, key
     assert last["settings"]["max_regression"] == DEFAULT_MAX_REGRESSION
@@ -149,7 +149,10 @@ def test_a_quick_run_ends_with_the_json_line_and_writes_the_plot(capsys: pytest.
     # 40 images are under MinComparedImages: the product never approves there.
     assert last["approve_rate_at_minus_5pts_40_images"] == 0.0
     assert 0.0 <= last["approve_rate_at_minus_5pts_40_images_without_min_compared_images"] <= 1.0
-    assert last["false_block_rate"] == pytest.approx(1 - last["approve_rate_equal_200_images"])
+    assert last["false_block_rate"] == pytest.approx(1 - last["approve_rate_equal_200_images_at_default"])
+    # the figure is at MaxRegression 0.03, whatever the default: never more approvals than at the default 0.05
+    assert last["approve_rate_equal_200_images_max_regression"] == 0.03
+    assert last["approve_rate_equal_200_images"] <= last["approve_rate_equal_200_images_at_default"]
     assert {(a["classes"], a["correlation"], a["tolerance"]) for a in last["val_images_for_80pct_approval"]} == {
         (k, r, t) for k in bench.CLASS_COUNTS for r in bench.CORRELATIONS for t in bench.TOLERANCES}
     for truth in last["truth"].values():  # the bench's own calibration hits the differences it claims

@@ -190,6 +190,9 @@ def test_the_overall_interval_is_percentile_and_each_class_s_is_normal_at_a_bonf
     assert (c2.low, c2.high) == pytest.approx((point["c2"] - z * sd, point["c2"] + z * sd))
     assert result.overall.difference == pytest.approx(np.mean(list(point.values())))
     assert c2.difference == pytest.approx(point["c2"])
+    # every listed class's own upper end, at the Bonferroni level over all three (judged or not)
+    z_all = NormalDist().inv_cdf(1 - 0.1 / 3 / 2)
+    assert result.classes["c2"].high == pytest.approx(point["c2"] + z_all * sd)
     assert run(challenger, champion, judged_classes=["c0", "c2"], confidence=0.9) == result  # seeded
     assert run(challenger, champion, judged_classes=["c0", "c2"], confidence=0.9, seed=5).overall != result.overall
 
@@ -230,6 +233,7 @@ def test_a_rare_class_wiped_out_weighs_in_every_resample() -> None:
     assert result.overall.difference == pytest.approx(-drop)
     # Every resample carries the rare class's loss: the interval is the point (the other classes are identical).
     assert result.overall.high == pytest.approx(-drop) and result.overall.high < -0.2
+    assert result.classes["rare"].high == pytest.approx(result.classes["rare"].difference)  # lost in every resample
 
 
 def test_each_end_carries_its_monte_carlo_error_and_it_shrinks_with_more_resamples() -> None:

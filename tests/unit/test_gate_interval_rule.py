@@ -180,6 +180,24 @@ def test_a_class_wiped_out_is_reviewed_even_when_too_rare_to_judge(gate: Any) ->
     assert "rare 0.000 vs 0.680 (8 instances on 8 images, too few to judge)" in summary["gate_reason"]
 
 
+def test_a_class_s_drop_within_its_noise_is_not_a_review_but_a_collapse_or_a_sure_loss_is(gate: Any) -> None:
+    """Mutations: the point drop alone (with many classes an equal challenger has some class 0.10 down most of the
+    time), or the drop ignored once the class is noisy (a wiped-out rare class is noisy too)."""
+    per_class = {"disc": interval(0.61, 0.60, -0.02, 0.04, 0.975), "noisy": interval(0.45, 0.57, -0.12, -0.12),
+                 "collapsed": interval(0.20, 0.45, -0.25, -0.25), "lost": interval(0.40, 0.55, -0.15, -0.15)}
+    document = report(interval(0.40, 0.40, -0.005, 0.005), per_class, {"disc": 100, "noisy": 25, "collapsed": 6,
+                                                                      "lost": 20})
+    highs = {"disc": 0.04, "noisy": 0.05, "collapsed": 0.1, "lost": -0.01}  # each class's own Bonferroni upper end
+    for name, high in highs.items():
+        document["comparison"]["classes"][name]["high"] = high
+    summary = gate(document)
+    assert summary["review_because"] == ["class_dropped"]
+    assert [d["class_name"] for d in summary["class_drops"]] == ["collapsed", "lost"]  # worst first; noisy not
+    document["comparison"]["classes"]["collapsed"]["challenger"] = 0.23  # now keeps more than half: noise
+    document["comparison"]["classes"]["lost"]["high"] = 0.0  # not below 0: could be no loss at all
+    assert gate(document)["decision"] == "approve"
+
+
 def test_too_few_held_out_images_are_a_review_however_good_the_interval(gate: Any) -> None:
     """Mutation: MinComparedImages ignored, or judged on all val images rather than the held-out ones."""
     summary = gate(report(interval(0.6, 0.5, 0.05, 0.15), val_images=200, compared=49), min_compared_images=50)

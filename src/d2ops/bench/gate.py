@@ -68,6 +68,7 @@ CLASS_COUNTS = (3, 20)
 CORRELATIONS = (0.8, 0.5)
 LEVELS = tuple(range(9))  # the challenger's true primary AP this many points under the champion's
 TOLERANCES = (0.01, 0.02, 0.03, 0.05)
+GOAL_TOLERANCE = 0.03  # the MaxRegression issue 30 sets its equal-challenger goal at
 TABLE_SIZES = (50, 100, 200, 400, 800, 1600)
 APPROVE_GOAL = 0.80  # an equal challenger approved at least this often
 POPULATION = 100_000
@@ -681,9 +682,15 @@ def json_line(results: Results, plan: dict[str, Any], settings: Settings, second
     out |= headline("approve_rate_at_minus_5pts_40_images", worse, "approve")
     out["approve_rate_at_minus_5pts_40_images_without_min_compared_images"] = round(worse.rate("approve_enough"), 4)
     out["approve_rate_at_minus_5pts_40_images_by_cell"] = by_cell(results, WORSE_IMAGES, WORSE_LEVEL, "approve")
-    out |= headline("approve_rate_equal_200_images", results.pooled(EQUAL_IMAGES, 0), "approve")
-    out["approve_rate_equal_200_images_by_cell"] = by_cell(results, EQUAL_IMAGES, 0, "approve")
-    out["goals"] = {"approve_rate_at_minus_5pts_40_images": "<= 0.05", "approve_rate_equal_200_images": ">= 0.80"}
+    # Issue 30 names this figure at MaxRegression 0.03 whatever the stack's default: the same reports judged there.
+    rate = equal.rate_at(GOAL_TOLERANCE, "approve")
+    out |= {"approve_rate_equal_200_images": round(rate, 4), "approve_rate_equal_200_images_trials": equal.trials,
+            "approve_rate_equal_200_images_se": round(standard_error(rate, equal.trials), 4),
+            "approve_rate_equal_200_images_max_regression": GOAL_TOLERANCE}
+    out |= headline("approve_rate_equal_200_images_at_default", equal, "approve")
+    out["approve_rate_equal_200_images_at_default_by_cell"] = by_cell(results, EQUAL_IMAGES, 0, "approve")
+    out["goals"] = {"approve_rate_at_minus_5pts_40_images": "<= 0.05",
+                    "approve_rate_equal_200_images": f">= 0.80 at MaxRegression {GOAL_TOLERANCE}"}
     out["by_tolerance"] = {str(n): {str(t): {d: [round(results.pooled(n, lv).rate_at(t, d), 4) for lv in plan["levels"]]
                                             for d in ("approve", "refuse")} for t in TOLERANCES}
                            for n in plan["val_sizes"]}

@@ -73,6 +73,10 @@ class ClassDifference(BaseModel):
     difference: float = Field(description="challenger - champion")
     instances: int = Field(ge=1, description="non-crowd instances of the class on the compared images")
     images: int = Field(ge=1, description="compared images holding at least one of them")
+    high: float | None = Field(
+        None, description="upper end of the class's normal interval of the difference at the Bonferroni level over "
+                          "every listed class: below 0, the class is surely worse by some amount, which a point drop "
+                          "beyond MaxClassRegression then cannot be noise (None: reports that did not say)")
 
 
 ExclusionReason = Literal["challenger_trained_on", "champion_trained_on"]
