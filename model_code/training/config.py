@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from d2ops_core.gate import DEFAULT_MIN_CLASS_INSTANCES
+
 DEFAULT_ML_ROOT = "/opt/ml"
 ML_ROOT_VARIABLE = "D2OPS_ML_ROOT"
 CHECKPOINT_DIR_VARIABLE = "D2OPS_CHECKPOINT_DIR"
@@ -91,6 +93,9 @@ class Hyperparameters(BaseModel):
     dist_timeout_minutes: int = Field(default=30, ge=1, le=24 * 60)
     # evaluation
     report_images: int = Field(default=6, ge=0, le=64)
+    # The stack's MinClassInstances (prepare_training passes the plan's gate.min_class_instances): a class with
+    # fewer non-crowd val objects gets the pooled score threshold (model_code/evaluation/thresholds.py).
+    min_class_instances: int = Field(default=DEFAULT_MIN_CLASS_INSTANCES, ge=1, le=1_000_000)
 
     @field_validator("lr_steps", mode="before")
     @classmethod

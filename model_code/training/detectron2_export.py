@@ -160,12 +160,14 @@ def export_detectron2(cfg: Any, model: nn.Module, *, has_masks: bool, device: st
 def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None:
     """Trace the trained detectron2 model, write the artifact and evaluate it through the artifact."""
     from d2ops_core.dataset_identity import DatasetVersion
+    from d2ops_core.gate import DEFAULT_MIN_CLASS_INSTANCES
     from d2ops_core.metrics import primary_metric
     from model_code import artifact
     from model_code.dataset_version import annotated_image_sha256, read_coco
     from model_code.evaluation.coco import evaluate_detector, print_progress
     from model_code.evaluation.documents import model_evaluation_document
     from model_code.evaluation.report import write_report
+    from model_code.evaluation.thresholds import REPORT_FILE as THRESHOLDS_REPORT
     from model_code.evaluation.thresholds import fit_for_artifact
 
     has_masks = job["task"] == "instance_segmentation"
@@ -201,14 +203,18 @@ def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None
     gt = read_coco(Path(val_reg["json_file"]))
     evaluation = evaluate_detector(detector, gt, Path(val_reg["image_root"]), progress=print_progress("evaluating"))
     document = model_evaluation_document(evaluation, primary_metric(job["task"]))
-    # The operating point ships with the model: each class's best-F1 score on this same val split.
-    thresholds = fit_for_artifact(gt, evaluation.results, metadata.class_names, has_masks=has_masks)
+    # The operating point ships with the model: each class's best-F1 score on this same val split (the pooled
+    # one below MinClassInstances val objects), its F1 estimated out-of-fold.
+    fits = fit_for_artifact(gt, evaluation.results, metadata.class_names, has_masks=has_masks,
+                            min_class_instances=int(job.get("min_class_instances", DEFAULT_MIN_CLASS_INSTANCES)))
+    thresholds = fits.score_thresholds()
     artifact.write_json(model_dir / artifact.EVALUATION_FILE, document)
     artifact.write_json(model_dir / artifact.METADATA_FILE,
                         metadata.model_copy(update={"metrics": evaluation.metrics, "score_thresholds": thresholds})
                         .model_dump(mode="json"))
     write_report(out / artifact.REPORT_DIR, {"challenger": evaluation}, gt, Path(val_reg["image_root"]),
                  sample_images=int(job.get("report_images", 6)), score_thresholds={"challenger": thresholds})
+    artifact.write_json(out / artifact.REPORT_DIR / THRESHOLDS_REPORT, fits.model_dump(mode="json"))
     artifact.write_json(out / artifact.EVALUATION_FILE, document)
     from d2ops_core import metrics as metric_lines
     for name, value in sorted(evaluation.metrics.items()):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from d2ops_core import pretrained
+from d2ops_core.gate import DEFAULT_MIN_CLASS_INSTANCES
 from model_code.dataset_version import Categories, DatasetVersion, open_dataset_version, read_coco
 from model_code.training.config import ConfigError, Hyperparameters, TrainingEnvironment
 from model_code.training.detectron2_schedule import (
@@ -262,6 +263,7 @@ class Detectron2Job:
     checkpoints_kept: int = CHECKPOINTS_KEPT
     initial_weights: dict[str, Any] | None = None  # model_code.artifact.InitialWeights of MODEL.WEIGHTS
     inventory_digest: str | None = None  # the pipeline's validated inventory (hyperparameter), into the metadata
+    min_class_instances: int = DEFAULT_MIN_CLASS_INSTANCES  # below it, a class's score threshold is the pooled one
 
 
 def plan_job(env: TrainingEnvironment, hp: Hyperparameters, environ: Mapping[str, str]
@@ -290,7 +292,8 @@ def plan_job(env: TrainingEnvironment, hp: Hyperparameters, environ: Mapping[str
                         registrations=dataset_registrations(train, val, categories), task=train.task,
                         model_dir=str(env.model_dir), output_data_dir=str(env.output_data_dir),
                         job_name=env.job_name, dataset_name=train.name, dataset_version=train.version,
-                        log_period=hp.log_period, inventory_digest=hp.inventory_digest)
+                        log_period=hp.log_period, inventory_digest=hp.inventory_digest,
+                        min_class_instances=hp.min_class_instances)
     return job, plan
 
 

@@ -11,6 +11,7 @@ from model_code import artifact
 from model_code.dataset_version import annotated_image_sha256, read_coco
 from model_code.evaluation.coco import Evaluation, evaluate_detector, print_progress
 from model_code.evaluation.documents import model_evaluation_document, primary_metric_for
+from model_code.evaluation.thresholds import REPORT_FILE as THRESHOLDS_REPORT
 from model_code.evaluation.thresholds import fit_for_artifact
 from model_code.training.run_context import RunContext
 from model_code.training.torchvision_export import export_torchvision
@@ -37,8 +38,11 @@ def write_artifact(ctx: RunContext, model: nn.Module, directory: Path, *, iterat
     evaluation = evaluate_detector(detector, gt, ctx.val_dataset.images_dir,
                                    progress=print_progress(f"evaluating iteration {iteration}"))
     document = model_evaluation_document(evaluation, primary_metric_for(ctx.dataset.task), iteration=iteration)
-    # The operating point ships with the model: each class's best-F1 score on this same val split.
-    thresholds = fit_for_artifact(gt, evaluation.results, metadata.class_names, has_masks=ctx.has_masks)
+    # The operating point ships with the model: each class's best-F1 score on this same val split (the pooled
+    # one below MinClassInstances val objects), its F1 estimated out-of-fold.
+    fits = fit_for_artifact(gt, evaluation.results, metadata.class_names, has_masks=ctx.has_masks,
+                            min_class_instances=ctx.hp.min_class_instances)
+    thresholds = fits.score_thresholds()
     artifact.write_json(directory / artifact.EVALUATION_FILE,  document)
     artifact.write_json(directory / artifact.METADATA_FILE,
                         metadata.model_copy(update={"metrics": evaluation.metrics, "score_thresholds": thresholds})
@@ -49,6 +53,7 @@ def write_artifact(ctx: RunContext, model: nn.Module, directory: Path, *, iterat
         out.mkdir(parents=True, exist_ok=True)
         write_report(out / artifact.REPORT_DIR, {"challenger": evaluation}, gt, ctx.val_dataset.images_dir,
                      sample_images=ctx.hp.report_images, score_thresholds={"challenger": thresholds})
+        artifact.write_json(out / artifact.REPORT_DIR / THRESHOLDS_REPORT, fits.model_dump(mode="json"))
         artifact.write_json(out / artifact.EVALUATION_FILE, document)
     return evaluation
 

@@ -54,7 +54,9 @@ def test_the_training_request_is_accepted_by_sagemaker(aws: dict[str, Any]) -> N
         f"s3://d2ops-data-example/{support.PREPARE_ENV['PRETRAINED_WEIGHTS_KEY']}")
     assert job["ResourceConfig"]["InstanceCount"] == 2 and job["ResourceConfig"]["InstanceType"] == "ml.g4dn.xlarge"
     digest = support.load_event("prepare_training", "defaults")["validation"]["inventory_digest"]
-    assert job["HyperParameters"] == {"framework": "detectron2", "inventory_digest": digest}
+    # min_class_instances: the plan's gate.min_class_instances, below which a class gets the pooled score threshold.
+    assert job["HyperParameters"] == {"framework": "detectron2", "inventory_digest": digest,
+                                      "min_class_instances": str(plan["gate"]["min_class_instances"])}
     assert plan["inventory_digest"] == digest
     assert plan["dataset_snapshot_uri"] == s3_layout.snapshot_uri(support.ARTIFACTS_BUCKET, run_id)
     val_input = next(i for i in plan["evaluation_job"]["ProcessingInputs"] if i["InputName"] == "val")
@@ -88,7 +90,8 @@ def test_manifest_overrides_become_string_hyperparameters_and_gate_thresholds(aw
     assert plan["training_job"]["HyperParameters"] == {
         "framework": "detectron2", "max_iter": "3000", "ims_per_batch": "8", "base_lr": "0.01", "seed": "7",
         "inventory_digest": support.load_event("prepare_training", "manifest_overrides")["validation"][
-            "inventory_digest"]}
+            "inventory_digest"],
+        "min_class_instances": "10"}  # the manifest's stricter gate.min_class_instances, the thresholds' support too
     # The manifest's task is instance_segmentation: the gate judges mask AP.
     assert plan["gate"] == {"primary_metric": "segm_AP", "min_map": 0.5, "max_regression": 0.005,
                             "max_class_regression": 0.05, "min_class_instances": 10, "confidence": 0.9,

@@ -138,7 +138,8 @@ def test_none_trains_from_scratch_without_a_channel_or_a_check(aws: Any, monkeyp
     plan = prepare()  # nothing at any key
     assert set(channels(plan)) == {"train", "val"}
     assert plan["training_job"]["HyperParameters"] == {"framework": "detectron2", "weights": "scratch",
-                                                       "inventory_digest": plan["inventory_digest"]}
+                                                       "inventory_digest": plan["inventory_digest"],
+                                                       "min_class_instances": "30"}
 
 
 def test_the_torchvision_trainer_gets_no_detectron2_checkpoint(aws: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -146,7 +147,8 @@ def test_the_torchvision_trainer_gets_no_detectron2_checkpoint(aws: Any, monkeyp
     plan = prepare()
     assert set(channels(plan)) == {"train", "val"}
     assert plan["training_job"]["HyperParameters"] == {"framework": "torchvision",
-                                                       "inventory_digest": plan["inventory_digest"]}
+                                                       "inventory_digest": plan["inventory_digest"],
+                                                       "min_class_instances": "30"}
 
 
 def test_a_key_with_wildcards_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

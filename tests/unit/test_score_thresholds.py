@@ -122,10 +122,17 @@ def test_coco_matching_at_iou_50_known_answer() -> None:
     assert (found["square"].ground_truth, found["square"].true_positive.tolist()) == (1, [F])
     assert found["star"].ground_truth == 0 and found["star"].scores.size == 0
     # circle: keep 1 -> 2/3; keep 2 -> 2/4; keep 3 (2 TP) -> 4/5 best; keep 4 -> 4/6. Midway 0.6 / 0.3.
-    choices = choose_thresholds(scene(), RESULTS)
-    assert choices["circle"].threshold == pytest.approx(0.45) and choices["circle"].f1 == pytest.approx(0.8)
-    assert score_thresholds(scene(), RESULTS) == {"circle": pytest.approx(0.45), "square": DEFAULT_SCORE_THRESHOLD,
-                                                   "star": DEFAULT_SCORE_THRESHOLD}
+    # Support 1 so that circle (2 objects) and square (1) are fitted on their own; star (none) is pooled:
+    # 0.95 T, 0.9 F, 0.8 F (square), 0.6 T, 0.3 F with GT 3 -> keep 4 (4/7) is best, midway 0.6 / 0.3 again.
+    fits = choose_thresholds(scene(), RESULTS, min_class_instances=1)
+    fitted = fits.classes["circle"]
+    assert fitted.threshold == pytest.approx(0.45) and fitted.in_sample_f1 == pytest.approx(0.8)
+    # Two val images make no two folds: the F1 reported is the in-sample one, and says so.
+    assert (fitted.estimate, fitted.folds, fitted.f1) == ("in_sample", 0, pytest.approx(0.8))
+    assert (fits.classes["square"].fitted_on, fits.classes["square"].basis) == ("class", "no_true_positive")
+    assert (fits.classes["star"].fitted_on, fits.pooled_threshold) == ("pooled", pytest.approx(0.45))
+    assert score_thresholds(scene(), RESULTS, min_class_instances=1) == {
+        "circle": pytest.approx(0.45), "square": DEFAULT_SCORE_THRESHOLD, "star": pytest.approx(0.45)}
     # With the crowd detection counted as a false positive the answer would differ: that is what the test pins.
     assert choose_threshold(matches([(0.95, T), (0.9, F), (0.85, F), (0.6, T), (0.3, F)], 2)).threshold != \
         pytest.approx(0.45)

@@ -47,7 +47,8 @@ def test_the_estimator_sends_the_pipelines_training_job_request() -> None:
     assert {k: v for k, v in body.items() if k not in SDK_ONLY} == {
         k: v for k, v in job.request.items() if SDK_OMITS_DEFAULTS.get(k, ...) != v}
     assert {k: body[k] for k in body if k in SDK_ONLY} == SDK_ONLY
-    assert job.request["HyperParameters"] == {"framework": settings.framework, "max_iter": "7", "seed": "3"}
+    assert job.request["HyperParameters"] == {"framework": settings.framework, "max_iter": "7", "seed": "3",
+                                              "min_class_instances": str(settings.limits.min_class_instances)}
     assert job.request["AlgorithmSpecification"]["TrainingImage"] == settings.training_image_uri
     assert [c["ChannelName"] for c in job.request["InputDataConfig"]] == ["train", "val"]
 

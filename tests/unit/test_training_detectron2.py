@@ -95,10 +95,11 @@ def sm_tree(root: Path, channel: Path, hosts: list[str], current: str, hps: dict
 def test_job_plan_composes_config_registration_and_launch(tmp_path: Path, channel: Path) -> None:
     hps = {"framework": "detectron2", "ims_per_batch": "16", "base_lr": "0.02", "max_iter": "1000",
            "reference_world_size": "8", "checkpoint_period": "200", "eval_period": "500", "dist_port": "29555",
-           "overrides": "SOLVER.BASE_LR 0.01 TEST.DETECTIONS_PER_IMAGE 50"}
+           "overrides": "SOLVER.BASE_LR 0.01 TEST.DETECTIONS_PER_IMAGE 50", "min_class_instances": "12"}
     environ = sm_tree(tmp_path, channel, ["algo-2", "algo-1"], "algo-2", hps)
     env = load_environment(environ, gpu_count=8)
     job, plan = d2.plan_job(env, parse_hyperparameters(env.hyperparameters), environ)
+    assert job.min_class_instances == 12  # the export's score-threshold support (the stack's MinClassInstances)
 
     opts = job.options
     values = options_dict(opts)

@@ -165,7 +165,8 @@ def job_names(run_id: str) -> JobNames:
 
 
 def hyperparameters(settings: PrepareSettings, event: PrepareEvent) -> dict[str, str]:
-    """Strings, as SageMaker passes them; only the manifest's overrides besides the framework.
+    """Strings, as SageMaker passes them; only the manifest's overrides besides the framework (and what the
+    pipeline knows: the validated inventory, the score thresholds' support).
 
     The trainer owns the defaults (model, schedule) per framework and task, so they are
     not repeated here.
@@ -179,6 +180,10 @@ def hyperparameters(settings: PrepareSettings, event: PrepareEvent) -> dict[str,
     if event.validation is not None and event.validation.inventory_digest:
         # Recorded in the job (DescribeTrainingJob) and by the trainer in the artifact's metadata.json.
         hps["inventory_digest"] = event.validation.inventory_digest
+    # The plan's gate.min_class_instances: the support below which the export gives a class the pooled
+    # score threshold, the same count the gate judges a class from.
+    _, min_class_instances = effective_class_gate(settings.limits, event.manifest.gate)
+    hps["min_class_instances"] = str(min_class_instances or gate_settings.DEFAULT_MIN_CLASS_INSTANCES)
     return hps
 
 
