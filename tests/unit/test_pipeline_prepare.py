@@ -94,12 +94,12 @@ def test_manifest_overrides_become_string_hyperparameters_and_gate_thresholds(aw
         "min_class_instances": "10"}  # the manifest's stricter gate.min_class_instances, the thresholds' support too
     # The manifest's task is instance_segmentation: the gate judges mask AP.
     assert plan["gate"] == {"primary_metric": "segm_AP", "min_map": 0.5, "max_regression": 0.005,
-                            "max_class_regression": 0.05, "min_class_instances": 10, "confidence": 0.9,
-                            "resamples": 2000}
+                            "max_class_regression": 0.05, "min_class_instances": 10, "confidence": 0.99,
+                            "resamples": 2000, "min_compared_images": 50}
     monkeypatch.setenv("PRETRAINED_WEIGHTS_KEY", support.PREPARE_ENV["PRETRAINED_WEIGHTS_KEY"])
     assert prepare()["gate"] == {"primary_metric": "bbox_AP", "min_map": 0.3,  # detection; stack parameters
                                  "max_regression": 0.01, "max_class_regression": 0.1, "min_class_instances": 30,
-                                 "confidence": 0.95, "resamples": 1000}
+                                 "confidence": 0.95, "resamples": 1000, "min_compared_images": 50}
 
 
 @pytest.mark.parametrize(("manifest", "named"), [
