@@ -182,8 +182,10 @@ images:  ## build and push the training and serving images to ECR (needs Docker 
 
 # ---------------------------------------------------------------- offline runtime (issue 6)
 # The whole pipeline on this machine: synthetic dataset -> local S3 -> trigger -> train ->
-# evaluate -> gate -> register -> local TorchServe endpoint -> prediction. Pass more options
-# with DEMO_ARGS, e.g. `make demo DEMO_ARGS=--twice`.
+# evaluate -> gate -> register -> local TorchServe endpoint -> prediction. Unattended: the one run has
+# no champion, so the gate never asks for a person's review. Pass more options with DEMO_ARGS, e.g.
+# `make demo DEMO_ARGS=--twice` (a refusal and a promotion) or `DEMO_ARGS=--review` (a review decided
+# with `d2ops approve`).
 DEMO_ARGS ?=
 .PHONY: demo
 demo: install  ## the whole pipeline offline on a synthetic dataset (bootstraps a fresh clone first)

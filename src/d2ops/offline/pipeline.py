@@ -411,16 +411,26 @@ def summarize(rt: OfflineRuntime, described: dict[str, Any], results: list[dict[
 
 
 def run_pipeline(rt: OfflineRuntime, dataset_dir: Path, *, deliveries: int = 1, out: Printer = print,
-                 timeout: float = 1800.0) -> RunSummary:
-    """Upload, trigger, follow (training progress included) and summarise one run."""
+                 timeout: float = 1800.0, tick: Callable[[str], None] | None = None) -> RunSummary:
+    """Upload, trigger, follow (training progress included) and summarise one run.
+
+    ``tick`` is called with the run id at every poll while the run runs (about every half second, after the
+    training progress): what a caller does while it waits, such as deciding a review (``d2ops demo --review``).
+    """
     progress = ProgressPrinter(out)
     training = TrainingProgressFollower(rt.sagemaker.job_log, out, progress.stamp)
     rt.sfn.add_listener(training)
     rt.sfn.add_listener(progress)
     try:
         results = upload_and_trigger(rt, dataset_dir, deliveries, out)
-        progress.run_id = training.run_id = results[0]["run_id"]
-        described = wait_for_run(rt, results[0]["execution_arn"], timeout, tick=training.poll)
+        run_id = progress.run_id = training.run_id = results[0]["run_id"]
+
+        def poll() -> None:
+            training.poll()
+            if tick is not None:
+                tick(run_id)
+
+        described = wait_for_run(rt, results[0]["execution_arn"], timeout, tick=poll)
         training.finish()
     finally:
         rt.sfn.remove_listener(progress)
