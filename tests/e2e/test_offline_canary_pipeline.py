@@ -77,7 +77,12 @@ class ServeInstead:
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineRuntime]:
     model = for_synthetic_shapes(cached_artifact(), tmp_path_factory.mktemp("model"))
-    with OfflineRuntime(tmp_path_factory.mktemp("canary-e2e") / "work", parameters={"MinMap": "0"}) as rt:
+    # The reused detector was trained on none of these images (an empty list: held-out is verifiable), and every
+    # run serves the same weights, so the gate's interval is exactly 0 on the tiny val splits: approved once
+    # MinComparedImages lets 12-image splits be judged (the deployment, not the gate, is under test here).
+    artifact.write_training_images(model, [])
+    with OfflineRuntime(tmp_path_factory.mktemp("canary-e2e") / "work",
+                        parameters={"MinMap": "0", "MinComparedImages": "1"}) as rt:
         rt.sagemaker.jobs = ReuseExportedModel(rt.sagemaker.jobs,
                                                artifact.pack_artifact(model, model.parent / "model.tar.gz"))
         rt.sagemaker.max_bake_seconds = 90  # the 24-request smoke test inside the bake on a loaded machine
