@@ -330,17 +330,9 @@ def test_a_derived_val_through_the_map_is_the_split_the_local_validator_and_the_
     or cross-split warnings lost in the merge.
     """
     from model_code.dataset_version import open_dataset_version, read_coco
+    from tests.unit.test_validation_split import train_only
 
-    root = tmp_path / "ds"
-    synth.generate(root, images=24, seed=5, size=48, name="shapes", version="v1")
-    train, val = (json.loads((root / f"annotations/{s}.json").read_text()) for s in ("train", "val"))
-    train["images"] += val["images"]
-    train["annotations"] += val["annotations"]
-    (root / "annotations/train.json").write_text(json.dumps(train))
-    (root / "annotations/val.json").unlink()
-    manifest = json.loads((root / "manifest.json").read_text())
-    del manifest["val"]
-    (root / "manifest.json").write_text(json.dumps(manifest))
+    root = train_only(tmp_path / "ds", images=24, seed=5)
     local = validate_local(root)
     assert local.valid and local.derived_split is not None, local.describe()
     upload(s3, root)
