@@ -49,7 +49,8 @@ def write_evaluation(stack: dict[str, Any], kind: str, request: dict[str, Any]) 
     if kind != "ProcessingJob":
         return
     inputs = {i["InputName"] for i in request["ProcessingInputs"]}
-    document: dict[str, Any] = {"primary_metric": "bbox_AP", "val_images": 2, "class_instances": {},
+    # Enough held-out images (MinComparedImages) for the gate to approve the better challenger unattended.
+    document: dict[str, Any] = {"primary_metric": "bbox_AP", "val_images": 60, "class_instances": {},
                                 "challenger": ModelScores(metrics={"bbox_AP": 0.55}).model_dump(), "champion": None}
     if "champion" in inputs:
         document["champion"] = ModelScores(metrics={"bbox_AP": 0.5}).model_dump()
