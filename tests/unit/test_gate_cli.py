@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from d2ops.cli import main
+from d2ops_core import gate as gate_defaults
 from tests.fixtures.gate_files import World, write_case
 from tests.fixtures.pipeline import support
 
@@ -124,8 +125,11 @@ def test_d2ops_gate_decides_exactly_as_the_pipeline_s_summarize_step(tmp_path: P
     verdict, report = judge_files(args)
     event = SummarizeEvent.model_validate({
         "report_uri": "s3://b/runs/r/evaluation/evaluation.json", "dataset": {"name": "n", "version": "v"},
-        "gate": {"primary_metric": "bbox_AP", "min_map": 0.3, "max_regression": 0.03, "max_class_regression": 0.1,
-                 "min_class_instances": 30, "min_compared_images": 50}})
+        "gate": {"primary_metric": "bbox_AP", "min_map": gate_defaults.DEFAULT_MIN_MAP,
+                 "max_regression": gate_defaults.DEFAULT_MAX_REGRESSION,
+                 "max_class_regression": gate_defaults.DEFAULT_MAX_CLASS_REGRESSION,
+                 "min_class_instances": gate_defaults.DEFAULT_MIN_CLASS_INSTANCES,
+                 "min_compared_images": gate_defaults.DEFAULT_MIN_COMPARED_IMAGES}})
     summary = summarize(report, event)
     assert summary.model_dump(include=set(type(verdict).model_fields)) == verdict.model_dump()
 
