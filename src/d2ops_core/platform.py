@@ -294,6 +294,22 @@ JOB_HOST_DRIVER = Driver(470, (11, 4), JOB_DRIVER_SOURCE)
 # cannot read a Dockerfile); tests/unit/test_platform_gpu.py fails when the Dockerfiles say otherwise.
 IMAGE_CUDA: Version = (12, 6)
 
+# NVIDIA's container toolkit gives a container the GPUs and driver libraries its environment names:
+# NVIDIA_VISIBLE_DEVICES ("all"; void, empty or unset: the container starts as under runc, with no GPU
+# and no driver) and NVIDIA_DRIVER_CAPABILITIES ("compute" = libcuda, "utility" = nvidia-smi/NVML).
+# NVIDIA's CUDA images set both to these values; python:*-slim sets neither, and whether SageMaker's
+# hosts set them is not documented, so an image that needs the GPU declares them itself or inherits
+# them from a base listed here. tests/unit/test_platform_container_toolkit.py reads the Dockerfiles.
+CONTAINER_TOOLKIT_SOURCE = Source(
+    "https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/docker-specialized.html",
+    "2026-11-29")
+CONTAINER_TOOLKIT_ENV: dict[str, str] = {"NVIDIA_VISIBLE_DEVICES": "all",
+                                         "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
+# Base images (repository, any tag or digest) that already set CONTAINER_TOOLKIT_ENV: NVIDIA's CUDA
+# images declare both in their base layer (dist/<version>/ubuntu2204/base/Dockerfile).
+CUDA_IMAGES_SOURCE = Source("https://gitlab.com/nvidia/container-images/cuda", "2026-11-29")
+BASES_WITH_CONTAINER_TOOLKIT_ENV: frozenset[str] = frozenset({"nvidia/cuda"})
+
 Usage = Literal["training", "processing", "endpoint"]
 
 
