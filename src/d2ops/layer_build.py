@@ -20,13 +20,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 CORE_PACKAGE = "d2ops_core"
+# src/requirements.txt compiled with every file's sha256 (`make pins`): the layer installs exactly the
+# locked versions, and pip refuses a file whose hash differs from the lock's.
+LOCK = "requirements.lock"
 # Lambda's python3.11 runs on Amazon Linux 2 (glibc 2.26): only manylinux2014 wheels load there.
 PLATFORM = ("--platform", "manylinux2014_x86_64", "--implementation", "cp", "--python-version", "3.11",
             "--only-binary=:all:")
 
 
 class LayerBuildError(Exception):
-    """The source tree has no core package."""
+    """The source tree has no core package, or no lock of its dependencies."""
 
 
 def core_files(src: Path) -> list[Path]:
@@ -38,18 +41,24 @@ def core_files(src: Path) -> list[Path]:
                   if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
 
 
-def build(src: Path, out: Path, *, requirements: Path | None = None) -> list[Path]:
-    """Copy the core files into ``out`` and pip-install the requirements there; returns the copied files."""
+def pip_command(lock: Path, out: Path) -> list[str]:
+    """pip installing ``lock`` into ``out`` for Lambda's platform, every file checked against its hash."""
+    return [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
+            "--no-warn-conflicts", "--require-hashes", "--target", str(out), *PLATFORM, "-r", str(lock)]
+
+
+def build(src: Path, out: Path, *, install: bool = True) -> list[Path]:
+    """Copy the core files into ``out`` and install the locked dependencies there; returns the copied files."""
     files = core_files(src)
+    lock = src / LOCK
+    if install and not lock.is_file():
+        raise LayerBuildError(f"{lock}: missing; `make pins` writes it from {src / 'requirements.txt'}")
     out.mkdir(parents=True, exist_ok=True)
     for rel in files:
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src / rel, out / rel)
-    reqs = requirements or src / "requirements.txt"
-    if reqs.is_file():
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                        "--no-compile", "--no-warn-conflicts", "--target", str(out), *PLATFORM, "-r", str(reqs)],
-                       check=True)
+    if install:
+        subprocess.run(pip_command(lock, out), check=True)
     return files
 
 
@@ -62,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         files = build(args.src, args.out)
     except LayerBuildError as exc:
         parser.exit(2, f"layer_build: error: {exc}\n")
-    print(f"CoreLayer: {len(files)} core files and {args.src / 'requirements.txt'} into {args.out}")
+    print(f"CoreLayer: {len(files)} core files and {args.src / LOCK} into {args.out}")
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ def test_the_core_is_one_package_beside_the_tooling() -> None:
 
 def test_build_copies_only_the_core(tmp_path: Path) -> None:
     out = tmp_path / "python"
-    files = build(SRC, out, requirements=tmp_path / "none.txt")
+    files = build(SRC, out, install=False)
     shipped = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
     assert shipped == files == core_files(SRC)
     assert not (out / "d2ops").exists()
@@ -29,3 +30,20 @@ def test_build_copies_only_the_core(tmp_path: Path) -> None:
 def test_a_tree_without_the_core_is_named(tmp_path: Path) -> None:
     with pytest.raises(LayerBuildError, match=r"d2ops_core/__init__\.py: missing"):
         core_files(tmp_path)
+
+
+def test_the_layer_installs_the_lock_with_hashes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutation caught: the layer installing src/requirements.txt (ranges) or dropping --require-hashes."""
+    ran: list[list[str]] = []
+    monkeypatch.setattr("d2ops.layer_build.subprocess.run", lambda cmd, check: ran.append(cmd))
+    build(SRC, tmp_path / "python")
+    (cmd,) = ran
+    assert "--require-hashes" in cmd
+    assert cmd[cmd.index("-r") + 1] == str(SRC / "requirements.lock")
+
+
+def test_a_tree_without_the_lock_is_named(tmp_path: Path) -> None:
+    """Mutation caught: a missing lock silently building a layer without its dependencies."""
+    shutil.copytree(SRC / "d2ops_core", tmp_path / "d2ops_core")
+    with pytest.raises(LayerBuildError, match=r"requirements\.lock: missing"):
+        build(tmp_path, tmp_path / "out")
