@@ -16,8 +16,12 @@ Three sources, in this order of authority:
 - Step Functions' error naming: ``aws-sdk`` integrations report ``<Service>.<Name>Exception``
   for a modelled error and ``<Service>.<Service>Exception`` for anything else (a missing
   SageMaker endpoint is an unmodelled ``ValidationException``, so it arrives as
-  ``SageMaker.SageMakerException``); the optimised SageMaker integration reports every service
-  error as ``SageMaker.AmazonSageMakerException`` (the error code is only in the Cause).
+  ``SageMaker.SageMakerException``); the optimised integrations keep the modelled names too
+  (``SageMaker.ResourceInUseException``, ``DynamoDB.ConditionalCheckFailedException``) and report
+  anything else as ``<Service>.Amazon<Service>Exception`` with the error code only in the Cause
+  (a throttled or invalid SageMaker call: ``SageMaker.AmazonSageMakerException``). A call whose
+  answer never came is the SDK's client error, ``<Service>.SdkClientException`` ("Unable to execute
+  HTTP request: ..."): a service exception needs the service's answer.
 """
 
 from __future__ import annotations
@@ -91,18 +95,22 @@ SYNC_ACTIONS = frozenset({"sagemaker:createTrainingJob", "sagemaker:createProces
 
 # Error names an optimised integration reports besides the modelled ones (the integration's SDK
 # client exception and the service's catch-all). Lambda's list is the one the Lambda page tells
-# every Retry to handle.
+# every Retry to handle. The SDK client exception is a call whose answer never came (the Java SDK's
+# SdkClientException, "Unable to execute HTTP request: ..."): it carries no error code, so it cannot
+# be the service's Amazon<Service>Exception.
 OPTIMISED_ERRORS: dict[str, frozenset[str]] = {
-    "sagemaker": frozenset({"SageMaker.AmazonSageMakerException"}),
+    "sagemaker": frozenset({"SageMaker.AmazonSageMakerException", "SageMaker.SdkClientException"}),
     "lambda": frozenset({"Lambda.AWSLambdaException", "Lambda.SdkClientException",
                          "Lambda.ClientExecutionTimeoutException"}),
     "sns": frozenset({"SNS.AmazonSNSException", "SNS.SdkClientException"}),
     "dynamodb": frozenset({"DynamoDB.AmazonDynamoDBException", "DynamoDB.SdkClientException"}),
 }
-# Whether modelled errors of the optimised integration keep their own name: Lambda, SNS and
-# DynamoDB do (``Lambda.TooManyRequestsException``, ``DynamoDB.ConditionalCheckFailedException``);
-# SageMaker's optimised integration folds them all into AmazonSageMakerException.
-OPTIMISED_ERROR_PREFIX = {"lambda": "Lambda", "sns": "SNS", "dynamodb": "DynamoDB"}
+# The optimised integrations' prefix: their modelled errors keep their own name
+# (``Lambda.TooManyRequestsException``, ``DynamoDB.ConditionalCheckFailedException``, and SageMaker's
+# ``SageMaker.ResourceInUseException`` / ``ResourceLimitExceededException`` / ``ResourceNotFoundException``,
+# .sync creates included: Step Functions developer guide, SageMaker integration); only what botocore's
+# model does not list for the service becomes ``<Prefix>.Amazon<Prefix>Exception``.
+OPTIMISED_ERROR_PREFIX = {"lambda": "Lambda", "sns": "SNS", "dynamodb": "DynamoDB", "sagemaker": "SageMaker"}
 # The ``<Service>`` part of aws-sdk error names (Step Functions' PascalCase service names).
 SDK_ERROR_PREFIX = {"sagemaker": "SageMaker", "s3": "S3", "dynamodb": "DynamoDb", "sns": "Sns", "sqs": "Sqs",
                     "lambda": "Lambda", "sfn": "Sfn", "cloudwatch": "CloudWatch", "events": "EventBridge"}

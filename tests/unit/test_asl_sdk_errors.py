@@ -65,7 +65,9 @@ def test_cloudwatch_sdk_errors_are_prefixed_cloudwatch_in_pascal_case(clients: A
     ("sns", "Throttled", False, "SNS.ThrottledException"),
     ("sns", "InternalFailure", False, "SNS.AmazonSNSException"),  # not modelled
     ("cloudwatch", "ValidationError", True, "CloudWatch.ValidationException"),  # the wire code of a shape
-    ("sagemaker", "ResourceNotFound", False, "SageMaker.AmazonSageMakerException"),
+    ("sagemaker", "ResourceNotFound", False, "SageMaker.ResourceNotFoundException"),  # modelled: kept
+    ("sagemaker", "ResourceInUse", False, "SageMaker.ResourceInUseException"),
+    ("sagemaker", "ThrottlingException", False, "SageMaker.AmazonSageMakerException"),  # not modelled
     ("dynamodb", "ConditionalCheckFailedException", False, "DynamoDB.ConditionalCheckFailedException"),
     ("dynamodb", "ConditionalCheckFailedException", True, "DynamoDb.ConditionalCheckFailedException"),
 ])

@@ -150,7 +150,11 @@ def test_every_retry_and_catch_error_name_can_occur(state: str) -> None:
 
 def test_sagemaker_error_names_are_the_ones_step_functions_reports() -> None:
     optimised = contract.possible_errors(contract.parse_resource("arn:aws:states:::sagemaker:createModel"))
-    assert optimised == {"SageMaker.AmazonSageMakerException"}
+    # Modelled errors keep their names (CreateModel models only ResourceLimitExceeded); the rest is the catch-all.
+    assert optimised == {"SageMaker.AmazonSageMakerException", "SageMaker.SdkClientException",
+                         "SageMaker.ResourceLimitExceededException"}
+    sync = contract.possible_errors(contract.parse_resource("arn:aws:states:::sagemaker:createTrainingJob.sync"))
+    assert {"SageMaker.ResourceInUseException", "SageMaker.ResourceNotFoundException"} <= sync
     describe = contract.possible_errors(contract.parse_resource("arn:aws:states:::aws-sdk:sagemaker:describeEndpoint"))
     # SageMaker models no ThrottlingException or ResourceNotFoundException for DescribeEndpoint: a
     # missing endpoint is a ValidationException, which Step Functions reports as SageMakerException.

@@ -1,19 +1,21 @@
 """The offline runtime words a refused ``.sync`` create call as Step Functions does, and the pipeline's
-'already created?' Choices still recognise a name in use in it."""
+'already created?' Choices wait for the created job on a name in use only."""
 
 from __future__ import annotations
 
 import json
 import re
 
+import boto3
 from botocore.exceptions import ClientError
 
 from d2ops.asl.choice import evaluate_rule
-from d2ops.offline.task_integrations import sync_create_cause
+from d2ops.offline.task_integrations import error_name, sync_create_cause
 from d2ops_core.pipeline_stages import all_states
 from tests.fixtures.pipeline import support
 
 STATES = all_states(json.loads(support.DEFINITION.read_text()))
+SAGEMAKER = boto3.client("sagemaker", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
 TAKEN = ("Training job names must be unique within an AWS account and region, and a training job with this name "
          "already exists (arn:aws:sagemaker:us-east-1:123456789012:training-job/shapes-v1-x-train)")
 
@@ -39,6 +41,6 @@ def test_the_already_created_choices_match_a_name_in_use_and_nothing_else() -> N
         for code, message, expected in (("ResourceInUse", "taken", True),
                                         ("ResourceLimitExceeded", "The account-level service limit", False),
                                         ("ValidationException", "bad image", False)):
-            data = {"error": {"Error": "SageMaker.AmazonSageMakerException",
-                              "Cause": sync_create_cause(refused(code, message, "r-1"))}}
+            name = error_name(SAGEMAKER, "sagemaker", code, sdk=False)
+            data = {"error": {"Error": name, "Cause": sync_create_cause(refused(code, message, "r-1"))}}
             assert evaluate_rule(rule, data, {}) is expected, (choice, code)

@@ -1,11 +1,13 @@
 """Fail fast, say why (issue 20): a refusal that cannot pass ends the run within a minute with one line
 saying what to do; throttling and internal errors keep a bounded retry budget.
 
-The optimised SageMaker integration reports every error of a create call as
-``SageMaker.AmazonSageMakerException`` (the code is only in the Cause), and a Retry matches names only.
-So the ``.sync`` creates have no Retry: their Catch leads to Choices on the Cause (a name in use: the job
-the first attempt started; throttling, internal, 5xx or a lost answer: a counted Wait and the create
-again; anything else: the failure record at once). The other SageMaker creates and updates keep a
+The optimised SageMaker integration keeps the names of the errors SageMaker models (a name in use is
+``SageMaker.ResourceInUseException``, a quota ``SageMaker.ResourceLimitExceededException``) and reports
+the rest (throttling, 5xx, validation, access) as ``SageMaker.AmazonSageMakerException`` with the code
+only in the Cause; a lost answer is ``SageMaker.SdkClientException``. A Retry matches names only, so the
+``.sync`` creates have no Retry: their Catch leads to Choices (a name in use: the job the first attempt
+started; throttling, internal, 5xx or a lost answer: a counted Wait and the create again; anything else,
+a quota included: the failure record at once). The other SageMaker creates and updates keep a
 Retry, held here under a budget a quota refusal can afford.
 
 The runs use the Step Functions Local mock cases (tests/fixtures/pipeline/training_pipeline.mock.json)
@@ -54,6 +56,9 @@ CAUSES = {
     "lost": "Unable to execute HTTP request: Read timed out",
 }
 TRANSIENT = {"throttled", "internal", "unavailable", "lost"}
+# The names the optimised integration gives them where not SageMaker.AmazonSageMakerException: a modelled error
+# keeps its own, a lost answer is the SDK's client error.
+ERRORS = {"quota": "SageMaker.ResourceLimitExceededException", "lost": "SageMaker.SdkClientException"}
 
 
 def _route(state: str, data: dict[str, Any]) -> str:
@@ -77,16 +82,21 @@ def _seconds(execution: Execution, first: str) -> float:
 @pytest.mark.parametrize("kind", SYNC)
 def test_a_refused_sync_create_is_routed_by_the_code_in_its_cause(kind: str) -> None:
     catch = STATES[SYNC[kind]]["Catch"][0]
-    assert "Retry" not in STATES[SYNC[kind]] and catch["ErrorEquals"] == ["SageMaker.AmazonSageMakerException"]
+    assert "Retry" not in STATES[SYNC[kind]]
     failure = STATES[SYNC[kind]]["Catch"][-1]["Next"]
     retry, left = f"Retry creating {kind} job?", f"{kind.capitalize()} job creation retries left?"
     for name, cause in CAUSES.items():
-        routed = _route(retry, {"error": {"Error": catch["ErrorEquals"][0], "Cause": cause}})
+        error = ERRORS.get(name, "SageMaker.AmazonSageMakerException")
+        routed = (_route(retry, {"error": {"Error": error, "Cause": cause}}) if error in catch["ErrorEquals"]
+                  else failure)  # not the first Catch's: States.ALL, the failure record
         assert routed == (left if name in TRANSIENT else failure), name
     # The name taken by the job a lost answer's first attempt started is still waited for.
-    taken = {"error": {"Cause": f"Job name must be unique {JAVA.format(status=400, code='ResourceInUse')}"}}
+    taken = {"error": {"Error": "SageMaker.ResourceInUseException",
+                       "Cause": f"Job name must be unique {JAVA.format(status=400, code='ResourceInUse')}"}}
+    assert "SageMaker.ResourceInUseException" in catch["ErrorEquals"]
     assert _route(catch["Next"], taken).startswith("Start waiting for created")
-    assert _route(catch["Next"], {"error": {"Cause": CAUSES["quota"]}}) == retry
+    # The old catch-all name with ResourceInUse in its Cause is not SageMaker's way of saying so any more.
+    assert _route(catch["Next"], {"error": {**taken["error"], "Error": "SageMaker.AmazonSageMakerException"}}) == retry
 
 
 @pytest.mark.parametrize("kind", SYNC)
@@ -228,7 +238,8 @@ class _LongestJitter(random.Random):
 def test_an_endpoint_quota_refusal_ends_the_run_within_a_minute_even_with_the_longest_back_offs() -> None:
     ex = run_case("EndpointQuotaRefused", rng=_LongestJitter(0))
     assert (ex.status, ex.error) == ("FAILED", "DeploymentFailed")
-    assert len(task_parameters(ex, "Create endpoint")) == 1 + STATES["Create endpoint"]["Retry"][0]["MaxAttempts"]
+    # Sent once: the quota keeps its own name (SageMaker.ResourceLimitExceededException), which no Retry names.
+    assert len(task_parameters(ex, "Create endpoint")) == 1
     assert _seconds(ex, "Create endpoint") < 60
     assert "quota 'ml.g4dn.xlarge for endpoint usage' is 0 instances" in ex.cause
     assert "another EndpointInstanceType or a smaller EndpointInstanceCount" in ex.cause

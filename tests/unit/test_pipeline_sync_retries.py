@@ -1,8 +1,9 @@
 """A retried ``.sync`` job whose first CreateTrainingJob / CreateProcessingJob answer was lost.
 
 The job started; the lost answer is tried again (tests/unit/test_pipeline_fail_fast.py: the retry loop of
-the ``.sync`` creates), and the retry is refused because its name is taken (``ResourceInUse``, which the
-optimised integration reports as ``SageMaker.AmazonSageMakerException`` with the code in the Cause).
+the ``.sync`` creates; the lost answer is ``SageMaker.SdkClientException``), and the retry is refused because
+its name is taken (``SageMaker.ResourceInUseException``: SageMaker models it, so the optimised integration
+keeps its name).
 The run then waits for the job it started and goes on exactly as the ``.sync`` state would have: the
 same result in the same place on success, the same error and Cause on failure. Mock cases in
 tests/fixtures/pipeline/training_pipeline.mock.json; the offline runtime's version with real jobs is
@@ -46,15 +47,20 @@ def test_the_wait_outlasts_the_longest_job_and_fits_the_history() -> None:
 
 
 def test_only_a_name_in_use_leads_to_the_created_job() -> None:
+    """Mutation caught: the Catch on the old catch-all name only (a ResourceInUseException would fall to
+    States.ALL and record a training failure while the job trains on)."""
     for sync, choice in (("Train model", "Training job already created?"),
                          ("Evaluate challenger and champion", "Evaluation job already created?")):
         catchers = STATES[sync]["Catch"]
-        assert [c["ErrorEquals"] for c in catchers] == [["SageMaker.AmazonSageMakerException"], ["States.ALL"]]
+        assert [c["ErrorEquals"] for c in catchers] == [
+            ["SageMaker.ResourceInUseException", "SageMaker.AmazonSageMakerException", "SageMaker.SdkClientException"],
+            ["States.ALL"]]
         assert catchers[0]["Next"] == choice and catchers[0]["ResultPath"] == catchers[1]["ResultPath"] == "$.error"
         # Any other service error fails as before, unless it may pass on a retry (test_pipeline_fail_fast.py).
         assert STATES[STATES[choice]["Default"]]["Default"] == catchers[1]["Next"]
-        patterns = json.dumps(STATES[choice]["Choices"])
-        assert "*Error Code: ResourceInUse*" in patterns
+        (taken,) = STATES[choice]["Choices"]
+        assert taken["Variable"] == "$.error.Error" and taken["StringEquals"] == "SageMaker.ResourceInUseException"
+        assert taken["Next"].startswith("Start waiting for created")
 
 
 def test_jobs_retried_after_lost_responses_wait_for_the_jobs_they_started() -> None:
@@ -115,15 +121,16 @@ def test_a_name_taken_by_a_job_that_is_not_ours_fails_the_training() -> None:
     assert "Wait for created training job" not in states and "Read created training job" not in states
 
 
-def test_the_sync_creates_cannot_tell_their_errors_apart_by_name() -> None:
-    """Why the .sync creates retry through a Choice on the Cause, not a Retry (docs/pipeline.md): a retrier
-    matches error names only, and the optimised integration gives the taken name, throttling and
-    ResourceLimitExceeded one name. Should it ever tell them apart, a Retry on the transient names would do."""
+def test_the_sync_creates_keep_sagemakers_modelled_names_and_share_one_for_the_rest() -> None:
+    """Why the .sync creates retry through a Choice on the Cause, not a Retry (docs/pipeline.md): SageMaker's
+    modelled errors keep their names (a name in use, a quota), but throttling, 5xx, validation and access
+    refusals are all AmazonSageMakerException, and a retrier matches names only."""
     from d2ops import aws_contract
 
     for sync in ("Train model", "Evaluate challenger and champion"):
         integration = aws_contract.parse_resource(STATES[sync]["Resource"].replace("${Partition}", "aws"))
-        assert {"ResourceInUse", "ResourceLimitExceeded"} <= set(
-            aws_contract.modelled_errors(integration.service, integration.operation))
-        assert aws_contract.possible_errors(integration) == {"SageMaker.AmazonSageMakerException"}
+        modelled = aws_contract.modelled_errors(integration.service, integration.operation)
+        assert {"ResourceInUse", "ResourceLimitExceeded"} <= modelled
+        assert aws_contract.possible_errors(integration) == {f"SageMaker.{name}Exception" for name in modelled} | {
+            "SageMaker.AmazonSageMakerException", "SageMaker.SdkClientException"}
         assert "Retry" not in STATES[sync]

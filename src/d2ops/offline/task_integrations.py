@@ -17,10 +17,11 @@
   and waits for the task token (`d2ops.asl.callbacks`), which the local Step Functions API's
   SendTaskSuccess/SendTaskFailure/SendTaskHeartbeat reach.
 
-Error names follow Step Functions' conventions: a Lambda's exception class name; for
+Error names follow Step Functions' conventions (d2ops.aws_contract): a Lambda's exception class name; for
 ``aws-sdk`` integrations ``<Service>.<ErrorCode>Exception`` when the service models the error
-and ``<Service>.<Service>Exception`` otherwise; for optimised integrations
-``<Service>.Amazon<Service>Exception``.
+and ``<Service>.<Service>Exception`` otherwise; for optimised integrations (SageMaker's ``.sync``
+creates included) the modelled name too (``SageMaker.ResourceInUseException``) and
+``<Service>.Amazon<Service>Exception`` otherwise; a lost answer is ``<Service>.SdkClientException``.
 """
 
 from __future__ import annotations
@@ -90,8 +91,8 @@ def error_name(client: Any, service: str, code: str, sdk: bool) -> str:
     if sdk:
         prefix = sdk_error_prefix(service)
         return f"{prefix}.{suffixed}" if is_modelled else f"{prefix}.{prefix}Exception"
-    # Optimised integrations: Lambda, SNS and DynamoDB keep modelled names (DynamoDB.ConditionalCheckFailedException);
-    # the rest, and their unmodelled errors, are <Service>.Amazon<Service>Exception (SNS.AmazonSNSException).
+    # Optimised integrations keep modelled names (DynamoDB.ConditionalCheckFailedException,
+    # SageMaker.ResourceInUseException); their unmodelled errors are <Service>.Amazon<Service>Exception.
     optimised = OPTIMISED_ERROR_PREFIX.get(service)
     if optimised is not None and is_modelled:
         return f"{optimised}.{suffixed}"
@@ -103,7 +104,8 @@ def sync_create_cause(exc: ClientError) -> str:
     """The Cause the optimised SageMaker ``.sync`` integration gives a refused create call, in the
     AWS SDK for Java v1 words Step Functions writes there, e.g. ``Training job names must be unique
     ... (Service: AmazonSageMaker; Status Code: 400; Error Code: ResourceInUse; Request ID: <uuid>;
-    Proxy: null)``. The pipeline's 'already created?' Choices match ``*Error Code: ResourceInUse*``."""
+    Proxy: null)``; the error's name is :func:`error_name`'s (``SageMaker.ResourceInUseException`` for a name
+    in use), the code is in the Cause whatever the name."""
     error = exc.response.get("Error", {})
     meta = exc.response.get("ResponseMetadata", {})
     code, message = error.get("Code", "Unknown"), error.get("Message", str(exc))
@@ -141,7 +143,8 @@ class ServiceExecutors:
     ``lost_responses`` injects the fault a retried ``Create*`` must survive: ``{"sagemaker:createModelPackage":
     1}`` lets the first such call reach the service and succeed there, then reports it failed as a lost
     response does (``<Service>.SdkClientException``: the SDK's read timed out; the optimised integrations'
-    ``<Service>.Amazon<Service>Exception``), so the state's Retry sends it again. ``sagemaker:createTrainingJob``
+    ``<Service>.SdkClientException`` too: the answer carried no error code), so the state's Retry sends it
+    again. ``sagemaker:createTrainingJob``
     and ``sagemaker:createProcessingJob`` cover the ``.sync`` jobs: the job starts and runs on.
 
     ``throttles`` injects the fault a bounded retry must outlast: ``{"sagemaker:createTrainingJob": 2}`` refuses
@@ -165,6 +168,13 @@ class ServiceExecutors:
             if left > 0:
                 faults[f"{service}:{action}"] = left - 1
             return left > 0
+
+    @staticmethod
+    def lost_response_error(service: str, sdk: bool) -> str:
+        """The error a call whose answer never came reports: the SDK's client exception (no service answer, so
+        no error code to name it by), ``<Service>.SdkClientException`` with the integration's prefix."""
+        prefix = sdk_error_prefix(service) if sdk else OPTIMISED_ERROR_PREFIX.get(service, sdk_error_prefix(service))
+        return f"{prefix}.SdkClientException"
 
     def _lose_response(self, service: str, action: str) -> bool:
         return self._take_fault(self.lost_responses, service, action)
@@ -224,10 +234,8 @@ class ServiceExecutors:
                 raise ResponseLost(f"Unable to execute HTTP request: Read timed out ({service} {arn.action} "
                                    "reached the service; its response was lost)")
             return json_safe(pascal_names(result, operation.output_shape) if arn.sdk else result)
-        except ResponseLost as exc:  # aws-sdk: the SDK's client error; optimised: the service's catch-all
-            name = f"{sdk_error_prefix(arn.service)}.SdkClientException" if arn.sdk else \
-                error_name(client, arn.service, "InternalFailure", False)
-            raise TaskFailed(name, str(exc)) from exc
+        except ResponseLost as exc:
+            raise TaskFailed(self.lost_response_error(arn.service, arn.sdk), str(exc)) from exc
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "Unknown")
             message = exc.response.get("Error", {}).get("Message", str(exc))
@@ -247,15 +255,17 @@ class ServiceExecutors:
         create = functools.partial(getattr(sm, f"create_{snake}_job"), **parameters)
         describe = functools.partial(getattr(sm, f"describe_{snake}_job"), **job)
         stop = functools.partial(getattr(sm, f"stop_{snake}_job"), **job)
-        # The optimised integration: every SageMaker error of the create call, a name already in use
-        # (ResourceInUse) included, is SageMaker.AmazonSageMakerException with the code in the Cause.
+        # The optimised integration: a modelled error of the create keeps its name (a name already in use is
+        # SageMaker.ResourceInUseException), anything else is SageMaker.AmazonSageMakerException; the code is
+        # in the Cause either way.
         try:
             self._throttle("sagemaker", action)
             submitted = create()
         except ClientError as exc:
-            raise TaskFailed("SageMaker.AmazonSageMakerException", sync_create_cause(exc)) from exc
+            code = exc.response.get("Error", {}).get("Code", "Unknown")
+            raise TaskFailed(error_name(sm, "sagemaker", code, False), sync_create_cause(exc)) from exc
         if self._lose_response("sagemaker", action):  # the job runs; the state only hears of a failure
-            raise TaskFailed("SageMaker.AmazonSageMakerException",
+            raise TaskFailed(self.lost_response_error("sagemaker", False),
                              f"Unable to execute HTTP request: Read timed out (sagemaker {action} reached the service; "
                              "its response was lost)")
         context.submitted(json_safe(submitted))

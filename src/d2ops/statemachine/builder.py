@@ -10,7 +10,7 @@ The repeated shapes are functions returning ``(name, state)`` pairs:
   model's fields (``payload_fields``), so a field added to the model reaches ``$`` without an edit here;
 - ``sync_job_create_or_find``: the ``.sync`` SageMaker job create whose lost response is recovered by
   finding the job the first attempt started (and whose transient refusals are retried by states,
-  since a Retry cannot tell throttling from a quota refusal);
+  since a Retry cannot tell throttling from a validation or access refusal: one name for all three);
 - ``create_or_find``: the same idea for a create call that returns at once (model, endpoint config);
 - ``FailureKind`` with ``record_failure``, ``route_failures`` and ``fail_states``: the failure triple
   (a Pass recording ``$.failure``, the Choice routing on its error, the Fail state named after it);
@@ -109,8 +109,11 @@ DYNAMODB = RetryPolicy("dynamodb", ("DynamoDB.ProvisionedThroughputExceededExcep
 SFN = RetryPolicy("sfn", ("Sfn.SfnException", "Sfn.SdkClientException"), interval=2, max_attempts=4, max_delay=30)
 SAGEMAKER_READ = RetryPolicy("sagemaker-read", SAGEMAKER_ERRORS, interval=5, max_attempts=4, max_delay=60)
 SAGEMAKER_WRITE = RetryPolicy("sagemaker-write", SAGEMAKER_ERRORS, interval=5, max_attempts=4, max_delay=15)
-# The optimised integrations report every SageMaker error as AmazonSageMakerException.
-SAGEMAKER_OPTIMISED = RetryPolicy("sagemaker-optimised", ("SageMaker.AmazonSageMakerException",),
+# The optimised integrations: AmazonSageMakerException is SageMaker's every unmodelled error (throttling, 5xx,
+# validation, access), SdkClientException a lost answer. A quota keeps its own name
+# (SageMaker.ResourceLimitExceededException) and is not retried: waiting does not raise a quota.
+SAGEMAKER_OPTIMISED = RetryPolicy("sagemaker-optimised", ("SageMaker.AmazonSageMakerException",
+                                                          "SageMaker.SdkClientException"),
                                   interval=5, max_attempts=4, max_delay=15)
 # "Find current endpoint": a missing endpoint is a SageMakerException, caught (not retried).
 SAGEMAKER_CLIENT = RetryPolicy("sagemaker-client", ("SageMaker.SdkClientException",),
@@ -535,22 +538,29 @@ class SyncJob:
     request_path: str  # the Create* request in $
     result_selector: Json  # what the .sync state keeps of the job's description
     result_path: str
-    name_taken_cause: str  # SageMaker's own message when the name is taken
     output_field: str  # where the job writes, in its description (and the request)
     check_every: int  # seconds between checks of a job a lost response started
     max_checks: int
     ours_comment_tail: str
 
 
+# The .sync creates' errors that do not end the run by themselves: a name in use (the job a lost answer's first
+# attempt started), a lost answer, and SageMaker's unmodelled errors (throttling and 5xx among them).
+SYNC_CREATE_RECOVERABLE = ("SageMaker.ResourceInUseException", "SageMaker.AmazonSageMakerException",
+                           "SageMaker.SdkClientException")
+
+
 def sync_job_create_or_find(job: SyncJob, *, next: str | None, failed: str, create_retries: int = 5,
                             first_retry_seconds: int = 15, retry: RetryPolicy) -> list[Named]:
     """The ``.sync`` create, made safe to repeat.
 
-    A retry after a lost Create* response finds the name taken by the job the first attempt started: that
-    job is checked (ours if it writes where this run reads) and waited for, bounded. A transient refusal
-    (throttling, 5xx, no answer) is retried by states, at most ``create_retries`` times, doubling from
-    ``first_retry_seconds``; anything else fails at once (a Retry cannot tell them apart: the optimised
-    integration reports every SageMaker error as AmazonSageMakerException, the code only in the Cause).
+    A retry after a lost Create* response (``SageMaker.SdkClientException``) finds the name taken
+    (``SageMaker.ResourceInUseException``: SageMaker models it, so the optimised integration keeps its name) by
+    the job the first attempt started: that job is checked (ours if it writes where this run reads) and waited
+    for, bounded. A transient refusal (throttling, 5xx, no answer) is retried by states, at most
+    ``create_retries`` times, doubling from ``first_retry_seconds``; anything else fails at once (a Retry cannot
+    tell throttling from a validation or access refusal: SageMaker models neither, so both are
+    AmazonSageMakerException, the code only in the Cause).
     """
     k = job.kind
     created = f"Start waiting for created {k} job"
@@ -577,23 +587,28 @@ def sync_job_create_or_find(job: SyncJob, *, next: str | None, failed: str, crea
         (job.create_name, Task(resource(f"sagemaker:create{api}.sync"), next, comment=job.create_comment,
                                input_path=job.request_path, result_selector=job.result_selector,
                                result_path=job.result_path,
-                               catch=(Catch(f"{k.capitalize()} job already created?",
-                                            ("SageMaker.AmazonSageMakerException",)), *catch_all(failed)))),
+                               catch=(Catch(f"{k.capitalize()} job already created?", SYNC_CREATE_RECOVERABLE),
+                                      *catch_all(failed)))),
         (f"{k.capitalize()} job already created?", Choice(
-            (when(Var("$.error.Cause").matches_any(job.name_taken_cause, "*Error Code: ResourceInUse*"), created),),
+            (when(Var("$.error.Error").test("StringEquals", "SageMaker.ResourceInUseException"), created),),
             retry_decision,
             comment=f"A retry after a lost Create{api} response finds the name taken by the job the first attempt "
-                    "started (ResourceInUse, named only in the Cause: the optimised integration reports every "
-                    "SageMaker error as AmazonSageMakerException). Wait for that job instead of failing.")),
+                    "started (SageMaker.ResourceInUseException: SageMaker models it, so the optimised integration "
+                    "keeps its name). Wait for that job instead of failing.")),
         (retry_decision, Choice(
-            (when(Var("$.error.Cause").matches_any(
-                "*Error Code: Throttling*", "*Error Code: InternalFailure*", "*Error Code: ServiceUnavailable*",
-                "*Status Code: 5*", "Unable to execute HTTP request*"), retries_left),),
+            (when(any_of(Var("$.error.Error").test("StringEquals", "SageMaker.SdkClientException"),
+                         *(Var("$.error.Cause").test("StringMatches", pattern) for pattern in (
+                             "*Error Code: Throttling*", "*Error Code: InternalFailure*",
+                             "*Error Code: ServiceUnavailable*", "*Status Code: 5*"))), retries_left),),
             failed,
             comment=f"Create{api} was refused. Only a refusal that can pass is tried again: throttling, an internal "
-                    "or 5xx error, a request whose answer never came. A quota (ResourceLimitExceeded), validation or "
-                    "access refusal fails the run at once, with its reason: a Retry cannot tell them apart (one "
-                    "error name, SageMaker.AmazonSageMakerException; the code is only in the Cause).")),
+                    "or 5xx error (AmazonSageMakerException, the code in the Cause), a request whose answer never "
+                    "came (SdkClientException). A validation or access refusal (AmazonSageMakerException too) fails "
+                    "the run at once, with its reason. So does a quota, SageMaker.ResourceLimitExceededException, "
+                    "which the Catch sends straight to the failure record: AWS's createTrainingJob.sync example "
+                    "retries it because there it counts concurrent jobs, which free up; this stack runs one job at "
+                    "a time (the endpoint lease), so the quota it meets is an instance quota (a new account's 0 "
+                    "spot GPUs) that no wait raises, and the failure names the quota and how to raise it.")),
         (retries_left, Choice(
             (when(not_(Var(retry_path).is_present()), start_retrying),
              when(Var(f"{retry_path}.attempts").test("NumericLessThan", create_retries), wait_retry)),

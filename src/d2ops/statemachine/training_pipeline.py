@@ -288,7 +288,7 @@ TRAINING = SyncJob(
     request_path="$.plan.training_job",
     result_selector={"job_name.$": "$.TrainingJobName", "job_arn.$": "$.TrainingJobArn",
                      "status.$": "$.TrainingJobStatus", "model_data.$": "$.ModelArtifacts.S3ModelArtifacts"},
-    result_path="$.training", name_taken_cause="Training job names must be unique*",
+    result_path="$.training",
     output_field="OutputDataConfig.S3OutputPath", check_every=1800, max_checks=490,
     ours_comment_tail=" in about 5,400 history events of the 25,000 a run may write.")
 
@@ -297,7 +297,7 @@ EVALUATION = SyncJob(
     create_comment="One processing job scores the new model and the current champion on the same val split.",
     request_path="$.plan.evaluation_job",
     result_selector={"job_name.$": "$.ProcessingJobName", "status.$": "$.ProcessingJobStatus"},
-    result_path="$.evaluation_job", name_taken_cause="Job name must be unique*",
+    result_path="$.evaluation_job",
     output_field="ProcessingOutputConfig.Outputs[0].S3Output.S3Uri", check_every=60, max_checks=130,
     ours_comment_tail=".")
 
@@ -515,6 +515,8 @@ def deploy() -> list[Named]:
                                                  "Environment": {"MAX_IMAGE_PIXELS": sub("MaxImagePixels")}},
                             "Tags": RUN_TAGS},
                 result_path=None, retry=(SAGEMAKER_OPTIMISED,),
+                # A model name in use is a ValidationException, which SageMaker does not model for CreateModel
+                # (only ResourceLimitExceeded): AmazonSageMakerException, told apart by its Cause.
                 catch=(Catch("Model already created?", ("SageMaker.AmazonSageMakerException",)),
                        *catch_all(failed)))),
             thing="model", exists_cause="Cannot create already existing model*",
