@@ -112,6 +112,12 @@ DOCUMENTS: tuple[Document, ...] = (
         "`status_api` (`GET /runs/{runId}/evaluation`'s `errors`), the console",
         "d2ops_core.documents.error_analysis:ErrorAnalysis"),
     Document(
+        "training-curve", "Training curve of an ended job",
+        f"`{s3_layout.s3_uri(_ARTIFACTS, s3_layout.training_curve_key(_RUN))}` (written once, `IfNoneMatch`)",
+        "`status_api` (`GET /runs/{id}`, once the run's training job has ended and its metrics settled)",
+        "`status_api` (`GET /runs/{id}`'s `training.progress`, instead of CloudWatch)",
+        "d2ops_core.documents.training_curve:TrainingCurve"),
+    Document(
         "gate-thresholds", "Gate thresholds",
         "state `$.plan.gate` (small: it travels in the state, not in S3)",
         "`prepare_training` (stack parameters tightened by the manifest's `gate`)", "`summarize_evaluation`",

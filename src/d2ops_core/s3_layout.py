@@ -101,6 +101,12 @@ def dataset_diff_key(run_id: str) -> str:
     return f"{run_prefix(run_id)}dataset-diff.json"
 
 
+def training_curve_key(run_id: str) -> str:
+    """The run's ended training job's progress and loss curve (d2ops_core.documents.training_curve.TrainingCurve),
+    stored once by the status API so that later answers need not read CloudWatch."""
+    return f"{run_prefix(run_id)}training-curve.json"
+
+
 def snapshot_uri(artifacts_bucket: str, run_id: str) -> str:
     """What the training and evaluation channels read: the snapshot, never the mutable data prefix."""
     return s3_uri(artifacts_bucket, snapshot_prefix(run_id))

@@ -15,6 +15,7 @@ from d2ops_core.documents.dataset_diff import DatasetDiffSummary
 from d2ops_core.documents.error_analysis import ErrorAnalysis
 from d2ops_core.documents.evaluation import Comparison, HeldOutImages
 from d2ops_core.documents.review import MAX_REASON, ReviewDecision
+from d2ops_core.documents.training_curve import TrainingProgress
 from d2ops_core.evaluation_curves import PrCurves
 
 RunStatus = Literal["RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "PENDING_REDRIVE"]
@@ -42,29 +43,6 @@ class StateStep(BaseModel):
     exited_at: str | None = None
     duration_seconds: float | None = None
     error: str | None = None
-
-
-class LossPoint(BaseModel):
-    iteration: int
-    loss: float
-
-
-class TrainingProgress(BaseModel):
-    """Where the training job is, from the metric values SageMaker published to CloudWatch while it runs."""
-
-    iteration: int = Field(description="the newest training iteration the job's metric lines named")
-    total_iterations: int | None = Field(None, description="the run's iterations (max_iter)")
-    fraction: float | None = Field(None, description="iteration / total_iterations, 0 to 1")
-    loss: float | None = Field(None, description="train:loss, mean of the newest period")
-    learning_rate: float | None = Field(None, description="train:lr, mean of the newest period")
-    images_per_second: float | None = None
-    seconds_per_iteration: float | None = Field(None, description="train:iter_seconds, mean of the newest period")
-    seconds_left: float | None = Field(None, description="iterations left x seconds per iteration (a running job)")
-    updated_at: str = Field(description="the newest period with a value (CloudWatch publishes about once a minute)")
-    period_seconds: int = Field(description="each loss_series point is the mean loss of one period of this length")
-    loss_series: list[LossPoint] = Field(
-        default_factory=list, description="the loss curve, oldest first: one point per period, at most 200 "
-                                          "(a longer curve is averaged over runs of neighbouring points)")
 
 
 class TrainingInfo(BaseModel):

@@ -14,12 +14,13 @@ from pydantic import BaseModel
 from d2ops_core import cost, platform, run_ids, run_start, s3_layout, s3_probe, sagemaker_jobs
 from d2ops_core.champion import read_champion
 from d2ops_core.documents.run_state import RunState
+from d2ops_core.documents.training_curve import LossPoint, TrainingCurve, TrainingProgress
 from d2ops_core.failures import reason
 from d2ops_core.stage_timeline import steps_from_history
 from d2ops_core.training_progress import progress_from_series
+from status_api.curve_store import CurveStore, settled
 from status_api.models import (
     EndpointInfo,
-    LossPoint,
     ModelsResponse,
     ModelVersion,
     RunDetail,
@@ -28,7 +29,6 @@ from status_api.models import (
     StartRunResponse,
     StateStep,
     TrainingInfo,
-    TrainingProgress,
 )
 
 MAX_HISTORY_PAGES = 10  # 10 000 events: far more than one run writes
@@ -174,7 +174,7 @@ def _describe_job(sagemaker: Any, document: RunState | dict[str, Any],
 
 
 def training_info(sagemaker: Any, document: RunState, job: dict[str, Any] | None = None,
-                  cloudwatch: Any = None) -> TrainingInfo | None:
+                  cloudwatch: Any = None, store: CurveStore | None = None) -> TrainingInfo | None:
     if document.plan is None:
         return None
     info = TrainingInfo(job_name=document.plan.names.training_job,
@@ -187,7 +187,7 @@ def training_info(sagemaker: Any, document: RunState, job: dict[str, Any] | None
     info.failure_reason = job.get("FailureReason")
     info.metrics = {m["MetricName"]: float(m["Value"]) for m in job.get("FinalMetricDataList", [])}
     if cloudwatch is not None:
-        info.progress = training_progress(cloudwatch, job)
+        info.progress = job_progress(cloudwatch, job, store)
     return info
 
 
@@ -222,26 +222,51 @@ def _metric_series(cloudwatch: Any, job_name: str, start: datetime, end: datetim
     return {name: sorted(points) for name, points in found.items()}
 
 
+def job_progress(cloudwatch: Any, job: dict[str, Any], store: CurveStore | None,
+                 now: datetime | None = None) -> TrainingProgress | None:
+    """:func:`training_progress`, read from CloudWatch once for a job that ended (status_api.curve_store):
+    its stored curve when there is one, else CloudWatch's, stored for the next request."""
+    now = now or datetime.now(UTC)
+    name = job.get("TrainingJobName")
+    if store is None or not name or job.get("TrainingStartTime") is None or not settled(job, now):
+        return training_progress(cloudwatch, job, now)
+    stored = store.load(name)
+    if stored is not None:
+        return stored.progress
+    try:
+        progress = _read_progress(cloudwatch, job, now)
+    except (ClientError, BotoCoreError) as exc:  # nothing is stored: the next request asks CloudWatch again
+        logger.warning("training progress of %s left out: %s", name, exc)
+        return None
+    store.save(TrainingCurve(job_name=name, job_status=job["TrainingJobStatus"],
+                             job_ended_at=job.get("TrainingEndTime"), stored_at=now, progress=progress))
+    return progress
+
+
 def training_progress(cloudwatch: Any, job: dict[str, Any], now: datetime | None = None) -> TrainingProgress | None:
     """The job's progress and loss curve from the metric values SageMaker published to CloudWatch.
 
     None before the job started training or published an iteration, and when CloudWatch cannot be read
     (logged): progress is an addition to the run's detail, which must stay readable without it.
     """
+    try:
+        return _read_progress(cloudwatch, job, now or datetime.now(UTC))
+    except (ClientError, BotoCoreError) as exc:
+        logger.warning("training progress of %s left out: %s", job.get("TrainingJobName"), exc)
+        return None
+
+
+def _read_progress(cloudwatch: Any, job: dict[str, Any], now: datetime) -> TrainingProgress | None:
+    """:func:`training_progress`, with CloudWatch's errors raised (a stored curve must not be an error's None)."""
     start: datetime | None = job.get("TrainingStartTime")
     name = job.get("TrainingJobName")
     if start is None or not name:
         return None
-    now = now or datetime.now(UTC)
     period = platform.metric_period((now - start).total_seconds())
     # Whole periods from the one the job started in, to the end of the one it ended (or is) in.
     first = datetime.fromtimestamp(start.timestamp() // period * period, UTC)
     end = (job.get("TrainingEndTime") or now) + timedelta(seconds=period)
-    try:
-        series = _metric_series(cloudwatch, name, first, end, period)
-    except (ClientError, BotoCoreError) as exc:
-        logger.warning("training progress of %s left out: %s", name, exc)
-        return None
+    series = _metric_series(cloudwatch, name, first, end, period)
     progress, curve = progress_from_series(series)
     if progress is None:
         return None
@@ -265,7 +290,8 @@ def _finite(value: float | None) -> float | None:
 def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str, cloudwatch: Any = None,
             s3: Any = None, artifacts_bucket: str | None = None) -> RunDetail:
     """The run's detail; with ``cloudwatch``, its training job's progress (TrainingInfo.progress) too; with ``s3``
-    and ``artifacts_bucket``, the review documents of a run the gate sent to review (status_api.review)."""
+    and ``artifacts_bucket``, the review documents of a run the gate sent to review (status_api.review), and an
+    ended job's progress read from CloudWatch once and kept (status_api.curve_store)."""
     from status_api.review import review_view  # it builds on this module
 
 
@@ -285,6 +311,7 @@ def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str, cloud
     except ValueError:
         dataset = None
     training_job = _describe_job(sagemaker, doc, "training")
+    store = CurveStore(s3, artifacts_bucket, run_id) if s3 is not None and artifacts_bucket else None
     evaluation_job = _describe_job(sagemaker, doc, "processing")
     endpoint = None
     if doc.deployment or doc.endpoint:
@@ -299,7 +326,7 @@ def get_run(sfn: Any, sagemaker: Any, state_machine_arn: str, run_id: str, cloud
         dataset=dataset,
         current_state=current, timeline=steps,
         validation=_shown(doc.validation.summary if doc.validation else None),
-        training=training_info(sagemaker, doc, training_job, cloudwatch), evaluation=_shown(doc.evaluation),
+        training=training_info(sagemaker, doc, training_job, cloudwatch, store), evaluation=_shown(doc.evaluation),
         gate=_shown(doc.gate), model_package_arn=doc.registration.model_package_arn if doc.registration else None,
         endpoint=endpoint, failure=_failure(doc), error=execution.get("error"), cause=_cause(execution.get("cause")),
         dataset_diff=doc.plan.dataset_diff if doc.plan else None,
