@@ -50,12 +50,14 @@ $(NODE_STAMP): tools/package.json tools/package-lock.json | system-packages
 	cd tools && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-$(STAMP): pyproject.toml src/requirements.txt | system-packages
+# The locks (`make pins`) constrain the install: the tests run the versions the layer and the images ship.
+$(STAMP): pyproject.toml src/requirements.txt $(PIN_LOCKS) | system-packages
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first and alone: pip takes these two from the machine's local wheel cache.
 	$(BIN)/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	PYTHONPATH=src $(BIN)/python -m d2ops.pins constraints > $(VENV)/constraints.txt
+	$(BIN)/python -m pip install --quiet -e '.[dev]' -c $(VENV)/constraints.txt
 	# Compile the TorchServe /ping plugin once here, not inside the first endpoint start.
 	$(BIN)/python -c "from model_code.serving.launch import plugins_dir; print(plugins_dir())"
 	touch $@
@@ -96,6 +98,29 @@ lint: setup  ## ruff, mypy, import-linter (package boundaries), the generated AS
 	$(BIN)/sam validate --lint --template template.yaml --region us-east-1
 	$(BIN)/checkov --quiet --compact --skip-download --framework cloudformation --file template.yaml
 	find containers -name Dockerfile -print0 | xargs -0 -r $(BIN)/hadolint
+
+# --- supply chain (issue 31) ------------------------------------------------------------
+# Hash-checked locks of the Python dependencies (uv, from PyPI), each later lock constrained by the
+# earlier ones so all three agree on what they share; the layer's for Lambda's platform (manylinux2014,
+# wheels only). `make locks` re-locks after an input changed, keeping the other versions; `make pins`
+# also upgrades every package within its range and re-resolves each base image tag's digest (needs
+# PyPI and the registries). Then `make setup` installs the new versions here. docs/operations.md.
+PIN_LOCKS := src/requirements.lock containers/serving/requirements.lock containers/training/requirements.lock
+UV_COMPILE = $(BIN)/uv pip compile --no-config --quiet --generate-hashes --python-version 3.11 \
+  --index-url https://pypi.org/simple --custom-compile-command "make pins" $(PINS_UPGRADE)
+
+.PHONY: locks pins
+locks:  ## re-lock the layer's and the images' Python dependencies after an input changed (keeps other versions)
+	$(UV_COMPILE) --python-platform x86_64-manylinux2014 --only-binary :all: \
+	  src/requirements.txt -o src/requirements.lock
+	$(UV_COMPILE) --python-platform x86_64-manylinux_2_28 -c src/requirements.lock \
+	  containers/serving/requirements.txt -o containers/serving/requirements.lock
+	$(UV_COMPILE) --python-platform x86_64-manylinux_2_28 -c src/requirements.lock \
+	  -c containers/serving/requirements.lock containers/training/requirements.txt -o containers/training/requirements.lock
+
+pins:  ## refresh the pins: upgrade the locks within their ranges and re-resolve the base images' digests
+	$(MAKE) locks PINS_UPGRADE=--upgrade
+	PYTHONPATH=src $(BIN)/python -m d2ops.pins digests
 
 # The state machine definitions are generated from src/d2ops/statemachine/ (edit the Python, not the JSON).
 .PHONY: asl

@@ -1,7 +1,11 @@
 """One torch: the training image, the serving image and the development environment pin the same torch,
 torchvision and detectron2 commit, and both images the same CUDA build. An artifact is traced by the
 training image's torch and loaded by the serving image's; here both sides are the development
-environment's, so the pair the tests exercise is the pair that ships only while these pins agree."""
+environment's, so the pair the tests exercise is the pair that ships only while these pins agree.
+
+And the rest of the supply chain (issue 31): every other Python dependency of the images and the Lambda
+layer comes from a lock with hashes, installed with --require-hashes; every base image is pinned by
+digest; the locks agree with each other, with their inputs and with what `make setup` installs."""
 
 from __future__ import annotations
 
@@ -9,6 +13,11 @@ import re
 from importlib import metadata
 from pathlib import Path
 
+import pytest
+from packaging.requirements import Requirement
+
+from d2ops import pins as supply
+from d2ops.layer_build import pip_command
 from d2ops.template import REPO_ROOT
 
 DOCKERFILES = {image: REPO_ROOT / "containers" / image / "Dockerfile" for image in ("training", "serving")}
@@ -22,8 +31,7 @@ def pins(text: str, package: str) -> set[str]:
 
 def sources() -> dict[str, str]:
     files = {f"containers/{image}/Dockerfile": path for image, path in DOCKERFILES.items()}
-    files |= {"containers/serving/requirements.txt": REPO_ROOT / "containers" / "serving" / "requirements.txt",
-              "pyproject.toml": REPO_ROOT / "pyproject.toml", "Makefile": REPO_ROOT / "Makefile"}
+    files |= {"pyproject.toml": REPO_ROOT / "pyproject.toml", "Makefile": REPO_ROOT / "Makefile"}
     return {name: path.read_text() for name, path in files.items()}
 
 
@@ -89,3 +97,138 @@ def test_the_pin_reader_finds_pins() -> None:
     assert pins(text, "torch") == {"2.14.1"}
     assert pins(text, "torchvision") == {"0.29.1+cu126"}
     assert pins(Path(__file__).read_text(), "no-such-package") == set()
+
+
+# ------------------------------------------------------------------------------ locks and digests
+LOCKS = {lock: REPO_ROOT / lock for lock in supply.LOCKS}
+
+
+def test_every_base_image_is_pinned_by_digest() -> None:
+    """Mutation caught: a FROM (or the ARG BASE_IMAGE it names) back on a bare tag, or a digest without a tag."""
+    for name in supply.DOCKERFILES:
+        text = (REPO_ROOT / name).read_text()
+        assert supply.base_images(text), f"{name}: no FROM found"
+        assert not supply.unpinned(text), f"{name}: base images not pinned by digest: {supply.unpinned(text)}"
+
+
+def test_the_digest_check_sees_a_dropped_digest() -> None:
+    """The check itself, on the real Dockerfiles mutated: a stripped digest is reported, ARG defaults included."""
+    for name in supply.DOCKERFILES:
+        text = (REPO_ROOT / name).read_text()
+        stripped = re.sub(r"@sha256:[0-9a-f]{64}", "", text)
+        assert supply.unpinned(stripped), f"{name}: a stripped digest went unnoticed"
+    assert supply.unpinned("FROM python@sha256:" + "a" * 64) == ["python@sha256:" + "a" * 64]  # no tag
+
+
+def test_every_lock_line_is_an_exact_pin_with_hashes() -> None:
+    """Mutation caught: a hand-edited lock with a range, a missing hash, or a package without its hash lines."""
+    for name, path in LOCKS.items():
+        packages = supply.read_lock(path.read_text(), name)
+        assert packages, f"{name}: empty"
+        assert all(p.hashes for p in packages.values())
+
+
+def test_the_lock_reader_refuses_a_lock_without_a_hash() -> None:
+    """The reader on the real serving lock mutated: one package's hash lines removed, one pin made a range."""
+    text = LOCKS["containers/serving/requirements.lock"].read_text()
+    no_hash = re.sub(r"(torchserve==[\w.]+) \\\n(\s+--hash=sha256:[0-9a-f]{64}(?: \\)?\n)+", r"\1\n", text)
+    assert no_hash != text
+    with pytest.raises(supply.PinError, match=r"torchserve==0\.12\.0 has no --hash"):
+        supply.read_lock(no_hash, "serving")
+    with pytest.raises(supply.PinError, match="not an exact pin"):
+        supply.read_lock(text.replace("torchserve==", "torchserve>="), "serving")
+
+
+def _current(name: str, lock: dict[str, supply.Locked], source: str) -> list[str]:
+    """What is wrong between a lock and its input: a requirement the lock lacks or whose range it misses."""
+    wrong = []
+    for line in source.splitlines():
+        line = line.split("#")[0].strip()
+        if not line or line.startswith("-"):
+            continue
+        req = Requirement(line)
+        locked = lock.get(supply.normalize(req.name))
+        if locked is None or not req.specifier.contains(locked.version, prereleases=True):
+            wrong.append(f"{name}: {req} but the lock has {locked and locked.version}")
+    return wrong
+
+
+def test_each_lock_is_current_with_its_input() -> None:
+    """Mutation caught: an input (src/requirements.txt, containers/*/requirements.txt) edited without
+    `make pins`: a new requirement missing from the lock, or a range the locked version falls outside."""
+    for name, source in supply.LOCKS.items():
+        lock = supply.read_lock(LOCKS[name].read_text(), name)
+        assert not _current(name, lock, (REPO_ROOT / source).read_text())
+    drifted = (REPO_ROOT / "src/requirements.txt").read_text().replace("pydantic>=2.7,<3", "pydantic>=2.14,<3")
+    assert _current("layer", supply.read_lock(LOCKS["src/requirements.lock"].read_text()), drifted)
+
+
+def test_the_locks_agree_with_each_other() -> None:
+    """One pydantic, one Pillow, one numpy: the layer, the serving image and the training image run the same
+    version of every package they share. Mutation caught: one lock's version drifting alone."""
+    seen: dict[str, tuple[str, str]] = {}
+    for name, path in LOCKS.items():
+        for package in supply.read_lock(path.read_text(), name).values():
+            first = seen.setdefault(package.name, (package.version, name))
+            assert first[0] == package.version, f"{package.name}: {name} locks {package.version}, {first[1]} {first[0]}"
+
+
+def test_the_development_environment_runs_the_locked_versions() -> None:
+    """`make setup` installs with the locks as constraints (d2ops.pins constraints), so the tests run the
+    versions that ship. Mutation caught: a lock's version moved without `make setup`, or the other way round."""
+    for line in supply.constraints().splitlines():
+        name, version = line.split("  #")[0].split("==")
+        assert metadata.version(name) == version, f"the venv has {name} {metadata.version(name)}, the lock {line}"
+
+
+def test_make_setup_installs_with_the_locks_as_constraints() -> None:
+    """Mutation caught: the Makefile's install no longer constrained by the locks (dev drifts from the images)."""
+    makefile = sources()["Makefile"]
+    assert re.search(r"-m d2ops\.pins constraints > (\S+)", makefile), "make setup writes no constraints"
+    target = re.search(r"-m d2ops\.pins constraints > (\S+)", makefile)[1]  # type: ignore[index]
+    assert re.search(rf"pip install .*-e '\.\[dev\]' .*-c {re.escape(target)}", makefile), makefile
+    for lock in supply.LOCKS:
+        assert lock in makefile, f"the Makefile neither compiles nor depends on {lock}"
+
+
+def test_torch_and_detectron2_are_outside_the_locks() -> None:
+    """They come from PyTorch's index and a git commit, in steps of their own (a --require-hashes call cannot
+    also install unhashed pins). Mutation caught: a lock compiled with PyPI's torch (a CUDA 13 build)."""
+    for name, path in LOCKS.items():
+        locked = supply.read_lock(path.read_text(), name)
+        assert not {"torch", "torchvision", "detectron2"} & set(locked), name
+        assert not any(n.startswith("nvidia-") for n in locked), f"{name}: CUDA libraries from PyPI"
+
+
+def _pip_installs(dockerfile: str) -> list[str]:
+    joined = re.sub(r"\\\n\s*", " ", dockerfile)
+    return [m.strip() for line in joined.splitlines() if line.startswith("RUN")
+            for m in re.findall(r"pip install ([^&;]+)", line)]
+
+
+def test_every_pip_install_in_the_images_is_locked_or_exactly_pinned() -> None:
+    """Each image installs its own lock with --require-hashes; every other pip install is the torch pair from
+    the index, detectron2 at its commit with --no-deps, or the project itself with --no-deps.
+    Mutation caught: a lock installed without --require-hashes, a new unpinned `pip install x`, an image
+    installing requirements.txt (the ranges) again."""
+    for image in ("training", "serving"):
+        text = DOCKERFILES[image].read_text()
+        lock = f"containers/{image}/requirements.lock"
+        assert re.search(rf"^COPY {re.escape(lock)} (\S+)$", text, re.MULTILINE), f"{image}: does not copy {lock}"
+        installs = _pip_installs(text)
+        hashed = [i for i in installs if "--require-hashes" in i]
+        assert len(hashed) == 1 and hashed[0].endswith("requirements.lock"), f"{image}: {hashed}"
+        for line in installs:
+            allowed = ("--require-hashes" in line
+                       or re.search(r'--index-url "\$\{TORCH_INDEX_URL\}" torch==[\w.]+ torchvision==[\w.]+$', line)
+                       or ("--no-deps" in line and "git+https://github.com/facebookresearch/detectron2.git@"
+                           "${DETECTRON2_COMMIT}" in line)
+                       or re.fullmatch(r"--no-cache-dir --no-deps /tmp/d2ops", line))
+            assert allowed, f"{image}: `pip install {line}` is neither locked nor exactly pinned"
+        assert "pip check" in text, f"{image}: no pip check after the split installs"
+
+
+def test_the_layer_build_requires_hashes() -> None:
+    """Mutation caught: d2ops.layer_build installing src/requirements.txt or without --require-hashes."""
+    cmd = pip_command(REPO_ROOT / "src" / "requirements.lock", Path("/tmp/out"))
+    assert "--require-hashes" in cmd and cmd[-1].endswith("src/requirements.lock")
