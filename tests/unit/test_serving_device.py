@@ -71,13 +71,15 @@ def test_serving_image_installs_a_cuda_12_torch_matching_the_pinned_version() ->
     """PyPI's torch is a CUDA 13 build (driver >= 580), which no endpoint host of an allowed family gets
     by default or through a documented AMI (d2ops_core.platform; tests/unit/test_platform_gpu.py)."""
     dockerfile = (REPO_ROOT / "containers" / "serving" / "Dockerfile").read_text()
-    requirements = (REPO_ROOT / "containers" / "serving" / "requirements.txt").read_text()
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
     index = re.search(r"^ARG TORCH_INDEX_URL=(\S+)$", dockerfile, re.M)
     assert index and re.search(r"/whl/cu12\d$", index.group(1)), "the serving torch must be a CUDA 12.x build"
     install = re.search(r'--index-url "\$\{TORCH_INDEX_URL\}" (torch==\S+) (torchvision==\S+)', dockerfile)
     assert install, "torch and torchvision must come from TORCH_INDEX_URL"
     for pin in install.groups():
-        # requirements.txt pins the same versions, which the +cu12x local version satisfies
-        assert re.search(rf"^{re.escape(pin)}$", requirements, re.M), f"{pin} differs from requirements.txt"
-    requirements_install = dockerfile.index("-r /opt/d2ops/containers/serving/requirements.txt")
-    assert dockerfile.index('"${TORCH_INDEX_URL}"') < requirements_install
+        # the development environment runs the same versions (the +cu12x local version aside)
+        assert f'"{pin}"' in pyproject, f"{pin} differs from pyproject.toml"
+    # The hash-checked lock (no torch in it) goes first, so the torch pair's own install neither replaces
+    # it nor is replaced by it: torchvision finds the locked numpy and Pillow already there.
+    lock_install = dockerfile.index("--require-hashes -r /opt/d2ops/containers/serving/requirements.lock")
+    assert lock_install < dockerfile.index('"${TORCH_INDEX_URL}" torch==')
