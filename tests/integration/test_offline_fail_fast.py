@@ -64,7 +64,7 @@ def test_a_spot_quota_of_zero_ends_the_run_within_a_minute_without_a_wait(
     started: datetime = entered[train][1]
     assert (events[-1]["timestamp"] - started).total_seconds() < 60
     (refusal,) = [e["taskFailedEventDetails"] for e in events if e["type"] == "TaskFailed"]
-    assert refusal["error"] == "SageMaker.AmazonSageMakerException"
+    assert refusal["error"] == "SageMaker.ResourceLimitExceededException"  # modelled: its own name
     assert "Error Code: ResourceLimitExceeded" in refusal["cause"]
     # SageMaker started nothing.
     assert rt.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []

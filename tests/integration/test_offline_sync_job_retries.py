@@ -1,9 +1,11 @@
 """A `.sync` job whose CreateTrainingJob / CreateProcessingJob answer was lost, offline with real jobs.
 
 The offline runtime injects the fault (``lost_responses``): the create reaches LocalSageMaker, the
-job starts, and the task fails as a lost response does. The retry is then refused with SageMaker's
-own ``ResourceInUse`` ("... names must be unique ..."), and the pipeline's states wait for the job
-the first attempt started. The same machine shows the other faults of issue 20's "fail fast": a
+job starts, and the task fails as a lost response does (``SageMaker.SdkClientException``). The retry
+is then refused with SageMaker's own ``ResourceInUse`` ("... names must be unique ..."), which the
+optimised integration reports under its own name, ``SageMaker.ResourceInUseException``, and the
+pipeline's states wait for the job the first attempt started. So does a create answered with a 5xx
+that did create its job (``failed_answers``). The same machine shows the other faults of issue 20's "fail fast": a
 create throttled twice (``throttles``) is tried again and the run goes on; one over the offline
 account's quota (d2ops.offline.quotas) ends the run at once. The machine is the pipeline's own
 training and evaluation states (from the substituted definition) with what follows them stubbed; it
@@ -107,9 +109,10 @@ def plan(tag: str) -> dict[str, Any]:
 
 
 def run(rt: OfflineRuntime, machine: StateMachine, tag: str, faults: dict[str, int],
-        throttles: dict[str, int] | None = None) -> Execution:
+        throttles: dict[str, int] | None = None, failed_answers: dict[str, int] | None = None) -> Execution:
     clients = functools.cache(rt.client)  # one boto3 client per service: a new one per call costs ~1 s under load
-    return machine.run(plan(tag), executors=ServiceExecutors(rt.lambdas, clients, faults, throttles).registry())
+    executors = ServiceExecutors(rt.lambdas, clients, faults, throttles, failed_answers)
+    return machine.run(plan(tag), executors=executors.registry())
 
 
 def failures(execution: Execution, state: str) -> list[dict[str, str]]:
@@ -138,10 +141,10 @@ def test_a_run_whose_create_answers_were_lost_waits_for_the_jobs_it_started(rt: 
                            ("Evaluate challenger and champion", "Job name must be unique within an AWS account and "
                                                                 "region")):
         first, *retries = failures(ex, state)
-        assert first["error"] == "SageMaker.AmazonSageMakerException" and "Read timed out" in first["cause"]
+        assert first["error"] == "SageMaker.SdkClientException" and "Read timed out" in first["cause"]
         assert len(retries) == 1  # the one retry a lost answer gets, told the name is taken
         for refused in retries:
-            assert refused["error"] == "SageMaker.AmazonSageMakerException"
+            assert refused["error"] == "SageMaker.ResourceInUseException"
             assert refused["cause"].startswith(refusal)
             assert "Error Code: ResourceInUse" in refused["cause"]
 
@@ -159,6 +162,29 @@ def test_a_run_whose_create_answers_were_lost_waits_for_the_jobs_it_started(rt: 
         assert output["evaluation_job"] == {"job_name": f"shapes-v1-{tag}-eval", "status": "Completed"}
     rt.client("s3").head_object(Bucket=support.ARTIFACTS_BUCKET,
                                 Key="runs/shapes_v1_bf3cc289798108cc/training/shapes-v1-lost-train/output/model.tar.gz")
+
+
+def test_a_create_answered_with_a_5xx_that_created_its_job_waits_for_it_and_trains_once(
+        rt: OfflineRuntime, machine: StateMachine) -> None:
+    """The create reaches SageMaker and starts the job, but its answer is an internal error (HTTP 500): the
+    state retries it, the retry is refused under SageMaker's own name for a name in use, and the run waits
+    for the job it started. Mutations caught: the offline runtime naming ResourceInUse with the catch-all
+    AmazonSageMakerException; the definition's Catch or "already created?" Choice on the catch-all only (the
+    ResourceInUseException then falls to States.ALL: TrainingFailed while the job trains on)."""
+    before = jobs(rt)
+    answers = {"sagemaker:createTrainingJob": 1}
+    ex = run(rt, machine, "answered500", {}, failed_answers=answers)
+    assert ex.status == "SUCCEEDED", (ex.error, ex.cause)
+    assert answers == {"sagemaker:createTrainingJob": 0}
+    assert jobs(rt) - before == {"shapes-v1-answered500-train"}  # trained once: the first attempt's job
+    internal, taken = failures(ex, "Train model")
+    assert internal["error"] == "SageMaker.AmazonSageMakerException"
+    assert "Status Code: 500; Error Code: InternalFailure" in internal["cause"]
+    assert taken["error"] == "SageMaker.ResourceInUseException" and "Error Code: ResourceInUse" in taken["cause"]
+    entered = _entered(ex)
+    assert entered.count("Train model") == 2 and "Start waiting for created training job" in entered
+    assert ex.output["training"]["job_name"] == "shapes-v1-answered500-train"
+    assert ex.output["training"]["status"] == "Completed"
 
 
 def test_a_started_job_that_fails_fails_the_run_as_the_sync_state_does(rt: OfflineRuntime,

@@ -135,6 +135,12 @@ class ResponseLost(Exception):
 # The throttling answer the injected fault of ``throttles`` gives: SageMaker's words for its API rate limit.
 THROTTLED = ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
                          "ResponseMetadata": {"HTTPStatusCode": 400}}, "Throttled")  # type: ignore[typeddict-item]
+# The answer the injected fault of ``failed_answers`` gives: an internal error (HTTP 500), which does not say the
+# call did nothing.
+INTERNAL_FAILURE = ClientError({"Error": {"Code": "InternalFailure", "Message": "We encountered an internal error. "
+                                                                              "Please try again."},
+                                "ResponseMetadata": {"HTTPStatusCode": 500}},  # type: ignore[typeddict-item]
+                               "InternalFailure")
 
 
 class ServiceExecutors:
@@ -151,15 +157,21 @@ class ServiceExecutors:
     the next two such calls with ``ThrottlingException`` ("Rate exceeded") before they reach the service, as the
     integration reports a call its SDK retries could not get through (the ``.sync`` create's Cause names the
     code; an aws-sdk call is ``<Service>.<Service>Exception``, throttling being unmodelled).
+
+    ``failed_answers`` injects a 5xx that did the work: ``{"sagemaker:createTrainingJob": 1}`` lets the next such
+    call create its job, then answers it with SageMaker's ``InternalFailure`` (HTTP 500; unmodelled, so
+    ``SageMaker.AmazonSageMakerException`` with the code in the Cause): the retry it earns finds the name taken.
     """
 
     def __init__(self, lambdas: LocalLambdas, clients: ClientFactory,
-                 lost_responses: dict[str, int] | None = None, throttles: dict[str, int] | None = None) -> None:
+                 lost_responses: dict[str, int] | None = None, throttles: dict[str, int] | None = None,
+                 failed_answers: dict[str, int] | None = None) -> None:
         self.lambdas = lambdas
         self.clients = clients
         # Shared, not copied: a test may inject the fault again between executions.
         self.lost_responses = lost_responses if lost_responses is not None else {}
         self.throttles = throttles if throttles is not None else {}
+        self.failed_answers = failed_answers if failed_answers is not None else {}
         self._lost_lock = threading.Lock()
 
     def _take_fault(self, faults: dict[str, int], service: str, action: str) -> bool:
@@ -233,6 +245,8 @@ class ServiceExecutors:
             if self._lose_response(arn.service, arn.action):
                 raise ResponseLost(f"Unable to execute HTTP request: Read timed out ({service} {arn.action} "
                                    "reached the service; its response was lost)")
+            if self._take_fault(self.failed_answers, arn.service, arn.action):
+                raise INTERNAL_FAILURE
             return json_safe(pascal_names(result, operation.output_shape) if arn.sdk else result)
         except ResponseLost as exc:
             raise TaskFailed(self.lost_response_error(arn.service, arn.sdk), str(exc)) from exc
@@ -268,6 +282,8 @@ class ServiceExecutors:
             raise TaskFailed(self.lost_response_error("sagemaker", False),
                              f"Unable to execute HTTP request: Read timed out (sagemaker {action} reached the service; "
                              "its response was lost)")
+        if self._take_fault(self.failed_answers, "sagemaker", action):  # the job runs; the answer says 500
+            raise TaskFailed(error_name(sm, "sagemaker", "InternalFailure", False), sync_create_cause(INTERNAL_FAILURE))
         context.submitted(json_safe(submitted))
         while True:
             if context.cancelled:
