@@ -26,7 +26,12 @@ def test_repin_replaces_only_the_base_images_digests() -> None:
             "FROM ${BASE_IMAGE}\nARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126\n"
             "ARG EFA_INSTALLER_VERSION=1.43.3\nFROM python:3.11-slim-bookworm AS serve\n")
     asked: list[str] = []
-    out = pins.repin(text, lambda tag: asked.append(tag) or NEW)
+
+    def resolve(tag: str) -> str:
+        asked.append(tag)
+        return NEW
+
+    out = pins.repin(text, resolve)
     assert asked == ["nvidia/cuda:12.6.3-cudnn-devel-ubuntu22.04", "python:3.11-slim-bookworm"]
     assert f"ARG BASE_IMAGE=nvidia/cuda:12.6.3-cudnn-devel-ubuntu22.04@{NEW}\n" in out
     assert f"FROM python:3.11-slim-bookworm@{NEW} AS serve\n" in out
