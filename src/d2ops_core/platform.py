@@ -310,6 +310,52 @@ CONTAINER_TOOLKIT_ENV: dict[str, str] = {"NVIDIA_VISIBLE_DEVICES": "all",
 CUDA_IMAGES_SOURCE = Source("https://gitlab.com/nvidia/container-images/cuda", "2026-11-29")
 BASES_WITH_CONTAINER_TOOLKIT_ENV: frozenset[str] = frozenset({"nvidia/cuda"})
 
+
+# --------------------------------------------------------------- multi-node training: EFA and NCCL
+# NCCL finds a network plugin through the dynamic loader: with NCCL_NET_PLUGIN unset it opens
+# libnccl-net.so; set to a library name it opens that, set to a suffix libnccl-net-<suffix>.so;
+# "none" loads none. Without a loadable plugin NCCL uses its own transports (TCP sockets here).
+NCCL_PLUGIN_SOURCE = Source("https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-net-plugin",
+                            "2026-11-29")
+NCCL_DEFAULT_PLUGIN = "libnccl-net.so"
+# Where AWS's EFA installer puts aws-ofi-nccl on Ubuntu (AWS's own deep learning containers check these
+# paths after installing): before 1.44.0 lib/<multiarch>/libnccl-net.so (beside libnccl-net-ofi.so), so
+# NCCL finds it by default once the directory is on LD_LIBRARY_PATH; from 1.44.0 lib/libnccl-net-ofi.so
+# only, which NCCL loads with NCCL_NET_PLUGIN=ofi. The training image's LD_LIBRARY_PATH and ENV are
+# tested against this (tests/unit/test_nccl_check.py).
+OFI_NCCL_LAYOUT_SOURCE = Source(
+    "https://github.com/aws/deep-learning-containers/blob/master/scripts/common/install_efa.sh", "2026-11-29")
+OFI_NCCL_ROOT = "/opt/amazon/ofi-nccl"
+OFI_NCCL_FLAT_LAYOUT_FROM: tuple[int, int, int] = (1, 44, 0)
+
+
+@dataclass(frozen=True)
+class NcclPlugin:
+    """Where an EFA installer version puts the plugin, and the NCCL_NET_PLUGIN it needs (None: the default)."""
+
+    directory: str
+    library: str
+    net_plugin: str | None
+
+
+def ofi_nccl_plugin(efa_installer: tuple[int, int, int], multiarch: str = "x86_64-linux-gnu") -> NcclPlugin:
+    if efa_installer >= OFI_NCCL_FLAT_LAYOUT_FROM:
+        return NcclPlugin(f"{OFI_NCCL_ROOT}/lib", "libnccl-net-ofi.so", "ofi")
+    return NcclPlugin(f"{OFI_NCCL_ROOT}/lib/{multiarch}", NCCL_DEFAULT_PLUGIN, None)
+
+
+# aws-ofi-nccl on EC2 restricts libfabric to the efa provider by itself when FI_PROVIDER is unset, and
+# where no EFA device exists its init fails and NCCL falls back to TCP (src/platform-aws.cpp). Its docs
+# call FI_PROVIDER=efa needed only up to aws-ofi-nccl 1.5.0 and FI_EFA_USE_DEVICE_RDMA=1 unneeded from
+# libfabric 1.18 / aws-ofi-nccl 1.7 (installer 1.43 ships newer). A FI_PROVIDER naming another provider
+# keeps the plugin off EFA, so the image sets none globally: its entry sets FI_PROVIDER=efa only where an
+# EFA device exists (model_code/training/nccl_check.py) and logs what NCCL will load.
+OFI_NCCL_SOURCE = Source("https://github.com/aws/aws-ofi-nccl/blob/master/doc/efa-env-var.md", "2026-11-29")
+EFA_PROVIDER = "efa"
+# An EFA device is an RDMA device (/sys/class/infiniband/<name>, named rdmap<..> or efa_<n>) bound to the
+# kernel's "efa" driver: <device>/device/driver links to .../drivers/efa.
+EFA_DRIVER = "efa"
+
 Usage = Literal["training", "processing", "endpoint"]
 
 
