@@ -61,6 +61,11 @@ PAYLOAD_LIMIT_BYTES = 256 * 1024
 # the second. A Standard execution runs at most one year and then fails with States.Timeout
 # (https://docs.aws.amazon.com/step-functions/latest/dg/service-quotas.html), whatever it waits for.
 MAX_WAIT_SECONDS = 99_999_999
+# The longest delay a Wait state may compute (from SecondsPath or a timestamp): about 68 years, the service's
+# 32-bit count of seconds. AWS-recorded: a TimestampPath 24,855 days ahead waits (the execution then times out
+# at one year), 24,856 days ahead fails at once with States.Runtime "Wait state delay is too long." (LocalStack's
+# snapshot test_wait.py::test_timestamp_too_far_in_future_boundary, recorded against AWS).
+MAX_WAIT_DELAY_SECONDS = 2**31 - 1
 MAX_EXECUTION_SECONDS = 365 * 24 * 3600
 # A Standard execution's history holds at most 25,000 events; at that point the execution fails
 # (https://docs.aws.amazon.com/step-functions/latest/dg/service-quotas.html). Offline this also ends
@@ -69,6 +74,10 @@ MAX_HISTORY_EVENTS = 25_000
 _EXECUTION_NAME = re.compile(r"^[^\s<>{}\[\]?*\"#%\\^|~`$&,;:/\x00-\x1f\x7f-\x9f]{1,80}$")
 _LAMBDA_FUNCTION_ARN = re.compile(r"^arn:[^:]+:lambda:[^:]*:[^:]*:function:")
 _DEFAULT_MAP_CONCURRENCY = 40
+# A *Path number the service reads from text: AWS-recorded runs accept "1" from a variable for MaxConcurrencyPath,
+# ToleratedFailureCountPath/PercentagePath, MaxItemsPath and the batcher paths, and refuse "NoNumber" and 1.5.
+_INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
+_FLOAT_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 EventCallback = Callable[[dict[str, Any]], None]
 _Step = tuple[Any, str | None]  # a state's output and the next state's name (None: the end)
@@ -463,13 +472,18 @@ class Execution:
         self.clock.sleep(seconds, frame.cancel)
         self._check(frame)
 
-    def _context(self, state: str, entered: datetime, retry_count: int, **extra: Any) -> dict[str, Any]:
+    def _context(self, state: str, entered: datetime, retry_count: int | None, **extra: Any) -> dict[str, Any]:
+        """The context object. ``retry_count`` None: a state that cannot retry (Pass, Choice, Wait, Succeed,
+        Fail), whose ``State`` the service records without ``RetryCount``."""
         machine = self.state_machine
+        state_node: dict[str, Any] = {"Name": state, "EnteredTime": iso(entered)}
+        if retry_count is not None:
+            state_node["RetryCount"] = retry_count
         context = {
             "Execution": {"Id": self.arn, "Input": self.input, "Name": self.name, "RoleArn": machine.role_arn,
                           "StartTime": iso(self.start_date), "RedriveCount": 0},
             "StateMachine": {"Id": machine.arn, "Name": machine.name},
-            "State": {"Name": state, "EnteredTime": iso(entered), "RetryCount": retry_count},
+            "State": state_node,
         }
         context.update(extra)
         return context
@@ -517,8 +531,15 @@ class Execution:
                  **states: Any) -> jsonata_expr.Evaluator:
         """The evaluator of a JSONata state's fields: $states (input, context and ``states``: result or
         errorOutput) and the variables as they were when the state was entered."""
+        def failed(err: StatesError, location: str | None) -> None:
+            # The service records where a JSONata state failed before the state's own failure events.
+            details = {"error": err.error, "cause": err.cause, "state": name}
+            if location is not None:
+                details["location"] = location
+            self._event(frame, "EvaluationFailed", details)
+
         return jsonata_expr.Evaluator({"input": state_input, "context": context, **states}, frame.variables.snapshot(),
-                                      self._rng, self._runtime_prefix(name))
+                                      self._rng, self._runtime_prefix(name), failed)
 
     def _jsonpath_assign(self, assign: Any, name: str, value: Any, context: Any, field: str = "Assign") -> Any:
         """A JSONPath state's Assign: '.$' fields select from ``value`` (the state's result), ``$$`` or a variable."""
@@ -635,6 +656,28 @@ class Execution:
                                        f"{_brief(value)}")
         return float(value)
 
+    def _seconds_path(self, path: str, data: Any, context: Any, name: str) -> float:
+        """A Wait's SecondsPath value: a non-negative integer (the docs: "an integer value"; the 0-99999999
+        bound is Seconds' alone, and a longer delay is refused only past MAX_WAIT_DELAY_SECONDS). The three
+        causes are AWS-recorded (LocalStack's snapshots test_wait.py::test_base_wait_seconds_path and
+        test_logs.py, recorded against AWS). A string ("60") is refused too: nothing recorded says otherwise."""
+        if data is None and not path.startswith("$$") and split_path(path) is None:
+            raise self._null_input(name)
+        try:
+            value = select(path, data, context)
+        except PathError as exc:
+            raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The SecondsPath parameter does not reference "
+                                       f"an input value: {path}") from exc
+        text = value if isinstance(value, str) else _dumps(value)
+        number = value if _is_int(value) else None
+        if number is None or not -2**63 <= number < 2**63:  # a Java long
+            raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The SecondsPath parameter cannot be parsed as "
+                                       f"a long value: {path} == {text}")
+        if number < 0:
+            raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The SecondsPath parameter references a "
+                                       f"negative value: {path} == {text}")
+        return float(number)
+
     # ----- error handling ----------------------------------------------------------------------
     def _retry_and_catch(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame,
                          attempt: Callable[[int], Any], entered: datetime) -> _Step:
@@ -690,7 +733,7 @@ class Execution:
 
     # ----- states ------------------------------------------------------------------------------
     def _state_pass(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
-        context = self._context(name, entered, 0)
+        context = self._context(name, entered, None)
         if self._language(state) == JSONATA:
             return self._jsonata_finish(state, name, raw, raw, context, frame), state.get("Next")
         data = self._input_path(state, name, raw, context)
@@ -703,13 +746,13 @@ class Execution:
         return self._output_path(state, name, output, context), state.get("Next")
 
     def _state_succeed(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
-        context = self._context(name, entered, 0)
+        context = self._context(name, entered, None)
         if self._language(state) == JSONATA:
             return self._jsonata_finish(state, name, raw, raw, context, frame), None
         return self._output_path(state, name, self._input_path(state, name, raw, context), context), None
 
     def _state_fail(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
-        context = self._context(name, entered, 0)
+        context = self._context(name, entered, None)
         if self._language(state) == JSONATA:
             evaluator = self._jsonata(name, frame, context, raw)
             texts = [evaluator.typed(state[key], key, "string", lambda v: isinstance(v, str))
@@ -736,7 +779,7 @@ class Execution:
         raise StatesError(texts[0], texts[1])
 
     def _state_choice(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
-        context = self._context(name, entered, 0)
+        context = self._context(name, entered, None)
         jsonata = self._language(state) == JSONATA
         evaluator = self._jsonata(name, frame, context, raw) if jsonata else None
         data = raw if jsonata else self._input_path(state, name, raw, context)
@@ -773,7 +816,7 @@ class Execution:
         return self._output_path(state, name, data, context), next_name
 
     def _state_wait(self, name: str, state: dict[str, Any], raw: Any, frame: _Frame, entered: datetime) -> _Step:
-        context = self._context(name, entered, 0)
+        context = self._context(name, entered, None)
         evaluator = self._jsonata(name, frame, context, raw) if self._language(state) == JSONATA else None
         data = raw if evaluator is not None else self._input_path(state, name, raw, context)
         if evaluator is not None and jsonata_expr.is_expression(state.get("Seconds")):
@@ -782,26 +825,27 @@ class Execution:
         elif "Seconds" in state:
             seconds = float(state["Seconds"])
         elif "SecondsPath" in state:
-            value = self._select(state["SecondsPath"], data, context, name, "SecondsPath")
-            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_WAIT_SECONDS:
-                raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The SecondsPath parameter does not "
-                                           f"reference an integer from 0 to {MAX_WAIT_SECONDS}: "
-                                           f"{state['SecondsPath']} == {_dumps(value)}")
-            seconds = float(value)
+            seconds = self._seconds_path(state["SecondsPath"], data, context, name)
         else:
             stamp = state.get("Timestamp")
             field, where = ("Timestamp", stamp) if stamp is not None else ("TimestampPath", state["TimestampPath"])
             if evaluator is not None and jsonata_expr.is_expression(stamp):
                 stamp = evaluator.typed(stamp, "Timestamp", "string", lambda v: isinstance(v, str))
-                where = stamp
-            elif stamp is None:
-                stamp = self._select(state["TimestampPath"], data, context, name, "TimestampPath")
-            until = _parse_timestamp(stamp)
-            if until is None:
-                raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The {field} parameter does not reference "
-                                           f"a valid ISO-8601 extended offset date-time format string: "
-                                           f"{where} == {stamp if isinstance(stamp, str) else _dumps(stamp)}")
+                until = _parse_timestamp(stamp)
+                if until is None:  # AWS-recorded words (a JSONata Wait): a query error, not States.Runtime
+                    raise evaluator.error("The Timestamp field cannot be parsed as an ISO-8601 extended offset "
+                                          f"date-time format string: {stamp}", "Timestamp")
+            else:
+                if stamp is None:
+                    stamp = self._select(state["TimestampPath"], data, context, name, "TimestampPath")
+                until = _parse_timestamp(stamp)
+                if until is None:
+                    raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The {field} parameter does not "
+                                               f"reference a valid ISO-8601 extended offset date-time format string: "
+                                               f"{where} == {stamp if isinstance(stamp, str) else _dumps(stamp)}")
             seconds = max(0.0, (until - self.clock.now()).total_seconds())
+        if seconds > MAX_WAIT_DELAY_SECONDS:
+            raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} Wait state delay is too long.")
         if evaluator is not None:
             # Assign and Output are evaluated when the wait is over, against the values at state entry.
             self._sleep(seconds, frame)
@@ -914,8 +958,8 @@ class Execution:
         that must yield an array), else the state input, which must then be an array."""
         if "Items" not in state:
             if not isinstance(raw, list):
-                raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The Map state's input must be an array "
-                                           f"when it has no Items: {_brief(raw)}")
+                # AWS-recorded: States.QueryEvaluationError, EvaluationFailed without a location.
+                raise evaluator.error(f"Map state input must be an array but was: {_dumps(raw)}", None)
             return raw
         items = state["Items"]
         if jsonata_expr.is_expression(items):
@@ -936,11 +980,15 @@ class Execution:
             evaluator = self._jsonata(name, frame, context, raw) if jsonata else None
             if evaluator is not None:
                 data = raw
-                items = self._jsonata_items(state, name, raw, evaluator)
-                concurrency = state.get("MaxConcurrency", 0)
-                if jsonata_expr.is_expression(concurrency):
-                    concurrency = evaluator.typed(concurrency, "MaxConcurrency", "integer",
-                                                  lambda v: _is_int(v) and v >= 0)
+                try:
+                    items = self._jsonata_items(state, name, raw, evaluator)
+                    concurrency = state.get("MaxConcurrency", 0)
+                    if jsonata_expr.is_expression(concurrency):
+                        concurrency = evaluator.typed(concurrency, "MaxConcurrency", "integer",
+                                                      lambda v: _is_int(v) and v >= 0)
+                except StatesError:
+                    self._event(frame, "MapStateFailed", None)  # as recorded: no MapStateStarted before it
+                    raise
             else:
                 data = self._input_path(state, name, raw, context)
                 items = self._select(state.get("ItemsPath", "$"), data, context, name, "ItemsPath")
@@ -949,11 +997,9 @@ class Execution:
                                                f"array: {state.get('ItemsPath', '$')} == {_brief(items)}")
                 concurrency = state.get("MaxConcurrency", 0)
                 if "MaxConcurrencyPath" in state:
-                    concurrency = self._select(state["MaxConcurrencyPath"], data, context, name, "MaxConcurrencyPath")
-                    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 0:
-                        raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The MaxConcurrencyPath field must "
-                                                   f"select a non-negative integer: {state['MaxConcurrencyPath']} == "
-                                                   f"{_brief(concurrency)}")
+                    concurrency = self._path_number(state, "MaxConcurrency", data, context, name, "integer")
+                    if concurrency < 0:
+                        raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} MaxConcurrency cannot be negative.")
             self._event(frame, "MapStateStarted", {"length": len(items)})
 
             def iteration(index: int, item: Any, child: _Frame) -> Any:
@@ -996,6 +1042,8 @@ class Execution:
         """A ``<key>Path`` value as the service reads it (the Runtime error's words are AWS's)."""
         path = state[key + "Path"]
         value = self._select(path, data, context, name, key + "Path")
+        if isinstance(value, str) and (_INTEGER_TEXT if kind == "integer" else _FLOAT_TEXT).fullmatch(value.strip()):
+            return int(value) if kind == "integer" else float(value)
         ok = isinstance(value, int | float) and not isinstance(value, bool) and (
             kind == "float" or float(value).is_integer())
         if not ok:
@@ -1044,7 +1092,11 @@ class Execution:
 
             items: list[Any] | None = None
             if reader is None and evaluator is not None:
-                items = self._jsonata_items(state, name, raw, evaluator)
+                try:
+                    items = self._jsonata_items(state, name, raw, evaluator)
+                except StatesError:
+                    self._event(frame, "MapStateFailed", None)
+                    raise
             elif reader is None:
                 selected = self._select(state.get("ItemsPath", "$"), data, context, name, "ItemsPath")
                 if not isinstance(selected, list):

@@ -270,16 +270,25 @@ class Evaluator:
     """Evaluates the JSONata fields of one state: ``$states`` and the variables are bound once."""
 
     def __init__(self, states: Mapping[str, Any], variables: Mapping[str, Any], rng: random.Random,
-                 prefix: str) -> None:
+                 prefix: str, on_error: Callable[[StatesError, str | None], None] | None = None) -> None:
         bindings = {name: _to_jsonata(value) for name, value in variables.items()}
         bindings["states"] = _to_jsonata(dict(states))
         bindings.update(_functions(rng))
         self._bindings = bindings
         self._prefix = prefix  # "An error occurred while executing the state ..."
+        # Told of each failure with the field it is in (the service records an EvaluationFailed event).
+        self._on_error = on_error
 
     def fail(self, text: str, field: str, detail: str) -> StatesError:
-        return StatesError(QUERY_EVALUATION_ERROR, f"{self._prefix} The JSONata expression '{body(text)}' specified "
-                                                   f"for the field '{field}' {detail}")
+        return self.error(f"The JSONata expression '{body(text)}' specified for the field '{field}' {detail}", field)
+
+    def error(self, detail: str, field: str | None) -> StatesError:
+        """A States.QueryEvaluationError of this state (``field``: where, or None for the state as a whole),
+        reported to ``on_error`` before the caller raises it."""
+        err = StatesError(QUERY_EVALUATION_ERROR, f"{self._prefix} {detail}")
+        if self._on_error is not None:
+            self._on_error(err, field)
+        return err
 
     def expression(self, text: str, field: str) -> Any:
         """The JSON value of one ``{% … %}`` expression."""
