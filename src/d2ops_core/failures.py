@@ -139,11 +139,40 @@ def refusal(error: str | None, cause: Any) -> str | None:
     return None
 
 
+# The errors that reach a job's failure record only from its refused Create…Job (the optimised .sync
+# integration's names), never from the job or the aws-sdk Describe…Job calls after a lost answer: a quota, the
+# catch-all (validation, access, throttling past its retries), a name in use by another job. SageMaker started
+# nothing for this run. ResourceNotFound and SdkClientException are left out: Describe…Job can report them too,
+# and a lost answer may have started the job. tests/unit/test_pipeline_describe_failure.py holds them to
+# d2ops.aws_contract.
+CREATE_REFUSALS = frozenset({"SageMaker.ResourceLimitExceededException", "SageMaker.AmazonSageMakerException",
+                             "SageMaker.ResourceInUseException"})
+# The summary the training and evaluation failure records write: "training job NAME failed (ERROR)".
+_JOB_SUMMARY = re.compile(r"^(?P<job>\w+ job \S+) failed \((?P<error>[\w.]+)\)$")
+
+
+def _refused_create(head: str, error: str | None) -> tuple[str, str] | None:
+    """(the job, the error) when ``head`` calls a job failed that SageMaker refused to create (the error, the
+    Catch's or else the summary's, one of CREATE_REFUSALS); else None."""
+    match = _JOB_SUMMARY.match(head)
+    name = error or (match["error"] if match else None)
+    if match is None or name is None or name not in CREATE_REFUSALS:
+        return None
+    return match["job"], name
+
+
 def describe(summary: str, cause: Any, limit: int = MAX_LINE_CHARS, error: str | None = None) -> str:
     """``summary`` (what failed, one line) followed by the reason the failing step gave, if any: for a refused
     request (``error`` is the Catch's error name) what to do about it."""
     head = one_line(summary, limit)
     refused = refusal(error, cause)
+    never_created = _refused_create(head, error)
+    if never_created is not None:  # not "failed": there is no such job. A refusal's own line names the refusal.
+        job, name = never_created
+        if refused is not None:
+            return one_line(f"SageMaker refused to create {job}: {refused}", limit)
+        why = reason(_SDK_SUFFIX.sub("", cause) if isinstance(cause, str) else cause, limit)
+        return one_line(f"SageMaker refused to create {job} ({name})" + (f": {why}" if why else ""), limit)
     if refused is not None:
         return one_line(f"{_ERROR_NAME_TAIL.sub('', head)}: {refused}", limit)
     why = reason(cause, limit)

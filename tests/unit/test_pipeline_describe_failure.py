@@ -91,3 +91,46 @@ def test_a_record_without_a_caught_error_keeps_its_summary() -> None:
     event = support.load_event("describe_failure", "lambda_error")
     del event["error"]
     assert invoke(event)["failure"]["cause"] == event["failure"]["cause"]
+
+
+# ------------------------------------------------------- a job SageMaker refused to create (issue 31)
+IN_USE = ("Training job names must be unique within an AWS account and region, and a training job with this name "
+          "already exists (arn:aws:sagemaker:us-east-1:123456789012:training-job/j) (Service: AmazonSageMaker; "
+          "Status Code: 400; Error Code: ResourceInUse; Request ID: 5e3c1a0b; Proxy: null)")
+
+
+@pytest.mark.parametrize(("error", "cause", "expected"), [
+    ("SageMaker.ResourceInUseException", IN_USE,
+     "SageMaker refused to create training job j (SageMaker.ResourceInUseException): Training job names must be "
+     "unique within an AWS account and region, and a training job with this name already exists "
+     "(arn:aws:sagemaker:us-east-1:123456789012:training-job/j)"),
+    ("SageMaker.AmazonSageMakerException",
+     "Rate exceeded (Service: AmazonSageMaker; Status Code: 400; Error Code: ThrottlingException; Request ID: 5e)",
+     "SageMaker refused to create training job j (SageMaker.AmazonSageMakerException): Rate exceeded"),
+])
+def test_a_refused_create_is_not_called_a_failed_job(error: str, cause: str, expected: str) -> None:
+    """Mutation caught: the summary's "training job j failed" kept for a job SageMaker never created."""
+    assert describe(f"training job j failed ({error})", cause, error=error) == expected
+
+
+def test_a_job_that_ran_or_may_have_started_is_still_called_failed() -> None:
+    job = json.dumps({"TrainingJobName": "j", "TrainingJobStatus": "Failed", "FailureReason": "AlgorithmError: OOM"})
+    assert describe("training job j failed (States.TaskFailed)", job, error="States.TaskFailed") == \
+        "training job j failed (States.TaskFailed): AlgorithmError: OOM"
+    # A lost answer past its retries may have started the job; a Describe…Job error comes after one that did.
+    for error in ("SageMaker.SdkClientException", "SageMaker.SageMakerException"):
+        assert describe(f"training job j failed ({error})", "x", error=error).startswith("training job j failed")
+
+
+def test_the_create_refusals_are_errors_only_the_sync_creates_report() -> None:
+    """CREATE_REFUSALS (d2ops_core, standard library only) held to d2ops.aws_contract: each is an error the .sync
+    creates can report, and none one the aws-sdk Describe…Job calls of the same stage can."""
+    from d2ops import aws_contract
+    from d2ops_core.failures import CREATE_REFUSALS
+
+    for job in ("TrainingJob", "ProcessingJob"):
+        create = aws_contract.possible_errors(
+            aws_contract.parse_resource(f"arn:aws:states:::sagemaker:create{job}.sync"))
+        describe_job = aws_contract.possible_errors(
+            aws_contract.parse_resource(f"arn:aws:states:::aws-sdk:sagemaker:describe{job}"))
+        assert create >= CREATE_REFUSALS and not CREATE_REFUSALS & describe_job, job

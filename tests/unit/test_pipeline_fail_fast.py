@@ -157,10 +157,11 @@ def test_the_quota_line_names_stack_parameters_the_template_has() -> None:
 
 # ---------------------------------------------------------------------------- the lines
 def test_a_quota_refusal_says_which_quota_its_value_the_request_and_how_to_raise_it() -> None:
-    line = describe("training job j failed (SageMaker.AmazonSageMakerException)", CAUSES["quota"],
-                    error="SageMaker.AmazonSageMakerException")
-    assert line.startswith("training job j failed: quota 'ml.g4dn.xlarge for spot training job usage' is 0 instances "
-                           "(0 in use, this run asked for 2)")
+    line = describe("training job j failed (SageMaker.ResourceLimitExceededException)", CAUSES["quota"],
+                    error="SageMaker.ResourceLimitExceededException")
+    # Not "failed": SageMaker refused the create, so there is no such job.
+    assert line.startswith("SageMaker refused to create training job j: quota 'ml.g4dn.xlarge for spot training job "
+                           "usage' is 0 instances (0 in use, this run asked for 2)")
     assert "UseSpotTraining=false" in line and "TrainingInstanceType" in line
     # list-aws-default-service-quotas lists unchanged quotas too (list-service-quotas only changed ones)
     assert "aws service-quotas list-aws-default-service-quotas --service-code sagemaker" in line
@@ -195,7 +196,7 @@ def test_a_spot_quota_of_zero_ends_the_run_at_once_with_the_quota_line() -> None
     states = entered_states(ex)
     assert not any(STATES[s]["Type"] == "Wait" for s in states), states
     assert _seconds(ex, "Train model") < 60
-    assert ex.cause.startswith("training job shapes-v1-bf3cc289798108cc-train failed: quota "
+    assert ex.cause.startswith("SageMaker refused to create training job shapes-v1-bf3cc289798108cc-train: quota "
                                "'ml.g4dn.xlarge for spot training job usage' is 0 instances (0 in use, this run asked "
                                "for 2): set UseSpotTraining=false")
     assert "Traceback" not in ex.cause and len(ex.cause) <= 500

@@ -117,6 +117,9 @@ def test_a_name_taken_by_a_job_that_is_not_ours_fails_the_training() -> None:
     assert (ex.status, ex.error) == ("FAILED", "TrainingFailed")
     # The people-facing cause says why: the name is taken (by what, the ARN).
     assert "Training job names must be unique" in ex.cause and "training-job/shapes-v1-" in ex.cause
+    # Not "training job ... failed": this run's job was never created.
+    assert ex.cause.startswith("SageMaker refused to create training job shapes-v1-bf3cc289798108cc-train "
+                               "(SageMaker.ResourceInUseException): ")
     states = entered_states(ex)
     assert "Wait for created training job" not in states and "Read created training job" not in states
 
