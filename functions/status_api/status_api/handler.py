@@ -179,6 +179,10 @@ def get_validation_report(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -
 
 @app.get("/runs/<runId>/evaluation",
          summary="The run's evaluation report: challenger and champion metrics, per-class AP, precision-recall curves",
+         description="An answer the whole report would make larger than Lambda's 6 MB leaves out its largest parts "
+                     "(truncated: true; left_out names them) and links each S3 document of the report whole "
+                     f"(full_report: presigned GETs, valid for {views.LINK_SECONDS // 60} minutes). Any other answer "
+                     "is the whole report.",
          responses={**_ok("the evaluation report", EvaluationView),
                     404: error("no run with this id, or it has no evaluation report (yet), or S3 refused it to "
                                 "the API (AccessDenied: the message says so)"), 503: BUSY})

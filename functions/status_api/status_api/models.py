@@ -17,6 +17,7 @@ from d2ops_core.documents.evaluation import Comparison, HeldOutImages
 from d2ops_core.documents.review import MAX_REASON, ReviewDecision
 from d2ops_core.documents.training_curve import TrainingProgress
 from d2ops_core.evaluation_curves import PrCurves
+from status_api.response_budget import DROPS
 
 RunStatus = Literal["RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "PENDING_REDRIVE"]
 ENDPOINT_NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"  # SageMaker's EndpointName
@@ -245,6 +246,18 @@ class ModelScoresView(BaseModel):
     per_class: dict[str, dict[str, float]] = Field(default_factory=dict)
 
 
+class ReportLink(BaseModel):
+    """One S3 document of the evaluation report, to download whole (a presigned GET of the artifacts bucket)."""
+
+    name: Literal["evaluation", "pr_curves", "errors"] = Field(
+        description="evaluation: evaluation.json (metrics, per-class tables, comparison); pr_curves: "
+                    "report/pr_curves.json; errors: report/errors.json")
+    uri: str = Field(description="the document's s3:// URI")
+    url: str = Field(description="a presigned HTTPS GET of it, no signing needed; valid until expires_at (or "
+                                 "sooner, when the status API's own credentials expire first)")
+    expires_at: datetime
+
+
 class EvaluationView(BaseModel):
     """The run's evaluation report (evaluation.json) with its precision-recall curves (pr_curves.json) and
     error analysis (errors.json)."""
@@ -264,3 +277,11 @@ class EvaluationView(BaseModel):
     pr_curves: PrCurves | None = Field(None, description="absent for reports written before the curves were kept")
     errors: ErrorAnalysis | None = Field(None, description="AP by object size, confusion matrix with background, "
                                          "the worst val images drawn; absent for reports written before it")
+    truncated: bool = Field(False, description=(
+        "the whole report would not fit one answer (Lambda answers at most 6 MB): the parts named in left_out are "
+        "left out (emptied or null), and full_report links the documents that hold them"))
+    left_out: list[str] = Field(default_factory=list, description=(
+        "the parts left out of a truncated answer, in the order they are given up (the largest and least needed "
+        "first): " + ", ".join(name for name, _ in DROPS)))
+    full_report: list[ReportLink] = Field(default_factory=list, description=(
+        "a truncated answer's documents, each linked whole (empty when nothing was left out)"))

@@ -7,6 +7,7 @@ a run document cannot make the API read another bucket.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -17,8 +18,12 @@ from d2ops_core.documents.error_analysis import ERRORS_NAME, ErrorAnalysis
 from d2ops_core.documents.run_state import RunState
 from d2ops_core.evaluation_curves import PR_CURVES_NAME, PrCurves
 from d2ops_core.validation.report import ValidationReport
-from status_api.models import EvaluationView, GraphEdge, GraphLine, GraphNode, GraphStage, RunGraph
+from status_api import response_budget
+from status_api.models import EvaluationView, GraphEdge, GraphLine, GraphNode, GraphStage, ReportLink, RunGraph
 from status_api.service import NotFound, RunNotFound, execution_history, latest_document, timeline
+
+# How long a truncated evaluation answer's links to the whole documents stay valid.
+LINK_SECONDS = 15 * 60
 
 
 class ReportNotFound(NotFound):
@@ -124,7 +129,22 @@ def evaluation_report(sfn: Any, s3: Any, state_machine_arn: str, artifacts_bucke
             _read_json(s3, artifacts_bucket, report_dir + ERRORS_NAME, "error analysis"))
     except (ReportNotFound, ValidationError):
         errors = None
-    return EvaluationView.model_validate({**report, "report_uri": uri, "pr_curves": curves, "errors": errors})
+    view = EvaluationView.model_validate({**report, "report_uri": uri, "pr_curves": curves, "errors": errors})
+    answer = view.model_dump(mode="json")
+    left_out = response_budget.fit(answer)
+    if not left_out:
+        return view
+    parts = {"evaluation": uri, "pr_curves": report_dir + PR_CURVES_NAME if curves else None,
+             "errors": report_dir + ERRORS_NAME if errors else None}
+    links = [_link(s3, name, part) for name, part in parts.items() if part]
+    return EvaluationView.model_validate({**answer, "truncated": True, "left_out": left_out, "full_report": links})
+
+
+def _link(s3: Any, name: str, uri: str) -> ReportLink:
+    """A presigned GET of a report the API has just read (the caller may read it through the API already)."""
+    bucket, key = s3_layout.parse_s3_uri(uri)
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=LINK_SECONDS)
+    return ReportLink(name=name, uri=uri, url=url, expires_at=datetime.now(UTC) + timedelta(seconds=LINK_SECONDS))
 
 
 def endpoint_history(s3: Any, artifacts_bucket: str, endpoint_name: str) -> EndpointHistory:

@@ -544,6 +544,14 @@ async function showEvaluation(runId, run) {
     names.map(n => [n, ...Object.values(models).map(m => el("td", {"class": "num"}, fmtNumber(m.metrics[n], 4)))]),
     {"id": "evaluation-metrics"}));
   box.append(el("p", {"class": "muted"}, `${report.val_images} val images; ${report.report_uri}`));
+  if (report.truncated) {  // over Lambda's 6 MB: parts left out, the whole documents linked (presigned)
+    const note = el("p", {"class": "muted", "id": "evaluation-truncated"},
+                    "too large for one answer; left out: " + report.left_out.join(", ") + ". Whole documents:");
+    for (const link of report.full_report.filter(l => /^https?:\/\//.test(l.url))) {
+      note.append(" ", el("a", {"href": link.url, "rel": "noreferrer"}, link.name));
+    }
+    box.append(note);
+  }
   const iou = report.primary_metric.startsWith("segm") ? "segm" : "bbox";
   const classes = [...new Set(Object.values(models).flatMap(m => Object.keys(m.per_class)))].sort();
   box.append(perClassChart(classes, models, iou + "_AP"));
