@@ -356,6 +356,19 @@ EFA_PROVIDER = "efa"
 # kernel's "efa" driver: <device>/device/driver links to .../drivers/efa.
 EFA_DRIVER = "efa"
 
+
+# ------------------------------------------------------------------------- the training image's Python
+# Ubuntu 22.04's python3.11 (universe) is 3.11.0~rc1-1~22.04.1: the 3.11.0 release candidate, whose
+# later fixes come only through Ubuntu Pro's ESM (…~esm<n> versions). The training image instead runs
+# CPython 3.11.18, python-build-standalone's build (release 20261110, the one uv 0.13.9 installs; uv
+# checks its sha256). The serving image's base, python:3.11-slim-bookworm, is CPython's own 3.11.x.
+# tests/unit/test_training_python.py reads ARG PYTHON_VERSION from the training Dockerfile.
+UBUNTU_JAMMY_PYTHON311 = "3.11.0~rc1-1~22.04.1"
+UBUNTU_PYTHON_SOURCE = Source("https://launchpad.net/ubuntu/+source/python3.11", "2026-11-29")
+TRAINING_PYTHON: tuple[int, int, int] = (3, 11, 18)
+TRAINING_PYTHON_SOURCE = Source(
+    "https://github.com/astral-sh/python-build-standalone/releases/tag/20261110", "2026-11-29")
+
 Usage = Literal["training", "processing", "endpoint"]
 
 
