@@ -64,15 +64,17 @@ $(STAMP): pyproject.toml src/requirements.txt $(PIN_LOCKS) | system-packages
 
 # Its own stamp, so `make setup` on an existing .venv installs it too; a new wheel (or a new pin)
 # re-runs it. Where it cannot be installed the torchvision trainer remains and setup still succeeds
-# (`rm $(D2_STAMP)` to try again). setuptools<81: detectron2.model_zoo imports pkg_resources.
+# (`rm $(D2_STAMP)` to try again). setuptools<81: detectron2.model_zoo imports pkg_resources. Its
+# requirements at the training lock's versions (the constraints $(STAMP) wrote).
 $(D2_STAMP): $(STAMP) containers/training/Dockerfile $(wildcard $(D2OPS_WHEELS)/detectron2-*.whl)
 	@if ls $(D2OPS_WHEELS)/detectron2-*.whl >/dev/null 2>&1; then \
 	  echo "detectron2: installing from $(D2OPS_WHEELS)"; \
-	  $(BIN)/python -m pip install --quiet --find-links $(D2OPS_WHEELS) detectron2==0.6 'setuptools<81' || exit 1; \
+	  $(BIN)/python -m pip install --quiet --find-links $(D2OPS_WHEELS) detectron2==0.6 'setuptools<81' \
+	    -c $(VENV)/constraints.txt || exit 1; \
 	elif timeout 20 git ls-remote https://github.com/facebookresearch/detectron2.git HEAD >/dev/null 2>&1; then \
 	  echo "detectron2: building commit $(DETECTRON2_COMMIT) from GitHub (a few minutes)"; \
-	  $(BIN)/python -m pip install --quiet 'setuptools<81' && \
-	  MAX_JOBS=$${MAX_JOBS:-2} $(BIN)/python -m pip install --quiet --no-build-isolation \
+	  $(BIN)/python -m pip install --quiet 'setuptools<81' -c $(VENV)/constraints.txt && \
+	  MAX_JOBS=$${MAX_JOBS:-2} $(BIN)/python -m pip install --quiet --no-build-isolation -c $(VENV)/constraints.txt \
 	    "detectron2 @ git+https://github.com/facebookresearch/detectron2.git@$(DETECTRON2_COMMIT)" || exit 1; \
 	else \
 	  echo "detectron2: not installed (no detectron2 wheel in $(D2OPS_WHEELS), which D2OPS_WHEELS can point elsewhere, and GitHub is unreachable); the torchvision trainer remains"; \
