@@ -359,3 +359,25 @@ def test_bracketed_names_after_a_variable() -> None:
         "A": {"Type": "Pass", "Assign": {"v": DATA}, "Next": "P"},
         "P": {"Type": "Pass", "Parameters": {"dot.$": "$v['a.b']", "quote.$": "$v['it\\'s']"}, "End": True}}}
     assert run(definition, {}).output == {"dot": 1, "quote": 3}
+
+
+def test_an_escaped_double_quote_inside_single_quotes_keeps_its_backslash() -> None:
+    """AWS-recorded (test_base_scenarios::test_escape_sequence_parsing[ESCAPE_SEQUENCES_JSONPATH]): the path
+    $['Test\\""Name"'] selects the key Test\\""Name"  (backslash, two quotes). Mutation: unescaping every
+    quote, which looks for Test""Name" and fails with States.Runtime."""
+    key = 'Test\\""Name"'
+    definition = {"StartAt": "P", "States": {"P": {"Type": "Pass", "Parameters": {"value.$": "$['Test\\\"\"Name\"']"},
+                                                   "End": True}}}
+    execution = run(definition, {key: 'Value"\\'})
+    assert (execution.status, execution.output) == ("SUCCEEDED", {"value": 'Value"\\'})
+
+
+def test_a_missing_error_path_fails_with_the_recorded_words() -> None:
+    """AWS-recorded (test_base_scenarios::test_invalid_jsonpath[INVALID_JSONPATH_IN_ERRORPATH]): the Fail
+    state's ErrorPath names its field like a Parameters path. Mutation: the generic "Invalid path" cause."""
+    definition = {"StartAt": "F", "States": {"F": {"Type": "Fail", "ErrorPath": "$.ErrorX", "Cause": "c"}}}
+    execution = run(definition, {"Error": "E"})
+    assert (execution.error, execution.cause) == (
+        "States.Runtime", PREFIX.format(state="F", event=2) + " The JSONPath '$.ErrorX' specified for the field "
+                                                              "'ErrorPath' could not be found in the input "
+                                                              '\'{"Error":"E"}\'')

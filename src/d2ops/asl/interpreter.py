@@ -771,7 +771,15 @@ class Execution:
                         raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The intrinsic function of the "
                                                    f"field '{key}Path' failed: {exc}") from exc
                 else:
-                    value = self._select(expression, raw, context, name, key + "Path")
+                    if raw is None and not expression.startswith("$$") and split_path(expression) is None:
+                        raise self._null_input(name)
+                    try:
+                        value = select(expression, raw, context)
+                    except PathError as exc:  # AWS-recorded (test_invalid_jsonpath[INVALID_JSONPATH_IN_ERRORPATH])
+                        shown = context if expression.startswith("$$") else raw
+                        raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The JSONPath '{expression}' "
+                                                   f"specified for the field '{key}Path' could not be found in the "
+                                                   f"input '{_dumps(shown)}'") from exc
                 if not isinstance(value, str):
                     raise StatesError(RUNTIME, f"{self._runtime_prefix(name)} The {key}Path field must select a "
                                                f"string: {expression} == {_brief(value)}")

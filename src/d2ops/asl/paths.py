@@ -31,12 +31,17 @@ _ESCAPES = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 _ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|.)")
 
 
-def _unescape(text: str) -> str:
-    """``\\'`` ``\\"`` ``\\\\`` ``\\/`` ``\\n``... and ``\\uXXXX`` in a quoted name, as Jayway reads them."""
+def _unescape(text: str, quote: str) -> str:
+    """``\\'`` ``\\"`` ``\\\\`` ``\\/`` ``\\n``... and ``\\uXXXX`` in a name quoted with ``quote``, as Jayway reads
+    them, except that an escaped quote of the other kind keeps its backslash: AWS-recorded, ``$['Test\\""Name"']``
+    selects the key ``Test\\""Name"`` (LocalStack's snapshot test_base_scenarios::test_escape_sequence_parsing
+    [ESCAPE_SEQUENCES_JSONPATH], recorded against AWS)."""
     def one(match: re.Match[str]) -> str:
         code = match.group(1)
         if len(code) == 5:
             return chr(int(code[1:], 16))
+        if code in "'\"" and code != quote:
+            return match.group(0)
         return _ESCAPES.get(code, code)
     return _ESCAPE.sub(one, text)
 
@@ -72,7 +77,8 @@ def _parse_steps(path: str) -> list[tuple[Step, str]] | None:
             steps.append((int(match.group(1)), ""))
         elif (match := _QUOTED.match(path, pos)) is not None:
             quoted = match.group(1) is not None
-            steps.append((_unescape(match.group(1) if quoted else match.group(2)), "'" if quoted else '"'))
+            quote = "'" if quoted else '"'
+            steps.append((_unescape(match.group(1) if quoted else match.group(2), quote), quote))
         else:
             return None
         pos = match.end()
@@ -110,7 +116,7 @@ def _as_jayway_reads(path: str) -> str:
     def requote(match: re.Match[str]) -> str:
         single = match.group(1) is not None
         quote = "'" if single else '"'
-        text = _unescape(match.group(1) if single else match.group(2))
+        text = _unescape(match.group(1) if single else match.group(2), quote)
         return quote + text.replace("\\", "\\\\").replace(quote, "\\" + quote) + quote
     return _QUOTED_TEXT.sub(requote, path)
 
