@@ -239,6 +239,9 @@ def test_every_pip_install_in_the_images_is_locked_or_exactly_pinned() -> None:
                        or re.fullmatch(r"--no-cache-dir --no-deps /tmp/d2ops", line))
             assert allowed, f"{image}: `pip install {line}` is neither locked nor exactly pinned"
         assert "pip check" in text, f"{image}: no pip check after the split installs"
+        # The lock first: torchvision then finds the locked numpy and Pillow instead of taking them from
+        # PyTorch's index, unchecked (an already-installed version is never re-checked against the lock).
+        assert text.index("--require-hashes") < text.index('"${TORCH_INDEX_URL}" torch=='), f"{image}: lock after torch"
 
 
 def test_the_layer_build_requires_hashes() -> None:
