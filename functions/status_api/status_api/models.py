@@ -55,7 +55,8 @@ class TrainingInfo(BaseModel):
     model_data: str | None = None
     progress: TrainingProgress | None = Field(
         None, description="iteration, loss, learning rate, time left and the loss curve, once the job has "
-                          "published its first training metrics (none before, or when CloudWatch cannot be read)")
+                          "published its first training metrics (none before, or when CloudWatch cannot be read); "
+                          "a job that ended is read from CloudWatch once and its curve kept in S3")
 
 
 class EndpointInfo(BaseModel):
