@@ -4,7 +4,7 @@
 
     <root>/processing/input/challenger/   model directory, or a directory holding model.tar.gz
     <root>/processing/input/champion/     optional, same forms
-    <root>/processing/input/val/          dataset version (manifest.json, annotations/, images/)
+    <root>/processing/input/dataset/      dataset version (manifest.json, annotations/, images/); the val split is read
     <root>/processing/output/evaluation.json   the report the quality gate reads
     <root>/processing/output/report/           PR curves and sample predictions of both models
 
@@ -32,6 +32,9 @@ from model_code.evaluation.comparison import comparison_html, evaluation_report
 from model_code.evaluation.held_out import held_out
 
 MAX_MESSAGE = 1000
+# The processing input holding the snapshot, named as the training job's channel (prepare_training's
+# DATASET_CHANNEL): the whole dataset version, downloaded once; the job reads its val split.
+DATASET_INPUT = "dataset"
 
 
 class EvaluationError(Exception):
@@ -67,7 +70,7 @@ def evaluate(root: Path, sample_images: int = 6) -> dict[str, object]:
     if challenger is None:
         raise EvaluationError(f"{root / 'processing/input/challenger'}: missing; the challenger model is required")
     champion = load_model(root, "champion")
-    dataset = open_dataset_version(root / "processing" / "input" / "val")
+    dataset = open_dataset_version(root / "processing" / "input" / DATASET_INPUT)
     gt = read_coco(dataset.val_json)
     gt_ids = {int(c["id"]) for c in gt["categories"]}
     for who, model in (("challenger", challenger), ("champion", champion)):

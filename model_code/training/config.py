@@ -23,7 +23,10 @@ from d2ops_core.gate import DEFAULT_MIN_CLASS_INSTANCES
 DEFAULT_ML_ROOT = "/opt/ml"
 ML_ROOT_VARIABLE = "D2OPS_ML_ROOT"
 CHECKPOINT_DIR_VARIABLE = "D2OPS_CHECKPOINT_DIR"
-REQUIRED_CHANNELS = ("train", "val")
+# One channel holds the dataset version (manifest, both split files, images): SageMaker downloads each
+# channel separately, so the train and val splits of one version come from this one (prepare_training).
+DATASET_CHANNEL = "dataset"
+REQUIRED_CHANNELS = (DATASET_CHANNEL,)
 # A safety net against a single bad batch, not a regulator of ordinary steps: measured gradient norms
 # of a converging run stay well below it after the first iterations (docs/training.md, calibration).
 CLIP_GRAD_NORM = 10.0
@@ -191,7 +194,7 @@ class TrainingEnvironment(BaseModel):
         path = self.channels.get(name)
         if path is None:
             raise ConfigError(f"input channel {name!r} is missing: the job has channels {sorted(self.channels)}; "
-                              f"it needs {list(REQUIRED_CHANNELS)}")
+                              f"it needs {list(REQUIRED_CHANNELS)} (the dataset version, both splits in one)")
         if not path.is_dir():
             raise ConfigError(f"input channel {name!r}: {path} is not a directory")
         return path

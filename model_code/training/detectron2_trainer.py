@@ -21,7 +21,7 @@ from typing import Any
 from d2ops_core import pretrained
 from d2ops_core.gate import DEFAULT_MIN_CLASS_INSTANCES
 from model_code.dataset_version import Categories, DatasetVersion, open_dataset_version, read_coco
-from model_code.training.config import ConfigError, Hyperparameters, TrainingEnvironment
+from model_code.training.config import DATASET_CHANNEL, ConfigError, Hyperparameters, TrainingEnvironment
 from model_code.training.detectron2_schedule import (
     Solver,
     SolverPlan,
@@ -270,8 +270,7 @@ def plan_job(env: TrainingEnvironment, hp: Hyperparameters, environ: Mapping[str
              ) -> tuple[Detectron2Job, WorldPlan]:
     from model_code.training.torchvision_trainer import categories_for
 
-    train = open_dataset_version(env.channel("train"))
-    val = open_dataset_version(env.channel("val"))
+    train = val = open_dataset_version(env.channel(DATASET_CHANNEL))  # both splits, one channel
     categories = categories_for(train, val)
     from model_code.training.coco_dataset import check_image_files  # torch: imported where training starts
 

@@ -11,7 +11,7 @@ from types import FrameType
 
 from d2ops_core.cpu_profile import TORCHVISION_CPU_PROFILE, unset_profile_values
 from model_code.dataset_version import open_dataset_version
-from model_code.training.config import Hyperparameters, TrainingEnvironment
+from model_code.training.config import DATASET_CHANNEL, Hyperparameters, TrainingEnvironment
 from model_code.training.distributed import communication_environment, plan_world, scaled_schedule
 from model_code.training.torchvision_trainer import (
     Interrupted,
@@ -43,8 +43,8 @@ def with_cpu_profile(hp: Hyperparameters, *, use_gpu: bool) -> tuple[Hyperparame
 
 
 def build_context(env: TrainingEnvironment, hp: Hyperparameters, environ: Mapping[str, str]) -> RunContext:
-    train = open_dataset_version(env.channel("train"))
-    val = open_dataset_version(env.channel("val"))
+    # Both splits come from the one dataset channel (opened once: a derived val split is derived once).
+    train = val = open_dataset_version(env.channel(DATASET_CHANNEL))
     hp, notice = with_cpu_profile(hp, use_gpu=env.num_gpus > 0)
     if notice:
         print(notice, flush=True)

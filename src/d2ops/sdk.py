@@ -185,21 +185,30 @@ def experiment_job(settings: Any, dataset_uri: str, *, sagemaker_session: Any, r
         raise ExperimentError(f"dataset {dataset_uri!r}: expected s3://<DataBucket>/datasets/<name>/<version>/ "
                               f"({exc})") from None
     run_id = run_id or experiment_run_id(dataset.name, dataset.version)
+    volume = importlib.import_module(f"{PREPARE_FUNCTION_CODE}.volume")
     try:
         event = models.PrepareEvent.model_validate({
             "run_id": run_id, "dataset": dataset.model_dump(),
             "manifest": {"task": task, "training": dict(training or {})}})
-        # An experiment reads the dataset prefix itself: no validation run made a snapshot for it.
-        request: dict[str, Any] = service.experiment_training_job(settings, event)
+        service.check_request(settings, event)  # the stack's limits, before anything reads S3
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise ExperimentError(f"experiment {run_id}: {problems}") from exc
     except (service.ManifestExceedsStackLimits, service.PretrainedWeightsMismatch) as exc:
         raise ExperimentError(f"experiment {run_id}: {exc}") from exc
+    s3 = sagemaker_session.boto_session.client("s3")
     try:  # the pipeline's prepare step refuses a run whose weights are missing; so does an experiment
-        service.require_pretrained_weights(sagemaker_session.boto_session.client("s3"), settings)
+        weights_bytes = service.require_pretrained_weights(s3, settings)
     except (service.PretrainedWeightsMissing, service.PretrainedWeightsUnreadable,
             service.PretrainedWeightsAmbiguous) as exc:
+        raise ExperimentError(f"experiment {run_id}: {exc}") from exc
+    try:
+        # An experiment reads the dataset prefix itself (no validation run made a snapshot for it): its
+        # listing is what the one dataset channel downloads, and sizes the volume as an inventory would.
+        request: dict[str, Any] = service.experiment_training_job(
+            settings, event, dataset=volume.prefix_size(s3, dataset.bucket, dataset.prefix),
+            weights_bytes=weights_bytes)
+    except volume.DatasetTooLarge as exc:
         raise ExperimentError(f"experiment {run_id}: {exc}") from exc
 
     algorithm = request["AlgorithmSpecification"]

@@ -451,6 +451,68 @@ def job_can_run(cuda: Version, instance_type: str, usage: Usage, forward_compat:
     return forward_compat and JOB_HOST_DRIVER.branch >= FORWARD_COMPAT_MIN_DRIVER
 
 
+# ----------------------------------------------------------------------------------- job storage
+# A training or processing job keeps its File-mode inputs, checkpoints and model output on one ML
+# storage volume of VolumeSizeInGB (GB: SageMaker's unit, taken here as GiB to err large). On an
+# instance type with NVMe instance storage SageMaker attaches no EBS volume: the job gets the
+# instance store, whose size is fixed, and a VolumeSizeInGB larger than it is not accepted
+# (ResourceConfig and ProcessingClusterConfig's VolumeSizeInGB in botocore's sagemaker model and the
+# API reference). Elsewhere the volume is gp2 EBS: at most 16384 (ProcessingVolumeSizeInGB's max in
+# botocore 1.43; gp2's own maximum, 16 TiB, bounds a training volume, whose model field has none).
+# Each account also has an adjustable quota per job kind, "Size of EBS volume for a training|processing
+# job instance" (1024 GB where recorded: aws/sagemaker-python-sdk#4939): a job over it is refused
+# with ResourceLimitExceeded, which the failure summary explains; the stack does not guess a raised one.
+JOB_VOLUME_SOURCE = Source("https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_ResourceConfig.html",
+                           "2026-11-29")
+JOB_VOLUME_PROCESSING_SOURCE = Source(
+    "https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_ProcessingClusterConfig.html", "2026-11-29")
+EBS_VOLUME_MAX_GB = 16384
+EBS_VOLUME_QUOTA_SOURCE = Source("https://github.com/aws/sagemaker-python-sdk/issues/4939", "2026-11-29")
+EBS_VOLUME_DEFAULT_QUOTA_GB = 1024
+# Instance store per instance type (total of its NVMe devices, GB), for the families above that have
+# one: the EC2 Instance Types guide's "Instance store specifications" tables (accelerated computing,
+# general purpose, compute and memory optimized). A type of these families missing here is not
+# refused early; SageMaker judges its request.
+INSTANCE_STORE_SOURCE = Source("https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html#ac_instance-store",
+                               "2026-11-29")
+_D_SIZES = {"large": 75, "xlarge": 150, "2xlarge": 300, "4xlarge": 600, "8xlarge": 1200, "12xlarge": 1800,
+            "16xlarge": 2400, "24xlarge": 3600}  # m5d and r5d share these
+INSTANCE_STORE_GB: dict[str, int] = {
+    **{f"ml.g4dn.{s}": gb for s, gb in {"xlarge": 125, "2xlarge": 225, "4xlarge": 225, "8xlarge": 900,
+                                         "12xlarge": 900, "16xlarge": 900}.items()},
+    **{f"ml.g5.{s}": gb for s, gb in {"xlarge": 250, "2xlarge": 450, "4xlarge": 600, "8xlarge": 900,
+                                       "12xlarge": 3800, "16xlarge": 1900, "24xlarge": 3800, "48xlarge": 7600}.items()},
+    **{f"ml.g6.{s}": gb for s, gb in {"xlarge": 250, "2xlarge": 450, "4xlarge": 600, "8xlarge": 900,
+                                       "12xlarge": 3760, "16xlarge": 1880, "24xlarge": 3760, "48xlarge": 7520}.items()},
+    "ml.p4d.24xlarge": 8000, "ml.p4de.24xlarge": 8000,
+    "ml.p5.48xlarge": 30400, "ml.p5e.48xlarge": 30400, "ml.p5en.48xlarge": 30400,
+    **{f"ml.c5d.{s}": gb for s, gb in {"large": 50, "xlarge": 100, "2xlarge": 200, "4xlarge": 400, "9xlarge": 900,
+                                        "12xlarge": 1800, "18xlarge": 1800, "24xlarge": 3600}.items()},
+    **{f"ml.m5d.{s}": gb for s, gb in _D_SIZES.items()},
+    **{f"ml.r5d.{s}": gb for s, gb in _D_SIZES.items()},
+}
+# Families whose every size has instance storage (the ResourceConfig page names p4d, g4dn and g5).
+INSTANCE_STORE_FAMILIES = frozenset({"g4dn", "g5", "g6", "p4d", "p4de", "p5", "p5e", "p5en", "c5d", "m5d", "r5d"})
+
+
+@dataclass(frozen=True)
+class VolumeLimit:
+    """The most storage a job's host can have: ``gb`` (None: unknown, SageMaker judges) and what it is."""
+
+    gb: int | None
+    what: str
+
+
+def job_volume_limit(instance_type: str) -> VolumeLimit:
+    """How much ML storage a training or processing job on ``instance_type`` can have."""
+    if instance_family(instance_type) in INSTANCE_STORE_FAMILIES:
+        store = INSTANCE_STORE_GB.get(instance_type)
+        return VolumeLimit(store, f"{instance_type}'s instance storage"
+                                  + ("" if store else " (size not in d2ops_core.platform.INSTANCE_STORE_GB)")
+                                  + ", which SageMaker uses instead of an EBS volume")
+    return VolumeLimit(EBS_VOLUME_MAX_GB, "the largest EBS volume SageMaker attaches to a job instance")
+
+
 # ------------------------------------------------------------------------- training job metrics
 # SageMaker publishes each value a training job's MetricDefinitions regexes find in its logs to
 # CloudWatch, in this namespace, under the definition's Name, with one dimension: the job's name.

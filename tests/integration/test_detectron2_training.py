@@ -127,7 +127,7 @@ def test_a_resumed_run_trains_on_the_same_images_to_the_same_losses(
     _, _, uninterrupted = one_host
     reference_order, reference_losses = data_order(uninterrupted), losses(uninterrupted)
     assert sorted(reference_order) == list(range(1, ITERATIONS + 1))
-    spec = TrainingJobSpec(job_name="d2-resume", channels={"train": shapes, "val": shapes},
+    spec = TrainingJobSpec(job_name="d2-resume", channels={"dataset": shapes},
                            work_dir=tmp_path / "hosts", output_dir=tmp_path / "out", hyperparameters=HPS)
     attempts: list[list[str]] = []
     start = 0
@@ -164,7 +164,7 @@ def test_a_resumed_run_trains_on_the_same_images_to_the_same_losses(
 
 def test_two_hosts_stop_on_sigterm_resume_and_end_with_identical_weights(
         tmp_path: Path, shapes: Path, one_host: tuple[Path, dict, list[str]]) -> None:
-    spec = TrainingJobSpec(job_name="d2-two-hosts", channels={"train": shapes, "val": shapes},
+    spec = TrainingJobSpec(job_name="d2-two-hosts", channels={"dataset": shapes},
                            work_dir=tmp_path / "hosts", output_dir=tmp_path / "out", hyperparameters=HPS,
                            instance_count=2)
     stop = threading.Event()
@@ -228,7 +228,7 @@ def test_instance_segmentation_fine_tunes_from_the_pretrained_channel(
 
     lines: list[str] = []
     result = run_training_job(TrainingJobSpec(
-        job_name="d2-masks", channels={"train": masks, "val": masks, "pretrained": pretrained},
+        job_name="d2-masks", channels={"dataset": masks, "pretrained": pretrained},
         work_dir=tmp_path / "hosts", output_dir=tmp_path / "out",
         hyperparameters=HPS | {"max_iter": "30", "warmup_iters": "5", "lr_steps": "0.8", "checkpoint_period": "30"},
     ), log=lines.append)

@@ -184,8 +184,8 @@ def test_an_image_overwritten_after_validation_never_reaches_the_training_job(ru
     assert job["CreationTime"].timestamp() > overwritten["at"]  # the overwrite came before the job existed
     snapshot = summary.output["validation"]["summary"]["snapshot_uri"]
     channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in job["InputDataConfig"]}
-    assert channels["train"] == channels["val"] == snapshot
-    trained_on = runtime.sagemaker.job_dir(job_name) / "channels" / "train" / relative
+    assert channels["dataset"] == snapshot and not {"train", "val"} & set(channels)
+    trained_on = runtime.sagemaker.job_dir(job_name) / "channels" / "dataset" / relative
     assert trained_on.read_bytes() == validated  # what the job read from its channel
     data = s3.get_object(Bucket=runtime.stack.data_bucket, Key=f"datasets/shapes/v3/{relative}")["Body"].read()
     assert data == b"not what was validated"

@@ -263,8 +263,8 @@ def test_a_version_without_val_runs_on_a_derived_split_recorded_in_the_run(stack
     assert report["derived_split"] == derived
     assert report["splits"]["val"]["images"] == derived["val_images"]
     job = stack["sagemaker"].describe_training_job(TrainingJobName=execution.output["plan"]["names"]["training_job"])
-    # no val split of its own: the val channel is the version, and the trainer derives the same split
-    assert {c["ChannelName"] for c in job["InputDataConfig"]} == {"train", "val", "pretrained"}
+    # no val split of its own: the dataset channel is the version, and the trainer derives the same split
+    assert {c["ChannelName"] for c in job["InputDataConfig"]} == {"dataset", "pretrained"}
 
 
 def test_a_version_over_the_inline_limit_is_checked_by_the_distributed_map_and_trains_on_its_snapshot(
@@ -309,9 +309,9 @@ def test_a_version_over_the_inline_limit_is_checked_by_the_distributed_map_and_t
     assert stack["s3"].get_object(Bucket=support.DATA_BUCKET, Key=dataset.prefix + victim)["Body"].read() == b"tampered"
     (train_request,) = [p for name, p in aws.calls if name == "sagemaker:createTrainingJob"]
     channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in train_request["InputDataConfig"]}
-    assert channels["train"] == channels["val"] == snapshot
+    assert channels.pop("dataset") == snapshot and set(channels) <= {"pretrained"}  # the snapshot, downloaded once
     (eval_request,) = [p for name, p in aws.calls if name == "sagemaker:createProcessingJob"]
-    assert {i["InputName"]: i["S3Input"]["S3Uri"] for i in eval_request["ProcessingInputs"]}["val"] == snapshot
+    assert {i["InputName"]: i["S3Input"]["S3Uri"] for i in eval_request["ProcessingInputs"]}["dataset"] == snapshot
     bucket, prefix = s3_layout.parse_s3_uri(snapshot)
     trained_on = stack["s3"].get_object(Bucket=bucket, Key=prefix + victim)
     assert trained_on["Body"].read() == validated

@@ -55,7 +55,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def job(tmp: Path, dataset: Path, hps: dict[str, str], hosts: int = 1, **kw) -> TrainingJobSpec:
-    return TrainingJobSpec(job_name="test-job", channels=kw.pop("channels", {"train": dataset, "val": dataset}),
+    return TrainingJobSpec(job_name="test-job", channels=kw.pop("channels", {"dataset": dataset}),
                            work_dir=tmp / "hosts", output_dir=tmp / "out", hyperparameters=hps,
                            instance_count=hosts, **kw)
 
@@ -198,7 +198,7 @@ def test_evaluation_job_scores_challenger_and_champion_separately(
     with tarfile.open(cli_out / "model.tar.gz") as tar:
         tar.extractall(champion_dir, filter="data")  # a model directory: the other accepted form
     result = run_processing_job(ProcessingJobSpec(
-        job_name="eval", inputs={"challenger": trained.model_artifact, "champion": champion_dir, "val": shapes},
+        job_name="eval", inputs={"challenger": trained.model_artifact, "champion": champion_dir, "dataset": shapes},
         work_dir=tmp_path / "root", output_dir=tmp_path / "eval-out"))
     assert result.status == "Completed", result.failure_reason
     report = json.loads((tmp_path / "eval-out" / "evaluation.json").read_text())
@@ -240,7 +240,7 @@ def test_evaluation_job_scores_challenger_and_champion_separately(
     for image in errors.gallery:
         assert all((tmp_path / "eval-out" / "report" / image.pictures[w]).is_file() for w in ("challenger", "champion"))
 
-    missing = run_processing_job(ProcessingJobSpec(job_name="eval2", inputs={"val": shapes},
+    missing = run_processing_job(ProcessingJobSpec(job_name="eval2", inputs={"dataset": shapes},
                                                    work_dir=tmp_path / "root2", output_dir=tmp_path / "o2"))
     assert missing.status == "Failed" and "challenger model is required" in (missing.failure_reason or "")
 
@@ -323,8 +323,9 @@ def test_bad_hyperparameters_fail_with_a_clear_reason(tmp_path: Path, tiny: Path
 
 
 def test_missing_channel_fails_with_a_clear_reason(tmp_path: Path, tiny: Path) -> None:
-    result = run_training_job(job(tmp_path, tiny, TINY, channels={"train": tiny}))
-    failed(result, tmp_path, "input channel 'val' is missing")
+    """A job given the old train/val channels (a custom request, say) is told the one channel it needs."""
+    result = run_training_job(job(tmp_path, tiny, TINY, channels={"train": tiny, "val": tiny}))
+    failed(result, tmp_path, "input channel 'dataset' is missing: the job has channels ['train', 'val']")
 
 
 def test_corrupt_checkpoint_fails_with_a_clear_reason(tmp_path: Path, tiny: Path) -> None:

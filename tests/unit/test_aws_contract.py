@@ -75,6 +75,7 @@ def prepare_handler(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     with mock_aws():
         boto3.client("s3").create_bucket(Bucket=support.ARTIFACTS_BUCKET)
         support.put_pretrained_weights(boto3.client("s3"))
+        support.put_inventory(boto3.client("s3"), support.RUN_ID)
         yield handler.handler
 
 

@@ -284,8 +284,7 @@ def test_the_jobs_stop_at_once_on_a_bad_limit(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv(rule.MAX_PIXELS_ENV, "lots")
     config = tmp_path / "training" / "input" / "config"
     config.mkdir(parents=True)
-    for channel in ("train", "val"):
-        (tmp_path / "training" / "input" / "data" / channel).mkdir(parents=True)
+    (tmp_path / "training" / "input" / "data" / "dataset").mkdir(parents=True)
     for name in ("SM_HPS", "SM_HOSTS", "SM_CURRENT_HOST", "SM_OUTPUT_DIR", "SM_INPUT_CONFIG_DIR"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("D2OPS_ML_ROOT", str(tmp_path / "training"))

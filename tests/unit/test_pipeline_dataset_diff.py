@@ -84,6 +84,7 @@ def test_the_diff_is_stored_and_its_summary_travels_in_the_plan(aws: Any, tmp_pa
 
 def test_a_diff_that_cannot_be_computed_never_fails_the_run(aws: Any) -> None:
     # The champion predates inventories and its dataset prefix is empty: no manifest anywhere.
+    support.put_inventory(aws, RUN_ID)  # this run's, which sizes its jobs' volumes
     plan = prepare()
     assert plan["training_job"]["TrainingJobName"]  # the run goes on
     summary = plan["dataset_diff"]
@@ -109,6 +110,7 @@ def test_the_time_budget_ends_the_diff_not_the_run(aws: Any, tmp_path: Path) -> 
 
 def test_no_champion_no_diff(aws: Any) -> None:
     aws.delete_object(Bucket=support.ARTIFACTS_BUCKET, Key=CHAMPION_KEY)
+    support.put_inventory(aws, RUN_ID)
     assert prepare()["dataset_diff"] is None
 
 

@@ -383,7 +383,7 @@ def test_the_mocked_plan_is_what_the_prepare_lambda_builds() -> None:
     with_champion = Plan.model_validate(config["MockedResponses"]["PlanWithChampion"]["0"]["Return"]["Payload"])
     assert with_champion.champion is not None
     inputs = {i["InputName"] for i in with_champion.evaluation_job["ProcessingInputs"]}
-    assert inputs == {"challenger", "champion", "val"}
+    assert inputs == {"challenger", "champion", "dataset"}
 
 
 def test_every_mocked_lambda_answer_is_a_valid_lambda_output() -> None:

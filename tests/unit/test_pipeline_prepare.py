@@ -29,6 +29,7 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
         s3 = boto3.client("s3")
         s3.create_bucket(Bucket=support.ARTIFACTS_BUCKET)
         support.put_pretrained_weights(s3)
+        support.put_inventory(s3, support.RUN_ID)  # the events' run: its inventory sizes the volumes
         yield {"s3": s3, "sagemaker": boto3.client("sagemaker")}
 
 
@@ -46,11 +47,13 @@ def test_the_training_request_is_accepted_by_sagemaker(aws: dict[str, Any]) -> N
     assert described["TrainingJobName"] == plan["names"]["training_job"]
     run_id = support.load_event("prepare_training", "defaults")["run_id"]
     assert job["OutputDataConfig"]["S3OutputPath"] == f"s3://{support.ARTIFACTS_BUCKET}/runs/{run_id}/training/"
-    assert [c["ChannelName"] for c in job["InputDataConfig"]] == ["train", "val", "pretrained"]
-    for channel in job["InputDataConfig"][:2]:  # the run's snapshot, never the mutable data prefix
-        snapshot = s3_layout.snapshot_uri(support.ARTIFACTS_BUCKET, run_id)
-        assert channel["DataSource"]["S3DataSource"]["S3Uri"] == snapshot
-    assert job["InputDataConfig"][2]["DataSource"]["S3DataSource"]["S3Uri"] == (
+    # One channel carries the snapshot (the run's, never the mutable data prefix): two channels of the same
+    # prefix, as train and val once were, download the dataset twice in File mode.
+    assert [c["ChannelName"] for c in job["InputDataConfig"]] == ["dataset", "pretrained"]
+    dataset = job["InputDataConfig"][0]
+    assert dataset["DataSource"]["S3DataSource"]["S3Uri"] == s3_layout.snapshot_uri(support.ARTIFACTS_BUCKET, run_id)
+    assert dataset["InputMode"] == job["AlgorithmSpecification"]["TrainingInputMode"] == "File"
+    assert job["InputDataConfig"][1]["DataSource"]["S3DataSource"]["S3Uri"] == (
         f"s3://d2ops-data-example/{support.PREPARE_ENV['PRETRAINED_WEIGHTS_KEY']}")
     assert job["ResourceConfig"]["InstanceCount"] == 2 and job["ResourceConfig"]["InstanceType"] == "ml.g4dn.xlarge"
     digest = support.load_event("prepare_training", "defaults")["validation"]["inventory_digest"]
@@ -59,8 +62,8 @@ def test_the_training_request_is_accepted_by_sagemaker(aws: dict[str, Any]) -> N
                                       "min_class_instances": str(plan["gate"]["min_class_instances"])}
     assert plan["inventory_digest"] == digest
     assert plan["dataset_snapshot_uri"] == s3_layout.snapshot_uri(support.ARTIFACTS_BUCKET, run_id)
-    val_input = next(i for i in plan["evaluation_job"]["ProcessingInputs"] if i["InputName"] == "val")
-    assert val_input["S3Input"]["S3Uri"] == s3_layout.snapshot_uri(support.ARTIFACTS_BUCKET, run_id)
+    dataset_input = next(i for i in plan["evaluation_job"]["ProcessingInputs"] if i["InputName"] == "dataset")
+    assert dataset_input["S3Input"]["S3Uri"] == s3_layout.snapshot_uri(support.ARTIFACTS_BUCKET, run_id)
     # The release function knows the run's job by the same rule ("Created ... job is ours?"): name and output.
     assert job["TrainingJobName"] == run_ids.sagemaker_name(run_id, run_ids.TRAINING_JOB_SUFFIX)
     output = s3_layout.training_output_uri(support.ARTIFACTS_BUCKET, run_id)
@@ -152,10 +155,10 @@ def test_the_evaluation_request_is_accepted_and_includes_the_champion(aws: dict[
     first = prepare()
     assert first["champion"] is None
     inputs = {i["InputName"]: i["S3Input"] for i in first["evaluation_job"]["ProcessingInputs"]}
-    assert set(inputs) == {"challenger", "val"}
+    assert set(inputs) == {"challenger", "dataset"}  # the snapshot once, under the training channel's name
     assert inputs["challenger"]["S3Uri"] == (f"{first['training_job']['OutputDataConfig']['S3OutputPath']}"
                                              f"{first['names']['training_job']}/output/model.tar.gz")
-    assert inputs["val"]["LocalPath"] == "/opt/ml/processing/input/val"
+    assert inputs["dataset"]["LocalPath"] == "/opt/ml/processing/input/dataset"
     aws["sagemaker"].create_processing_job(**first["evaluation_job"])
     described = aws["sagemaker"].describe_processing_job(ProcessingJobName=first["names"]["evaluation_job"])
     run_id = support.load_event("prepare_training", "defaults")["run_id"]

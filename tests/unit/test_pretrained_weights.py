@@ -36,6 +36,7 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         s3 = boto3.client("s3")
         s3.create_bucket(Bucket=support.ARTIFACTS_BUCKET)
         s3.create_bucket(Bucket=support.DATA_BUCKET)
+        support.put_inventory(s3, support.RUN_ID)
         yield s3
 
 
@@ -136,7 +137,7 @@ def test_forbidden_is_not_reported_as_missing() -> None:
 def test_none_trains_from_scratch_without_a_channel_or_a_check(aws: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PRETRAINED_WEIGHTS_KEY", pretrained.SCRATCH)
     plan = prepare()  # nothing at any key
-    assert set(channels(plan)) == {"train", "val"}
+    assert set(channels(plan)) == {"dataset"}
     assert plan["training_job"]["HyperParameters"] == {"framework": "detectron2", "weights": "scratch",
                                                        "inventory_digest": plan["inventory_digest"],
                                                        "min_class_instances": "30"}
@@ -145,7 +146,7 @@ def test_none_trains_from_scratch_without_a_channel_or_a_check(aws: Any, monkeyp
 def test_the_torchvision_trainer_gets_no_detectron2_checkpoint(aws: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FRAMEWORK", "torchvision")
     plan = prepare()
-    assert set(channels(plan)) == {"train", "val"}
+    assert set(channels(plan)) == {"dataset"}
     assert plan["training_job"]["HyperParameters"] == {"framework": "torchvision",
                                                        "inventory_digest": plan["inventory_digest"],
                                                        "min_class_instances": "30"}

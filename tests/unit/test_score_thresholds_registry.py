@@ -144,9 +144,9 @@ def test_the_evaluation_job_copies_the_challenger_s_thresholds_into_its_report(t
     inputs = tmp_path / "processing" / "input"
     inputs.mkdir(parents=True)
     artifact_with_thresholds(tmp_path, thresholds).rename(inputs / "challenger")
-    synth.generate(inputs / "val", images=8, size=64, seed=2)
+    synth.generate(inputs / "dataset", images=8, size=64, seed=2)
     for split in ("train", "val"):  # the serving detector's category ids: 1, 2, 7
-        path = inputs / "val" / "annotations" / f"{split}.json"
+        path = inputs / "dataset" / "annotations" / f"{split}.json"
         doc = json.loads(path.read_text())
         remap = {1: 1, 2: 2, 3: 7}
         for item in (*doc["categories"], *doc["annotations"]):

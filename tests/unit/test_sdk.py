@@ -39,7 +39,19 @@ def _sent_request(settings: Any, **kwargs: Any) -> tuple[dict[str, Any], sdk.Exp
     return sent, job
 
 
-def test_the_estimator_sends_the_pipelines_training_job_request() -> None:
+@pytest.fixture
+def data_bucket() -> Any:
+    """moto S3 with the stack's data bucket: the experiment lists its dataset prefix to size the volume."""
+    import boto3
+    from moto import mock_aws
+
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket=load_stack().data_bucket)
+        yield s3
+
+
+def test_the_estimator_sends_the_pipelines_training_job_request(data_bucket: Any) -> None:
     settings = sdk.offline_settings()
     body, job = _sent_request(settings, run_id="experiment-shapes-v1-1", training={"max_iter": 7, "seed": 3})
     assert job.job_name == "experiment-shapes-v1-1-train"
@@ -50,10 +62,38 @@ def test_the_estimator_sends_the_pipelines_training_job_request() -> None:
     assert job.request["HyperParameters"] == {"framework": settings.framework, "max_iter": "7", "seed": "3",
                                               "min_class_instances": str(settings.limits.min_class_instances)}
     assert job.request["AlgorithmSpecification"]["TrainingImage"] == settings.training_image_uri
-    assert [c["ChannelName"] for c in job.request["InputDataConfig"]] == ["train", "val"]
+    assert [c["ChannelName"] for c in job.request["InputDataConfig"]] == ["dataset"]
+    assert list(job.inputs) == ["dataset"]  # the Estimator's fit sends the one channel
+    assert job.request["ResourceConfig"]["VolumeSizeInGB"] == 50  # an empty prefix: the floor
 
 
-def test_spot_settings_and_checkpoints_follow_the_stack() -> None:
+def test_an_experiments_volume_is_sized_from_its_dataset_prefix(data_bucket: Any,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutation caught: the experiment's request sized without listing the prefix its channel downloads."""
+    import botocore.client
+
+    stack = load_stack()
+    settings = sdk.offline_settings()
+    prefix = "datasets/shapes/v1/"
+    data_bucket.put_object(Bucket=stack.data_bucket, Key=prefix + "manifest.json", Body=b"{}")
+    _, small = _sent_request(settings, run_id="experiment-small-1")
+    original = botocore.client.BaseClient._make_api_call
+
+    def sized(self: Any, operation: str, params: dict[str, Any]) -> Any:
+        # The listing S3 would answer for a 70 GiB object under the prefix; nothing that large is written.
+        answer = original(self, operation, params)
+        if operation == "ListObjectsV2" and params.get("Prefix") == prefix:
+            for item in answer.get("Contents") or []:
+                item["Size"] = 70 * 1024**3
+        return answer
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", sized)
+    _, big = _sent_request(settings, run_id="experiment-big-1")
+    assert small.request["ResourceConfig"]["VolumeSizeInGB"] == 50
+    assert big.request["ResourceConfig"]["VolumeSizeInGB"] > 70
+
+
+def test_spot_settings_and_checkpoints_follow_the_stack(data_bucket: Any) -> None:
     settings = sdk.offline_settings().model_copy(update={"use_spot": True, "max_training_seconds": 3600})
     body, _ = _sent_request(settings, run_id="experiment-spot-1")
     assert body["EnableManagedSpotTraining"] is True

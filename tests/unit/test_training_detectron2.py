@@ -88,7 +88,7 @@ def sm_tree(root: Path, channel: Path, hosts: list[str], current: str, hps: dict
     config.mkdir(parents=True)
     (config / "resourceconfig.json").write_text(json.dumps({"current_host": current, "hosts": hosts}))
     (config / "hyperparameters.json").write_text(json.dumps(hps))
-    return {"D2OPS_ML_ROOT": str(root), "SM_CHANNEL_TRAIN": str(channel), "SM_CHANNEL_VAL": str(channel),
+    return {"D2OPS_ML_ROOT": str(root), "SM_CHANNEL_DATASET": str(channel),
             "D2OPS_CHECKPOINT_DIR": "/opt/ml/checkpoints"}
 
 

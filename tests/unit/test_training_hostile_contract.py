@@ -22,8 +22,7 @@ def _tree(root: Path, *, hyperparameters: Any = None, resource: Any = None, data
                            ("inputdataconfig.json", data)):
         if document is not None:
             (config / name).write_text(document if isinstance(document, str) else json.dumps(document))
-    for channel in ("train", "val"):
-        (root / "input" / "data" / channel).mkdir(parents=True)
+    (root / "input" / "data" / "dataset").mkdir(parents=True)
     return root
 
 
@@ -184,7 +183,7 @@ def test_detectron2_planning_refuses_an_image_symlinked_outside_the_channel(tmp_
     (channel / "images" / first).rename(outside)
     (channel / "images" / first).symlink_to(outside)
     root = _tree(tmp_path / "ml", hyperparameters={"framework": "detectron2"})
-    environ = {"D2OPS_ML_ROOT": str(root), "SM_CHANNEL_TRAIN": str(channel), "SM_CHANNEL_VAL": str(channel)}
+    environ = {"D2OPS_ML_ROOT": str(root), "SM_CHANNEL_DATASET": str(channel)}
     env = load_environment(environ, gpu_count=0)
     with pytest.raises(DatasetError, match="outside the channel's images directory"):
         d2.plan_job(env, parse_hyperparameters(env.hyperparameters), environ)

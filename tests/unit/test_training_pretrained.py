@@ -49,7 +49,7 @@ def _env(tmp_path: Path, channel: Path, hps: dict[str, str], pretrained_dir: Pat
     import json
 
     (config / "hyperparameters.json").write_text(json.dumps(hps))
-    environ = {"D2OPS_ML_ROOT": str(tmp_path), "SM_CHANNEL_TRAIN": str(channel), "SM_CHANNEL_VAL": str(channel),
+    environ = {"D2OPS_ML_ROOT": str(tmp_path), "SM_CHANNEL_DATASET": str(channel),
                "D2OPS_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}
     if pretrained_dir is not None:
         environ["SM_CHANNEL_PRETRAINED"] = str(pretrained_dir)

@@ -30,11 +30,19 @@ from prepare_training.models import (
     PrepareSettings,
     TrafficRoutingConfig,
 )
+from prepare_training.volume import (
+    EVALUATION_MODEL_COPIES,
+    TRAINING_MODEL_COPIES,
+    DatasetSize,
+    sized_volume,
+)
 
 CHECKPOINT_DIR = "/opt/ml/checkpoints"
 PROCESSING_ROOT = "/opt/ml/processing"
 EVALUATION_MAX_SECONDS = 2 * 3600
-VOLUME_GB = 50
+# The one input both jobs read the snapshot from: /opt/ml/input/data/dataset (SM_CHANNEL_DATASET) in
+# training, /opt/ml/processing/input/dataset in the evaluation. One channel, so one download.
+DATASET_CHANNEL = "dataset"
 # The evaluation job runs in the training image through its cuda-compat wrapper, as the training
 # entry does: a processing job's ContainerEntrypoint replaces the image's ENTRYPOINT, so without it
 # the job would skip the forward-compatibility switch (containers/training/cuda-compat says why).
@@ -84,7 +92,7 @@ class DatasetSnapshotMissing(Exception):
 
 
 def dataset_snapshot(settings: PrepareSettings, event: PrepareEvent) -> tuple[str, str]:
-    """The snapshot URI the train/val channels and the evaluation read, and the inventory's digest."""
+    """The snapshot URI the ``dataset`` channel and the evaluation read, and the inventory's digest."""
     summary = event.validation
     expected = s3_layout.snapshot_uri(settings.artifacts_bucket, event.run_id)
     if summary is None or summary.images_pending or not summary.snapshot_uri or not summary.inventory_digest:
@@ -127,14 +135,15 @@ def check_weights_match(settings: PrepareSettings, event: PrepareEvent) -> None:
         f"{pretrained.download_hint(pretrained.weights_key(config))}")
 
 
-def require_pretrained_weights(s3: Any, settings: PrepareSettings) -> None:
-    """Refuse a run whose stack expects weights that are not at ``s3://<DataBucket>/<PretrainedWeightsKey>``.
+def require_pretrained_weights(s3: Any, settings: PrepareSettings) -> int | None:
+    """Refuse a run whose stack expects weights that are not at ``s3://<DataBucket>/<PretrainedWeightsKey>``;
+    the checkpoint's size in bytes (None: the stack trains from scratch), which sizes the jobs' volumes.
 
     Lists exactly that key (the function's only permission there): an empty listing is a missing
     object, AccessDenied is a permission problem, never confused with each other.
     """
     if not settings.fine_tunes:
-        return
+        return None
     bucket, key = settings.data_bucket, settings.pretrained_weights_key
     try:
         listing = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=2)
@@ -144,7 +153,8 @@ def require_pretrained_weights(s3: Any, settings: PrepareSettings) -> None:
                 f"s3://{bucket}/{key}: access denied listing the pretrained weights (PretrainedWeightsKey); "
                 "check the stack's policies and the data bucket's policy") from None
         raise
-    keys = [item["Key"] for item in listing.get("Contents") or []]
+    sizes = {item["Key"]: int(item.get("Size", 0)) for item in listing.get("Contents") or []}
+    keys = list(sizes)
     others = [k for k in keys if k != key]
     if key in keys and others:
         raise PretrainedWeightsAmbiguous(
@@ -155,6 +165,7 @@ def require_pretrained_weights(s3: Any, settings: PrepareSettings) -> None:
             f"no pretrained weights at s3://{bucket}/{key} (PretrainedWeightsKey): put the checkpoint there with "
             f"`{pretrained.upload_command(settings.stack_name)}`{pretrained.download_hint(key)}, or deploy with "
             f"PretrainedWeightsKey={pretrained.SCRATCH} to train from scratch")
+    return sizes[key]
 
 
 def job_names(run_id: str) -> JobNames:
@@ -194,20 +205,21 @@ def image_rule_environment(settings: PrepareSettings) -> dict[str, str]:
 
 
 def training_job_request(settings: PrepareSettings, event: PrepareEvent, names: JobNames, *,
-                         dataset_uri: str | None = None) -> dict[str, Any]:
+                         dataset_uri: str | None = None, dataset: DatasetSize | None = None,
+                         weights_bytes: int | None = None) -> dict[str, Any]:
     """CreateTrainingJob's request. A pipeline run reads its validated snapshot; only an SDK experiment
-    (experiment_training_job) names another ``dataset_uri``."""
+    (experiment_training_job) names another ``dataset_uri``. ``dataset`` (what the channel downloads) and
+    ``weights_bytes`` (the pretrained checkpoint's size) size the volume; unknown, it is the floor."""
     snapshot = dataset_uri or dataset_snapshot(settings, event)[0]
-
-    def channel(name: str) -> dict[str, Any]:
-        # Both channels are the run's snapshot of the whole dataset version (COCO layout with
-        # manifest.json, copied by VersionId at validation): the trainer reads the split files the
-        # manifest names, exactly the bytes validation checked.
-        return {"ChannelName": name, "InputMode": "File",
-                "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": snapshot,
-                                                "S3DataDistributionType": "FullyReplicated"}}}
-
-    channels = [channel("train"), channel("val")]
+    # One channel, the run's snapshot of the whole dataset version (COCO layout with manifest.json,
+    # copied by VersionId at validation): the trainer reads both split files the manifest names from it,
+    # exactly the bytes validation checked. Two channels of the same prefix would download it twice.
+    # File mode, not FastFile: detectron2's loader opens images in random order every epoch, and FastFile
+    # streams each file from S3 on first read (and again once evicted), so epochs would read S3; File mode
+    # downloads once before training and reads local disk after, at the cost of the volume sized below.
+    channels = [{"ChannelName": DATASET_CHANNEL, "InputMode": "File",
+                 "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": snapshot,
+                                                 "S3DataDistributionType": "FullyReplicated"}}}]
     if settings.fine_tunes:
         # An S3Prefix of the full key: the one object require_pretrained_weights found (IAM lets the
         # job read nothing else under pretrained/), as <channel dir>/<its file name>.
@@ -231,7 +243,11 @@ def training_job_request(settings: PrepareSettings, event: PrepareEvent, names: 
         "InputDataConfig": channels,
         "OutputDataConfig": {"S3OutputPath": s3_layout.training_output_uri(settings.artifacts_bucket, event.run_id)},
         "ResourceConfig": {"InstanceType": settings.training_instance_type,
-                           "InstanceCount": settings.training_instance_count, "VolumeSizeInGB": VOLUME_GB},
+                           "InstanceCount": settings.training_instance_count,
+                           "VolumeSizeInGB": sized_volume(
+                               "training", settings.training_instance_type, "TrainingInstanceType",
+                               dataset or DatasetSize(0, 0), weights_bytes if settings.fine_tunes else None,
+                               TRAINING_MODEL_COPIES)},
         "StoppingCondition": stopping,
         "EnableManagedSpotTraining": settings.use_spot,
         # The container needs no network: SageMaker moves channels, output and checkpoints, and
@@ -253,13 +269,15 @@ def model_artifact_uri(training_job: dict[str, Any]) -> str:
 
 def evaluation_job_request(settings: PrepareSettings, event: PrepareEvent, names: JobNames,
                            challenger_model: str, champion: ChampionRef | None,
-                           thresholds: GateThresholds) -> dict[str, Any]:
+                           thresholds: GateThresholds, *, dataset: DatasetSize | None = None,
+                           weights_bytes: int | None = None) -> dict[str, Any]:
     def model_input(name: str, uri: str) -> dict[str, Any]:
         return {"InputName": name, "S3Input": {"S3Uri": uri, "LocalPath": f"{PROCESSING_ROOT}/input/{name}",
                                                 "S3DataType": "S3Prefix", "S3InputMode": "File"}}
 
     snapshot, _ = dataset_snapshot(settings, event)
-    inputs = [model_input("challenger", challenger_model), model_input("val", snapshot)]
+    # The snapshot once, as training reads it (the job reads the val split's files from it).
+    inputs = [model_input("challenger", challenger_model), model_input(DATASET_CHANNEL, snapshot)]
     if champion is not None:
         inputs.append(model_input("champion", champion.model_data))
     return {
@@ -276,8 +294,11 @@ def evaluation_job_request(settings: PrepareSettings, event: PrepareEvent, names
             "OutputName": "evaluation",
             "S3Output": {"S3Uri": s3_layout.evaluation_output_uri(settings.artifacts_bucket, event.run_id),
                          "LocalPath": f"{PROCESSING_ROOT}/output", "S3UploadMode": "EndOfJob"}}]},
-        "ProcessingResources": {"ClusterConfig": {"InstanceCount": 1, "InstanceType": settings.evaluation_instance_type,
-                                                  "VolumeSizeInGB": VOLUME_GB}},
+        "ProcessingResources": {"ClusterConfig": {
+            "InstanceCount": 1, "InstanceType": settings.evaluation_instance_type,
+            "VolumeSizeInGB": sized_volume("evaluation", settings.evaluation_instance_type, "EvaluationInstanceType",
+                                           dataset or DatasetSize(0, 0),
+                                           weights_bytes if settings.fine_tunes else None, EVALUATION_MODEL_COPIES)}},
         "StoppingCondition": {"MaxRuntimeInSeconds": EVALUATION_MAX_SECONDS},
         # Evaluation reads its inputs and writes its report through SageMaker's own transfer: no network.
         "NetworkConfig": {"EnableNetworkIsolation": True, "EnableInterContainerTrafficEncryption": True},
@@ -335,19 +356,25 @@ def check_request(settings: PrepareSettings, event: PrepareEvent) -> None:
     check_weights_match(settings, event)
 
 
-def experiment_training_job(settings: PrepareSettings, event: PrepareEvent) -> dict[str, Any]:
+def experiment_training_job(settings: PrepareSettings, event: PrepareEvent, *, dataset: DatasetSize | None = None,
+                            weights_bytes: int | None = None) -> dict[str, Any]:
     """The pipeline's training job on ``event.dataset``'s prefix as it is now (d2ops.sdk's experiments:
-    nothing validated, nothing snapshotted, never promoted), with the pipeline's checks."""
+    nothing validated, nothing snapshotted, never promoted), with the pipeline's checks; ``dataset`` is the
+    prefix's listing, which the channel downloads whole."""
     check_request(settings, event)
-    return training_job_request(settings, event, job_names(event.run_id), dataset_uri=event.dataset.uri)
+    return training_job_request(settings, event, job_names(event.run_id), dataset_uri=event.dataset.uri,
+                                dataset=dataset, weights_bytes=weights_bytes)
 
 
 def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: ChampionRef | None,
-               dataset_diff: DatasetDiffSummary | None = None) -> Plan:
+               dataset_diff: DatasetDiffSummary | None = None, *, dataset: DatasetSize | None = None,
+               weights_bytes: int | None = None) -> Plan:
+    """The run's plan. ``dataset`` (the inventory's sum, handler.py reads it) and ``weights_bytes`` size the
+    jobs' volumes; None sizes them for an empty dataset, i.e. the floor (tests that do not size)."""
     snapshot, digest = dataset_snapshot(settings, event)
     check_request(settings, event)
     names = job_names(event.run_id)
-    training = training_job_request(settings, event, names)
+    training = training_job_request(settings, event, names, dataset=dataset, weights_bytes=weights_bytes)
     min_map, max_regression = effective_gate(settings.limits, event.manifest.gate)
     max_class_regression, min_class_instances = effective_class_gate(settings.limits, event.manifest.gate)
     confidence, resamples = effective_interval(settings.limits, event.manifest.gate)
@@ -358,7 +385,8 @@ def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: Champio
                           or gate_settings.DEFAULT_MIN_COMPARED_IMAGES)
     return Plan(
         training_job=training,
-        evaluation_job=evaluation_job_request(settings, event, names, model_artifact_uri(training), champion, gate),
+        evaluation_job=evaluation_job_request(settings, event, names, model_artifact_uri(training), champion, gate,
+                                              dataset=dataset, weights_bytes=weights_bytes),
         names=names,
         gate=gate,
         endpoint=EndpointPlan(instance_type=settings.endpoint_instance_type,

@@ -41,7 +41,7 @@ def _run(dataset: Path, work: Path, hyperparameters: dict[str, str]) -> dict[str
 
     shutil.rmtree(work, ignore_errors=True)
     result = run_training_job(TrainingJobSpec(
-        job_name=work.name, channels={"train": dataset, "val": dataset}, work_dir=work / "hosts",
+        job_name=work.name, channels={"dataset": dataset}, work_dir=work / "hosts",
         output_dir=work / "out", hyperparameters=hyperparameters), log=log)
     return {"status": result.status, "failure_reason": result.failure_reason, "losses": losses,
             "bbox_AP50": result.metrics.get("val:bbox_AP50"), "bbox_AP": result.metrics.get("val:bbox_AP")}

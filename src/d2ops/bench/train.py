@@ -56,7 +56,7 @@ def measure(framework: str, dataset: Path, work: Path, iterations: int, processe
     shutil.rmtree(work, ignore_errors=True)
     started = time.perf_counter()
     result = run_training_job(TrainingJobSpec(
-        job_name=f"bench-{framework}-{processes}", channels={"train": dataset, "val": dataset},
+        job_name=f"bench-{framework}-{processes}", channels={"dataset": dataset},
         work_dir=work / "hosts", output_dir=work / "out",
         hyperparameters=HYPERPARAMETERS[framework] | {"max_iter": str(iterations)}, instance_count=processes), log=log)
     if result.status != "Completed":

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--hosts must be at least 1, got {args.hosts}")
     hyperparameters = parse_hyperparameters_option(args.hyperparameters)
     name = args.job_name or re.sub(r"[^A-Za-z0-9-]", "-", output.resolve().name)[:63] or "local-training"
-    spec = TrainingJobSpec(job_name=name, channels={"train": dataset, "val": dataset}, work_dir=output / "hosts",
+    spec = TrainingJobSpec(job_name=name, channels={"dataset": dataset}, work_dir=output / "hosts",
                            output_dir=output, hyperparameters=hyperparameters, instance_count=args.hosts,
                            max_runtime_seconds=args.max_runtime)
     stop = threading.Event()
