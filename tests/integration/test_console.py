@@ -352,6 +352,38 @@ def test_the_command_serves_the_running_runtime_and_reaches_its_endpoint_through
     assert process.returncode == 0, err[-4000:]
 
 
+def test_a_truncated_evaluation_names_what_it_left_out_and_links_the_whole_documents(
+        console: tuple[Console, OfflineRuntime, RunSummary]) -> None:
+    """An answer the status API cut to stay under Lambda's 6 MB (status_api.response_budget), in the API's own
+    model. Catches: a cut the page does not say, the links not offered, a link that is not http(s) followed."""
+    from tests.fixtures.pipeline import support
+
+    support.function_path("status_api")
+    from status_api.models import EvaluationView
+
+    links = [{"name": "evaluation", "uri": "s3://artifacts/runs/r/evaluation/evaluation.json",
+              "url": "https://artifacts.s3.amazonaws.com/runs/r/evaluation/evaluation.json?X-Amz-Signature=abc",
+              "expires_at": "2026-11-29T05:00:00+00:00"},
+             {"name": "pr_curves", "uri": "s3://artifacts/runs/r/evaluation/report/pr_curves.json",
+              "url": "javascript:alert(1)", "expires_at": "2026-11-29T05:00:00+00:00"}]
+    answer = EvaluationView.model_validate(
+        {"report_uri": "s3://artifacts/runs/r/evaluation/evaluation.json", "primary_metric": "bbox_AP",
+         "val_images": 2, "challenger": {"metrics": {"bbox_AP": 0.6}}, "truncated": True,
+         "left_out": ["errors.gallery.thumbnails", "pr_curves"], "full_report": links}).model_dump(mode="json")
+    server, _, run = console
+    with browser_page() as page:
+        page.route(f"**/api/runs/{run.run_id}/evaluation",
+                   lambda route: route.fulfill(status=200, content_type="application/json", body=json.dumps(answer)))
+        page.goto(f"{server.url}#run={run.run_id}")
+        note = page.locator("#evaluation-truncated")
+        note.wait_for(timeout=30_000)
+        assert "left out: errors.gallery.thumbnails, pr_curves" in note.inner_text()
+        anchors = note.locator("a")
+        assert anchors.count() == 1 and anchors.first.inner_text() == "evaluation"
+        assert anchors.first.get_attribute("href") == links[0]["url"]
+        assert page.problems == []
+
+
 def test_the_loss_curve_grows_while_the_run_trains_and_polling_stops_when_it_ends(
         console: tuple[Console, OfflineRuntime, RunSummary]) -> None:
     """The Training panel draws training.progress and asks again while the run runs. The run's real answer,
