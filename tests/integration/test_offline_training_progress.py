@@ -27,8 +27,10 @@ from d2ops.offline.client import offline_status_api
 from d2ops.offline.pipeline import RunSummary, run_pipeline
 from d2ops.offline.runtime import OfflineRuntime
 from d2ops.offline.services.sagemaker_jobs import JOB_LOG, JobOutcome
-from d2ops_core import metrics
+from d2ops_core import metrics, s3_layout
+from d2ops_core.documents.training_curve import TrainingCurve
 from tests.fixtures.offline.support import tiny_dataset
+from tests.fixtures.pipeline import support
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -86,10 +88,11 @@ def training(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Offline
 
 
 def test_the_status_api_and_d2ops_status_follow_a_running_training_job(
-        training: tuple[OfflineRuntime, _ScriptedTraining], tmp_path: Path) -> None:
+        training: tuple[OfflineRuntime, _ScriptedTraining], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Catches: the local SageMaker not publishing while the job runs (progress only after it ended, or
     never), a half-written line published, the status API not reading the run's job, a time left missing
-    while it runs or left over after it ended, `d2ops status` not printing the line."""
+    while it runs or left over after it ended, `d2ops status` not printing the line, an ended job's curve not
+    kept in the runtime's S3 (or answered differently from there)."""
     rt, job = training
     dataset = tiny_dataset(tmp_path, "progress", "v1", images=10)
     finished: list[RunSummary] = []
@@ -131,3 +134,16 @@ def test_the_status_api_and_d2ops_status_follow_a_running_training_job(
     ended = api.get(f"/runs/{run_id}")["training"]
     assert ended["status"] == "Failed" and ended["progress"]["seconds_left"] is None
     assert ended["progress"]["iteration"] == 20
+
+    # Once the ended job's values have settled, the next answer keeps its curve in the runtime's S3 (the
+    # status API's own clients, as deployed) and later ones answer the same curve from there.
+    support.function_path("status_api")
+    from status_api import curve_store
+
+    s3, bucket, key = rt.client("s3"), rt.stack.artifacts_bucket, s3_layout.training_curve_key(run_id)
+    assert s3.list_objects_v2(Bucket=bucket, Prefix=key).get("KeyCount", 0) == 0  # just ended: not yet
+    monkeypatch.setattr(curve_store, "SETTLE_SECONDS", 0)
+    assert api.get(f"/runs/{run_id}")["training"] == ended
+    stored = TrainingCurve.model_validate_json(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    assert stored.job_status == "Failed" and stored.progress is not None and stored.progress.iteration == 20
+    assert api.get(f"/runs/{run_id}")["training"] == ended
