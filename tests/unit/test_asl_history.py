@@ -63,8 +63,11 @@ def test_events_have_the_get_execution_history_shape() -> None:
     assert [e["id"] for e in events] == list(range(1, len(events) + 1))
     assert events[0]["type"] == "ExecutionStarted" and events[0]["previousEventId"] == 0
     assert events[-1]["type"] == "ExecutionSucceeded"
+    # As AWS records it: the first state's Entered event points at 0, then one thread of execution is a chain.
+    assert events[1]["type"].endswith("StateEntered") and events[1]["previousEventId"] == 0
+    for previous, event in itertools.pairwise(events[1:]):
+        assert event["previousEventId"] == previous["id"]
     for previous, event in itertools.pairwise(events):
-        assert event["previousEventId"] == previous["id"]  # one thread of execution: a simple chain
         assert event["timestamp"] >= previous["timestamp"]
         assert isinstance(event["timestamp"], datetime) and event["timestamp"].tzinfo is not None
     for event in events:

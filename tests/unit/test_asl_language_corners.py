@@ -381,3 +381,29 @@ def test_a_missing_error_path_fails_with_the_recorded_words() -> None:
         "States.Runtime", PREFIX.format(state="F", event=2) + " The JSONPath '$.ErrorX' specified for the field "
                                                               "'ErrorPath' could not be found in the input "
                                                               '\'{"Error":"E"}\'')
+
+
+# ----- history details AWS records around these corners ----------------------------------------------------------
+def test_a_retried_map_records_map_state_failed_only_when_it_gives_up() -> None:
+    """AWS-recorded (test_base_scenarios::test_map_state_retry): MapStateStarted per attempt, MapStateFailed once,
+    after the last. Mutation: MapStateFailed after every failed attempt."""
+    definition = {"StartAt": "M", "States": {"M": {
+        "Type": "Map", "End": True, "Retry": [{"ErrorEquals": ["ItemFailed"], "MaxAttempts": 2}],
+        "ItemProcessor": {"StartAt": "F", "States": {"F": {"Type": "Fail", "Error": "ItemFailed", "Cause": "c"}}}}}}
+    execution = run(definition, [1])
+    kinds = types(execution)
+    assert kinds.count("MapStateStarted") == 3 and kinds.count("MapStateFailed") == 1
+    assert kinds[-2:] == ["MapStateFailed", "ExecutionFailed"]
+
+
+def test_the_first_state_and_an_evaluation_failure_point_where_aws_points() -> None:
+    """AWS-recorded (every history; test_assign_reference_variables::test_undefined_reference): the first
+    state's Entered event has previousEventId 0, and EvaluationFailed carries its state's Entered event's
+    previousEventId. Mutation: a plain chain (1, and the Entered event's id)."""
+    definition = {**JSONATA, "StartAt": "A", "States": {
+        "A": {"Type": "Pass", "Next": "B"},
+        "B": {"Type": "Pass", "Output": "{% $nothing %}", "End": True}}}
+    events = run(definition, {}).history
+    assert [(e["id"], e["previousEventId"], e["type"]) for e in events] == [
+        (1, 0, "ExecutionStarted"), (2, 0, "PassStateEntered"), (3, 2, "PassStateExited"),
+        (4, 3, "PassStateEntered"), (5, 3, "EvaluationFailed"), (6, 5, "ExecutionFailed")]

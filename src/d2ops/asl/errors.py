@@ -51,6 +51,9 @@ class StatesError(Exception):
         self.error = error
         self.cause = cause
         self.also = tuple(also)
+        # The event a Parallel or Map state records when this error ends it (ParallelStateFailed,
+        # MapStateFailed): recorded once no retrier takes the error, before a catcher or the failure.
+        self.failed_event: str | None = None
 
     def matched_by(self, error_equals: Sequence[str]) -> bool:
         """Whether a retrier's or catcher's ``ErrorEquals`` covers this error (or one of ``also``)."""

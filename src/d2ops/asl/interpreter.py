@@ -379,6 +379,9 @@ class Execution:
         frame = _Frame(0, self._cancel, VariableScope())
         self._event(frame, "ExecutionStarted", {"input": _dumps(self.input), "inputDetails": {"truncated": False},
                                                 "roleArn": self.state_machine.role_arn})
+        # The service records the first state's Entered event with previousEventId 0, not 1 (every history in
+        # LocalStack's snapshots recorded against AWS); the chain goes on from there.
+        frame.last_event = 0
         try:
             output = self._run_scope(self.state_machine.definition, self.input, frame)
             self._finish("SUCCEEDED", output=output)
@@ -531,11 +534,17 @@ class Execution:
                  **states: Any) -> jsonata_expr.Evaluator:
         """The evaluator of a JSONata state's fields: $states (input, context and ``states``: result or
         errorOutput) and the variables as they were when the state was entered."""
+        entered = getattr(self._entered, "id", None)
+
         def failed(err: StatesError, location: str | None) -> None:
-            # The service records where a JSONata state failed before the state's own failure events.
+            # The service records where a JSONata state failed before the state's own failure events, its
+            # previousEventId that of the state's Entered event (AWS-recorded histories).
             details = {"error": err.error, "cause": err.cause, "state": name}
             if location is not None:
                 details["location"] = location
+            if entered is not None:
+                with self._lock:
+                    frame.last_event = self._events[entered - 1]["previousEventId"]
             self._event(frame, "EvaluationFailed", details)
 
         return jsonata_expr.Evaluator({"input": state_input, "context": context, **states}, frame.variables.snapshot(),
@@ -691,6 +700,7 @@ class Execution:
                 frame.assigned = None  # a failed attempt assigns nothing
                 index = next((i for i, r in enumerate(retriers) if err.matched_by(r["ErrorEquals"])), None)
                 if index is not None and counts[index] < retriers[index].get("MaxAttempts", 3):
+                    err.failed_event = None  # AWS records <Type>StateFailed only for the attempt that ends the state
                     retrier = retriers[index]
                     try:
                         delay = retrier.get("IntervalSeconds", 1) * retrier.get("BackoffRate", 2.0) ** counts[index]
@@ -704,6 +714,9 @@ class Execution:
                     retry_count += 1
                     self._sleep(delay, frame)
                     continue
+                if err.failed_event is not None:
+                    self._event(frame, err.failed_event, None)
+                    err.failed_event = None
                 for position, catcher in enumerate(state.get("Catch", [])):
                     if err.matched_by(catcher["ErrorEquals"]):
                         error_output: dict[str, Any] = {"Error": err.error}
@@ -950,8 +963,8 @@ class Execution:
             jobs = [functools.partial(self._run_scope, branch, data) for branch in state["Branches"]]
             try:
                 results = self._run_jobs(jobs, frame, 0)
-            except StatesError:
-                self._event(frame, "ParallelStateFailed", None)
+            except StatesError as err:
+                err.failed_event = "ParallelStateFailed"
                 raise
             self._event(frame, "ParallelStateSucceeded", None)
             if jsonata:
@@ -994,8 +1007,8 @@ class Execution:
                     if jsonata_expr.is_expression(concurrency):
                         concurrency = evaluator.typed(concurrency, "MaxConcurrency", "integer",
                                                       lambda v: _is_int(v) and v >= 0)
-                except StatesError:
-                    self._event(frame, "MapStateFailed", None)  # as recorded: no MapStateStarted before it
+                except StatesError as err:
+                    err.failed_event = "MapStateFailed"  # as recorded: no MapStateStarted before it
                     raise
             else:
                 data = self._input_path(state, name, raw, context)
@@ -1034,8 +1047,8 @@ class Execution:
             jobs = [functools.partial(iteration, i, item) for i, item in enumerate(items)]
             try:
                 results = self._run_jobs(jobs, frame, concurrency)
-            except StatesError:
-                self._event(frame, "MapStateFailed", None)
+            except StatesError as err:
+                err.failed_event = "MapStateFailed"
                 raise
             self._event(frame, "MapStateSucceeded", None)
             if jsonata:
@@ -1102,8 +1115,8 @@ class Execution:
             if reader is None and evaluator is not None:
                 try:
                     items = self._jsonata_items(state, name, raw, evaluator)
-                except StatesError:
-                    self._event(frame, "MapStateFailed", None)
+                except StatesError as err:
+                    err.failed_event = "MapStateFailed"
                     raise
             elif reader is None:
                 selected = self._select(state.get("ItemsPath", "$"), data, context, name, "ItemsPath")
@@ -1149,7 +1162,7 @@ class Execution:
                                        count, percentage, child_machine, express, map_run_arn, writer)
             except StatesError as err:
                 self._event(frame, "MapRunFailed", _error_details(err.error, err.cause))
-                self._event(frame, "MapStateFailed", None)
+                err.failed_event = "MapStateFailed"
                 raise
             except (ExecutionAborted, ExecutionTimedOut, _BranchCancelled):
                 self._event(frame, "MapRunAborted", None)  # the parent ended: its Map Run is aborted
