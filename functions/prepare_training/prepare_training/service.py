@@ -214,9 +214,10 @@ def training_job_request(settings: PrepareSettings, event: PrepareEvent, names: 
     # One channel, the run's snapshot of the whole dataset version (COCO layout with manifest.json,
     # copied by VersionId at validation): the trainer reads both split files the manifest names from it,
     # exactly the bytes validation checked. Two channels of the same prefix would download it twice.
-    # File mode, not FastFile: detectron2's loader opens images in random order every epoch, and FastFile
-    # streams each file from S3 on first read (and again once evicted), so epochs would read S3; File mode
-    # downloads once before training and reads local disk after, at the cost of the volume sized below.
+    # File mode, not FastFile: detectron2's loader opens many small images in random order every epoch,
+    # and FastFile fetches a file from S3 when the job reads it (SageMaker's guide suits it to sequential
+    # reads), so training would wait on S3 requests; File mode downloads once, before training, and reads
+    # local disk after, at the cost of the volume sized below.
     channels = [{"ChannelName": DATASET_CHANNEL, "InputMode": "File",
                  "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": snapshot,
                                                  "S3DataDistributionType": "FullyReplicated"}}}]
