@@ -103,11 +103,12 @@ lint: setup  ## ruff, mypy, import-linter (package boundaries), the generated AS
 
 # --- supply chain (issue 31) ------------------------------------------------------------
 # Hash-checked locks of the Python dependencies (uv, from PyPI), each later lock constrained by the
-# earlier ones so all three agree on what they share; the layer's for Lambda's platform (manylinux2014,
-# wheels only). `make locks` re-locks after an input changed, keeping the other versions; `make pins`
+# earlier ones so all agree on what they share; the layer's and the functions' for Lambda's platform
+# (manylinux2014, wheels only), the functions' copied to each functions/<name>/requirements.txt. `make locks` re-locks after an input changed, keeping the other versions; `make pins`
 # also upgrades every package within its range and re-resolves each base image tag's digest (needs
 # PyPI and the registries). Then `make setup` installs the new versions here. docs/operations.md.
-PIN_LOCKS := src/requirements.lock containers/serving/requirements.lock containers/training/requirements.lock
+PIN_LOCKS := src/requirements.lock functions/requirements.lock containers/serving/requirements.lock \
+  containers/training/requirements.lock
 UV_COMPILE = $(BIN)/uv pip compile --no-config --quiet --generate-hashes --python-version 3.11 \
   --index-url https://pypi.org/simple --custom-compile-command "make pins" $(PINS_UPGRADE)
 
@@ -115,9 +116,12 @@ UV_COMPILE = $(BIN)/uv pip compile --no-config --quiet --generate-hashes --pytho
 locks:  ## re-lock the layer's and the images' Python dependencies after an input changed (keeps other versions)
 	$(UV_COMPILE) --python-platform x86_64-manylinux2014 --only-binary :all: \
 	  src/requirements.txt -o src/requirements.lock
-	$(UV_COMPILE) --python-platform x86_64-manylinux_2_28 -c src/requirements.lock \
+	$(UV_COMPILE) --python-platform x86_64-manylinux2014 --only-binary :all: -c src/requirements.lock \
+	  functions/requirements.in -o functions/requirements.lock
+	for fn in functions/*/requirements.txt; do cp functions/requirements.lock $$fn; done
+	$(UV_COMPILE) --python-platform x86_64-manylinux_2_28 -c src/requirements.lock -c functions/requirements.lock \
 	  containers/serving/requirements.txt -o containers/serving/requirements.lock
-	$(UV_COMPILE) --python-platform x86_64-manylinux_2_28 -c src/requirements.lock \
+	$(UV_COMPILE) --python-platform x86_64-manylinux_2_28 -c src/requirements.lock -c functions/requirements.lock \
 	  -c containers/serving/requirements.lock containers/training/requirements.txt -o containers/training/requirements.lock
 
 pins:  ## refresh the pins: upgrade the locks within their ranges and re-resolve the base images' digests

@@ -26,9 +26,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # constrained by the earlier ones, so the three agree on every package they share).
 LOCKS = {
     "src/requirements.lock": "src/requirements.txt",  # the Lambda layer (d2ops.layer_build)
+    "functions/requirements.lock": "functions/requirements.in",  # every function, beside the layer
     "containers/serving/requirements.lock": "containers/serving/requirements.txt",
     "containers/training/requirements.lock": "containers/training/requirements.txt",
 }
+# `sam build` installs each function's requirements.txt: a copy of the functions' lock (`make locks`).
+FUNCTIONS_LOCK = "functions/requirements.lock"
+# Not constraints of the development environment: the functions' boto3 is the newest (it must match the
+# tracer's botocore), the venv's is the one aws-sam-cli pins exactly.
+NOT_DEV_CONSTRAINTS = frozenset({FUNCTIONS_LOCK})
 DOCKERFILES = ("containers/training/Dockerfile", "containers/serving/Dockerfile")
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 # A base image reference where it is written: a FROM line or an ARG default that a FROM names.
@@ -91,6 +97,8 @@ def constraints(root: Path = REPO_ROOT) -> str:
     an image's lock (its transitive pins) stays free: the developer tools have requirements of their own."""
     chosen: dict[str, tuple[str, list[str]]] = {}
     for lock, source in LOCKS.items():
+        if lock in NOT_DEV_CONSTRAINTS:
+            continue
         packages = read_lock((root / lock).read_text(), lock)
         names = packages if lock == "src/requirements.lock" else requirement_names((root / source).read_text())
         for name in names:

@@ -244,6 +244,19 @@ def test_every_pip_install_in_the_images_is_locked_or_exactly_pinned() -> None:
         assert text.index("--require-hashes") < text.index('"${TORCH_INDEX_URL}" torch=='), f"{image}: lock after torch"
 
 
+def test_every_function_ships_the_functions_lock() -> None:
+    """`sam build` installs each functions/<name>/requirements.txt; each is the functions' lock, byte for byte
+    (hashes and all, so pip's hash-checking mode is on), compiled against the layer's lock: a function's
+    pydantic shadows the layer's in Lambda, so the two must be one version. Mutation caught: one function's
+    requirements.txt hand-edited back to ranges, or the lock re-compiled without copying it."""
+    lock = (REPO_ROOT / supply.FUNCTIONS_LOCK).read_text()
+    copies = sorted((REPO_ROOT / "functions").glob("*/requirements.txt"))
+    assert len(copies) >= 11
+    assert [c for c in copies if c.read_text() != lock] == []
+    locked = supply.read_lock(lock, supply.FUNCTIONS_LOCK)
+    assert {"aws-lambda-powertools", "aws-xray-sdk", "pydantic", "boto3"} <= set(locked)  # [parser,tracer]
+
+
 def test_the_layer_build_requires_hashes() -> None:
     """Mutation caught: d2ops.layer_build installing src/requirements.txt or without --require-hashes."""
     cmd = pip_command(REPO_ROOT / "src" / "requirements.lock", Path("/tmp/out"))
