@@ -112,17 +112,31 @@ PIN_LOCKS := src/requirements.lock functions/requirements.lock containers/servin
 UV_COMPILE = $(BIN)/uv pip compile --no-config --quiet --generate-hashes --python-version 3.11 \
   --index-url https://pypi.org/simple --custom-compile-command "make pins" $(PINS_UPGRADE)
 
+# First the development environment is resolved (not installed, not committed: build/pins/): the dev
+# extras with what the images need, detectron2's requirements included, as `make setup` installs them.
+# The packages `make setup` constrains follow it (d2ops.pins dev-ceiling), so no lock passes a cap the
+# developer tools set (aws-sam-cli's translator pins pydantic ~=2.13.3) and `make setup` still
+# resolves. Without PINS_UPGRADE that resolution is held to today's locked versions.
+PINS_DIR := build/pins
 .PHONY: locks pins
-locks:  ## re-lock the layer's and the images' Python dependencies after an input changed (keeps other versions)
-	$(UV_COMPILE) --python-platform x86_64-manylinux2014 --only-binary :all: \
+locks:  ## re-lock the layer's, functions' and images' Python dependencies after an input changed (keeps other versions)
+	@mkdir -p $(PINS_DIR)
+	PYTHONPATH=src $(BIN)/python -m d2ops.pins constraints | sed 's/  #.*//' > $(PINS_DIR)/current.txt
+	$(BIN)/uv pip compile --no-config --quiet --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+	  --index-url https://pypi.org/simple $(if $(PINS_UPGRADE),,-c $(PINS_DIR)/current.txt) \
+	  pyproject.toml --extra dev containers/serving/requirements.txt containers/training/requirements.txt \
+	  -o $(PINS_DIR)/dev-resolution.txt
+	PYTHONPATH=src $(BIN)/python -m d2ops.pins dev-ceiling $(PINS_DIR)/dev-resolution.txt > $(PINS_DIR)/dev-ceiling.txt
+	$(UV_COMPILE) --python-platform x86_64-manylinux2014 --only-binary :all: -c $(PINS_DIR)/dev-ceiling.txt \
 	  src/requirements.txt -o src/requirements.lock
 	$(UV_COMPILE) --python-platform x86_64-manylinux2014 --only-binary :all: -c src/requirements.lock \
 	  functions/requirements.in -o functions/requirements.lock
 	for fn in functions/*/requirements.txt; do cp functions/requirements.lock $$fn; done
-	$(UV_COMPILE) --python-platform x86_64-manylinux_2_28 -c src/requirements.lock -c functions/requirements.lock \
-	  containers/serving/requirements.txt -o containers/serving/requirements.lock
-	$(UV_COMPILE) --python-platform x86_64-manylinux_2_28 -c src/requirements.lock -c functions/requirements.lock \
-	  -c containers/serving/requirements.lock containers/training/requirements.txt -o containers/training/requirements.lock
+	$(UV_COMPILE) --python-platform x86_64-manylinux_2_28 -c $(PINS_DIR)/dev-ceiling.txt -c src/requirements.lock \
+	  -c functions/requirements.lock containers/serving/requirements.txt -o containers/serving/requirements.lock
+	$(UV_COMPILE) --python-platform x86_64-manylinux_2_28 -c $(PINS_DIR)/dev-ceiling.txt -c src/requirements.lock \
+	  -c functions/requirements.lock -c containers/serving/requirements.lock \
+	  containers/training/requirements.txt -o containers/training/requirements.lock
 
 pins:  ## refresh the pins: upgrade the locks within their ranges and re-resolve the base images' digests
 	$(MAKE) locks PINS_UPGRADE=--upgrade

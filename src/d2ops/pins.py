@@ -1,6 +1,7 @@
 """The supply-chain pins: hash-checked locks of the Python dependencies and base images by digest.
 
     python -m d2ops.pins constraints   # the locks' versions as pip constraints, for `make setup`
+    python -m d2ops.pins dev-ceiling RESOLUTION   # what of the dev tools' resolution the locks must follow
     python -m d2ops.pins digests       # resolve each base image tag's current digest, rewrite FROM/ARG lines
 
 ``make pins`` recompiles the locks (uv) and runs ``digests``. The readers here are also what
@@ -109,6 +110,30 @@ def constraints(root: Path = REPO_ROOT) -> str:
     return "".join(f"{name}=={version}  # {', '.join(where)}\n" for name, (version, where) in sorted(chosen.items()))
 
 
+def constrained_names(root: Path = REPO_ROOT) -> set[str]:
+    """The names `make setup` constrains: the layer lock's packages and every image input's requirements."""
+    names = set(read_lock((root / "src/requirements.lock").read_text(), "src/requirements.lock"))
+    names |= set(requirement_names((root / "src/requirements.txt").read_text()))
+    for lock, source in LOCKS.items():
+        if lock not in NOT_DEV_CONSTRAINTS:
+            names |= set(requirement_names((root / source).read_text()))
+    return names
+
+
+def dev_ceiling(resolution: str, root: Path = REPO_ROOT) -> str:
+    """The lines of a resolution of the development environment (`uv pip compile pyproject.toml --extra
+    dev`) that the locks must follow: the packages `make setup` constrains. The developer tools cap some of
+    them (aws-sam-cli's translator pins pydantic ~=2.13.3); a lock past such a cap would leave `make setup`
+    unresolvable, so the locks take the version the tools allow instead."""
+    names = constrained_names(root)
+    lines = []
+    for line in resolution.splitlines():
+        match = re.match(r"([A-Za-z0-9][\w.\-]*)==(\S+)", line)
+        if match and normalize(match[1]) in names:
+            lines.append(f"{normalize(match[1])}=={match[2]}\n")
+    return "".join(lines)
+
+
 # ------------------------------------------------------------------------------------- base images
 def base_images(dockerfile: str) -> list[str]:
     """Every base image reference a Dockerfile builds FROM, with ``${ARG}`` defaults substituted."""
@@ -188,12 +213,18 @@ def repin(dockerfile: str, resolve: Callable[[str], str] = resolve_digest) -> st
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m d2ops.pins", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("constraints", "digests"))
+    parser.add_argument("command", choices=("constraints", "dev-ceiling", "digests"))
+    parser.add_argument("resolution", nargs="?", type=Path, help="dev-ceiling: the dev environment's resolution")
     parser.add_argument("--root", type=Path, default=REPO_ROOT)
     args = parser.parse_args(argv)
     try:
         if args.command == "constraints":
             sys.stdout.write(constraints(args.root))
+            return 0
+        if args.command == "dev-ceiling":
+            if args.resolution is None:
+                parser.error("dev-ceiling needs the resolution file")
+            sys.stdout.write(dev_ceiling(args.resolution.read_text(), args.root))
             return 0
         for name in DOCKERFILES:
             path = args.root / name

@@ -112,3 +112,13 @@ def test_constraints_refuse_locks_that_disagree(tmp_path: Path) -> None:
     serving.write_text(serving.read_text().replace(f"pydantic=={layer_version}", "pydantic==2.99.0"))
     with pytest.raises(pins.PinError, match=r"pydantic==2\.99\.0, but src/requirements\.lock locks"):
         pins.constraints(tmp_path)
+
+
+def test_the_dev_ceiling_keeps_what_make_setup_constrains() -> None:
+    """The locks follow the dev tools' resolution for the packages `make setup` constrains (the layer lock's,
+    every image input's) and for nothing else. Mutation caught: the ceiling dropping pydantic (a lock then
+    passes aws-sam-cli's ~=2.13.3 and `make setup` cannot resolve) or pinning the functions' boto3."""
+    resolution = ("pydantic==2.13.5\n    # via aws-sam-translator\npydantic-core==2.46.5\nboto3==1.43.108\n"
+                  "setuptools==80.10.2\nPillow==12.2.0\nprotobuf==6.33.6\n")
+    assert pins.dev_ceiling(resolution) == ("pydantic==2.13.5\npydantic-core==2.46.5\nsetuptools==80.10.2\n"
+                                            "pillow==12.2.0\n")
