@@ -485,7 +485,8 @@ INSTANCE_STORE_GB: dict[str, int] = {
     **{f"ml.g6.{s}": gb for s, gb in {"xlarge": 250, "2xlarge": 450, "4xlarge": 600, "8xlarge": 900,
                                        "12xlarge": 3760, "16xlarge": 1880, "24xlarge": 3760, "48xlarge": 7520}.items()},
     "ml.p4d.24xlarge": 8000, "ml.p4de.24xlarge": 8000,
-    "ml.p5.48xlarge": 30400, "ml.p5e.48xlarge": 30400, "ml.p5en.48xlarge": 30400,
+    # p5, p5e and p5en: 8 x 3840 GB NVMe (AWS's P5 page: "30 TB local NVMe"); some third-party tables say 8 x 475.
+    "ml.p5.48xlarge": 30720, "ml.p5e.48xlarge": 30720, "ml.p5en.48xlarge": 30720,
     **{f"ml.c5d.{s}": gb for s, gb in {"large": 50, "xlarge": 100, "2xlarge": 200, "4xlarge": 400, "9xlarge": 900,
                                         "12xlarge": 1800, "18xlarge": 1800, "24xlarge": 3600}.items()},
     **{f"ml.m5d.{s}": gb for s, gb in _D_SIZES.items()},
