@@ -407,3 +407,23 @@ def test_the_first_state_and_an_evaluation_failure_point_where_aws_points() -> N
     assert [(e["id"], e["previousEventId"], e["type"]) for e in events] == [
         (1, 0, "ExecutionStarted"), (2, 0, "PassStateEntered"), (3, 2, "PassStateExited"),
         (4, 3, "PassStateEntered"), (5, 3, "EvaluationFailed"), (6, 5, "ExecutionFailed")]
+
+
+def test_a_task_sleeping_for_centuries_reaches_the_execution_deadline_without_overflow() -> None:
+    """An executor may sleep any span (TaskContext.sleep); the one-year execution bound stops it. Mutation:
+    computing now + seconds first (OverflowError, the execution failing as an interpreter error)."""
+    def sleeper(resource: str, parameters: Any, context: Any) -> Any:
+        context.sleep(1e15)
+        return {}
+
+    definition = {"StartAt": "T", "States": {"T": {"Type": "Task", "End": True,
+                                                   "Resource": "arn:aws:lambda:us-east-1:123456789012:function:f"}}}
+    execution = run(definition, {}, executors={"arn:aws:lambda:*": sleeper})
+    assert (execution.status, execution.stop_date - START) == ("TIMED_OUT", timedelta(days=365))
+
+
+@pytest.mark.parametrize("seconds", [1e15, float("inf")])
+def test_the_virtual_clock_stops_at_the_end_of_the_calendar(seconds: float) -> None:
+    clock = VirtualClock(START)
+    clock.advance(seconds)
+    assert clock.now() > START + timedelta(days=365 * 7000) and clock.now().year == 9999

@@ -80,8 +80,15 @@ class VirtualClock(Clock):
         self.advance(seconds)
 
     def advance(self, seconds: float) -> None:
+        """Move on ``seconds`` (negative: not at all); a span past the calendar's end stops at its last moment,
+        so a caller sleeping "forever" (inf, 1e20) cannot overflow the clock."""
         with self._lock:
-            self._now += timedelta(seconds=max(0.0, seconds))
+            room = datetime.max.replace(tzinfo=UTC) - self._now
+            seconds = max(0.0, seconds)  # NaN too
+            try:
+                self._now += room if seconds >= room.total_seconds() else timedelta(seconds=seconds)
+            except OverflowError:  # within a microsecond of the end, rounded past it
+                self._now += room
 
     def set(self, moment: datetime) -> None:
         """Move to ``moment`` (used to give sequentially simulated branches the same start time)."""

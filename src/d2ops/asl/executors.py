@@ -95,12 +95,13 @@ class TaskContext:
 
     def sleep(self, seconds: float) -> None:
         """Let time pass inside the task (virtual or real), honouring its timeouts and cancellation."""
-        target = self.clock.now() + timedelta(seconds=seconds)
         limit = self.deadline()
         if self._execution_deadline is not None and (limit is None or self._execution_deadline < limit[0]):
             limit = (self._execution_deadline, TIMEOUT)  # the whole execution times out first
-        if limit is not None and target > limit[0]:
-            self.clock.sleep((limit[0] - self.clock.now()).total_seconds(), self.cancel)
+        # Compared in seconds, not as now + seconds: a sleep of centuries must reach the deadline, not overflow.
+        left = None if limit is None else (limit[0] - self.clock.now()).total_seconds()
+        if limit is not None and left is not None and seconds > left:
+            self.clock.sleep(max(0.0, left), self.cancel)
             raise TaskDeadline(limit[1])
         self.clock.sleep(seconds, self.cancel)
 
