@@ -11,6 +11,13 @@ from typing import Any
 
 import pytest
 
+from d2ops.functions import (
+    COMPOSE_NOTIFICATION,
+    PREPARE_TRAINING,
+    SMOKE_TEST_ENDPOINT,
+    SUMMARIZE_EVALUATION,
+    PipelineLambda,
+)
 from d2ops.statemachine import training_pipeline as tp
 from d2ops.statemachine.__main__ import first_difference, main
 from d2ops.statemachine.builder import (
@@ -29,7 +36,6 @@ from d2ops.statemachine.builder import (
     Var,
     create_or_find,
     fail_states,
-    handler_model,
     lambda_task,
     payload_fields,
     record_failure,
@@ -39,7 +45,6 @@ from d2ops.statemachine.builder import (
     sync_job_create_or_find,
     when,
 )
-from d2ops_core.documents.run_state import Plan
 from d2ops_core.pipeline_stages import all_states
 from tests.fixtures.pipeline import support
 
@@ -147,10 +152,10 @@ def test_a_retry_policy_is_capped_full_jitter_backoff() -> None:
 
 def test_result_selectors_are_the_handlers_output_models() -> None:
     states = all_states(json.loads(generated()))
-    evaluation = handler_model("summarize_evaluation.models:EvaluationSummary")
-    notification = handler_model("compose_notification.models:Notification")
-    smoke = handler_model("smoke_test_endpoint.models:SmokeTestResult")
-    for name, model, left_out in (("Prepare training job", Plan, set()),
+    evaluation = SUMMARIZE_EVALUATION.output_model()
+    notification = COMPOSE_NOTIFICATION.output_model()
+    smoke = SMOKE_TEST_ENDPOINT.output_model()
+    for name, model, left_out in (("Prepare training job", PREPARE_TRAINING.output_model(), set()),
                                   ("Read evaluation report", evaluation, set()),
                                   ("Compose success notification", notification, set()),
                                   ("Compose failure notification", notification, set()),
@@ -173,16 +178,10 @@ def test_payload_fields_follow_the_model_and_refuse_an_unknown_exclusion() -> No
         payload_fields(Out, exclude=("c",))
 
 
-def test_handler_model_imports_the_function_package_and_refuses_a_non_model() -> None:
-    model = handler_model("smoke_test_endpoint.models:SmokeTestResult")
-    assert model.__name__ == "SmokeTestResult" and "latency_ms" in model.model_fields
-    with pytest.raises(TypeError, match="not a pydantic model"):
-        handler_model("smoke_test_endpoint.models:__name__")
-
-
 def test_lambda_task_shape() -> None:
     retry = RetryPolicy("r", ("Lambda.ServiceException",), interval=1, max_attempts=2, max_delay=5)
-    name, task = lambda_task("Do it", "DoItFunctionArn", {"a.$": "$.a"}, next="After", retry=retry,
+    do_it = PipelineLambda("DoItFunction", "do_it.handler", "do_it.models:In", "do_it.models:Out")
+    name, task = lambda_task("Do it", do_it, {"a.$": "$.a"}, next="After", retry=retry,
                              comment="why", result_selector={"x.$": "$.Payload.x"}, result_path="$.did",
                              timeout=60, catch=(Catch("Failed"),))
     assert name == "Do it"
@@ -193,12 +192,13 @@ def test_lambda_task_shape() -> None:
         "Retry": [retry.asl()],
         "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "Failed"}], "Next": "After"}
     # A path payload is passed whole; no Next is End; ResultPath None discards (JSON null), absent keeps input.
-    _, whole = lambda_task("Batch", "F", "$", next=None, retry=retry, output_path="$.Payload", result_path=None)
+    batch = PipelineLambda("F", "batch.handler", "batch.models:In", "batch.models:Out")
+    _, whole = lambda_task("Batch", batch, "$", next=None, retry=retry, output_path="$.Payload", result_path=None)
     state = whole.asl()
-    assert state["Parameters"] == {"FunctionName": "${F}", "Payload.$": "$"}
+    assert state["Parameters"] == {"FunctionName": "${FArn}", "Payload.$": "$"}
     assert state["End"] is True and "Next" not in state
     assert state["ResultPath"] is None and list(state).index("ResultPath") < list(state).index("OutputPath")
-    _, kept = lambda_task("Batch", "F", "$", next="N", retry=retry)
+    _, kept = lambda_task("Batch", batch, "$", next="N", retry=retry)
     assert "ResultPath" not in kept.asl()
 
 

@@ -21,14 +21,14 @@ The repeated shapes are functions returning ``(name, state)`` pairs:
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel
+
+from d2ops.functions import PipelineLambda
 
 Json = dict[str, Any]
 Named = tuple[str, "State"]
@@ -407,33 +407,25 @@ def payload_fields(model: type[BaseModel], exclude: Sequence[str] = ()) -> Json:
     return {f"{name}.$": f"$.Payload.{name}" for name in model.model_fields if name not in exclude}
 
 
-def lambda_task(name: str, function: str, payload: Json | str, *, next: str | None, retry: RetryPolicy,
+def function_name(function: PipelineLambda) -> str:
+    """A Lambda task's ``FunctionName``: the placeholder template.yaml substitutes with the function's ARN
+    (``d2ops.functions.template_problems`` checks the substitution and the invoke policy are there)."""
+    return sub(function.substitution)
+
+
+def lambda_task(name: str, function: PipelineLambda, payload: Json | str, *, next: str | None, retry: RetryPolicy,
                 comment: str | None = None, result_selector: Json | _Absent = ABSENT,
                 result_path: str | _Absent | None = ABSENT, output_path: str | _Absent = ABSENT,
                 timeout: int | _Absent = ABSENT, catch: tuple[Catch, ...] = ()) -> Named:
-    """Invoke ``${<function>}`` with ``payload`` (an object, or a path to pass whole)."""
-    parameters: Json = {"FunctionName": sub(function)}
+    """Invoke ``function`` (an entry of ``d2ops.functions.PIPELINE_LAMBDAS``) with ``payload`` (an object, or a
+    path to pass whole)."""
+    parameters: Json = {"FunctionName": function_name(function)}
     if isinstance(payload, str):
         parameters["Payload.$"] = payload
     else:
         parameters["Payload"] = payload
     return name, Task(LAMBDA_INVOKE, next, comment=comment, parameters=parameters, result_selector=result_selector,
                       result_path=result_path, output_path=output_path, timeout=timeout, retry=(retry,), catch=catch)
-
-
-def handler_model(reference: str) -> type[BaseModel]:
-    """``"summarize_evaluation.models:EvaluationSummary"``: a handler package's model, imported as Lambda does
-    (its function's code directory, from template.yaml, on ``sys.path``)."""
-    from d2ops.template import load_template
-
-    module, _, attribute = reference.partition(":")
-    code_dir = str(load_template().function_for_code_dir(module.partition(".")[0]).code_dir)
-    if code_dir not in sys.path:
-        sys.path.append(code_dir)
-    model = getattr(importlib.import_module(module), attribute)
-    if not (isinstance(model, type) and issubclass(model, BaseModel)):
-        raise TypeError(f"{reference} is not a pydantic model")
-    return model
 
 
 # --- counters (the bounded loops' bookkeeping) ---------------------------------------------------

@@ -10,6 +10,18 @@ from __future__ import annotations
 
 from typing import Literal
 
+from d2ops.functions import (
+    CHECK_IMAGES,
+    COMPOSE_NOTIFICATION,
+    DESCRIBE_FAILURE,
+    PREPARE_TRAINING,
+    READ_REVIEW_DECISION,
+    REQUEST_REVIEW,
+    SMOKE_TEST_ENDPOINT,
+    SUMMARIZE_EVALUATION,
+    SUMMARIZE_IMAGES,
+    VALIDATE_DATASET,
+)
 from d2ops.statemachine.builder import (
     ABSENT,
     CLOUDWATCH,
@@ -51,7 +63,7 @@ from d2ops.statemachine.builder import (
     create_or_find,
     fail_states,
     fmt,
-    handler_model,
+    function_name,
     lambda_task,
     not_,
     payload_fields,
@@ -63,7 +75,6 @@ from d2ops.statemachine.builder import (
     sync_job_create_or_find,
     when,
 )
-from d2ops_core.documents.run_state import Plan
 
 # --- how a run fails ----------------------------------------------------------------------------
 
@@ -138,7 +149,7 @@ def _describe_endpoint(name: str, next: str, *, result_path: str, result_selecto
 def validation() -> list[Named]:
     return [
         lambda_task(
-            "Validate dataset", "ValidateDatasetFunctionArn", DATASET_PAYLOAD, next="Dataset valid?", retry=LAMBDA,
+            "Validate dataset", VALIDATE_DATASET, DATASET_PAYLOAD, next="Dataset valid?", retry=LAMBDA,
             comment="Check the COCO dataset version; the full report goes to runs/<run_id>/validation/.",
             result_selector={"summary.$": "$.Payload"}, result_path="$.validation", timeout=960,
             catch=VALIDATION_CATCH),
@@ -163,7 +174,7 @@ def validation() -> list[Named]:
             item_batcher={"MaxItemsPerBatch": 50, "BatchInput": DATASET_PAYLOAD},
             max_concurrency_path="$.validation.summary.image_check_concurrency",
             processor=Machine((lambda_task(
-                "Check image batch", "CheckImagesFunctionArn", "$", next=None, retry=LAMBDA,
+                "Check image batch", CHECK_IMAGES, "$", next=None, retry=LAMBDA,
                 comment="Decode, size-check, hash and snapshot one batch. A throttled or failed invoke is retried "
                         "here: a child that still fails fails the whole Map.",
                 output_path="$.Payload", timeout=150),)),
@@ -172,14 +183,14 @@ def validation() -> list[Named]:
                                           "Prefix.$": "$.validation.summary.image_results_prefix"}},
             result_path="$.image_check", catch=catch_all("Explain failed image checks"))),
         lambda_task(
-            "Explain failed image checks", "SummarizeImagesFunctionArn", {**DATASET_PAYLOAD, "map_error.$": "$.error"},
+            "Explain failed image checks", SUMMARIZE_IMAGES, {**DATASET_PAYLOAD, "map_error.$": "$.error"},
             next="Record validation error", retry=LAMBDA,
             comment="The Map failed, and its error (States.ExceedToleratedFailureThreshold) does not say why: read "
                     "the Map Run's failed results and fail with the first failed batch's own error "
                     "(DatasetUnreadable, or ImageChecksFailed naming it).",
             result_path=None, timeout=120, catch=VALIDATION_CATCH),
         lambda_task(
-            "Summarize image checks", "SummarizeImagesFunctionArn",
+            "Summarize image checks", SUMMARIZE_IMAGES,
             {**DATASET_PAYLOAD, "result_writer.$": "$.image_check.ResultWriterDetails"},
             next="Dataset valid?", retry=LAMBDA,
             comment="Merge every batch's results (the ResultWriter's files) into the validation report and the "
@@ -306,12 +317,12 @@ def preparation() -> list[Named]:
     return [
         *endpoint_lease(),
         lambda_task(
-            "Prepare training job", "PrepareTrainingFunctionArn",
+            "Prepare training job", PREPARE_TRAINING,
             {"run_id.$": RUN_ID, "dataset.$": "$.dataset", "manifest.$": "$.validation.summary.manifest",
              "validation.$": "$.validation.summary"},
             next=None, retry=LAMBDA,
             comment="Build the training and evaluation job requests from stack defaults and manifest overrides.",
-            result_selector=payload_fields(Plan), result_path="$.plan", timeout=330,
+            result_selector=payload_fields(PREPARE_TRAINING.output_model()), result_path="$.plan", timeout=330,
             catch=catch_all("Record preparation failure")),
         record_failure("Record preparation failure", PREPARATION_FAILED,
                        _caught("preparing the training job failed ({})"), next=None,
@@ -342,11 +353,11 @@ def evaluation() -> list[Named]:
         *sync_job_create_or_find(EVALUATION, next="Read evaluation report", failed="Record evaluation failure",
                                  retry=SAGEMAKER_READ),
         lambda_task(
-            "Read evaluation report", "SummarizeEvaluationFunctionArn",
+            "Read evaluation report", SUMMARIZE_EVALUATION,
             {"report_uri.$": "$.plan.evaluation_report_uri", "gate.$": "$.plan.gate", "dataset.$": "$.dataset"},
             next=None, retry=LAMBDA,
             comment="Pick the primary metric BY NAME from evaluation.json for the quality gate.",
-            result_selector=payload_fields(handler_model("summarize_evaluation.models:EvaluationSummary")),
+            result_selector=payload_fields(SUMMARIZE_EVALUATION.output_model()),
             result_path="$.evaluation", timeout=120, catch=catch_all("Record evaluation failure")),
         record_failure("Record evaluation failure", EVALUATION_FAILED,
                        _caught("evaluation job {} failed ({})", "$.plan.names.evaluation_job"), next=None,
@@ -449,7 +460,7 @@ def review() -> list[Named]:
                     "console, POST /runs/{runId}/decision) completes the task with SendTaskSuccess: its output, a "
                     "ReviewDecision, is $.review. A time-out (no HeartbeatSeconds: nobody is there to send one "
                     "while a person thinks) or a SendTaskFailure is caught into $.review too, and refuses.",
-            parameters={"FunctionName": sub("RequestReviewFunctionArn"), "Payload": {
+            parameters={"FunctionName": function_name(REQUEST_REVIEW), "Payload": {
                 "task_token.$": "$$.Task.Token", "run_id.$": RUN_ID, "execution_arn.$": EXECUTION_ARN,
                 "dataset.$": "$.dataset", "model_package_arn.$": "$.registration.model_package_arn",
                 "gate_reason.$": "$.evaluation.gate_reason", "review_because.$": "$.evaluation.review_because",
@@ -459,13 +470,13 @@ def review() -> list[Named]:
             catch=(Catch("Read review decision", ("States.Timeout", "States.HeartbeatTimeout"), "$.review"),
                    *catch_all("Read review decision", "$.review")))),
         lambda_task(
-            "Read review decision", "ReadReviewDecisionFunctionArn",
+            "Read review decision", READ_REVIEW_DECISION,
             {"run_id.$": RUN_ID, "review.$": "$.review", "timeout_seconds.$": "$.review_wait.timeout_seconds",
              "gate_reason.$": "$.evaluation.gate_reason"},
             next="Record review in registry", retry=LAMBDA,
             comment="Approved only when a person approved; a rejection, a time-out, a SendTaskFailure or an answer "
                     "that is not a decision refuses. $.gate then says who decided and why.",
-            result_selector=payload_fields(handler_model("request_review.models:ReviewedGate")),
+            result_selector=payload_fields(READ_REVIEW_DECISION.output_model()),
             result_path="$.gate", timeout=60, catch=catch_all("Record review failure")),
         ("Record review in registry", Task(
             resource("aws-sdk:sagemaker:updateModelPackage"), "Review approved?",
@@ -648,14 +659,14 @@ def deploy() -> list[Named]:
                                        "$.endpoint_wait.attempts")},
             result_path="$.error")),
         lambda_task(
-            "Smoke test endpoint", "SmokeTestEndpointFunctionArn",
+            "Smoke test endpoint", SMOKE_TEST_ENDPOINT,
             {"endpoint_name": ENDPOINT, "bucket.$": "$.dataset.bucket", "prefix.$": "$.dataset.prefix",
              "requests": 24},
             next="Deployment complete?", retry=LAMBDA,
             comment="InvokeEndpoint with a validation image, `requests` times: during a CANARY's bake the requests "
                     "split between the fleets (25 % canary share: 0.75^24 = 0.1 % chance none reaches the canary; "
                     "with ALL_AT_ONCE all reach the new fleet), and every answer must be well-formed detections.",
-            result_selector=payload_fields(handler_model("smoke_test_endpoint.models:SmokeTestResult"),
+            result_selector=payload_fields(SMOKE_TEST_ENDPOINT.output_model(),
                                            exclude=("endpoint_name",)),
             result_path="$.smoke_test", timeout=120, catch=catch_all("Undo deployment")),
         ("Deployment complete?", Choice(
@@ -742,13 +753,13 @@ def roll_back() -> list[Named]:
 
 def _compose_notification(outcome: str, *, next: str, fallback: str) -> Named:
     return lambda_task(
-        f"Compose {'success' if outcome == 'succeeded' else 'failure'} notification", "ComposeNotificationFunctionArn",
+        f"Compose {'success' if outcome == 'succeeded' else 'failure'} notification", COMPOSE_NOTIFICATION,
         {"outcome": outcome, "run_id.$": RUN_ID, "at.$": ENTERED_TIME, "document.$": "$"}, next=next,
         retry=LAMBDA_WITH_FALLBACK,
         comment="The subject and the run's cost (training, evaluation, endpoint time so far, spot savings; "
                 "d2ops_core.cost, as GET /runs/{id} prices it), merged into the message. An unknown cost is said in "
                 "the message; if this step fails the notification goes out without it.",
-        result_selector=payload_fields(handler_model("compose_notification.models:Notification")),
+        result_selector=payload_fields(COMPOSE_NOTIFICATION.output_model()),
         result_path="$.notification", timeout=60, catch=catch_all(fallback, "$.notification_error"))
 
 
@@ -839,7 +850,7 @@ def failure_report() -> list[Named]:
             comment="A rejected dataset (its report), a refused model (the gate's reason) and a busy endpoint are "
                     "explained by their record; every other failure carries a caught error Describe failure reads.")),
         lambda_task(
-            DESCRIBE, "DescribeFailureFunctionArn", "$", next=NOTIFY_FAILURE, retry=LAMBDA_WITH_FALLBACK,
+            DESCRIBE, DESCRIBE_FAILURE, "$", next=NOTIFY_FAILURE, retry=LAMBDA_WITH_FALLBACK,
             comment="People get one line: the summary above plus the failing step's own message or FailureReason, "
                     "never a stack trace (that stays in the logs). If this fails, the summary alone is sent.",
             output_path="$.Payload", timeout=60, catch=catch_all(NOTIFY_FAILURE, "$.describe_error")),

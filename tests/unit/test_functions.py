@@ -1,0 +1,63 @@
+"""d2ops.functions: the handlers imported as Lambda imports them, and the pipeline's Lambdas kept in step with
+template.yaml."""
+
+from __future__ import annotations
+
+import copy
+import sys
+
+import pytest
+
+from d2ops import functions
+from d2ops.functions import PIPELINE_LAMBDAS, import_handler, import_model, template_problems
+from d2ops.template import SamTemplate, load_template
+
+
+def test_import_model_imports_the_function_package_and_refuses_a_non_model() -> None:
+    model = import_model("smoke_test_endpoint.models:SmokeTestResult")
+    assert model.__name__ == "SmokeTestResult" and "latency_ms" in model.model_fields
+    assert str(functions.FUNCTIONS_DIR / "smoke_test_endpoint") in sys.path
+    assert import_model("d2ops_core.champion:ChampionRecord").__name__ == "ChampionRecord"
+    with pytest.raises(TypeError, match="not a pydantic model"):
+        import_model("smoke_test_endpoint.models:__name__")
+
+
+def test_import_handler_puts_the_code_directory_first_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    code_dir = str(functions.FUNCTIONS_DIR / "describe_failure")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != code_dir])
+    module = import_handler("describe_failure.handler")
+    assert module.__name__ == "describe_failure.handler" and callable(module.handler)
+    assert sys.path[0] == code_dir
+    sys.path.insert(0, "elsewhere")
+    import_handler("describe_failure.models", code_dir)
+    assert sys.path[:2] == ["elsewhere", code_dir]  # already there: keeps its place
+
+
+def test_every_pipeline_lambda_has_its_models() -> None:
+    for fn in PIPELINE_LAMBDAS:
+        assert fn.input_model().model_fields and fn.output_model().model_fields, fn.logical_id
+        assert (fn.code_dir / (fn.handler.replace(".", "/") + ".py")).is_file(), fn.logical_id
+    assert len({fn.logical_id for fn in PIPELINE_LAMBDAS}) == len(PIPELINE_LAMBDAS)
+
+
+def test_the_template_substitutes_and_may_invoke_exactly_the_pipeline_lambdas() -> None:
+    assert template_problems() == []
+
+
+def test_a_lambda_missing_from_the_template_is_named() -> None:
+    real = load_template()
+    document = copy.deepcopy(real.document)
+    machine = document["Resources"]["PipelineStateMachine"]["Properties"]
+    del machine["DefinitionSubstitutions"]["PrepareTrainingFunctionArn"]
+    machine["Policies"] = [p for p in machine["Policies"]
+                           if p != {"LambdaInvokePolicy": {"FunctionName": {"Ref": "SmokeTestEndpointFunction"}}}]
+    machine["Policies"].append({"LambdaInvokePolicy": {"FunctionName": {"Ref": "StatusApiFunction"}}})
+    problems = template_problems(SamTemplate(document, real.path))
+    assert problems == [
+        "template.yaml: PipelineStateMachine.DefinitionSubstitutions lacks "
+        "'PrepareTrainingFunctionArn: !GetAtt PrepareTrainingFunction.Arn'",
+        "template.yaml: PipelineStateMachine.Policies lacks "
+        "'- LambdaInvokePolicy: FunctionName: !Ref SmokeTestEndpointFunction'",
+        "template.yaml: PipelineStateMachine.Policies invokes StatusApiFunction, which "
+        "d2ops.functions.PIPELINE_LAMBDAS does not list",
+    ]
