@@ -12,7 +12,6 @@ Developer tooling (it imports the handlers' and model_code's models): never ship
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from d2ops.functions import import_model
 from d2ops_core import s3_layout
 
 # The run's S3 layout as d2ops_core.s3_layout derives it (placeholders for bucket and run id), never respelled here.
@@ -177,22 +177,9 @@ def _fields(schema: dict[str, Any]) -> list[str]:
     return rows
 
 
-def _handlers_importable() -> None:
-    """Handler packages import as Lambda imports them: each function's code directory on sys.path."""
-    from d2ops.template import load_template
-
-    for fn in load_template().functions().values():
-        if str(fn.code_dir) not in sys.path:
-            sys.path.append(str(fn.code_dir))
-
-
 def model_for(document: Document) -> type[BaseModel]:
-    _handlers_importable()
-    module, _, name = document.model.partition(":")
-    model = getattr(importlib.import_module(module), name)
-    if not (isinstance(model, type) and issubclass(model, BaseModel)):
-        raise TypeError(f"{document.model} is not a pydantic model")
-    return model
+    """The document's model; a handler package's is imported as Lambda imports it (``d2ops.functions``)."""
+    return import_model(document.model)
 
 
 def render(documents: Sequence[Document] = DOCUMENTS) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import datetime as _dt
 import importlib
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
@@ -97,13 +96,11 @@ def offline_boto_session() -> Any:
 def _prepare_training() -> tuple[ModuleType, ModuleType, str]:
     """The prepare step's ``models`` and ``service`` modules and its function's logical id (from template.yaml)."""
     from d2ops import template
+    from d2ops.functions import import_handler
 
     spec = template.load_template().function_for_code_dir(PREPARE_FUNCTION_CODE)
-    code_dir = str(spec.code_dir)
-    if code_dir not in sys.path:  # as the offline runtime imports the functions (a package per function)
-        sys.path.append(code_dir)
-    models = importlib.import_module(f"{PREPARE_FUNCTION_CODE}.models")
-    service = importlib.import_module(f"{PREPARE_FUNCTION_CODE}.service")
+    models = import_handler(f"{PREPARE_FUNCTION_CODE}.models", spec.code_dir)
+    service = import_handler(f"{PREPARE_FUNCTION_CODE}.service", spec.code_dir)
     return models, service, spec.logical_id
 
 
@@ -175,6 +172,8 @@ def experiment_job(settings: Any, dataset_uri: str, *, sagemaker_session: Any, r
     """
     from pydantic import ValidationError
 
+    from d2ops.functions import import_handler
+
     sagemaker = import_sagemaker()
     from sagemaker.inputs import TrainingInput
 
@@ -185,7 +184,7 @@ def experiment_job(settings: Any, dataset_uri: str, *, sagemaker_session: Any, r
         raise ExperimentError(f"dataset {dataset_uri!r}: expected s3://<DataBucket>/datasets/<name>/<version>/ "
                               f"({exc})") from None
     run_id = run_id or experiment_run_id(dataset.name, dataset.version)
-    volume = importlib.import_module(f"{PREPARE_FUNCTION_CODE}.volume")
+    volume = import_handler(f"{PREPARE_FUNCTION_CODE}.volume")
     try:
         event = models.PrepareEvent.model_validate({
             "run_id": run_id, "dataset": dataset.model_dump(),

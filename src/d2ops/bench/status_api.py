@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+from d2ops.functions import import_handler
 from d2ops.template import REPO_ROOT, load_template
 from d2ops_core import run_ids, run_start
 
@@ -50,9 +49,7 @@ class _Context:
 def _import_status_api() -> tuple[Any, Any]:
     """The handler module and its client cache, imported as the offline runtime imports Lambdas."""
     spec = next(f for f in load_template().functions().values() if f.handler_module == "status_api.handler")
-    if str(spec.code_dir) not in sys.path:
-        sys.path.insert(0, str(spec.code_dir))
-    return importlib.import_module("status_api.handler"), importlib.import_module("status_api.clients")
+    return import_handler("status_api.handler", spec.code_dir), import_handler("status_api.clients", spec.code_dir)
 
 
 def _seed(state_machine_arn_env: str) -> list[str]:

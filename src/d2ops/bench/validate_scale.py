@@ -35,6 +35,7 @@ from typing import Any
 
 from d2ops.bench import cpu_model
 from d2ops.bench.child import measure_in_child
+from d2ops.functions import import_handler
 from d2ops_core.pipeline_stages import all_states
 
 OPEN_IMAGES_TRAIN = 1_743_042  # Open Images V7 detection train images
@@ -132,9 +133,7 @@ def offline_s3() -> Iterator[Any]:
     from moto import mock_aws
 
     for name in ("validate_dataset", "check_images"):
-        code = str(REPO_ROOT / "functions" / name)
-        if code not in sys.path:
-            sys.path.insert(0, code)
+        import_handler(name)
     environment = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                    "AWS_DEFAULT_REGION": "us-east-1", "ARTIFACTS_BUCKET": ARTIFACTS,
                    "POWERTOOLS_TRACE_DISABLED": "true", "POWERTOOLS_LOG_LEVEL": "WARNING"}

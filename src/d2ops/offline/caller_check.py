@@ -33,11 +33,9 @@ forward mark), refused in each protocol's own shape.
 from __future__ import annotations
 
 import hmac
-import importlib
 import io
 import json
 import re
-import sys
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -49,6 +47,7 @@ from botocore.credentials import Credentials
 from botocore.model import OperationModel, ServiceModel
 
 from d2ops.aws_contract import constraint_problems
+from d2ops.functions import import_handler
 from d2ops.offline.aws_endpoint import FORWARDED_HEADER
 from d2ops.offline.services.base import WireRequest, WireResponse
 from d2ops.sigv4 import SignatureRejected, verify
@@ -251,10 +250,8 @@ def pipeline_entrypoints(definition: Mapping[str, Any], functions: Mapping[str, 
     found = {tuple(value) for value in _literal_entrypoints(definition)}
     prepare = next((f for f in functions.values() if f.code_dir.name == PREPARE_FUNCTION_CODE), None)
     if prepare is not None:
-        code_dir = str(prepare.code_dir)
-        if code_dir not in sys.path:  # as the offline runtime imports the functions (a package per function)
-            sys.path.append(code_dir)
-        planned = getattr(importlib.import_module(f"{PREPARE_FUNCTION_CODE}.service"), PREPARE_ENTRYPOINT_NAME, None)
+        service = import_handler(f"{PREPARE_FUNCTION_CODE}.service", prepare.code_dir)
+        planned = getattr(service, PREPARE_ENTRYPOINT_NAME, None)
         if planned is not None:
             found.add(tuple(planned))
     if not found:

@@ -1,7 +1,7 @@
 """Lambda functions run in-process: the real handler modules, imported from ``functions/<fn>/``.
 
-Each function's code directory goes on ``sys.path`` (its package name is unique, see the
-house layout), the handler is imported once, and invoked with a JSON round trip of the
+Each function's code directory goes on ``sys.path`` (``d2ops.functions.import_handler``: its
+package name is unique, see the house layout), the handler is imported once, and invoked with a JSON round trip of the
 event and the result, as the Lambda runtime does. Errors come back the way Step Functions
 sees a failed Lambda: the exception class name as the error, and the runtime's JSON error
 document (errorMessage, errorType, stackTrace) as the cause.
@@ -10,7 +10,6 @@ document (errorMessage, errorType, stackTrace) as the cause.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import logging
 import os
@@ -23,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from d2ops.functions import import_handler
 from d2ops.offline.stack import LocalFunction
 
 LOG_GROUP_PREFIX = "/aws/lambda/"
@@ -119,10 +119,7 @@ class LocalLambdas:
     def _handler(self, fn: LocalFunction) -> Callable[[Any, Any], Any]:
         with self._lock:
             if fn.logical_id not in self._handlers:
-                code_dir = str(fn.code_dir)
-                if code_dir not in sys.path:
-                    sys.path.insert(0, code_dir)
-                module = importlib.import_module(fn.handler_module)
+                module = import_handler(fn.handler_module, fn.code_dir)
                 self._redirect_logs()
                 self._handlers[fn.logical_id] = getattr(module, fn.handler_name)
             return self._handlers[fn.logical_id]
