@@ -7,7 +7,6 @@ trainer and the artifact use (sorted dataset category ids -> labels 0..K-1).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from d2ops_core.file_hash import file_sha256
 from d2ops_core.validation.manifest import MANIFEST_FILE, parse_manifest, unsafe_relative_path
 from d2ops_core.validation.split import DerivedSplit, SplitError, derive_split
 
@@ -104,14 +104,6 @@ def annotated_image_sha256(coco_json: Path, images_dir: Path, *, known: Mapping[
     document = read_coco(coco_json)
     names = [str(im.get("file_name", "")) for im in document["images"] if isinstance(im, dict)]
     return set(image_sha256(images_dir, names, known=known).values())
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def image_sha256(images_dir: Path, file_names: Iterable[str], *,

@@ -7,7 +7,6 @@ the config and launch) and by :mod:`detectron2_hooks`, which runs in every worke
 
 from __future__ import annotations
 
-import hashlib
 import importlib.resources
 import json
 import re
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from d2ops_core import pretrained
+from d2ops_core.file_hash import file_sha256
 from d2ops_core.gate import DEFAULT_MIN_CLASS_INSTANCES
 from model_code.dataset_version import Categories, DatasetVersion, open_dataset_version, read_coco
 from model_code.training.config import DATASET_CHANNEL, ConfigError, Hyperparameters, TrainingEnvironment
@@ -164,20 +164,12 @@ def pretrained_weights(channels: Mapping[str, Path]) -> str:
     return str(weights[0]) if weights else ""
 
 
-def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def initial_weights(path: str) -> dict[str, Any] | None:
     """The artifact's ``initial_weights`` record (model_code.artifact.InitialWeights) of MODEL.WEIGHTS."""
     if not path:
         return None
     file = Path(path)
-    return {"path": str(file), "sha256": file_digest(file), "bytes": file.stat().st_size}
+    return {"path": str(file), "sha256": file_sha256(file), "bytes": file.stat().st_size}
 
 
 def pretrained_only(freeze_at: int, resnet_norm: str) -> list[str]:

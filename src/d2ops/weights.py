@@ -10,7 +10,6 @@ numpy arrays and plain containers only: a pickle that would run code is refused,
 
 from __future__ import annotations
 
-import hashlib
 import io
 import pickle
 import zipfile
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from d2ops_core import pretrained
+from d2ops_core.file_hash import file_sha256
 
 SUFFIXES = {".pkl": "pickle", ".pth": "torch"}
 # What a model-zoo pickle of numpy arrays refers to (numpy 1 and 2 module names).
@@ -116,15 +116,7 @@ def inspect_checkpoint(path: Path, key: str) -> Checkpoint:
             AttributeError, ImportError, TypeError) as exc:
         raise CheckpointError(f"{path}: not a readable {found} checkpoint ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
-    return Checkpoint(path=path, format=found, tensors=tensors, bytes=path.stat().st_size, sha256=_sha256(path))
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return Checkpoint(path=path, format=found, tensors=tensors, bytes=path.stat().st_size, sha256=file_sha256(path))
 
 
 class Progress:

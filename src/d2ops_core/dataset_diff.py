@@ -47,6 +47,7 @@ from d2ops_core.documents.dataset_diff import (
     SplitCount,
     VersionSide,
 )
+from d2ops_core.file_hash import file_sha256_and_size
 from d2ops_core.validation.inventory import InventoryEntry
 from d2ops_core.validation.manifest import MANIFEST_FILE, Manifest, parse_manifest, unsafe_relative_path
 from d2ops_core.validation.split import SplitError, assign_val
@@ -544,12 +545,7 @@ def directory_reader(root: str) -> tuple[ReadFile, Fingerprints]:
             if path is None or not os.path.isfile(path):
                 yield key, 0, None
                 continue
-            digest = hashlib.sha256()
-            size = 0
-            with open(path, "rb") as fh:
-                while chunk := fh.read(1 << 20):
-                    digest.update(chunk)
-                    size += len(chunk)
-            yield key, size, digest.hexdigest()
+            sha256, size = file_sha256_and_size(path)
+            yield key, size, sha256
 
     return read, fingerprints
