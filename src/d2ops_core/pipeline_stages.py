@@ -5,9 +5,8 @@ failure reported), and the definition is written that way: its top level is one 
 stage, named by the stage's title, each followed by the Choice that goes on or to Report failure,
 with the stage's own states (recovery, retry and wait machinery included) inside the branch.
 ``STAGES`` lists each stage's states (its branch's, a Map's item processor's included) and the
-frame around them, the Parallel and the Choice after it (tests/unit/test_pipeline_stages.py checks
-it against the committed definition), so ``d2ops status``, ``d2ops graph`` and the console group a
-run the same way without reading the definition. ``FAILURE_RECORDS`` are the states that record
+frame around them, the Parallel and the Choice after it, so ``d2ops status``, ``d2ops graph`` and the
+console group a run the same way without reading the definition. ``FAILURE_RECORDS`` are the states that record
 ``$.failure``: a stage that enters one has failed, and goes on to Report failure.
 
 ``EXPECTED_MISSES`` are task errors the definition catches as a normal outcome (the first run's
@@ -15,7 +14,10 @@ run the same way without reading the definition. ``FAILURE_RECORDS`` are the sta
 redelivered run): a reader sees them as misses, not failures. ``LOOPS`` are the wait / count /
 check cycles a reader wants as one line (the Wait state, its rounds and their total time).
 
-Standard library only: the status API (through the CoreLayer) and the CLI both read it.
+The names are not written here: ``make asl`` writes them from the definition (src/d2ops/statemachine/,
+the one home of the state names) to ``d2ops_core.pipeline_stage_table``, and this module reads those
+rows into its types. Standard library only: the status API (through the CoreLayer) and the CLI both
+read it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from d2ops_core import pipeline_stage_table as _table
 
 
 @dataclass(frozen=True)
@@ -60,87 +64,14 @@ class Loop:
     retries: str | None = None  # the task a retry loop starts again (a line of its own: it does the work)
 
 
-STAGES: tuple[Stage, ...] = (
-    Stage("validate", "Validate", (
-        "Validate dataset", "Dataset valid?", "Check images", "Check image batch", "Explain failed image checks",
-        "Summarize image checks", "Dataset accepted", "Record dataset rejection", "Record unreadable dataset",
-        "Record validation error",
-    ), frame=("Validate", "Validated?")),
-    # The endpoint lease is taken before training (one run at a time deploys to the endpoint) and the
-    # training job's names are fixed: what a run does before it spends money.
-    Stage("prepare", "Prepare", (
-        "Prepare endpoint lease wait", "Acquire endpoint lease", "Read endpoint lease", "Endpoint lease still held?",
-        "Check lease holder", "Lease holder running?", "Clear stale endpoint lease", "Lease waits left?",
-        "Wait for endpoint lease", "Count endpoint lease wait", "Longest lease wait reached?",
-        "Keep longest lease wait", "Prepare training job", "Record preparation failure", "Record endpoint busy",
-        "Record lease failure",
-    ), frame=("Prepare", "Prepared?")),
-    Stage("train", "Train", (
-        "Train model", "Training job already created?", "Retry creating training job?",
-        "Training job creation retries left?", "Start retrying training job creation",
-        "Wait to retry creating training job", "Count training job creation retry",
-        "Start waiting for created training job", "Check created training job", "Created training job is ours?",
-        "Wait for created training job", "Count created training job check", "Read created training job",
-        "Read created training job failure", "Record training failure",
-    ), frame=("Train", "Trained?")),
-    Stage("evaluate", "Evaluate", (
-        "Evaluate challenger and champion", "Evaluation job already created?", "Retry creating evaluation job?",
-        "Evaluation job creation retries left?", "Start retrying evaluation job creation",
-        "Wait to retry creating evaluation job", "Count evaluation job creation retry",
-        "Start waiting for created evaluation job", "Check created evaluation job", "Created evaluation job is ours?",
-        "Wait for created evaluation job", "Count created evaluation job check", "Read created evaluation job",
-        "Read created evaluation job failure", "Read evaluation report", "Record evaluation failure",
-    ), frame=("Evaluate", "Evaluated?")),
-    Stage("gate", "Gate", (
-        "Quality gate", "Quality gate passed", "Below quality threshold", "Worse than champion",
-        "Worse than champion on a class", "Needs review", "Register model version", "Model approved?",
-        # a person decides what the numbers could not
-        "Prepare review wait", "Wait for review", "Read review decision", "Record review in registry",
-        "Review approved?", "Ready to deploy", "Record quality gate failure", "Record registration failure",
-        "Record review failure",
-    ), frame=("Gate", "Approved?")),
-    Stage("deploy", "Deploy", (
-        "Create model", "Model already created?", "Find created model", "Created model is ours?",
-        "Create endpoint config", "Endpoint config already created?", "Find created endpoint config",
-        "Created endpoint config is ours?", "Find current endpoint", "Endpoint missing?", "Endpoint lookup failed",
-        "Create endpoint", "Update endpoint (blue/green)", "Start waiting for endpoint", "Wait for endpoint",
-        "Check endpoint status", "Count endpoint check", "Endpoint in service?", "Canary baking?",
-        "Smoke test endpoint", "Deployment complete?", "Record deployment failure",
-        # rolling back a deployment that did not come up healthy
-        "Endpoint rolled back by alarms", "Find rollback alarms", "Rollback alarms unreadable",
-        "Record alarm rollback", "Endpoint not in service", "Undo deployment", "Roll back endpoint",
-        "Report smoke test failure", "Trip smoke test alarm", "Start waiting for rollback", "Wait for rollback",
-        "Check rollback", "Count rollback check", "Rolled back?", "Rollback not verified", "Delete new endpoint",
-        "Record rolled-back deployment", "Record rollback in endpoint history", "Endpoint history not written",
-        # promotion: the new model becomes the champion
-        "Record champion", "Record endpoint history", "Promote to champion", "Record promotion failure",
-    ), frame=("Deploy", "Deployed?")),
-    # The endpoint is free for the next run, then people are told.
-    Stage("notify", "Notify", (
-        "Release endpoint lease", "Compose success notification", "Success notification without cost",
-        "Notify success", "Run succeeded", "Notification failed",
-    ), frame=("Notify",)),
-    # Every failure, once its stage recorded it: described, notified, the lease given back, and the Fail state
-    # whose error name says what happened.
-    Stage("failure", "Report failure", (
-        "Failure explained?", "Describe failure", "Compose failure notification",
-        "Failure notification without cost", "Notify failure", "Holding endpoint lease?",
-        "Release endpoint lease after failure", "Route failure",
-        "Dataset rejected", "Validation failed", "Preparation failed", "Training failed", "Evaluation failed",
-        "Quality gate failed", "Registration failed", "Deployment failed", "Promotion failed", "Endpoint busy",
-        "Endpoint lease failed", "Run failed",
-    ), frame=("Report failure",)),
-)
+# The rows `make asl` writes from the definition (d2ops.statemachine.stage_table), read into the types above.
+STAGES: tuple[Stage, ...] = tuple(Stage(key, title, states, frame=frame)
+                                  for key, title, frame, states in _table.STAGES)
 
 _BY_STATE: dict[str, Stage] = {name: stage for stage in STAGES for name in (*stage.frame, *stage.states)}
 FRAMES = frozenset(name for stage in STAGES for name in stage.frame)
 
-FAILURE_RECORDS = frozenset({
-    "Record dataset rejection", "Record unreadable dataset", "Record validation error", "Record preparation failure",
-    "Record endpoint busy", "Record lease failure", "Record training failure", "Record evaluation failure",
-    "Record quality gate failure", "Record registration failure", "Record review failure", "Record deployment failure",
-    "Record alarm rollback", "Record rolled-back deployment", "Record promotion failure",
-})
+FAILURE_RECORDS = frozenset(_table.FAILURE_RECORDS)
 _BY_KEY: dict[str, Stage] = {stage.key: stage for stage in STAGES}
 
 
@@ -156,39 +87,9 @@ def stage(key: str) -> Stage:
     return _BY_KEY[key]
 
 
-# What a .sync job create reports on its way to "already created?" (the name in use: the job a lost answer's first
-# attempt started) or to its retry loop (a lost answer, throttling, 5xx): the create's first Catch
-# (tests/unit/test_pipeline_stages.py holds each expected miss to the definition's Catch).
-SYNC_CREATE_ERRORS = frozenset({"SageMaker.ResourceInUseException", "SageMaker.AmazonSageMakerException",
-                                "SageMaker.SdkClientException"})
-# CreateModel's name in use is an unmodelled ValidationException: the optimised integration's catch-all name.
-_CREATE_MODEL_ERRORS = frozenset({"SageMaker.AmazonSageMakerException"})
-
-EXPECTED_MISSES: Mapping[str, ExpectedMiss] = {m.state: m for m in (
-    ExpectedMiss("Find current endpoint", frozenset({"SageMaker.SageMakerException"}),
-                 frozenset({"Create endpoint"}), "no endpoint yet: it is created"),
-    ExpectedMiss("Acquire endpoint lease", frozenset({"DynamoDB.ConditionalCheckFailedException"}),
-                 frozenset({"Read endpoint lease"}), "another run holds the endpoint lease"),
-    ExpectedMiss("Check lease holder", frozenset({"Sfn.ExecutionDoesNotExistException"}),
-                 frozenset({"Clear stale endpoint lease"}), "the lease holder is gone: its lease is cleared"),
-    ExpectedMiss("Clear stale endpoint lease", frozenset({"DynamoDB.ConditionalCheckFailedException"}),
-                 frozenset({"Acquire endpoint lease"}), "the lease changed meanwhile: asked again"),
-    ExpectedMiss("Train model", SYNC_CREATE_ERRORS,
-                 frozenset({"Start waiting for created training job", "Start retrying training job creation",
-                            "Wait to retry creating training job"}),
-                 "the training job exists already (or its creation is retried)"),
-    ExpectedMiss("Evaluate challenger and champion", SYNC_CREATE_ERRORS,
-                 frozenset({"Start waiting for created evaluation job", "Start retrying evaluation job creation",
-                            "Wait to retry creating evaluation job"}),
-                 "the evaluation job exists already (or its creation is retried)"),
-    ExpectedMiss("Create model", _CREATE_MODEL_ERRORS, frozenset({"Find created model"}),
-                 "the model exists already"),
-    ExpectedMiss("Create endpoint config", frozenset({"SageMaker.SageMakerException"}),
-                 frozenset({"Find created endpoint config"}), "the endpoint config exists already"),
-    # Nobody deciding in time is an outcome of the review, not a failure of the step: the model is refused.
-    ExpectedMiss("Wait for review", frozenset({"States.Timeout", "States.HeartbeatTimeout"}),
-                 frozenset({"Read review decision"}), "nobody decided in time: the model is refused"),
-)}
+EXPECTED_MISSES: Mapping[str, ExpectedMiss] = {
+    state: ExpectedMiss(state, frozenset(errors), frozenset(recovered_by), meaning)
+    for state, errors, recovered_by, meaning in _table.EXPECTED_MISSES}
 
 
 def expected_miss(state_name: str, error: str | None, later_states: Iterable[str]) -> ExpectedMiss | None:
@@ -219,31 +120,8 @@ def _recovered(miss: ExpectedMiss, later_states: Iterable[str]) -> bool | None:
     return None
 
 
-LOOPS: tuple[Loop, ...] = (
-    Loop("Wait for endpoint lease", "Wait for endpoint lease", frozenset({
-        "Acquire endpoint lease", "Read endpoint lease", "Endpoint lease still held?", "Check lease holder",
-        "Lease holder running?", "Clear stale endpoint lease", "Lease waits left?", "Wait for endpoint lease",
-        "Count endpoint lease wait", "Longest lease wait reached?", "Keep longest lease wait"})),
-    Loop("Retry creating training job", "Wait to retry creating training job", frozenset({
-        "Training job already created?", "Retry creating training job?", "Training job creation retries left?",
-        "Start retrying training job creation", "Wait to retry creating training job",
-        "Count training job creation retry"}), retries="Train model"),
-    Loop("Wait for created training job", "Wait for created training job", frozenset({
-        "Start waiting for created training job", "Check created training job", "Created training job is ours?",
-        "Wait for created training job", "Count created training job check"})),
-    Loop("Retry creating evaluation job", "Wait to retry creating evaluation job", frozenset({
-        "Evaluation job already created?", "Retry creating evaluation job?", "Evaluation job creation retries left?",
-        "Start retrying evaluation job creation", "Wait to retry creating evaluation job",
-        "Count evaluation job creation retry"}), retries="Evaluate challenger and champion"),
-    Loop("Wait for created evaluation job", "Wait for created evaluation job", frozenset({
-        "Start waiting for created evaluation job", "Check created evaluation job",
-        "Created evaluation job is ours?", "Wait for created evaluation job", "Count created evaluation job check"})),
-    Loop("Wait for endpoint", "Wait for endpoint", frozenset({
-        "Start waiting for endpoint", "Wait for endpoint", "Check endpoint status", "Count endpoint check",
-        "Endpoint in service?", "Canary baking?", "Deployment complete?"})),
-    Loop("Wait for rollback", "Wait for rollback", frozenset({
-        "Start waiting for rollback", "Wait for rollback", "Check rollback", "Count rollback check", "Rolled back?"})),
-)
+LOOPS: tuple[Loop, ...] = tuple(Loop(title, head, frozenset(states), retries)
+                                for title, head, states, retries in _table.LOOPS)
 
 
 def loop_of(state_name: str) -> Loop | None:

@@ -18,32 +18,37 @@ from d2ops.functions import (
     SUMMARIZE_EVALUATION,
     PipelineLambda,
 )
+from d2ops.statemachine import stage_table
 from d2ops.statemachine import training_pipeline as tp
 from d2ops.statemachine.__main__ import first_difference, main
-from d2ops.statemachine.builder import (
-    RETRY_POLICIES,
-    SAGEMAKER_READ,
+from d2ops.statemachine.asl import (
     Catch,
     Choice,
     Fail,
-    FailureKind,
-    Lookup,
     Machine,
     Pass,
     RetryPolicy,
-    Stage,
+    SingleBranchParallel,
     Task,
     Var,
+    render,
+    resource,
+    when,
+)
+from d2ops.statemachine.patterns import (
+    RETRY_POLICIES,
+    SAGEMAKER_READ,
+    FailureKind,
+    Lookup,
+    LoopReading,
+    StageParallel,
     create_or_find,
     fail_states,
     lambda_task,
     payload_fields,
     record_failure,
-    render,
-    resource,
     route_failures,
     sync_job_create_or_find,
-    when,
 )
 from d2ops_core.pipeline_stages import all_states
 from tests.fixtures.pipeline import support
@@ -105,10 +110,39 @@ def test_a_missing_file_fails_the_check(tmp_path: Path, capsys: pytest.CaptureFi
     assert "the file is missing" in capsys.readouterr().err
 
 
+def test_a_stale_stage_table_fails_the_check_like_a_stale_definition(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    # The stage table (d2ops_core/pipeline_stage_table.py) is written with the definition: a state renamed in
+    # the generator but not in the table is stale the same way.
+    table = stage_table.render(tp.definition())
+    assert (REPO / "src" / "d2ops_core" / "pipeline_stage_table.py").read_text() == table
+    stale = tmp_path / "pipeline_stage_table.py"
+    stale.write_text(table.replace('"Find current endpoint"', '"Find the endpoint"'))
+    assert main(["--check", "--stage-table", str(stale)]) == 1
+    err = capsys.readouterr().err
+    assert f"{stale}: stale (PipelineStateMachine stage table): line " in err and "make asl" in err
+    assert main(["--stage-table", str(stale)]) == 0
+    assert stale.read_text() == table
+    assert main(["--check", "--stage-table", str(stale)]) == 0
+
+
+def test_the_stage_table_refuses_a_name_that_is_no_state_of_its_stage() -> None:
+    machine = tp.definition()
+    deploy = dict(machine.states)["Deploy"]
+    assert isinstance(deploy, StageParallel)
+    for changed in (dataclasses.replace(deploy, reading_order=(("Train model", ("Create model",)),)),
+                    dataclasses.replace(deploy, loops=(LoopReading("Wait for rollbak"),)),
+                    dataclasses.replace(deploy, loops=(LoopReading("Create model"),))):
+        mutated = Machine(tuple((n, changed if n == "Deploy" else s) for n, s in machine.states),
+                          comment=machine.comment, timeout=machine.timeout)
+        with pytest.raises(ValueError, match="stage 'Deploy'"):
+            stage_table.stage_table(mutated)
+
+
 def test_a_change_to_the_definition_is_seen_as_stale() -> None:
     machine = tp.definition()
     train = dict(machine.states)["Train"]
-    assert isinstance(train, Stage)
+    assert isinstance(train, StageParallel)
     branch = tuple((n, dataclasses.replace(s, timeout=60) if n == "Train model" else s) for n, s in train.branch.states)
     mutated = Machine(tuple((n, dataclasses.replace(train, branch=Machine(branch)) if n == "Train" else s)
                             for n, s in machine.states), comment=machine.comment, timeout=machine.timeout)
@@ -304,22 +338,22 @@ def test_a_machine_refuses_a_state_defined_twice_and_a_missing_start() -> None:
 
 def test_a_stage_is_a_single_branch_parallel_passing_its_branch_output_on() -> None:
     branch = Machine((("Work", Pass(None)),))
-    assert Stage(branch, "After", comment="c").asl() == {
+    assert SingleBranchParallel(branch, "After", comment="c").asl() == {
         "Type": "Parallel", "Comment": "c", "Branches": [{"StartAt": "Work", "States": {"Work": {"Type": "Pass",
                                                                                                   "End": True}}}],
         "OutputPath": "$[0]", "Next": "After"}
-    assert Stage(branch, None).asl()["End"] is True
+    assert SingleBranchParallel(branch, None).asl()["End"] is True
 
 
 def test_state_names_are_unique_across_stages_and_a_branch_cannot_leave_its_stage() -> None:
     inner = Machine((("Work", Pass(None)),))
     with pytest.raises(ValueError, match="'Work' is defined twice"):
-        Machine((("Stage", Stage(inner, "Work")), ("Work", Pass(None))))
+        Machine((("Stage", SingleBranchParallel(inner, "Work")), ("Work", Pass(None))))
     with pytest.raises(ValueError, match="'Work' is defined twice"):
-        Machine((("A", Stage(inner, "B")), ("B", Stage(inner, None))))
+        Machine((("A", SingleBranchParallel(inner, "B")), ("B", SingleBranchParallel(inner, None))))
     with pytest.raises(ValueError, match="state 'Work' goes to 'After', which is no state"):
-        Stage(Machine((("Work", Pass("After")),)), "After")
-    assert Machine((("Stage", Stage(inner, None)),)).names() == ["Stage", "Work"]
+        SingleBranchParallel(Machine((("Work", Pass("After")),)), "After")
+    assert Machine((("Stage", SingleBranchParallel(inner, None)),)).names() == ["Stage", "Work"]
 
 
 def test_a_machine_refuses_a_transition_to_a_missing_state() -> None:

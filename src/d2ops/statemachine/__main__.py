@@ -1,8 +1,12 @@
 """Write, or check, the state machine definitions generated from ``d2ops.statemachine``.
 
 ``python -m d2ops.statemachine`` (``make asl``) writes ``statemachine/training_pipeline.asl.json``
-(the path template.yaml's PipelineStateMachine deploys); ``--check`` (``make lint``) writes nothing
-and exits 1, naming the first difference, when the committed file is not what the definition generates.
+(the path template.yaml's PipelineStateMachine deploys) and its stage table,
+``src/d2ops_core/pipeline_stage_table.py`` (d2ops.statemachine.stage_table); ``--check`` (``make lint``)
+writes nothing and exits 1, naming the first difference, when a committed file is not what the definition
+generates.
+Both exit 1 naming what template.yaml lacks when its DefinitionSubstitutions or LambdaInvokePolicy list
+is out of step with the Lambdas the definition invokes (``d2ops.functions.template_problems``).
 """
 
 from __future__ import annotations
@@ -14,9 +18,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from d2ops.statemachine.builder import Machine, render
+from d2ops.functions import template_problems
+from d2ops.statemachine import stage_table
+from d2ops.statemachine.asl import Machine, render
 
 STALE_HINT = "run `make asl` (python -m d2ops.statemachine) and commit the file"
+# The state machine whose stages d2ops_core.pipeline_stages reads.
+STAGED = "PipelineStateMachine"
 
 
 def pipelines() -> dict[str, tuple[Path, Callable[[], Machine]]]:
@@ -24,7 +32,7 @@ def pipelines() -> dict[str, tuple[Path, Callable[[], Machine]]]:
     from d2ops.statemachine import training_pipeline
     from d2ops.template import load_template
 
-    spec = load_template().state_machine("PipelineStateMachine")
+    spec = load_template().state_machine(STAGED)
     return {spec.logical_id: (spec.definition_path, training_pipeline.definition)}
 
 
@@ -69,8 +77,13 @@ def first_difference(committed: str, generated: str) -> str | None:
         found = _first_value_difference(json.loads(committed), json.loads(generated))
     except json.JSONDecodeError as exc:
         found = f"the committed file is not JSON ({exc})"
-    if found:
-        return found
+    return found or first_line_difference(committed, generated)
+
+
+def first_line_difference(committed: str, generated: str) -> str | None:
+    """None when equal; else the first line that differs (or the line counts)."""
+    if committed == generated:
+        return None
     for number, (a, b) in enumerate(zip(committed.splitlines(), generated.splitlines(), strict=False), start=1):
         if a != b:
             return f"line {number}: committed {a.strip()[:200]!r}, generated {b.strip()[:200]!r}"
@@ -92,18 +105,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="write nothing; exit 1 naming the first difference when a committed file is stale")
     parser.add_argument("--output", type=Path, metavar="PATH",
                         help="write or check PATH instead of the file template.yaml deploys")
+    parser.add_argument("--stage-table", type=Path, metavar="PATH",
+                        help=f"write or check PATH instead of {_shown(stage_table.STAGE_TABLE_PATH)}")
     args = parser.parse_args(argv)
     definitions = pipelines()
     if args.output and len(definitions) > 1:
         parser.error("--output names one file: there are several definitions")
-    stale = 0
+    # Each file to write: what it is, where, its text. The stage table is checked like a definition: a state
+    # renamed in the generator and not in the table is as stale as one in the JSON.
+    files: list[tuple[str, Path, str, Callable[[str, str], str | None]]] = []
     for name, (deployed, build) in definitions.items():
-        path = args.output or deployed
+        machine = build()
+        files.append((name, args.output or deployed, render(machine), first_difference))
+        if name == STAGED:
+            files.append((f"{name} stage table", args.stage_table or stage_table.STAGE_TABLE_PATH,
+                          stage_table.render(machine), first_line_difference))
+    stale = 0
+    for name, path, text, differ in files:
         shown = _shown(path)
-        text = render(build())
         committed = path.read_text() if path.exists() else ""
         if args.check:
-            difference = first_difference(committed, text) if committed else "the file is missing"
+            difference = differ(committed, text) if committed else "the file is missing"
             if difference:
                 print(f"{shown}: stale ({name}): {difference}; {STALE_HINT}", file=sys.stderr)
                 stale += 1
@@ -114,7 +136,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"wrote {shown}")
         else:
             print(f"{shown}: up to date")
-    return 1 if stale else 0
+    # The template invokes what the definition invokes: each Lambda of d2ops.functions.PIPELINE_LAMBDAS has its
+    # ARN substitution and its invoke policy (checked, not written: template.yaml is commented, hand-laid YAML).
+    problems = template_problems()
+    for problem in problems:
+        print(f"{problem}; add it to template.yaml (or the Lambda to d2ops.functions)", file=sys.stderr)
+    return 1 if stale or problems else 0
 
 
 if __name__ == "__main__":

@@ -22,16 +22,38 @@ from d2ops.functions import (
     SUMMARIZE_IMAGES,
     VALIDATE_DATASET,
 )
-from d2ops.statemachine.builder import (
+from d2ops.statemachine.asl import (
     ABSENT,
+    ENTERED_TIME,
+    EXECUTION_ARN,
+    RUN_ID,
+    Catch,
+    Choice,
+    DistributedMap,
+    Fail,
+    Json,
+    Machine,
+    Named,
+    Pass,
+    RetryPolicy,
+    Succeed,
+    Task,
+    Var,
+    Wait,
+    all_of,
+    catch_all,
+    fmt,
+    not_,
+    resource,
+    sub,
+    when,
+)
+from d2ops.statemachine.patterns import (
     CLOUDWATCH,
     CLOUDWATCH_ALARM,
     DYNAMODB,
-    ENTERED_TIME,
-    EXECUTION_ARN,
     LAMBDA,
     LAMBDA_WITH_FALLBACK,
-    RUN_ID,
     S3,
     SAGEMAKER_CLIENT,
     SAGEMAKER_OPTIMISED,
@@ -40,40 +62,23 @@ from d2ops.statemachine.builder import (
     SAGEMAKER_WRITE,
     SFN,
     SNS,
-    Catch,
-    Choice,
-    DistributedMap,
-    Fail,
+    ExpectedCatch,
     FailureKind,
-    Json,
     Lookup,
-    Machine,
-    Named,
-    Pass,
-    RetryPolicy,
-    Stage,
-    Succeed,
+    LoopReading,
+    StageParallel,
     SyncJob,
-    Task,
-    Var,
-    Wait,
-    all_of,
-    catch_all,
     count,
     create_or_find,
     fail_states,
-    fmt,
     function_name,
     lambda_task,
-    not_,
     payload_fields,
     record_failure,
-    resource,
     route_failures,
     start_counter,
-    sub,
     sync_job_create_or_find,
-    when,
+    sync_job_loops,
 )
 
 # --- how a run fails ----------------------------------------------------------------------------
@@ -215,6 +220,10 @@ def validation() -> list[Named]:
     ]
 
 
+# Waiting for the lease reads as one line: its rounds and their total time (d2ops_core.pipeline_stages.LOOPS).
+LEASE_LOOP = LoopReading("Wait for endpoint lease")
+
+
 def endpoint_lease() -> list[Named]:
     wait = "$.lease_wait"
     lease_failed = Catch("Record lease failure")
@@ -246,7 +255,8 @@ def endpoint_lease() -> list[Named]:
                                                       ":acquired_at": {"S.$": ENTERED_TIME}}},
             result_selector={"table": sub("LeaseTableName"), "endpoint_name": ENDPOINT}, result_path="$.lease",
             retry=(DYNAMODB,),
-            catch=(Catch("Read endpoint lease", ("DynamoDB.ConditionalCheckFailedException",), "$.lease_error"),
+            catch=(ExpectedCatch("Read endpoint lease", ("DynamoDB.ConditionalCheckFailedException",), "$.lease_error",
+                                 meaning="another run holds the endpoint lease"),
                    lease_failed))),
         ("Read endpoint lease", Task(
             resource("dynamodb:getItem"), "Endpoint lease still held?",
@@ -263,7 +273,8 @@ def endpoint_lease() -> list[Named]:
             parameters={"ExecutionArn.$": "$.lease_holder.Item.holder.S"},
             result_selector={"arn.$": "$.ExecutionArn", "status.$": "$.Status"},
             result_path="$.lease_holder_status", retry=(SFN,),
-            catch=(Catch("Clear stale endpoint lease", ("Sfn.ExecutionDoesNotExistException",), "$.lease_error"),
+            catch=(ExpectedCatch("Clear stale endpoint lease", ("Sfn.ExecutionDoesNotExistException",), "$.lease_error",
+                                 meaning="the lease holder is gone: its lease is cleared"),
                    lease_failed))),
         ("Lease holder running?", Choice(
             (when(Var("$.lease_holder_status.status").test("StringEquals", "RUNNING"), "Lease waits left?"),),
@@ -271,8 +282,8 @@ def endpoint_lease() -> list[Named]:
         _release_lease(
             "Clear stale endpoint lease", "$.lease_holder.Item.holder.S", next="Acquire endpoint lease",
             comment="Only if the ended holder still has it (another waiting run may have cleared it and taken it).",
-            on_conflict=Catch("Acquire endpoint lease", ("DynamoDB.ConditionalCheckFailedException",),
-                              "$.lease_error"),
+            on_conflict=ExpectedCatch("Acquire endpoint lease", ("DynamoDB.ConditionalCheckFailedException",),
+                                      "$.lease_error", meaning="the lease changed meanwhile: asked again"),
             failed=lease_failed),
         ("Lease waits left?", Choice(
             (when(Var(f"{wait}.waits").test("NumericGreaterThanEqualsPath", f"{wait}.max_waits"),
@@ -363,6 +374,10 @@ def evaluation() -> list[Named]:
                        _caught("evaluation job {} failed ({})", "$.plan.names.evaluation_job"), next=None,
                        comment="The processing job or its report failed."),
     ]
+
+
+# People read the gate's failure records last (the console's states a run did not reach).
+GATE_READING_ORDER = (("Record registration failure", ("Record review failure",)),)
 
 
 def gate_and_register() -> list[Named]:
@@ -467,7 +482,9 @@ def review() -> list[Named]:
                 "images_compared.$": "$.evaluation.images_compared", "requested_at.$": ENTERED_TIME,
                 "timeout_seconds.$": "$.review_wait.timeout_seconds"}},
             result_path="$.review", timeout_path="$.review_wait.timeout_seconds", retry=(LAMBDA,),
-            catch=(Catch("Read review decision", ("States.Timeout", "States.HeartbeatTimeout"), "$.review"),
+            # Nobody deciding in time is an outcome of the review, not a failure of the step: the model is refused.
+            catch=(ExpectedCatch("Read review decision", ("States.Timeout", "States.HeartbeatTimeout"), "$.review",
+                                 meaning="nobody decided in time: the model is refused"),
                    *catch_all("Read review decision", "$.review")))),
         lambda_task(
             "Read review decision", READ_REVIEW_DECISION,
@@ -507,6 +524,17 @@ def _caught(template: str, *args: str) -> str:
     return fmt(template, *args, "$.error.Error")
 
 
+# Waiting for the endpoint, or for a rollback, reads as one line; the smoke test on the way is a line of its own.
+DEPLOY_LOOPS = (LoopReading("Wait for endpoint", entry="Start waiting for endpoint", apart=("Smoke test endpoint",)),
+                LoopReading("Wait for rollback", entry="Start waiting for rollback"))
+# People read the deployment with its smoke test and failure record, then the rollback and its records, then the
+# promotion (the console's states a run did not reach).
+DEPLOY_READING_ORDER = (
+    ("Canary baking?", ("Smoke test endpoint", "Deployment complete?", "Record deployment failure")),
+    ("Endpoint history not written", ("Record champion", "Record endpoint history", "Promote to champion")),
+)
+
+
 def deploy() -> list[Named]:
     failed = "Record deployment failure"
     endpoint_config = "$.plan.names.endpoint_config"
@@ -528,7 +556,8 @@ def deploy() -> list[Named]:
                 result_path=None, retry=(SAGEMAKER_OPTIMISED,),
                 # A model name in use is a ValidationException, which SageMaker does not model for CreateModel
                 # (only ResourceLimitExceeded): AmazonSageMakerException, told apart by its Cause.
-                catch=(Catch("Model already created?", ("SageMaker.AmazonSageMakerException",)),
+                catch=(ExpectedCatch("Model already created?", ("SageMaker.AmazonSageMakerException",),
+                                     meaning="the model exists already", recovered_by=("Find created model",)),
                        *catch_all(failed)))),
             thing="model", exists_cause="Cannot create already existing model*",
             lookup=Lookup("Find created model", "aws-sdk:sagemaker:describeModel",
@@ -546,7 +575,9 @@ def deploy() -> list[Named]:
                 parameters={"EndpointConfigName.$": endpoint_config,
                             "ProductionVariants.$": "$.plan.endpoint.production_variants", "Tags": RUN_TAGS},
                 result_path=None, retry=(SAGEMAKER_WRITE,),
-                catch=(Catch("Endpoint config already created?", ("SageMaker.SageMakerException",)),
+                catch=(ExpectedCatch("Endpoint config already created?", ("SageMaker.SageMakerException",),
+                                     meaning="the endpoint config exists already",
+                                     recovered_by=("Find created endpoint config",)),
                        *catch_all(failed)))),
             thing="endpoint config", exists_cause="Cannot create already existing endpoint configuration*",
             lookup=Lookup("Find created endpoint config", "aws-sdk:sagemaker:describeEndpointConfig",
@@ -561,7 +592,8 @@ def deploy() -> list[Named]:
                     "endpoint ...'), which 'Endpoint missing?' tells from throttling and AccessDenied.",
             result_selector={"endpoint_config.$": "$.EndpointConfigName", "status.$": "$.EndpointStatus"},
             result_path="$.previous_endpoint", retry=SAGEMAKER_CLIENT,
-            catch=(Catch("Endpoint missing?", ("SageMaker.SageMakerException",), "$.endpoint_lookup_error"),
+            catch=(ExpectedCatch("Endpoint missing?", ("SageMaker.SageMakerException",), "$.endpoint_lookup_error",
+                                 meaning="no endpoint yet: it is created", recovered_by=("Create endpoint",)),
                    *catch_all(failed))),
         ("Endpoint missing?", Choice(
             (when(Var("$.endpoint_lookup_error.Cause").test("StringMatches", "Could not find endpoint *"),
@@ -870,8 +902,10 @@ def failure_report() -> list[Named]:
     ]
 
 
-def _stage(name: str, states: list[Named], *, next: str | None, comment: str) -> Named:
-    return name, Stage(Machine(tuple(states)), next, comment)
+def _stage(key: str, name: str, states: list[Named], *, next: str | None, comment: str,
+           loops: tuple[LoopReading, ...] = (), reading_order: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> Named:
+    return name, StageParallel(Machine(tuple(states)), next, comment, key=key, loops=loops,
+                               reading_order=reading_order)
 
 
 def _unless_failed(name: str, next: str) -> Named:
@@ -883,27 +917,29 @@ def definition() -> Machine:
     # The top level is the stages a user thinks in (d2ops_core.pipeline_stages.STAGES names the same ones); each
     # stage's branch holds its recovery, retry and wait machinery and ends with $.failure recorded when it failed.
     return Machine(
-        (_stage("Validate", validation(), next="Validated?",
+        (_stage("validate", "Validate", validation(), next="Validated?",
                 comment="Validate the COCO dataset version: annotations, then every image."),
          _unless_failed("Validated?", "Prepare"),
-         _stage("Prepare", preparation(), next="Prepared?",
+         _stage("prepare", "Prepare", preparation(), next="Prepared?", loops=(LEASE_LOOP,),
                 comment="Take the endpoint lease and build the training and evaluation job requests."),
          _unless_failed("Prepared?", "Train"),
-         _stage("Train", training(), next="Trained?", comment="Train the model on SageMaker."),
+         _stage("train", "Train", training(), next="Trained?", comment="Train the model on SageMaker.",
+                loops=sync_job_loops(TRAINING)),
          _unless_failed("Trained?", "Evaluate"),
-         _stage("Evaluate", evaluation(), next="Evaluated?",
+         _stage("evaluate", "Evaluate", evaluation(), next="Evaluated?", loops=sync_job_loops(EVALUATION),
                 comment="Score the new model and the champion on the same val split."),
          _unless_failed("Evaluated?", "Gate"),
-         _stage("Gate", gate_and_register(), next="Approved?",
+         _stage("gate", "Gate", gate_and_register(), next="Approved?", reading_order=GATE_READING_ORDER,
                 comment="Decide on the evaluation and register the model, Approved or Rejected; when the numbers "
                         "cannot settle it, a person decides (Wait for review)."),
          _unless_failed("Approved?", "Deploy"),
-         _stage("Deploy", [*deploy(), *roll_back(), *promotion(), *deployment_records()], next="Deployed?",
+         _stage("deploy", "Deploy", [*deploy(), *roll_back(), *promotion(), *deployment_records()], next="Deployed?",
+                loops=DEPLOY_LOOPS, reading_order=DEPLOY_READING_ORDER,
                 comment="Deploy blue/green, smoke-test, roll back if unhealthy, promote to champion."),
          _unless_failed("Deployed?", "Notify"),
-         _stage("Notify", notification(), next=None,
+         _stage("notify", "Notify", notification(), next=None,
                 comment="Release the endpoint lease and tell people the new model is deployed."),
-         _stage(REPORT_FAILURE, failure_report(), next=None,
+         _stage("failure", REPORT_FAILURE, failure_report(), next=None,
                 comment="Describe the failure, notify, release the lease, and fail with the error that says what "
                         "happened.")),
         comment="d2ops: validate a COCO dataset version, train, evaluate against the champion, gate, register, "

@@ -1,8 +1,4 @@
-"""Typed builders for an Amazon States Language definition, and the shapes the pipeline repeats.
-
-Each state is a small frozen dataclass whose ``asl()`` is its JSON object, keys in the order the
-committed ``statemachine/*.asl.json`` writes them (Type, Comment, inputs, outputs, error handling,
-transition), so the generated file reads like a hand-written one and diffs stay small.
+"""The shapes this pipeline repeats, built from ``d2ops.statemachine.asl``'s generic states.
 
 The repeated shapes are functions returning ``(name, state)`` pairs:
 
@@ -14,82 +10,45 @@ The repeated shapes are functions returning ``(name, state)`` pairs:
 - ``create_or_find``: the same idea for a create call that returns at once (model, endpoint config);
 - ``FailureKind`` with ``record_failure``, ``route_failures`` and ``fail_states``: the failure triple
   (a Pass recording ``$.failure``, the Choice routing on its error, the Fail state named after it);
-- ``RetryPolicy``: one named Retry shape per kind of call (``RETRY_POLICIES`` lists them);
-- ``Stage``: a stage of the run as a single-branch Parallel, which the Step Functions console draws as
-  one box holding the stage's states (names stay unique across the whole machine).
+- ``RETRY_POLICIES``: one named Retry shape per kind of call;
+- ``StageParallel``: a stage of the run as a single-branch Parallel, which the Step Functions console draws
+  as one box holding the stage's states, with what a reader needs that the definition does not say (the
+  stage's key, its loops' titles, an expected miss's meaning): ``d2ops.statemachine.stage_table`` writes
+  them, with the stages' states, to ``d2ops_core/pipeline_stage_table.py``.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import BaseModel
 
 from d2ops.functions import PipelineLambda
-
-Json = dict[str, Any]
-Named = tuple[str, "State"]
-
-RUN_ID = "$$.Execution.Name"
-EXECUTION_ARN = "$$.Execution.Id"
-ENTERED_TIME = "$$.State.EnteredTime"
-
-
-class _Absent:
-    """A field left out of the state (JSON has no way to say "absent" with None: ``ResultPath: null`` discards)."""
-
-    def __repr__(self) -> str:
-        return "ABSENT"
-
-
-ABSENT = _Absent()
-
-
-def sub(name: str) -> str:
-    """A DefinitionSubstitutions placeholder (template.yaml's PipelineStateMachine supplies the value)."""
-    return "${" + name + "}"
-
-
-def resource(integration: str) -> str:
-    """A Step Functions service integration ARN, partition-aware (``lambda:invoke``, ``aws-sdk:s3:putObject``)."""
-    return f"arn:{sub('Partition')}:states:::{integration}"
-
-
-def fmt(template: str, *paths: str) -> str:
-    """``States.Format('template', path, ...)``."""
-    return f"States.Format('{template}', {', '.join(paths)})"
-
-
-def _state(kind: str, comment: str | None, *fields: tuple[str, Any]) -> Json:
-    """A state's object: Type, Comment (when there is one), then ``fields`` in order, leaving ABSENT ones out."""
-    out: Json = {"Type": kind}
-    if comment is not None:
-        out["Comment"] = comment
-    out.update((key, value) for key, value in fields if value is not ABSENT)
-    return out
-
-
-# --- error handling --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """One Retry shape: capped exponential backoff with full jitter."""
-
-    name: str
-    errors: tuple[str, ...]
-    interval: int
-    max_attempts: int
-    max_delay: int
-    backoff: int = 2
-
-    def asl(self) -> Json:
-        return {"ErrorEquals": list(self.errors), "IntervalSeconds": self.interval, "MaxAttempts": self.max_attempts,
-                "BackoffRate": self.backoff, "MaxDelaySeconds": self.max_delay, "JitterStrategy": "FULL"}
-
+from d2ops.statemachine.asl import (
+    ABSENT,
+    RUN_ID,
+    Catch,
+    Choice,
+    Fail,
+    Json,
+    Named,
+    Pass,
+    RetryPolicy,
+    SingleBranchParallel,
+    Task,
+    Var,
+    Wait,
+    _Absent,
+    all_of,
+    any_of,
+    catch_all,
+    not_,
+    resource,
+    sub,
+    when,
+)
 
 # The named policies: one per kind of call (tests/unit/test_statemachine_build.py checks that every Retry of
 # the generated definitions is one of them, each distinct).
@@ -128,270 +87,6 @@ SNS = RetryPolicy("sns", ("States.ALL",), interval=5, max_attempts=3, max_delay=
 
 RETRY_POLICIES = (LAMBDA, LAMBDA_WITH_FALLBACK, DYNAMODB, SFN, SAGEMAKER_READ, SAGEMAKER_WRITE, SAGEMAKER_OPTIMISED,
                   SAGEMAKER_CLIENT, SAGEMAKER_SERVICE, CLOUDWATCH, CLOUDWATCH_ALARM, S3, SNS)
-
-
-@dataclass(frozen=True)
-class Catch:
-    """A catcher: ``errors`` go to ``next``, the error written at ``result_path``."""
-
-    next: str
-    errors: tuple[str, ...] = ("States.ALL",)
-    result_path: str | None = "$.error"
-
-    def asl(self) -> Json:
-        return {"ErrorEquals": list(self.errors), "ResultPath": self.result_path, "Next": self.next}
-
-
-def catch_all(next: str, result_path: str | None = "$.error") -> tuple[Catch]:
-    return (Catch(next, result_path=result_path),)
-
-
-# --- states ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Task:
-    """A Task state: ``resource`` is a service integration's ARN (``resource("lambda:invoke")``)."""
-
-    resource: str
-    next: str | None  # None: End
-    comment: str | None = None
-    input_path: str | _Absent = ABSENT
-    parameters: Json | _Absent = ABSENT
-    result_selector: Json | _Absent = ABSENT
-    result_path: str | _Absent | None = ABSENT
-    output_path: str | _Absent = ABSENT
-    timeout: int | _Absent = ABSENT
-    timeout_path: str | _Absent = ABSENT  # TimeoutSecondsPath: a limit the stack sets (numbers are not substituted)
-    retry: tuple[RetryPolicy, ...] = ()
-    catch: tuple[Catch, ...] = ()
-    # The few states whose Comment the committed file writes after another key (JSON objects are
-    # unordered; kept so the generated file equals the committed one byte for byte).
-    comment_after: Literal["Type", "Resource", "Parameters"] = "Type"
-
-    def asl(self) -> Json:
-        fields: list[tuple[str, Any]] = [
-            ("Resource", self.resource), ("InputPath", self.input_path), ("Parameters", self.parameters),
-            ("ResultSelector", self.result_selector), ("ResultPath", self.result_path),
-            ("OutputPath", self.output_path), ("TimeoutSeconds", self.timeout),
-            ("TimeoutSecondsPath", self.timeout_path),
-            ("Retry", [r.asl() for r in self.retry] if self.retry else ABSENT),
-            ("Catch", [c.asl() for c in self.catch] if self.catch else ABSENT),
-            ("End", True) if self.next is None else ("Next", self.next),
-        ]
-        if self.comment is None or self.comment_after == "Type":
-            return _state("Task", self.comment, *fields)
-        at = [key for key, _ in fields].index(self.comment_after) + 1
-        return _state("Task", None, *fields[:at], ("Comment", self.comment), *fields[at:])
-
-
-@dataclass(frozen=True)
-class Pass:
-    """A Pass state: ``parameters`` (or a fixed ``result``) written at ``result_path``."""
-
-    next: str | None  # None: End
-    comment: str | None = None
-    input_path: str | _Absent = ABSENT
-    parameters: Json | _Absent = ABSENT
-    result: Json | _Absent = ABSENT
-    # None discards (JSON null: the input passes on); ABSENT leaves it out (the result replaces the input).
-    result_path: str | _Absent | None = ABSENT
-
-    def asl(self) -> Json:
-        return _state("Pass", self.comment, ("InputPath", self.input_path), ("Parameters", self.parameters),
-                      ("Result", self.result), ("ResultPath", self.result_path),
-                      ("End", True) if self.next is None else ("Next", self.next))
-
-
-@dataclass(frozen=True)
-class Choice:
-    """A Choice state: the first rule that holds names the next state, else ``default``."""
-
-    choices: tuple[Json, ...]  # rules built with `when`
-    default: str
-    comment: str | None = None
-
-    def asl(self) -> Json:
-        return _state("Choice", self.comment, ("Choices", list(self.choices)), ("Default", self.default))
-
-
-@dataclass(frozen=True)
-class Wait:
-    """A Wait state: a fixed number of ``seconds``, or as many as ``seconds_path`` says."""
-
-    next: str
-    seconds: int | _Absent = ABSENT
-    seconds_path: str | _Absent = ABSENT
-    comment: str | None = None
-
-    def asl(self) -> Json:
-        return _state("Wait", self.comment, ("Seconds", self.seconds), ("SecondsPath", self.seconds_path),
-                      ("Next", self.next))
-
-
-@dataclass(frozen=True)
-class Fail:
-    error: str
-    cause_path: str
-
-    def asl(self) -> Json:
-        return _state("Fail", None, ("Error", self.error), ("CausePath", self.cause_path))
-
-
-@dataclass(frozen=True)
-class Succeed:
-    def asl(self) -> Json:
-        return _state("Succeed", None)
-
-
-@dataclass(frozen=True)
-class DistributedMap:
-    """A Distributed Map reading JSONL from S3, batched, its results written to S3 (``ResultWriter``)."""
-
-    next: str
-    comment: str
-    label: str
-    item_reader: Json
-    item_batcher: Json
-    max_concurrency_path: str
-    processor: Machine
-    result_writer: Json
-    result_path: str
-    catch: tuple[Catch, ...]
-    tolerated_failure_count: int = 0
-
-    def asl(self) -> Json:
-        processor = {"ProcessorConfig": {"Mode": "DISTRIBUTED", "ExecutionType": "EXPRESS"}, **self.processor.asl()}
-        return _state("Map", self.comment, ("Label", self.label), ("ItemReader", self.item_reader),
-                      ("ItemBatcher", self.item_batcher), ("MaxConcurrencyPath", self.max_concurrency_path),
-                      ("ToleratedFailureCount", self.tolerated_failure_count), ("ItemProcessor", processor),
-                      ("ResultWriter", self.result_writer), ("ResultPath", self.result_path),
-                      ("Catch", [c.asl() for c in self.catch]), ("Next", self.next))
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One stage of the run (Validate, Train, ...) as a Parallel state with a single branch, so the Step
-    Functions console draws the stage as a box holding its states. The branch's output passes on unchanged
-    (``OutputPath: $[0]`` unwraps the Parallel's one-element result), and a branch's error fails the stage
-    with the same error and cause, as if its states were written inline."""
-
-    branch: Machine
-    next: str | None  # None: End
-    comment: str | None = None
-
-    def asl(self) -> Json:
-        return _state("Parallel", self.comment, ("Branches", [self.branch.asl()]), ("OutputPath", "$[0]"),
-                      ("End", True) if self.next is None else ("Next", self.next))
-
-
-State = Task | Pass | Choice | Wait | Fail | Succeed | DistributedMap | Stage
-
-
-def _targets(state: Json) -> list[str]:
-    out = [state[key] for key in ("Next", "Default") if key in state]
-    return out + [rule["Next"] for rule in state.get("Choices", []) + state.get("Catch", [])]
-
-
-@dataclass(frozen=True)
-class Machine:
-    """States in the order they are written, the first one the start (unless ``start_at`` says otherwise)."""
-
-    states: tuple[Named, ...]
-    start_at: str | None = None
-    comment: str | None = None
-    timeout: int | None = None
-
-    def __post_init__(self) -> None:
-        # Names are unique across the whole machine, branches included: the console, the execution
-        # history and d2ops_core.pipeline_stages know a state by its name alone.
-        seen: set[str] = set()
-        for name in self.names():
-            if name in seen:
-                raise ValueError(f"state {name!r} is defined twice")
-            seen.add(name)
-        seen = {name for name, _ in self.states}
-        if not self.states:
-            raise ValueError("a state machine needs at least one state")
-        if self.start_at is not None and self.start_at not in seen:
-            raise ValueError(f"StartAt names the missing state {self.start_at!r}")
-        # A mistyped name fails here, at generation, not when a run first takes that branch.
-        for name, state in self.states:
-            for target in _targets(state.asl()):
-                if target not in seen:
-                    raise ValueError(f"state {name!r} goes to {target!r}, which is no state")
-
-    def names(self) -> list[str]:
-        """Every state's name, a Map's item processor's (or a stage's branch's) states after it."""
-        out: list[str] = []
-        for name, state in self.states:
-            out.append(name)
-            if isinstance(state, DistributedMap):
-                out += state.processor.names()
-            elif isinstance(state, Stage):
-                out += state.branch.names()
-        return out
-
-    def asl(self) -> Json:
-        out: Json = {}
-        if self.comment is not None:
-            out["Comment"] = self.comment
-        out["StartAt"] = self.start_at or self.states[0][0]
-        if self.timeout is not None:
-            out["TimeoutSeconds"] = self.timeout
-        out["States"] = {name: state.asl() for name, state in self.states}
-        return out
-
-
-# --- Choice rules ------------------------------------------------------------------------------
-
-
-# The comparisons a Choice rule may make (those this definition uses; any ASL comparison operator fits).
-Comparison = Literal["StringEquals", "StringEqualsPath", "StringMatches", "BooleanEquals", "IsPresent",
-                     "NumericLessThan", "NumericLessThanPath", "NumericGreaterThanPath",
-                     "NumericGreaterThanEqualsPath"]
-
-
-@dataclass(frozen=True)
-class Var:
-    """A Choice rule's ``Variable``: ``Var("$.x").test("StringEquals", "a")`` is one comparison, in ASL's words."""
-
-    path: str
-
-    def test(self, comparison: Comparison, value: str | int | bool) -> Json:
-        return {"Variable": self.path, comparison: value}
-
-    def is_present(self, present: bool = True) -> Json:
-        """IsPresent (``False``: the path must be absent)."""
-        return self.test("IsPresent", present)
-
-    def is_true(self) -> Json:
-        return self.test("BooleanEquals", True)
-
-    def one_of(self, *values: str) -> Json:
-        """StringEquals any of ``values``."""
-        return any_of(*(self.test("StringEquals", v) for v in values))
-
-    def matches_any(self, *patterns: str) -> Json:
-        """StringMatches any of ``patterns``."""
-        return any_of(*(self.test("StringMatches", p) for p in patterns))
-
-
-def all_of(*rules: Json) -> Json:
-    return {"And": list(rules)}
-
-
-def any_of(*rules: Json) -> Json:
-    return {"Or": list(rules)}
-
-
-def not_(rule: Json) -> Json:
-    return {"Not": rule}
-
-
-def when(rule: Json, next: str) -> Json:
-    """A Choice rule with its transition."""
-    return {**rule, "Next": next}
 
 
 # --- Lambda tasks --------------------------------------------------------------------------------
@@ -535,6 +230,23 @@ class SyncJob:
     max_checks: int
     ours_comment_tail: str
 
+    # The states the create-or-find and its loops (sync_job_loops) both name.
+    @property
+    def start_retrying(self) -> str:
+        return f"Start retrying {self.kind} job creation"
+
+    @property
+    def wait_retry(self) -> str:
+        return f"Wait to retry creating {self.kind} job"
+
+    @property
+    def start_waiting(self) -> str:
+        return f"Start waiting for created {self.kind} job"
+
+    @property
+    def wait_created(self) -> str:
+        return f"Wait for created {self.kind} job"
+
 
 # The .sync creates' errors that do not end the run by themselves: a name in use (the job a lost answer's first
 # attempt started), a lost answer, and SageMaker's unmodelled errors (throttling and 5xx among them).
@@ -555,13 +267,13 @@ def sync_job_create_or_find(job: SyncJob, *, next: str | None, failed: str, crea
     AmazonSageMakerException, the code only in the Cause).
     """
     k = job.kind
-    created = f"Start waiting for created {k} job"
+    created = job.start_waiting
     retry_decision = f"Retry creating {k} job?"
     retries_left = f"{k.capitalize()} job creation retries left?"
-    start_retrying, wait_retry = f"Start retrying {k} job creation", f"Wait to retry creating {k} job"
+    start_retrying, wait_retry = job.start_retrying, job.wait_retry
     count_retry = f"Count {k} job creation retry"
     check, is_ours = f"Check created {k} job", f"Created {k} job is ours?"
-    wait_created, count_check = f"Wait for created {k} job", f"Count created {k} job check"
+    wait_created, count_check = job.wait_created, f"Count created {k} job check"
     read, read_failure = f"Read created {k} job", f"Read created {k} job failure"
     retry_path, wait_path, created_path = f"$.{k}_create_retry", f"$.created_{k}_wait", f"$.created_{k}"
     api = job.api
@@ -579,7 +291,10 @@ def sync_job_create_or_find(job: SyncJob, *, next: str | None, failed: str, crea
         (job.create_name, Task(resource(f"sagemaker:create{api}.sync"), next, comment=job.create_comment,
                                input_path=job.request_path, result_selector=job.result_selector,
                                result_path=job.result_path,
-                               catch=(Catch(f"{k.capitalize()} job already created?", SYNC_CREATE_RECOVERABLE),
+                               catch=(ExpectedCatch(f"{k.capitalize()} job already created?", SYNC_CREATE_RECOVERABLE,
+                                                    meaning=f"the {k} job exists already (or its creation is "
+                                                            "retried)",
+                                                    recovered_by=(created, start_retrying, wait_retry)),
                                       *catch_all(failed)))),
         (f"{k.capitalize()} job already created?", Choice(
             (when(Var("$.error.Error").test("StringEquals", "SageMaker.ResourceInUseException"), created),),
@@ -638,6 +353,51 @@ def sync_job_create_or_find(job: SyncJob, *, next: str | None, failed: str, crea
     ]
 
 
-def render(definition: Machine) -> str:
-    """The file's text: two-space indented JSON and a final newline, as the committed file is written."""
-    return json.dumps(definition.asl(), indent=2, ensure_ascii=False) + "\n"
+# --- the run's stages, and how people read them ------------------------------------------------------------
+# What d2ops status, d2ops graph and the console show beside the states (d2ops_core.pipeline_stages) that the
+# definition does not say itself, declared with the states it talks about; `make asl` writes the stage table.
+
+
+@dataclass(frozen=True)
+class ExpectedCatch(Catch):
+    """A Catch whose errors are a normal outcome of its Task, not a failure, when the run goes on to one of
+    ``recovered_by`` (by default the Catch's own target): d2ops_core.pipeline_stages.EXPECTED_MISSES."""
+
+    meaning: str = field(kw_only=True)  # what a reader is told the miss was
+    recovered_by: tuple[str, ...] = field(default=(), kw_only=True)
+
+    def recovering_states(self) -> tuple[str, ...]:
+        return self.recovered_by or (self.next,)
+
+
+@dataclass(frozen=True)
+class LoopReading:
+    """A wait/count/check cycle read as one line (d2ops_core.pipeline_stages.LOOPS): the states on a cycle
+    through ``head`` (its Wait state: one visit a round), with ``entry`` (the Pass that starts the count) and
+    without ``retries`` (the task a retry loop starts again) or ``apart`` (work on the cycle that is a line of
+    its own)."""
+
+    head: str
+    title: str | None = None  # the head's name unless given
+    entry: str | None = None
+    retries: str | None = None
+    apart: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StageParallel(SingleBranchParallel):
+    """One stage of the run (Validate, Train, ...): its ``key`` (d2ops_core.pipeline_stages.Stage.key), the
+    loops a reader sees as one line, and ``reading_order``: ``(after, states)`` moves that put the stage's
+    states in the order people read them (the console's list of states a run did not reach) where that is
+    not the order the definition writes them."""
+
+    key: str = field(kw_only=True)
+    loops: tuple[LoopReading, ...] = field(default=(), kw_only=True)
+    reading_order: tuple[tuple[str, tuple[str, ...]], ...] = field(default=(), kw_only=True)
+
+
+def sync_job_loops(job: SyncJob) -> tuple[LoopReading, ...]:
+    """The two loops of ``sync_job_create_or_find``: retrying the create (the create itself a line of its own),
+    and waiting for a job a lost answer started."""
+    return (LoopReading(job.wait_retry, title=f"Retry creating {job.kind} job", retries=job.create_name),
+            LoopReading(job.wait_created, entry=job.start_waiting))
