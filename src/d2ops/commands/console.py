@@ -20,10 +20,9 @@ import argparse
 import json
 import logging
 import re
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from urllib.parse import urlsplit
 
 from d2ops.commands.errors import UsageError
 from d2ops.commands.status import StatusApi, add_stack_arguments, open_status_api
+from d2ops.offline.loopback import LoopbackServer
 from d2ops_core.run_ids import RUN_ID_CHARS
 
 log = logging.getLogger(__name__)
@@ -108,34 +108,17 @@ class Console:
     port: int = 0
 
     def __post_init__(self) -> None:
-        console = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                log.debug("console: " + format, *args)
-
-            def do_GET(self) -> None:
-                console._get(self)
-
-            def do_POST(self) -> None:
-                console._post(self)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
-        # stop() waits for the serve loop to notice: poll every 0.1 s, not socketserver's 0.5
-        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name="d2ops-console", daemon=True)
+        self._loopback = LoopbackServer({"GET": self._get, "POST": self._post}, port=self.port,
+                                         thread_name="d2ops-console", log_name="console", logger=log)
+        self.server = self._loopback.server
+        self.url = self._loopback.url + "/"
 
     def start(self) -> Console:
-        self._thread.start()
+        self._loopback.start()
         return self
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self._loopback.stop()
 
     def __enter__(self) -> Console:
         return self.start()

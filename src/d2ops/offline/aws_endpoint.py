@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from http.server import BaseHTTPRequestHandler
 
+from d2ops.offline.loopback import LoopbackServer
 from d2ops.offline.request_body import BadContentLength, content_length
 from d2ops.offline.services.base import EmulatedService, WireRequest, WireResponse
 
@@ -75,39 +74,23 @@ class AwsEndpoint:
         self.services: list[EmulatedService] = []
         # Asked first for every request: None lets it through, else its answer is the refusal (caller_check).
         self.check: Callable[[WireRequest], WireResponse | None] | None = None
-        endpoint = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                log.debug("gateway: " + format, *args)
-
-            def do_POST(self) -> None:
-                endpoint._handle(self)
-
-            def do_GET(self) -> None:
-                endpoint._reply(self, WireResponse(404, b'{"message":"not found"}', "application/json"))
-
-        self.server = ThreadingHTTPServer((host, port), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://{host}:{self.server.server_address[1]}"
-        # stop() waits for the serve loop to notice: poll every 0.1 s, not socketserver's 0.5 (each runtime stops it)
-        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name="offline-gateway", daemon=True)
+        self._loopback = LoopbackServer(
+            {"POST": self._handle,
+             "GET": lambda handler: self._reply(handler, WireResponse(404, b'{"message":"not found"}',
+                                                                      "application/json"))},
+            host=host, port=port, thread_name="offline-gateway", log_name="gateway", logger=log)
+        self.server = self._loopback.server
+        self.url = self._loopback.url
 
     def add(self, service: EmulatedService) -> None:
         """Serve ``service``'s requests (asked after those added before it)."""
         self.services.append(service)
 
     def start(self) -> None:
-        self._thread.start()
+        self._loopback.start()
 
     def stop(self) -> None:
-        # shutdown() waits for serve_forever() to notice: on a gateway that never started it would wait forever.
-        if self._thread.is_alive():
-            self.server.shutdown()
-        self.server.server_close()
+        self._loopback.stop()
 
     # ----- request handling ----------------------------------------------------------------
     @staticmethod

@@ -20,18 +20,18 @@ import getpass
 import json
 import logging
 import re
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from botocore.credentials import Credentials
 
+from d2ops.offline.loopback import LoopbackServer
 from d2ops.offline.request_body import BadContentLength, content_length
 from d2ops.offline.stack import ACCOUNT_ID, HttpRoute, OfflineStack
 from d2ops.sigv4 import SignatureRejected, verify
@@ -160,39 +160,17 @@ class HttpApi:
         self.credentials = dict(credentials)  # access key id -> what the IAM authorizer accepts
         self.callers = dict(callers or {})  # access key id -> who it signs as (default: offline_user)
         self.region = region
-        api = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                log.debug("status api: " + format, *args)
-
-            def do_GET(self) -> None:
-                api._handle(self)
-
-            def do_POST(self) -> None:
-                api._handle(self)
-
-            def do_PUT(self) -> None:
-                api._handle(self)
-
-            def do_DELETE(self) -> None:
-                api._handle(self)
-
-        self.server = ThreadingHTTPServer((host, port), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://{host}:{self.server.server_address[1]}"
-        # stop() waits for the serve loop to notice: poll every 0.1 s, not socketserver's 0.5 (each runtime stops it)
-        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name="offline-status-api", daemon=True)
+        self._loopback = LoopbackServer(dict.fromkeys(("GET", "POST", "PUT", "DELETE"), self._handle), host=host,
+                                         port=port, thread_name="offline-status-api", log_name="status api",
+                                         logger=log)
+        self.server = self._loopback.server
+        self.url = self._loopback.url
 
     def start(self) -> None:
-        self._thread.start()
+        self._loopback.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self._loopback.stop()
 
     def add_caller(self, credentials: Credentials, user_arn: str) -> None:
         """Accept ``credentials`` as well, signing as ``user_arn`` (tests: a caller who may not decide)."""
