@@ -144,7 +144,7 @@ pins:  ## refresh the pins: upgrade the locks within their ranges and re-resolve
 
 # The state machine definitions are generated from src/d2ops/statemachine/ (edit the Python, not the JSON).
 .PHONY: asl
-asl:  ## write statemachine/*.asl.json from the typed definition in src/d2ops/statemachine/
+asl:  ## write statemachine/*.asl.json and its stage table (d2ops_core) from the typed definition in src/d2ops/statemachine/
 	$(BIN)/python -m d2ops.statemachine
 
 # --- dataset validation (issue 2) -------------------------------------------------------
