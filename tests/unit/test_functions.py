@@ -61,3 +61,15 @@ def test_a_lambda_missing_from_the_template_is_named() -> None:
         "template.yaml: PipelineStateMachine.Policies invokes StatusApiFunction, which "
         "d2ops.functions.PIPELINE_LAMBDAS does not list",
     ]
+
+
+def test_make_asl_and_its_check_fail_naming_what_the_template_lacks(monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from d2ops.statemachine import __main__ as asl_main
+
+    lacking = "template.yaml: PipelineStateMachine.Policies lacks '- LambdaInvokePolicy: FunctionName: !Ref X'"
+    monkeypatch.setattr(asl_main, "template_problems", lambda: [lacking])
+    assert asl_main.main(["--check"]) == 1
+    assert lacking in capsys.readouterr().err
+    monkeypatch.setattr(asl_main, "template_problems", list)
+    assert asl_main.main(["--check"]) == 0
