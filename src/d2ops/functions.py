@@ -38,11 +38,12 @@ def import_handler(module: str, code_dir: str | Path | None = None) -> ModuleTyp
 
     ``code_dir``: the function's code directory; by default ``functions/<package>/``, ``<package>`` being
     ``module``'s first part. It goes first on ``sys.path``, as Lambda puts the function's code (/var/task)
-    before its layers: what the function ships wins over anything of the same name elsewhere. Several
-    functions' directories share one process (the offline runtime imports every handler), which works
-    because each function's package name is unique (the house layout, checked by
-    tests/unit/test_template_hygiene.py): whichever directory comes first, ``<package>`` resolves to the
-    one directory holding it. A directory already on ``sys.path`` keeps its place.
+    before its layers: what the function ships wins over anything of the same name elsewhere. First or
+    last makes no other difference: a code directory holds its package and requirements files only, and
+    several functions' directories share one process (the offline runtime imports every handler; the
+    generator and the docs import models of several) because each function's package name is unique (the
+    house layout, tests/unit/test_template_hygiene.py), so ``<package>`` resolves to the one directory
+    holding it whatever their order. A directory already on ``sys.path`` keeps its place.
     """
     directory = str(code_dir if code_dir is not None else FUNCTIONS_DIR / module.partition(".")[0])
     if directory not in sys.path:
