@@ -238,6 +238,16 @@ def _intrinsic(name: str, rng: random.Random) -> Callable[..., Any]:
     return call
 
 
+def _sequence(function: Callable[..., Any]) -> Callable[..., Any]:
+    """AWS's $range yields a JSONata sequence, so a one-element range is that element (recorded:
+    $range(1, 9, 9) is 1), while $partition's chunks stay an array."""
+    def call(*args: Any) -> Any:
+        result = function(*args)
+        return result[0] if isinstance(result, list) and len(result) == 1 else result
+
+    return call
+
+
 def _random(rng: random.Random) -> Callable[..., Any]:
     def call(*args: Any) -> Any:
         if args and args[0] is not None:
@@ -257,7 +267,7 @@ def _functions(rng: random.Random) -> dict[str, Any]:
     lam = jsonata.Jsonata.JLambda
     return {
         "partition": lam(_intrinsic("States.ArrayPartition", rng)),
-        "range": lam(_intrinsic("States.ArrayRange", rng)),
+        "range": lam(_sequence(_intrinsic("States.ArrayRange", rng))),
         "hash": lam(_intrinsic("States.Hash", rng)),
         "uuid": lam(_intrinsic("States.UUID", rng)),
         "parse": lam(_intrinsic("States.StringToJson", rng)),
