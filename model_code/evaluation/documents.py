@@ -17,12 +17,8 @@ from d2ops_core.documents.evaluation import (
     ModelEvaluation,
     ModelScores,
 )
-from d2ops_core.metrics import PrimaryMetric, primary_metric
+from d2ops_core.metrics import PrimaryMetric
 from model_code.evaluation.scoring import Evaluation
-
-# The task -> primary-metric rule lives in d2ops_core.metrics (it raises on an unknown task); this
-# name is the same function, kept for the trainers' export code that imports it from here.
-primary_metric_for = primary_metric
 
 
 def scores(evaluation: Evaluation) -> ModelScores:

@@ -7,10 +7,11 @@ from pathlib import Path
 from torch import nn
 
 from d2ops_core.dataset_identity import DatasetVersion
+from d2ops_core.metrics import primary_metric
 from model_code import artifact
 from model_code.dataset_version import annotated_image_sha256, read_coco
 from model_code.evaluation.coco import Evaluation, evaluate_detector, print_progress
-from model_code.evaluation.documents import model_evaluation_document, primary_metric_for
+from model_code.evaluation.documents import model_evaluation_document
 from model_code.evaluation.thresholds import REPORT_FILE as THRESHOLDS_REPORT
 from model_code.evaluation.thresholds import fit_for_artifact
 from model_code.training.run_context import RunContext
@@ -37,7 +38,7 @@ def write_artifact(ctx: RunContext, model: nn.Module, directory: Path, *, iterat
     gt = read_coco(ctx.val_dataset.val_json)
     evaluation = evaluate_detector(detector, gt, ctx.val_dataset.images_dir,
                                    progress=print_progress(f"evaluating iteration {iteration}"))
-    document = model_evaluation_document(evaluation, primary_metric_for(ctx.dataset.task), iteration=iteration)
+    document = model_evaluation_document(evaluation, primary_metric(ctx.dataset.task), iteration=iteration)
     # The operating point ships with the model: each class's best-F1 score on this same val split (the pooled
     # one below MinClassInstances val objects), its F1 estimated out-of-fold.
     fits = fit_for_artifact(gt, evaluation.results, metadata.class_names, has_masks=ctx.has_masks,

@@ -7,8 +7,6 @@ picks the default config), ``d2ops weights upload`` and docs/training.md share. 
 
 from __future__ import annotations
 
-import re
-
 # The config the trainer trains when the manifest names none (on a GPU; without one, the CPU profile).
 DEFAULT_CONFIGS = {"detection": "COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml",
                    "instance_segmentation": "COCO-InstanceSegmentation/mask_rcnn_R_50_FPN_3x.yaml"}
@@ -29,7 +27,6 @@ MODEL_ZOO_CHECKPOINTS = {
 # An S3 key a CloudFormation parameter can carry and an IAM resource can name exactly: no wildcards
 # (IAM would read `*` and `?` as patterns), no leading slash, no empty segments.
 KEY_PATTERN = r"^(none|[A-Za-z0-9!_.'()-]+(/[A-Za-z0-9!_.'()-]+)*)$"
-_KEY = re.compile(KEY_PATTERN)
 
 
 def weights_key(config: str) -> str:
@@ -38,14 +35,6 @@ def weights_key(config: str) -> str:
 
 
 DEFAULT_KEY = weights_key(DEFAULT_CONFIGS["detection"])
-
-
-def key_problem(key: str) -> str | None:
-    """Why ``key`` cannot be PretrainedWeightsKey (None: it can)."""
-    if not _KEY.match(key) or len(key) > 1024:
-        return (f"PretrainedWeightsKey {key!r} is not an S3 key such as {DEFAULT_KEY!r} (letters, digits and "
-                f"!_.'()- in /-separated parts) nor {SCRATCH!r}")
-    return None
 
 
 def conventional_config(key: str) -> str | None:

@@ -9,7 +9,7 @@ from botocore.exceptions import ClientError
 
 from d2ops_core import gate as gate_settings
 from d2ops_core import images, metrics, platform, pretrained, run_ids, s3_layout
-from d2ops_core.champion import ChampionRecord, read_champion
+from d2ops_core.champion import ChampionRecord
 from d2ops_core.dataset_diff import compare
 from d2ops_core.dataset_diff_s3 import index_run
 from d2ops_core.documents.dataset_diff import DatasetDiffSummary
@@ -402,10 +402,6 @@ def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: Champio
         dataset_snapshot_uri=snapshot,
         inventory_digest=digest,
     )
-
-
-def current_champion(s3: Any, bucket: str) -> ChampionRef | None:
-    return champion_ref(read_champion(s3, bucket))
 
 
 def champion_ref(record: ChampionRecord | None) -> ChampionRef | None:

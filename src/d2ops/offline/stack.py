@@ -160,12 +160,6 @@ class OfflineStack:
                 found.append((repository, tag))
         return found
 
-    def function_by_arn(self, arn_or_name: str) -> LocalFunction:
-        for fn in self.functions.values():
-            if arn_or_name in (fn.arn, fn.name, f"{fn.arn}:$LATEST"):
-                return fn
-        raise KeyError(arn_or_name)
-
     def lambda_environment(self) -> dict[str, str]:
         """The union of every function's environment; refuses two functions disagreeing on a value.
 

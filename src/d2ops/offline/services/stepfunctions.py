@@ -204,9 +204,6 @@ class LocalStepFunctions(AwsJsonService):
             except KeyError:
                 raise ApiError("ExecutionDoesNotExist", f"Execution Does Not Exist: '{arn}'") from None
 
-    def live_execution(self, arn: str) -> Execution | None:
-        return self._live.get(arn)
-
     def start_execution(self, request: dict[str, Any]) -> dict[str, Any]:
         machine = self._machine(request.get("stateMachineArn"))
         name = request.get("name") or str(uuid.uuid4())
