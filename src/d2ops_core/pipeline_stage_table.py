@@ -240,41 +240,25 @@ LOOPS: tuple[tuple[str, str, tuple[str, ...], str | None], ...] = (
 EXPECTED_MISSES: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...] = (
     (
         "Acquire endpoint lease",
-        (
-            "DynamoDB.ConditionalCheckFailedException",
-        ),
-        (
-            "Read endpoint lease",
-        ),
+        ("DynamoDB.ConditionalCheckFailedException",),
+        ("Read endpoint lease",),
         "another run holds the endpoint lease",
     ),
     (
         "Check lease holder",
-        (
-            "Sfn.ExecutionDoesNotExistException",
-        ),
-        (
-            "Clear stale endpoint lease",
-        ),
+        ("Sfn.ExecutionDoesNotExistException",),
+        ("Clear stale endpoint lease",),
         "the lease holder is gone: its lease is cleared",
     ),
     (
         "Clear stale endpoint lease",
-        (
-            "DynamoDB.ConditionalCheckFailedException",
-        ),
-        (
-            "Acquire endpoint lease",
-        ),
+        ("DynamoDB.ConditionalCheckFailedException",),
+        ("Acquire endpoint lease",),
         "the lease changed meanwhile: asked again",
     ),
     (
         "Train model",
-        (
-            "SageMaker.ResourceInUseException",
-            "SageMaker.AmazonSageMakerException",
-            "SageMaker.SdkClientException",
-        ),
+        ("SageMaker.ResourceInUseException", "SageMaker.AmazonSageMakerException", "SageMaker.SdkClientException"),
         (
             "Start waiting for created training job",
             "Start retrying training job creation",
@@ -284,11 +268,7 @@ EXPECTED_MISSES: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...] =
     ),
     (
         "Evaluate challenger and champion",
-        (
-            "SageMaker.ResourceInUseException",
-            "SageMaker.AmazonSageMakerException",
-            "SageMaker.SdkClientException",
-        ),
+        ("SageMaker.ResourceInUseException", "SageMaker.AmazonSageMakerException", "SageMaker.SdkClientException"),
         (
             "Start waiting for created evaluation job",
             "Start retrying evaluation job creation",
@@ -298,43 +278,26 @@ EXPECTED_MISSES: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...] =
     ),
     (
         "Wait for review",
-        (
-            "States.Timeout",
-            "States.HeartbeatTimeout",
-        ),
-        (
-            "Read review decision",
-        ),
+        ("States.Timeout", "States.HeartbeatTimeout"),
+        ("Read review decision",),
         "nobody decided in time: the model is refused",
     ),
     (
         "Create model",
-        (
-            "SageMaker.AmazonSageMakerException",
-        ),
-        (
-            "Find created model",
-        ),
+        ("SageMaker.AmazonSageMakerException",),
+        ("Find created model",),
         "the model exists already",
     ),
     (
         "Create endpoint config",
-        (
-            "SageMaker.SageMakerException",
-        ),
-        (
-            "Find created endpoint config",
-        ),
+        ("SageMaker.SageMakerException",),
+        ("Find created endpoint config",),
         "the endpoint config exists already",
     ),
     (
         "Find current endpoint",
-        (
-            "SageMaker.SageMakerException",
-        ),
-        (
-            "Create endpoint",
-        ),
+        ("SageMaker.SageMakerException",),
+        ("Create endpoint",),
         "no endpoint yet: it is created",
     ),
 )
