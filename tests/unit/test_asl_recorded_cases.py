@@ -42,3 +42,26 @@ def test_jsonata_partition_keeps_a_single_chunk_an_array() -> None:
     one chunk stays wrapped. Mutation: collapsing every one-item function result."""
     execution = run(jsonata_pass("{% $partition([5], 3) %}"))
     assert execution.output == [[5]]
+
+
+def inline_jsonata_map(processor_state: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {"QueryLanguage": "JSONata", "StartAt": "M", "States": {"M": {
+        "Type": "Map", "Items": [7, 8], "End": True, **fields,
+        "ItemProcessor": {"StartAt": "P", "States": {"P": processor_state}}}}}
+
+
+@pytest.mark.parametrize("fields", [{"ToleratedFailureCount": 3}, {"ToleratedFailurePercentage": 50},
+                                    {"ToleratedFailureCount": "{% $n := 1 %}"}])
+def test_an_inline_jsonata_map_accepts_tolerated_failure_fields(fields: dict[str, Any]) -> None:
+    """AWS-recorded (test_base_evaluate_expressions::test_base_map[TOLERATED_FAILURE_COUNT] and
+    [TOLERATED_FAILURE_PERCENTAGE]): an inline JSONata Map with these fields is created and runs. Mutation: the
+    load-time refusal 'only a Distributed Map has this field'."""
+    execution = run(inline_jsonata_map({"Type": "Pass", "End": True}, **fields))
+    assert (execution.status, execution.output) == ("SUCCEEDED", [7, 8])
+
+
+def test_tolerated_failures_do_not_apply_to_an_inline_map() -> None:
+    """The Inline Map page: an iteration that fails fails the Map state, so a tolerated count changes nothing.
+    Mutation: letting the inline Map tolerate the failure."""
+    execution = run(inline_jsonata_map({"Type": "Fail", "Error": "Boom"}, ToleratedFailureCount=5))
+    assert (execution.status, execution.error) == ("FAILED", "Boom")

@@ -43,6 +43,7 @@ FIELDS: dict[str, set[str]] = {
 # Fields only a Distributed Map (ProcessorConfig.Mode DISTRIBUTED) may have.
 DISTRIBUTED_ONLY = ("ItemReader", "ItemBatcher", "ResultWriter", "ToleratedFailureCount", "ToleratedFailureCountPath",
                     "ToleratedFailurePercentage", "ToleratedFailurePercentagePath", "Label")
+_INLINE_JSONATA_IGNORED = ("ToleratedFailureCount", "ToleratedFailurePercentage")
 _READER_RESOURCES = ("arn:aws:states:::s3:getObject", "arn:aws:states:::s3:listObjectsV2")
 _LABEL_INVALID = set(' ?*<>{}[]:;,\\|^~$#%&`"/')
 # Fields of the service the interpreter refuses, with the reason given to the user.
@@ -561,7 +562,9 @@ class _Validator:
             self.distributed(state, where)
         else:
             for key in DISTRIBUTED_ONLY:
-                if key in state:
+                # AWS creates and runs an inline JSONata Map that names a tolerated failure count or percentage
+                # (recorded); an inline Map fails with its first failed iteration, so they change nothing.
+                if key in state and not (self.language == JSONATA and key in _INLINE_JSONATA_IGNORED):
                     self.problem(f"{where}.{key}", "only a Distributed Map (ItemProcessor.ProcessorConfig.Mode "
                                                    "DISTRIBUTED) has this field")
 
