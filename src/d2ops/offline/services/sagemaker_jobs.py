@@ -15,7 +15,9 @@ import json
 import logging
 import shutil
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -62,11 +64,86 @@ def final_metrics(lines: list[str], definitions: list[dict[str, str]]) -> list[d
     return [{"MetricName": name, "Value": value, "Timestamp": now} for name, value in last.items()]
 
 
+def training_fleet(request: dict[str, Any]) -> list[Fleet]:
+    """(instance type, quota usage, instances) a training job holds while it runs."""
+    usage: QuotaUsage = "spot training" if request.get("EnableManagedSpotTraining") else "training"
+    resources = request.get("ResourceConfig") or {}
+    groups = resources.get("InstanceGroups") or [resources]
+    return [(str(g["InstanceType"]), usage, float(g.get("InstanceCount", 1))) for g in groups
+            if g.get("InstanceType")]
+
+
+def processing_fleet(request: dict[str, Any]) -> list[Fleet]:
+    """(instance type, quota usage, instances) a processing job holds while it runs."""
+    cluster = (request.get("ProcessingResources") or {}).get("ClusterConfig") or {}
+    return [(str(cluster["InstanceType"]), "processing", float(cluster.get("InstanceCount", 1)))] \
+        if cluster.get("InstanceType") else []
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """What differs between SageMaker's two job kinds; one lifecycle (`LocalJobs`) serves both.
+
+    The members are SageMaker's: ``<noun>Name``, ``<noun>Arn`` and ``<noun>Status`` in each request and record,
+    ``Create<noun>``, ``Describe<noun>`` and ``Stop<noun>`` for the operations.
+    """
+
+    noun: str  # "TrainingJob"
+    directory: str  # the records' folder under <work dir>/sagemaker, and the log's word for the kind
+    arn_resource: str  # "training-job": arn:aws:sagemaker:<region>:<account>:training-job/<name>
+    required: tuple[str, ...]  # members CreateX refuses to go without (besides the name)
+    in_use: str  # SageMaker's ResourceInUse message for a name taken, of {arn}
+    not_found: str  # SageMaker's ValidationException message for an unknown name, of {name}
+    fleet: Callable[[dict[str, Any]], list[Fleet]]  # the instances a job holds while it runs (quotas)
+    end_member: str  # when the job ended: TrainingEndTime, ProcessingEndTime
+    failure_members: tuple[str, ...]  # the members that say why a job failed
+    # Training jobs only: the SecondaryStatus history ("Training job completed", ...) and the billed seconds
+    # counted from the start member (None: the kind has neither).
+    secondary_label: str | None = None
+    billed_from: str | None = None
+
+    @property
+    def name_member(self) -> str:
+        return f"{self.noun}Name"
+
+    @property
+    def arn_member(self) -> str:
+        return f"{self.noun}Arn"
+
+    @property
+    def status_member(self) -> str:
+        return f"{self.noun}Status"
+
+    def operations(self) -> frozenset[str]:
+        return frozenset(f"{verb}{self.noun}" for verb in ("Create", "Describe", "Stop"))
+
+
+TRAINING = JobKind(
+    "TrainingJob", "training", "training-job", ("AlgorithmSpecification", "OutputDataConfig", "ResourceConfig",
+                                                "RoleArn"),
+    in_use="Training job names must be unique within an AWS account and region, and a training job with this name "
+           "already exists ({arn})",
+    not_found="Requested resource not found: training job {name!r}",
+    fleet=training_fleet, end_member="TrainingEndTime", failure_members=("FailureReason",),
+    secondary_label="Training job", billed_from="TrainingStartTime")
+PROCESSING = JobKind(
+    "ProcessingJob", "processing", "processing-job", (),
+    # SageMaker's answer, as a Step Functions execution's CreateProcessingJob failure quoted it.
+    in_use="Job name must be unique within an AWS account and region, and a job with this name already exists "
+           "({arn})",
+    not_found="Could not find requested job with name {name}",
+    fleet=processing_fleet, end_member="ProcessingEndTime", failure_members=("FailureReason", "ExitMessage"))
+JOB_KINDS = (TRAINING, PROCESSING)
+
+# What a kind does between its download of inputs and its upload of outputs: the members the record gets on
+# completion (raises _Stopped or _JobFailed otherwise).
+Work = Callable[[dict[str, Any], Path, threading.Event], dict[str, Any]]
+
+
 class LocalJobs:
     """Training and processing jobs: their records, threads and files."""
 
-    OPERATIONS = frozenset({"CreateTrainingJob", "DescribeTrainingJob", "StopTrainingJob", "ListTrainingJobs",
-                            "CreateProcessingJob", "DescribeProcessingJob", "StopProcessingJob"})
+    OPERATIONS = frozenset({"ListTrainingJobs"}.union(*(kind.operations() for kind in JOB_KINDS)))
 
     def __init__(self, account: SageMakerAccount, work_dir: Path, s3: Any, backend: JobBackend,
                  training_defaults: dict[str, str] | None = None, cloudwatch: Any = None) -> None:
@@ -79,35 +156,33 @@ class LocalJobs:
         self.training_defaults = dict(training_defaults or {})
         self.cloudwatch = cloudwatch  # boto3 CloudWatch client: the jobs' metrics, as SageMaker publishes them
         self._lock = account.lock
-        self._training: dict[str, dict[str, Any]] = {}
-        self._processing: dict[str, dict[str, Any]] = {}
+        # A kind's noun -> job name -> its Describe record.
+        self._jobs: dict[str, dict[str, dict[str, Any]]] = {kind.noun: {} for kind in JOB_KINDS}
         self._stops: dict[str, threading.Event] = {}
         self._records = work_dir / "sagemaker"
         self._reload()
         account.holds(self.fleets)
 
     # ----- persistence ---------------------------------------------------------------------
-    def _save(self, kind: str, record: dict[str, Any]) -> None:
-        name = record["TrainingJobName"] if kind == "training" else record["ProcessingJobName"]
-        write_json_atomic(self._records / kind / f"{name}.json", encode_datetimes(record))
+    def _save(self, kind: JobKind, record: dict[str, Any]) -> None:
+        write_json_atomic(self._records / kind.directory / f"{record[kind.name_member]}.json",
+                          encode_datetimes(record))
 
     def _reload(self) -> None:
-        for kind, table, key, status in (("training", self._training, "TrainingJobName", "TrainingJobStatus"),
-                                         ("processing", self._processing, "ProcessingJobName",
-                                          "ProcessingJobStatus")):
-            for path in sorted((self._records / kind).glob("*.json")):
+        for kind in JOB_KINDS:
+            for path in sorted((self._records / kind.directory).glob("*.json")):
                 try:
                     record = decode_datetimes(json.loads(path.read_text("utf-8")))
                 except (OSError, ValueError):
                     path.replace(path.with_suffix(".corrupt"))
                     continue
-                if record.get(status) not in TERMINAL_JOB_STATES:
+                if record.get(kind.status_member) not in TERMINAL_JOB_STATES:
                     # Its processes died with the runtime that ran it.
-                    record[status] = "Stopped"
+                    record[kind.status_member] = "Stopped"
                     record["FailureReason"] = "the offline runtime stopped while the job was running"
                     record["EndTime"] = record.get("LastModifiedTime", utc_now())
                     self._save(kind, record)
-                table[record[key]] = record
+                self._jobs[kind.noun][record[kind.name_member]] = record
 
     def job_dir(self, name: str) -> Path:
         """Where a training or processing job runs: its channels, /opt/ml trees and :data:`JOB_LOG`."""
@@ -120,54 +195,115 @@ class LocalJobs:
     # ----- quotas ----------------------------------------------------------------------------
     def fleets(self) -> list[Fleet]:
         """The instances the running jobs hold."""
-        fleets = [f for r in self._training.values() if r["TrainingJobStatus"] == "InProgress"
-                  for f in self._training_fleet(r)]
-        fleets += [f for r in self._processing.values() if r["ProcessingJobStatus"] == "InProgress"
-                   for f in self._processing_fleet(r)]
-        return fleets
+        return [f for kind in JOB_KINDS for r in self._jobs[kind.noun].values()
+                if r[kind.status_member] == "InProgress" for f in kind.fleet(r)]
 
-    @staticmethod
-    def _training_fleet(request: dict[str, Any]) -> list[Fleet]:
-        """(instance type, quota usage, instances) a training job holds while it runs."""
-        usage: QuotaUsage = "spot training" if request.get("EnableManagedSpotTraining") else "training"
-        resources = request.get("ResourceConfig") or {}
-        groups = resources.get("InstanceGroups") or [resources]
-        return [(str(g["InstanceType"]), usage, float(g.get("InstanceCount", 1))) for g in groups
-                if g.get("InstanceType")]
-
-    @staticmethod
-    def _processing_fleet(request: dict[str, Any]) -> list[Fleet]:
-        cluster = (request.get("ProcessingResources") or {}).get("ClusterConfig") or {}
-        return [(str(cluster["InstanceType"]), "processing", float(cluster.get("InstanceCount", 1)))] \
-            if cluster.get("InstanceType") else []
-    # ----- training jobs ---------------------------------------------------------------------
+    # ----- the operations, per kind ---------------------------------------------------------
     def create_training_job(self, request: dict[str, Any]) -> dict[str, Any]:
-        name = request.get("TrainingJobName")
+        def record(name: str, now: datetime) -> dict[str, Any]:
+            hyperparameters = {**self.training_defaults, **(request.get("HyperParameters") or {})}
+            return {**request, "HyperParameters": hyperparameters,
+                    "TrainingJobName": name, "TrainingJobArn": self.account.arn("training-job", name),
+                    "TrainingJobStatus": "InProgress", "SecondaryStatus": "Starting", "CreationTime": now,
+                    "LastModifiedTime": now, "SecondaryStatusTransitions": [
+                        {"Status": "Starting", "StartTime": now,
+                         "StatusMessage": "Preparing the instances for training"}]}
+        return self._create(TRAINING, request, record, self._train)
+
+    def describe_training_job(self, request: dict[str, Any]) -> dict[str, Any]:
+        return self._describe(TRAINING, request)
+
+    def stop_training_job(self, request: dict[str, Any]) -> dict[str, Any]:
+        return self._stop(TRAINING, request)
+
+    def list_training_jobs(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            items = sorted(self._jobs[TRAINING.noun].values(), key=lambda r: r["CreationTime"], reverse=True)
+            return {"TrainingJobSummaries": [
+                {k: r.get(k) for k in ("TrainingJobName", "TrainingJobArn", "CreationTime", "TrainingEndTime",
+                                       "LastModifiedTime", "TrainingJobStatus") if r.get(k) is not None}
+                for r in items]}
+
+    def create_processing_job(self, request: dict[str, Any]) -> dict[str, Any]:
+        def record(name: str, now: datetime) -> dict[str, Any]:
+            return {**request, "ProcessingJobName": name,
+                    "ProcessingJobArn": self.account.arn("processing-job", name), "ProcessingJobStatus": "InProgress",
+                    "CreationTime": now, "LastModifiedTime": now}
+        return self._create(PROCESSING, request, record, self._process)
+
+    def describe_processing_job(self, request: dict[str, Any]) -> dict[str, Any]:
+        return self._describe(PROCESSING, request)
+
+    def stop_processing_job(self, request: dict[str, Any]) -> dict[str, Any]:
+        return self._stop(PROCESSING, request)
+
+    # ----- one job's lifecycle, whatever its kind --------------------------------------------
+    def _create(self, kind: JobKind, request: dict[str, Any], new_record: Callable[[str, datetime], dict[str, Any]],
+                work: Work) -> dict[str, Any]:
+        name = request.get(kind.name_member)
         if not name or not isinstance(name, str):
-            raise ApiError("ValidationException", "TrainingJobName is required")
-        for required in ("AlgorithmSpecification", "OutputDataConfig", "ResourceConfig", "RoleArn"):
+            raise ApiError("ValidationException", f"{kind.name_member} is required")
+        for required in kind.required:
             if required not in request:
                 raise ApiError("ValidationException", f"{required} is required")
         with self._lock:
-            if name in self._training:
-                raise ApiError("ResourceInUse", f"Training job names must be unique within an AWS account and "
-                                                f"region, and a training job with this name already exists "
-                                                f"({self.account.arn('training-job', name)})")
-            self.account.check_quotas(self._training_fleet(request))
-            now = utc_now()
-            hyperparameters = {**self.training_defaults, **(request.get("HyperParameters") or {})}
-            record = {**request, "HyperParameters": hyperparameters,
-                      "TrainingJobName": name, "TrainingJobArn": self.account.arn("training-job", name),
-                      "TrainingJobStatus": "InProgress", "SecondaryStatus": "Starting", "CreationTime": now,
-                      "LastModifiedTime": now, "SecondaryStatusTransitions": [
-                          {"Status": "Starting", "StartTime": now,
-                           "StatusMessage": "Preparing the instances for training"}]}
+            jobs = self._jobs[kind.noun]
+            if name in jobs:
+                raise ApiError("ResourceInUse", kind.in_use.format(arn=self.account.arn(kind.arn_resource, name)))
+            self.account.check_quotas(kind.fleet(request))
+            record = new_record(name, utc_now())
             record.pop("Tags", None)
-            self._training[name] = record
+            jobs[name] = record
             self._stops[name] = threading.Event()
-            self._save("training", record)
-        self.account.start(name, lambda: self._run_training(name))
-        return {"TrainingJobArn": record["TrainingJobArn"]}
+            self._save(kind, record)
+        self.account.start(name, lambda: self._run(kind, name, work))
+        return {kind.arn_member: record[kind.arn_member]}
+
+    def _describe(self, kind: JobKind, request: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            return copy.deepcopy(self._known(kind, request.get(kind.name_member, "")))
+
+    def _stop(self, kind: JobKind, request: dict[str, Any]) -> dict[str, Any]:
+        name = request.get(kind.name_member, "")
+        with self._lock:
+            record = self._known(kind, name)
+            if record[kind.status_member] == "InProgress":
+                record[kind.status_member] = "Stopping"
+                self._stops[name].set()
+        return {}
+
+    def _known(self, kind: JobKind, name: str) -> dict[str, Any]:
+        record = self._jobs[kind.noun].get(name)
+        if record is None:
+            raise ApiError("ValidationException", kind.not_found.format(name=name))
+        return record
+
+    def _run(self, kind: JobKind, name: str, work: Work) -> None:
+        record = self._jobs[kind.noun][name]
+        job_dir = self.job_dir(name)
+        stop = self._stops[name]
+        try:
+            shutil.rmtree(job_dir, ignore_errors=True)
+            produced = work(record, job_dir, stop)
+            with self._lock:
+                record.update(produced)
+                self._end(kind, record, "Completed")
+        except _Stopped:
+            with self._lock:
+                self._end(kind, record, "Stopped")
+        except _JobFailed as exc:
+            with self._lock:
+                for member in kind.failure_members:
+                    record[member] = str(exc)
+                self._end(kind, record, "Failed", f": {exc}")
+        except Exception as exc:
+            log.exception("%s job %s crashed", kind.directory, name)
+            with self._lock:
+                record["FailureReason"] = f"InternalServerError: {exc!r}"
+                self._end(kind, record, "Failed")
+        finally:
+            with self._lock:
+                self._save(kind, record)
 
     def _transition(self, record: dict[str, Any], secondary: str, message: str) -> None:
         now = utc_now()
@@ -178,195 +314,82 @@ class LocalJobs:
         record["SecondaryStatus"] = secondary
         record["LastModifiedTime"] = now
 
-    def _run_training(self, name: str) -> None:
-        record = self._training[name]
-        job_dir = self.job_dir(name)
-        stop = self._stops[name]
-        try:
-            shutil.rmtree(job_dir, ignore_errors=True)
-            with self._lock:
-                # As on AWS, billing (TrainingStartTime -> TrainingEndTime, hence TrainingTimeInSeconds and
-                # BillableTimeInSeconds) starts when the instances are up, before the data download.
-                record["TrainingStartTime"] = utc_now()
-                self._transition(record, "Downloading", "Downloading input data")
-                self._save("training", record)
-            channels = {}
-            for channel in record.get("InputDataConfig") or []:
-                uri = channel["DataSource"]["S3DataSource"]["S3Uri"]
-                channels[channel["ChannelName"]] = self._download(uri, job_dir, "channels", channel["ChannelName"])
-            with self._lock:
-                self._transition(record, "Training", "Training image download completed. Training in progress.")
-                self._save("training", record)
-            definitions = (record.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []
-            # As SageMaker does while the job runs: its metric values to CloudWatch (the status API's progress).
-            publisher = None if self.cloudwatch is None else MetricPublisher(
-                self.cloudwatch, name, self.job_log(name), definitions).start()
-            try:
-                outcome = self.backend.run_training(record, channels, job_dir, stop)
-            finally:
-                if publisher is not None:
-                    publisher.stop()
-            lines = outcome.log_lines or []
-            with self._lock:
-                record["FinalMetricDataList"] = final_metrics(lines, definitions)
-            if stop.is_set():
-                raise _Stopped()
-            if outcome.failure_reason is not None:
-                raise _JobFailed(outcome.failure_reason)
-            with self._lock:
-                self._transition(record, "Uploading", "Uploading generated training model")
-                self._save("training", record)
-            output = record["OutputDataConfig"]["S3OutputPath"].rstrip("/") + f"/{name}/output"
-            if outcome.model_tar is None:
-                raise _JobFailed("the training job wrote nothing to its model directory")
-            self._upload(outcome.model_tar, f"{output}/model.tar.gz")
-            if outcome.output_tar is not None:
-                self._upload(outcome.output_tar, f"{output}/output.tar.gz")
-            with self._lock:
-                record["ModelArtifacts"] = {"S3ModelArtifacts": f"{output}/model.tar.gz"}
-                self._finish(record, "TrainingJobStatus", "Completed", "Completed", "Training job completed")
-        except _Stopped:
-            with self._lock:
-                self._finish(record, "TrainingJobStatus", "Stopped", "Stopped", "Training job stopped")
-        except _JobFailed as exc:
-            with self._lock:
-                record["FailureReason"] = str(exc)
-                self._finish(record, "TrainingJobStatus", "Failed", "Failed", f"Training job failed: {exc}")
-        except Exception as exc:
-            log.exception("training job %s crashed", name)
-            with self._lock:
-                record["FailureReason"] = f"InternalServerError: {exc!r}"
-                self._finish(record, "TrainingJobStatus", "Failed", "Failed", "Training job failed")
-        finally:
-            with self._lock:
-                self._save("training", record)
-
-    def _finish(self, record: dict[str, Any], status_key: str, status: str, secondary: str | None,
-                message: str) -> None:
+    def _end(self, kind: JobKind, record: dict[str, Any], status: str, detail: str = "") -> None:
+        """The job ended ``status``; ``detail`` follows the secondary status's message (": why it failed")."""
         now = utc_now()
-        record[status_key] = status
-        if secondary is not None:
-            self._transition(record, secondary, message)
-            record["TrainingEndTime"] = now
-            if "TrainingStartTime" in record:
-                record["TrainingTimeInSeconds"] = int((now - record["TrainingStartTime"]).total_seconds())
-                record["BillableTimeInSeconds"] = record["TrainingTimeInSeconds"]
-        else:
-            record["ProcessingEndTime"] = now
+        record[kind.status_member] = status
+        if kind.secondary_label is not None:
+            self._transition(record, status, f"{kind.secondary_label} {status.lower()}{detail}")
+        record[kind.end_member] = now
+        if kind.billed_from is not None and kind.billed_from in record:
+            record["TrainingTimeInSeconds"] = int((now - record[kind.billed_from]).total_seconds())
+            record["BillableTimeInSeconds"] = record["TrainingTimeInSeconds"]
         record["LastModifiedTime"] = now
 
-    def describe_training_job(self, request: dict[str, Any]) -> dict[str, Any]:
-        name = request.get("TrainingJobName", "")
+    # ----- what each kind does ---------------------------------------------------------------
+    def _train(self, record: dict[str, Any], job_dir: Path, stop: threading.Event) -> dict[str, Any]:
+        name = record["TrainingJobName"]
         with self._lock:
-            record = self._training.get(name)
-            if record is None:
-                raise ApiError("ValidationException", f"Requested resource not found: training job {name!r}")
-            return copy.deepcopy(record)
-
-    def stop_training_job(self, request: dict[str, Any]) -> dict[str, Any]:
-        name = request.get("TrainingJobName", "")
+            # As on AWS, billing (TrainingStartTime -> TrainingEndTime, hence TrainingTimeInSeconds and
+            # BillableTimeInSeconds) starts when the instances are up, before the data download.
+            record["TrainingStartTime"] = utc_now()
+            self._transition(record, "Downloading", "Downloading input data")
+            self._save(TRAINING, record)
+        channels = {}
+        for channel in record.get("InputDataConfig") or []:
+            uri = channel["DataSource"]["S3DataSource"]["S3Uri"]
+            channels[channel["ChannelName"]] = self._download(uri, job_dir, "channels", channel["ChannelName"])
         with self._lock:
-            record = self._training.get(name)
-            if record is None:
-                raise ApiError("ValidationException", f"Requested resource not found: training job {name!r}")
-            if record["TrainingJobStatus"] == "InProgress":
-                record["TrainingJobStatus"] = "Stopping"
-                self._stops[name].set()
-        return {}
-
-    def list_training_jobs(self, request: dict[str, Any]) -> dict[str, Any]:
-        with self._lock:
-            items = sorted(self._training.values(), key=lambda r: r["CreationTime"], reverse=True)
-            return {"TrainingJobSummaries": [
-                {k: r.get(k) for k in ("TrainingJobName", "TrainingJobArn", "CreationTime", "TrainingEndTime",
-                                       "LastModifiedTime", "TrainingJobStatus") if r.get(k) is not None}
-                for r in items]}
-
-    # ----- processing jobs -------------------------------------------------------------------
-    def create_processing_job(self, request: dict[str, Any]) -> dict[str, Any]:
-        name = request.get("ProcessingJobName")
-        if not name or not isinstance(name, str):
-            raise ApiError("ValidationException", "ProcessingJobName is required")
-        with self._lock:
-            if name in self._processing:
-                # SageMaker's answer, as a Step Functions execution's CreateProcessingJob failure quoted it.
-                raise ApiError("ResourceInUse", f"Job name must be unique within an AWS account and region, and a "
-                                                f"job with this name already exists "
-                                                f"({self.account.arn('processing-job', name)})")
-            self.account.check_quotas(self._processing_fleet(request))
-            now = utc_now()
-            record = {**request, "ProcessingJobName": name,
-                      "ProcessingJobArn": self.account.arn("processing-job", name), "ProcessingJobStatus": "InProgress",
-                      "CreationTime": now, "LastModifiedTime": now}
-            record.pop("Tags", None)
-            self._processing[name] = record
-            self._stops[name] = threading.Event()
-            self._save("processing", record)
-        self.account.start(name, lambda: self._run_processing(name))
-        return {"ProcessingJobArn": record["ProcessingJobArn"]}
-
-    def _run_processing(self, name: str) -> None:
-        record = self._processing[name]
-        job_dir = self.job_dir(name)
-        stop = self._stops[name]
+            self._transition(record, "Training", "Training image download completed. Training in progress.")
+            self._save(TRAINING, record)
+        definitions = (record.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []
+        # As SageMaker does while the job runs: its metric values to CloudWatch (the status API's progress).
+        publisher = None if self.cloudwatch is None else MetricPublisher(
+            self.cloudwatch, name, self.job_log(name), definitions).start()
         try:
-            shutil.rmtree(job_dir, ignore_errors=True)
-            inputs = {}
-            for item in record.get("ProcessingInputs") or []:
-                uri = item["S3Input"]["S3Uri"]
-                inputs[item["InputName"]] = self._download(uri, job_dir, "inputs", item["InputName"])
-            with self._lock:
-                record["ProcessingStartTime"] = utc_now()
-                self._save("processing", record)
-            outcome = self.backend.run_processing(record, inputs, job_dir, stop)
-            if stop.is_set():
-                raise _Stopped()
-            if outcome.failure_reason is not None:
-                raise _JobFailed(outcome.failure_reason)
-            produced = outcome.processing_outputs or {}
-            for output in (record.get("ProcessingOutputConfig") or {}).get("Outputs") or []:
-                local = produced.get(output["OutputName"])
-                if local is None:
-                    raise _JobFailed(f"the job produced no output {output['OutputName']!r}")
-                target = output["S3Output"]["S3Uri"].rstrip("/")
-                for path in sorted(p for p in local.rglob("*") if p.is_file()):
-                    self._upload(path, f"{target}/{path.relative_to(local).as_posix()}")
-            with self._lock:
-                self._finish(record, "ProcessingJobStatus", "Completed", None, "")
-        except _Stopped:
-            with self._lock:
-                self._finish(record, "ProcessingJobStatus", "Stopped", None, "")
-        except _JobFailed as exc:
-            with self._lock:
-                record["FailureReason"] = str(exc)
-                record["ExitMessage"] = str(exc)
-                self._finish(record, "ProcessingJobStatus", "Failed", None, "")
-        except Exception as exc:
-            log.exception("processing job %s crashed", name)
-            with self._lock:
-                record["FailureReason"] = f"InternalServerError: {exc!r}"
-                self._finish(record, "ProcessingJobStatus", "Failed", None, "")
+            outcome = self.backend.run_training(record, channels, job_dir, stop)
         finally:
-            with self._lock:
-                self._save("processing", record)
-
-    def describe_processing_job(self, request: dict[str, Any]) -> dict[str, Any]:
-        name = request.get("ProcessingJobName", "")
+            if publisher is not None:
+                publisher.stop()
+        lines = outcome.log_lines or []
         with self._lock:
-            record = self._processing.get(name)
-            if record is None:
-                raise ApiError("ValidationException", f"Could not find requested job with name {name}")
-            return copy.deepcopy(record)
-
-    def stop_processing_job(self, request: dict[str, Any]) -> dict[str, Any]:
-        name = request.get("ProcessingJobName", "")
+            record["FinalMetricDataList"] = final_metrics(lines, definitions)
+        if stop.is_set():
+            raise _Stopped()
+        if outcome.failure_reason is not None:
+            raise _JobFailed(outcome.failure_reason)
         with self._lock:
-            record = self._processing.get(name)
-            if record is None:
-                raise ApiError("ValidationException", f"Could not find requested job with name {name}")
-            if record["ProcessingJobStatus"] == "InProgress":
-                record["ProcessingJobStatus"] = "Stopping"
-                self._stops[name].set()
+            self._transition(record, "Uploading", "Uploading generated training model")
+            self._save(TRAINING, record)
+        output = record["OutputDataConfig"]["S3OutputPath"].rstrip("/") + f"/{name}/output"
+        if outcome.model_tar is None:
+            raise _JobFailed("the training job wrote nothing to its model directory")
+        self._upload(outcome.model_tar, f"{output}/model.tar.gz")
+        if outcome.output_tar is not None:
+            self._upload(outcome.output_tar, f"{output}/output.tar.gz")
+        return {"ModelArtifacts": {"S3ModelArtifacts": f"{output}/model.tar.gz"}}
+
+    def _process(self, record: dict[str, Any], job_dir: Path, stop: threading.Event) -> dict[str, Any]:
+        inputs = {}
+        for item in record.get("ProcessingInputs") or []:
+            uri = item["S3Input"]["S3Uri"]
+            inputs[item["InputName"]] = self._download(uri, job_dir, "inputs", item["InputName"])
+        with self._lock:
+            record["ProcessingStartTime"] = utc_now()
+            self._save(PROCESSING, record)
+        outcome = self.backend.run_processing(record, inputs, job_dir, stop)
+        if stop.is_set():
+            raise _Stopped()
+        if outcome.failure_reason is not None:
+            raise _JobFailed(outcome.failure_reason)
+        produced = outcome.processing_outputs or {}
+        for output in (record.get("ProcessingOutputConfig") or {}).get("Outputs") or []:
+            local = produced.get(output["OutputName"])
+            if local is None:
+                raise _JobFailed(f"the job produced no output {output['OutputName']!r}")
+            target = output["S3Output"]["S3Uri"].rstrip("/")
+            for path in sorted(p for p in local.rglob("*") if p.is_file()):
+                self._upload(path, f"{target}/{path.relative_to(local).as_posix()}")
         return {}
 
     # ----- S3 transfer -----------------------------------------------------------------------
