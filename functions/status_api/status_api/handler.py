@@ -8,6 +8,7 @@
 # to validate requests and to generate the OpenAPI document.
 import json
 import os
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from aws_lambda_powertools import Logger, Tracer
@@ -50,11 +51,17 @@ OPENAPI_TITLE = "d2ops status API"
 OPENAPI_VERSION = "1.0.0"
 
 
+def answer(description: str, model: type) -> OpenAPIResponse:
+    return {"description": description, "content": {"application/json": {"model": model}}}
+
+
 def error(description: str) -> OpenAPIResponse:
-    return {"description": description, "content": {"application/json": {"model": ErrorResponse}}}
+    return answer(description, ErrorResponse)
 
 
 BUSY = error("an AWS service behind the API is throttling or unreachable; retry after Retry-After seconds")
+NO_RUN = "no run with this id"
+BAD_PAGE = "a query parameter is invalid, or nextToken is not a token of this listing"
 # Page tokens of Step Functions and SageMaker are at most 1024 characters; a longer one is no token.
 MAX_PAGE_TOKEN = 1024
 
@@ -62,6 +69,24 @@ MAX_PAGE_TOKEN = 1024
 def _problem(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
     return Response(status_code=status, content_type=content_types.APPLICATION_JSON,
                     body=json.dumps({"statusCode": status, "message": message}), headers=headers)
+
+
+def route(method: str, path: str, summary: str, answers: dict[int, OpenAPIResponse], errors: dict[int, str],
+          description: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A route as this API sets up each: its answers, then its client errors, then 503 (any AWS call may be
+    throttled, `busy`), all documented; the route traced."""
+    register = app.route(path, method, summary=summary, description=description,
+                         responses={**answers, **{status: error(why) for status, why in errors.items()}, 503: BUSY})
+
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        return register(tracer.capture_method(function))
+    return decorate
+
+
+def report_missing(report: str) -> str:
+    """The 404 of a route that reads one of the run's reports from S3."""
+    return (f"{NO_RUN}, or it has no {report} report (yet), or S3 refused it to the API (AccessDenied: the message "
+            "says so)")
 
 
 @app.exception_handler(BadEnvelope)
@@ -129,11 +154,8 @@ def busy(exc: Exception) -> Response:
                     headers={"Retry-After": str(service.RETRY_AFTER_SECONDS)})
 
 
-@app.get("/runs", summary="List pipeline runs, newest first",
-         responses={200: {"description": "one page of runs", "content": {"application/json": {"model": RunList}}},
-                    400: error("a query parameter is invalid, or nextToken is not a token of this listing"),
-                    503: BUSY})
-@tracer.capture_method
+@route("GET", "/runs", "List pipeline runs, newest first", {200: answer("one page of runs", RunList)},
+       {400: BAD_PAGE})
 def list_runs(
     dataset: Annotated[str | None, Query(description="only runs of this dataset name")] = None,
     status: Annotated[RunStatus | None, Query(description="only runs in this status")] = None,
@@ -145,72 +167,54 @@ def list_runs(
                              status=status, next_token=next_token, limit=limit)
 
 
-@app.get("/runs/<runId>", summary="One run: status, timeline, validation, training, evaluation, gate, endpoint",
-         responses={200: {"description": "the run", "content": {"application/json": {"model": RunDetail}}},
-                    404: error("no run with this id"), 503: BUSY})
-@tracer.capture_method
+@route("GET", "/runs/<runId>", "One run: status, timeline, validation, training, evaluation, gate, endpoint",
+       {200: answer("the run", RunDetail)}, {404: NO_RUN})
 def get_run(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> RunDetail:  # the route spells it runId
     return service.get_run(clients.client("stepfunctions"), clients.client("sagemaker"),
                            os.environ["STATE_MACHINE_ARN"], runId, cloudwatch=clients.Lazy("cloudwatch"),
                            s3=clients.Lazy("s3"), artifacts_bucket=os.environ["ARTIFACTS_BUCKET"])
 
 
-def _ok(description: str, model: type) -> dict[int, OpenAPIResponse]:
-    return {200: {"description": description, "content": {"application/json": {"model": model}}}}
-
-
-@app.get("/runs/<runId>/graph", summary="The state machine laid out, each state coloured by its outcome in the run",
-         responses={**_ok("states (with duration) and transitions (taken or not)", RunGraph),
-                    404: error("no run with this id"), 503: BUSY})
-@tracer.capture_method
+@route("GET", "/runs/<runId>/graph", "The state machine laid out, each state coloured by its outcome in the run",
+       {200: answer("states (with duration) and transitions (taken or not)", RunGraph)}, {404: NO_RUN})
 def get_run_graph(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> RunGraph:
     return views.run_graph(clients.client("stepfunctions"), os.environ["STATE_MACHINE_ARN"], runId)
 
 
-@app.get("/runs/<runId>/validation", summary="The run's full validation report (errors, warnings, class statistics)",
-         responses={**_ok("the validation report", ValidationReport),
-                    404: error("no run with this id, or it has no validation report (yet), or S3 refused it to "
-                                "the API (AccessDenied: the message says so)"), 503: BUSY})
-@tracer.capture_method
+@route("GET", "/runs/<runId>/validation", "The run's full validation report (errors, warnings, class statistics)",
+       {200: answer("the validation report", ValidationReport)}, {404: report_missing("validation")})
 def get_validation_report(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> ValidationReport:
     return views.validation_report(clients.client("stepfunctions"), clients.client("s3"),
                                    os.environ["STATE_MACHINE_ARN"], os.environ["ARTIFACTS_BUCKET"], runId)
 
 
-@app.get("/runs/<runId>/evaluation",
-         summary="The run's evaluation report: challenger and champion metrics, per-class AP, precision-recall curves",
-         description="An answer the whole report would make larger than Lambda's 6 MB leaves out its largest parts "
-                     "(truncated: true; left_out names them) and links each S3 document of the report whole "
-                     f"(full_report: presigned GETs, valid for {views.LINK_SECONDS // 60} minutes). Any other answer "
-                     "is the whole report.",
-         responses={**_ok("the evaluation report", EvaluationView),
-                    404: error("no run with this id, or it has no evaluation report (yet), or S3 refused it to "
-                                "the API (AccessDenied: the message says so)"), 503: BUSY})
-@tracer.capture_method
+@route("GET", "/runs/<runId>/evaluation",
+       "The run's evaluation report: challenger and champion metrics, per-class AP, precision-recall curves",
+       {200: answer("the evaluation report", EvaluationView)}, {404: report_missing("evaluation")},
+       description="An answer the whole report would make larger than Lambda's 6 MB leaves out its largest parts "
+                   "(truncated: true; left_out names them) and links each S3 document of the report whole "
+                   f"(full_report: presigned GETs, valid for {views.LINK_SECONDS // 60} minutes). Any other answer "
+                   "is the whole report.")
 def get_evaluation_report(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -> EvaluationView:
     return views.evaluation_report(clients.client("stepfunctions"), clients.client("s3"),
                                    os.environ["STATE_MACHINE_ARN"], os.environ["ARTIFACTS_BUCKET"], runId)
 
 
-@app.get("/endpoints/<endpointName>/history",
-         summary="What served the endpoint when (run, dataset version, model package, metrics), what was rolled back",
-         responses={**_ok("served periods, newest first, and rolled-back deployments", EndpointHistory),
-                    404: error("no endpoint with this name has a recorded deployment, or S3 refused its history "
-                                "to the API (AccessDenied: the message says so)"), 503: BUSY})
-@tracer.capture_method
+@route("GET", "/endpoints/<endpointName>/history",
+       "What served the endpoint when (run, dataset version, model package, metrics), what was rolled back",
+       {200: answer("served periods, newest first, and rolled-back deployments", EndpointHistory)},
+       {404: "no endpoint with this name has a recorded deployment, or S3 refused its history to the API "
+             "(AccessDenied: the message says so)"})
 def get_endpoint_history(
         endpointName: Annotated[str, Path(pattern=ENDPOINT_NAME_PATTERN)]) -> EndpointHistory:  # the route's spelling
     return views.endpoint_history(clients.client("s3"), os.environ["ARTIFACTS_BUCKET"], endpointName)
 
 
-@app.post("/runs", summary="Start the run for a dataset version (idempotent, like the S3 trigger)",
-          responses={202: {"description": "the run was started",
-                           "content": {"application/json": {"model": StartRunResponse}}},
-                     200: {"description": "this upload's run had been started already",
-                           "content": {"application/json": {"model": StartRunResponse}}},
-                     400: error("the body is not {\"dataset_uri\": ...}, or not a dataset version of the data bucket"),
-                     404: error("the dataset version has no manifest.json"), 503: BUSY})
-@tracer.capture_method
+@route("POST", "/runs", "Start the run for a dataset version (idempotent, like the S3 trigger)",
+       {202: answer("the run was started", StartRunResponse),
+        200: answer("this upload's run had been started already", StartRunResponse)},
+       {400: "the body is not {\"dataset_uri\": ...}, or not a dataset version of the data bucket",
+        404: "the dataset version has no manifest.json"})
 def start_run(request: StartRunRequest) -> tuple[StartRunResponse, int]:
     started = service.start_run_for_uri(clients.client("s3"), clients.client("stepfunctions"),
                                         os.environ["STATE_MACHINE_ARN"], os.environ["DATA_BUCKET"],
@@ -219,21 +223,18 @@ def start_run(request: StartRunRequest) -> tuple[StartRunResponse, int]:
     return started, 200 if started.already_started else 202
 
 
-@app.post("/runs/<runId>/decision",
-          summary="Decide a run the quality gate sent to review: approve (deploy as if the gate approved) or reject",
-          description="Only sessions of the stack's reviewer role (its ReviewerRoleArn output) may decide. The "
-                      "decision completes the run's wait (SendTaskSuccess) and is recorded once: the caller's ARN, "
-                      "the reason and the time, in the run, the registry entry and the endpoint history.",
-          responses={**_ok("the decision the run received (already_decided: this caller's same decision, "
-                           "recorded before)", DecisionResponse),
-                     400: error("the body is not {\"decision\": \"approve\"|\"reject\", \"reason\": ...} (a "
-                                "rejection needs a reason)"),
-                     403: error("the caller is not a session of the stack's reviewer role"),
-                     404: error("the run is not waiting for a review (no such run, or the gate did not ask for one)"),
-                     409: error("the run was already decided (the message names by whom), or it no longer waits "
-                                "(timed out or ended)"),
-                     413: error("the request body is larger than the status API takes"), 503: BUSY})
-@tracer.capture_method
+@route("POST", "/runs/<runId>/decision",
+       "Decide a run the quality gate sent to review: approve (deploy as if the gate approved) or reject",
+       {200: answer("the decision the run received (already_decided: this caller's same decision, recorded before)",
+                    DecisionResponse)},
+       {400: "the body is not {\"decision\": \"approve\"|\"reject\", \"reason\": ...} (a rejection needs a reason)",
+        403: "the caller is not a session of the stack's reviewer role",
+        404: "the run is not waiting for a review (no such run, or the gate did not ask for one)",
+        409: "the run was already decided (the message names by whom), or it no longer waits (timed out or ended)",
+        413: "the request body is larger than the status API takes"},
+       description="Only sessions of the stack's reviewer role (its ReviewerRoleArn output) may decide. The "
+                   "decision completes the run's wait (SendTaskSuccess) and is recorded once: the caller's ARN, "
+                   "the reason and the time, in the run, the registry entry and the endpoint history.")
 def decide(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)], request: DecisionRequest) -> DecisionResponse:
     decided = review.decide(clients.client("stepfunctions"), clients.client("s3"), os.environ["ARTIFACTS_BUCKET"],
                             os.environ.get("REVIEWER_ROLE_ARN", ""), runId, request,
@@ -243,12 +244,8 @@ def decide(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)], request: Decisio
     return decided
 
 
-@app.get("/models", summary="Model Registry versions and the current champion",
-         responses={200: {"description": "one page of model versions and the champion",
-                          "content": {"application/json": {"model": ModelsResponse}}},
-                    400: error("a query parameter is invalid, or nextToken is not a token of this listing"),
-                    503: BUSY})
-@tracer.capture_method
+@route("GET", "/models", "Model Registry versions and the current champion",
+       {200: answer("one page of model versions and the champion", ModelsResponse)}, {400: BAD_PAGE})
 def list_models(
     next_token: Annotated[str | None, Query(alias="nextToken", min_length=1, max_length=MAX_PAGE_TOKEN)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 25,
