@@ -16,7 +16,7 @@ import logging
 import shutil
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -101,18 +101,13 @@ class JobKind:
     # counted from the start member (None: the kind has neither).
     secondary_label: str | None = None
     billed_from: str | None = None
+    name_member: str = field(init=False)  # TrainingJobName
+    arn_member: str = field(init=False)  # TrainingJobArn
+    status_member: str = field(init=False)  # TrainingJobStatus
 
-    @property
-    def name_member(self) -> str:
-        return f"{self.noun}Name"
-
-    @property
-    def arn_member(self) -> str:
-        return f"{self.noun}Arn"
-
-    @property
-    def status_member(self) -> str:
-        return f"{self.noun}Status"
+    def __post_init__(self) -> None:
+        for member in ("Name", "Arn", "Status"):
+            object.__setattr__(self, f"{member.lower()}_member", f"{self.noun}{member}")
 
     def operations(self) -> frozenset[str]:
         return frozenset(f"{verb}{self.noun}" for verb in ("Create", "Describe", "Stop"))
