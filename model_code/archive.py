@@ -1,6 +1,6 @@
 """``model.tar.gz`` as SageMaker packs it, and the one safe way to unpack one.
 
-Standard library only: the local SageMaker (``d2ops.local_jobs``) packs job results with
+Standard library only: the local SageMaker (``d2ops.local.jobs``) packs job results with
 :func:`pack_directory` without importing torch; ``model_code.artifact`` re-exports these names
 and builds opening an artifact (``open_artifact``) on :func:`safe_extract`.
 """

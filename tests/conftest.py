@@ -9,7 +9,7 @@ from hypothesis import settings
 
 # OpenMP threads that wait sleep instead of spinning: torch here, and in every TorchServe worker the
 # tests start (they inherit the environment; local training and processing jobs set it themselves,
-# d2ops.local_jobs). On the shared 2-core machine a torchvision training step with 2 threads burnt
+# d2ops.local.jobs). On the shared 2-core machine a torchvision training step with 2 threads burnt
 # 10.3 CPU-s spinning by default, 7.1 with PASSIVE (1 thread: 6.8); 20 iterations of the earlier
 # detectron2 CPU profile through train-local 141.6 -> 44.3 CPU-s with the same losses
 # (docs/training.md). The thread count, so the arithmetic, is unchanged. Set before anything

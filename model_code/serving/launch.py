@@ -1,7 +1,7 @@
 """Package a model artifact for TorchServe and run TorchServe as one supervised process group.
 
 One home for how TorchServe is started, shared by the serving image's entry point
-(``model_code.serving.entrypoint``) and the local endpoints of ``d2ops.local_serving``:
+(``model_code.serving.entrypoint``) and the local endpoints of ``d2ops.local.serving``:
 
 1. :func:`prepare_model_dir` takes a model directory or ``model.tar.gz`` (docs/model-artifact.md)
    and checks it is one before anything starts, so a bad artifact fails fast with a message

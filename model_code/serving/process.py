@@ -1,7 +1,7 @@
 """Waiting for a server's ``/ping`` and signalling its process group: one implementation.
 
 Used by the serving image's TorchServe supervisor (``model_code.serving.launch``) and by the
-local endpoints of the offline runtime (``d2ops.local_serving``), which run that image's entry
+local endpoints of the offline runtime (``d2ops.local.serving``), which run that image's entry
 point. Standard library only, so the developer tooling can import it without torch.
 """
 

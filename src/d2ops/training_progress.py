@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
-from d2ops.job_log import split_host_line
+from d2ops.local.job_log import split_host_line
 from d2ops_core import metrics
 from d2ops_core.training_progress import Progress, format_progress
 

@@ -35,7 +35,7 @@ import requests
 from pycocotools import mask as mask_utils
 
 from d2ops import synth
-from d2ops.local_serving import LocalEndpoint
+from d2ops.local.serving import LocalEndpoint
 from d2ops_core.score_thresholds import DEFAULT_SCORE_THRESHOLD
 from model_code import artifact
 from model_code.dataset_version import categories_of, open_dataset_version, read_coco

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from d2ops import synth
-from d2ops.local_jobs import TrainingJobSpec, run_training_job
+from d2ops.local.jobs import TrainingJobSpec, run_training_job
 from d2ops.training_progress import ProgressParser
 from model_code.artifact import load_artifact
 from tests.fixtures.frameworks import require_detectron2

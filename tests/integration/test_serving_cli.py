@@ -12,7 +12,7 @@ import psutil
 import pytest
 import requests
 
-from d2ops.local_serving import free_port
+from d2ops.local.serving import free_port
 from tests.fixtures.serving.support import cached_artifact, png_bytes
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,8 @@ import pytest
 import requests
 import torch
 
-from d2ops.container_entry import image_command
-from d2ops.local_serving import LocalEndpoint
+from d2ops.local.container_entry import image_command
+from d2ops.local.serving import LocalEndpoint
 from model_code import artifact
 from tests.fixtures.serving.support import CATEGORY_IDS, CLASS_NAMES
 

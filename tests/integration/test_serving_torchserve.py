@@ -17,7 +17,7 @@ import psutil
 import pytest
 import requests
 
-from d2ops.local_serving import LocalEndpoint
+from d2ops.local.serving import LocalEndpoint
 from tests.fixtures.serving.support import CATEGORY_IDS, CLASS_NAMES, cached_artifact, jpeg_bytes, png_bytes
 from tests.fixtures.serving.thresholds import (
     SPLIT_CLASS,

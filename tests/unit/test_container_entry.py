@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from d2ops import container_entry, local_jobs
-from d2ops.container_entry import EntryError, check_entry, image_command, local_command, parse_entry
+from d2ops.local import container_entry
+from d2ops.local import jobs as local_jobs
+from d2ops.local.container_entry import EntryError, check_entry, image_command, local_command, parse_entry
 from d2ops.template import REPO_ROOT
 
 
@@ -59,7 +60,8 @@ def _mutated(tmp_path: Path, image: container_entry.Image, old: str, new: str) -
      "does not start with an init"),
     ("training", "COPY --chmod=755 containers/training/train /usr/local/bin/train", "",
      "no `COPY containers/training/train /usr/local/bin/train`"),
-    ("training", '"/usr/local/bin/train"]', '"/opt/conda/bin/train"]', "not in d2ops.container_entry.IMAGE_PATHS"),
+    ("training", '"/usr/local/bin/train"]', '"/opt/conda/bin/train"]',
+     "not in d2ops.local.container_entry.IMAGE_PATHS"),
     ("serving", '"/usr/local/bin/python", "-m"', '"python", "-m"', "through PATH"),
     ("serving", 'CMD ["serve"]', 'CMD ["train"]', "expected ['serve']"),
     ("serving", '"model_code.serving.entrypoint"]', '"model_code.serving.nowhere"]', "not in the repository"),

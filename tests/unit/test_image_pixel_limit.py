@@ -323,7 +323,7 @@ def test_the_decode_budget_admits_one_image_at_the_highest_limit() -> None:
 def test_a_local_endpoint_runs_with_its_containers_environment(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """The offline endpoint's TorchServe gets CreateModel's container Environment over the runtime's own."""
-    from d2ops.local_serving import LocalEndpoint
+    from d2ops.local.serving import LocalEndpoint
 
     monkeypatch.setenv(rule.MAX_PIXELS_ENV, "36000000")  # the runtime process's (every Lambda's) value
     endpoint = LocalEndpoint(tmp_path / "model.tar.gz", workdir=tmp_path / "serve",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from d2ops import container_entry
+from d2ops.local import container_entry
 from d2ops.template import REPO_ROOT
 from d2ops_core import platform
 from model_code.training import nccl_check

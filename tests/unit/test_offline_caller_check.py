@@ -28,8 +28,9 @@ from botocore.config import Config
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
-from d2ops import container_entry, local_jobs
-from d2ops.local_serving import LocalEndpoint
+from d2ops.local import container_entry
+from d2ops.local import jobs as local_jobs
+from d2ops.local.serving import LocalEndpoint
 from d2ops.offline.aws_endpoint import FORWARDED_HEADER
 from d2ops.offline.runtime import RUNTIME_INFO, OfflineRuntime
 from d2ops.offline.services.sagemaker_jobs import JobOutcome

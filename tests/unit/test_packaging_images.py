@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from d2ops.container_entry import dockerfile_for, parse_entry
+from d2ops.local.container_entry import dockerfile_for, parse_entry
 from d2ops.template import REPO_ROOT, load_template
 
 

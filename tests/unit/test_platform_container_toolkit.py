@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from d2ops import container_entry
+from d2ops.local import container_entry
 from d2ops_core import platform
 
 

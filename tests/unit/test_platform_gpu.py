@@ -13,7 +13,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from d2ops import container_entry
+from d2ops.local import container_entry
 from d2ops.template import REPO_ROOT, load_template
 from d2ops_core import platform
 from tests.fixtures.pipeline import support

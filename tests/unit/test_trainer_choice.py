@@ -1,4 +1,4 @@
-"""Which trainer the demo trains (d2ops.trainer_choice) and how the offline stack receives it."""
+"""Which trainer the demo trains (d2ops.local.trainer_choice) and how the offline stack receives it."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
+from d2ops.local.trainer_choice import TrainerUnavailable, choose_trainer, detectron2_problem
 from d2ops.offline.stack import load_stack
-from d2ops.trainer_choice import TrainerUnavailable, choose_trainer, detectron2_problem
 from tests.fixtures.frameworks import require_detectron2
 
 

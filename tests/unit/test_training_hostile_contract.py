@@ -151,7 +151,7 @@ def test_sigterm_during_start_up_ends_the_job_at_once_with_nothing_written(tmp_p
     import subprocess
     import time
 
-    from d2ops.container_entry import image_command, python_on_path
+    from d2ops.local.container_entry import image_command, python_on_path
 
     root = _tree(tmp_path, hyperparameters={}, data=FILE_MODE)
     env = {**os.environ, "D2OPS_ML_ROOT": str(root)}

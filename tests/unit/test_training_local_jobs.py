@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from d2ops import local_jobs
+from d2ops.local import jobs as local_jobs
 from d2ops.template import REPO_ROOT
 from model_code.training.config import Hyperparameters, load_environment, parse_hyperparameters
 

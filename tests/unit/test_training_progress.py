@@ -17,8 +17,8 @@ from pathlib import Path
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from d2ops import local_jobs
-from d2ops.job_log import host_line, split_host_line
+from d2ops.local import jobs as local_jobs
+from d2ops.local.job_log import host_line, split_host_line
 from d2ops.offline.pipeline import TrainingProgressFollower, _LogTail
 from d2ops.training_progress import LineSplitter, Progress, ProgressParser, ProgressReporter, format_progress
 from d2ops_core import metrics

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from d2ops import synth
-from d2ops.local_jobs import TrainingJobSpec, run_training_job
+from d2ops.local.jobs import TrainingJobSpec, run_training_job
 from d2ops_core.cpu_profile import CALIBRATION_DATA, TORCHVISION_CPU_PROFILE
 
 _LOSS = re.compile(r"d2ops-metric train:loss=([\d.eE+-]+) iter=(\d+)")

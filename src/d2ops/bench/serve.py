@@ -4,7 +4,7 @@ One exported detector (an untrained torchvision Faster R-CNN resnet18-FPN, 320 p
 figures measure serving rather than accuracy) and one set of 640x480 JPEGs. Measured in one run:
 
 - baseline: ``model_code.inference.predict`` on one decoded image, in this process;
-- served: ``POST /invocations`` through TorchServe (``d2ops.local_serving.LocalEndpoint``, the
+- served: ``POST /invocations`` through TorchServe (``d2ops.local.serving.LocalEndpoint``, the
   serving image's configuration) at concurrency 1 and 8, with batching on (batch size 8) and
   off (batch size 1).
 
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     # Read by torch at import, here and in the TorchServe worker (which inherits the environment).
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
 
-    from d2ops.local_serving import LocalEndpoint
+    from d2ops.local.serving import LocalEndpoint
 
     with tempfile.TemporaryDirectory(prefix="d2ops-bench-serve-") as tmp:
         print("exporting the benchmark detector ...", flush=True)

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from d2ops import synth
-from d2ops.job_log import split_host_line
-from d2ops.local_jobs import TrainingJobSpec, run_training_job
+from d2ops.local.job_log import split_host_line
+from d2ops.local.jobs import TrainingJobSpec, run_training_job
 from d2ops_core import metrics
 from d2ops_core.cpu_profile import torchvision_cpu_profile
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from d2ops.commands.errors import UsageError
-from d2ops.trainer_choice import FRAMEWORKS, TrainerChoice
+from d2ops.local.trainer_choice import FRAMEWORKS, TrainerChoice
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -387,10 +387,10 @@ def show_review(champion: dict[str, Any], reviewed: dict[str, Any], record: dict
 
 
 def run(args: argparse.Namespace) -> int:
+    from d2ops.local.trainer_choice import TrainerUnavailable, choose_trainer
     from d2ops.offline.pipeline import run_pipeline
     from d2ops.offline.processes import RuntimeBusy, install_signal_handlers
     from d2ops.offline.runtime import OfflineRuntime
-    from d2ops.trainer_choice import TrainerUnavailable, choose_trainer
 
     if args.images < 8 or (args.max_iter is not None and args.max_iter < 1) or args.deliveries < 1:
         raise UsageError("--images must be >= 8, --max-iter and --deliveries >= 1")

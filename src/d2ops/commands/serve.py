@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from d2ops.local_serving import LocalEndpoint, LocalServingError
+    from d2ops.local.serving import LocalEndpoint, LocalServingError
 
     model = Path(args.model_path)
     if not model.exists():

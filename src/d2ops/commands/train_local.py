@@ -42,7 +42,7 @@ def parse_hyperparameters_option(text: str) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from d2ops.local_jobs import LocalJobError, TrainingJobSpec, run_training_job
+    from d2ops.local.jobs import LocalJobError, TrainingJobSpec, run_training_job
 
     dataset, output = Path(args.dataset_dir), Path(args.output_dir)
     if not (dataset / "manifest.json").is_file():

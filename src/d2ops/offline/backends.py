@@ -1,7 +1,7 @@
 """Adapters from the offline SageMaker service to the local job runner and local TorchServe.
 
-The training payload's runner (`d2ops.local_jobs`) and the serving module
-(`d2ops.local_serving`) own how a job or an endpoint runs on this machine; these adapters only
+The training payload's runner (`d2ops.local.jobs`) and the serving module
+(`d2ops.local.serving`) own how a job or an endpoint runs on this machine; these adapters only
 translate the SageMaker requests into their arguments and their results back.
 """
 
@@ -12,7 +12,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from d2ops import container_entry, local_jobs, local_serving
+from d2ops.local import container_entry
+from d2ops.local import jobs as local_jobs
+from d2ops.local import serving as local_serving
 from d2ops.offline.services.sagemaker_endpoints import ServedModel
 from d2ops.offline.services.sagemaker_jobs import JOB_LOG, JobOutcome
 
@@ -40,7 +42,7 @@ class _LogTee:
 
 
 def _command(app: dict[str, Any], default: tuple[str, ...]) -> tuple[str, ...]:
-    """ContainerEntrypoint + ContainerArguments as this machine runs them (``d2ops.container_entry``)."""
+    """ContainerEntrypoint + ContainerArguments as this machine runs them (``d2ops.local.container_entry``)."""
     entrypoint = list(app.get("ContainerEntrypoint") or [])
     if not entrypoint:
         return default

@@ -1,6 +1,6 @@
 """A local job's log: every host's output lines, each with its host first (``[algo-1] ...``).
 
-The one home of that prefix: the local job runner (``d2ops.local_jobs``) writes it, the readers
+The one home of that prefix: the local job runner (``d2ops.local.jobs``) writes it, the readers
 (the training-progress follower, the bench) split it off again.
 """
 

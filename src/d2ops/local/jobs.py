@@ -3,10 +3,10 @@
 A training job gets one ``/opt/ml``-shaped tree per host under ``work_dir/<host>/``
 (config JSON files, channel links, model/output/checkpoint directories), one process per
 host with the ``SM_*`` variables the SageMaker training toolkit would set, ranks meeting
-over loopback, logs streamed with a ``[host]`` prefix (``d2ops.job_log``), metric lines parsed with
+over loopback, logs streamed with a ``[host]`` prefix (``d2ops.local.job_log``), metric lines parsed with
 ``d2ops_core.metrics``, and the results packed as ``model.tar.gz``/``output.tar.gz``.
 
-Each host runs the command its image declares (``d2ops.container_entry``: the Dockerfile's
+Each host runs the command its image declares (``d2ops.local.container_entry``: the Dockerfile's
 ENTRYPOINT with ``train`` appended, as SageMaker runs it), and sees its tree at ``/opt/ml``
 itself: every host process gets its own private mount namespace (``unshare -m``) with its tree
 bind-mounted there, so several hosts on one machine each have their own ``/opt/ml``. That needs
@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from d2ops import container_entry
-from d2ops.job_log import host_line
+from d2ops.local import container_entry
+from d2ops.local.job_log import host_line
 from d2ops_core import metrics
 from model_code.archive import pack_directory  # standard library only: no torch here
 

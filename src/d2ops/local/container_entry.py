@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 Image = Literal["training", "serving"]
 # What SageMaker appends to `docker run IMAGE`, per image.
 SAGEMAKER_ARGUMENT: dict[Image, str] = {"training": "train", "serving": "serve"}
@@ -154,7 +154,7 @@ def check_entry(entry: ImageEntry, image: Image) -> None:
                          f"(`docker run IMAGE {word}`); the image must behave the same with and without it")
     mapped = IMAGE_PATHS.get(program)
     if mapped is None:
-        raise EntryError(f"{where}: ENTRYPOINT program {program} is not in d2ops.container_entry.IMAGE_PATHS, so "
+        raise EntryError(f"{where}: ENTRYPOINT program {program} is not in d2ops.local.container_entry.IMAGE_PATHS, so "
                          "nothing says which of the project's files it is")
     if mapped == PYTHON:
         index, _ = _program(entry.entrypoint)
@@ -190,7 +190,7 @@ def local_command(command: Sequence[str], python: str = sys.executable) -> tuple
     if PurePosixPath(head).name.startswith("python") and "/" not in head:
         return (python, *words[1:])
     raise EntryError(f"{list(command)}: {head} is not a path the local runner knows how to run "
-                     "(d2ops.container_entry.IMAGE_PATHS)")
+                     "(d2ops.local.container_entry.IMAGE_PATHS)")
 
 
 def image_command(image: Image, dockerfile: Path | None = None) -> tuple[str, ...]:

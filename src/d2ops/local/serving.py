@@ -1,7 +1,7 @@
 """A local TorchServe endpoint on loopback, configured exactly like the serving image.
 
 It runs the image's own entry point, read from containers/serving/Dockerfile (ENTRYPOINT with
-``serve`` appended, as SageMaker runs it; see ``d2ops.container_entry``) as a subprocess with
+``serve`` appended, as SageMaker runs it; see ``d2ops.local.container_entry``) as a subprocess with
 the environment pointed at a local model, 127.0.0.1 and its own ports, so the configuration,
 the model archive and the readiness ``/ping`` are those of the endpoint in AWS.
 Each endpoint has its own work directory (model store, logs, temp files, TorchServe's pid file),
@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from d2ops import container_entry
+from d2ops.local import container_entry
 from model_code.serving import process  # standard library only: no torch in the CLI
 
 MODEL_NAME = "model"  # model_code.serving.launch.MODEL_NAME (not imported: d2ops does not import torch)

@@ -1,0 +1,1 @@
+"""Local containers: the images' declared entries run on this machine (jobs, endpoints, their logs)."""
