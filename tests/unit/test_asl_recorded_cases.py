@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from d2ops.asl import StateMachine, VirtualClock
+from d2ops.asl import StateMachine, TaskFailed, VirtualClock
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -65,3 +65,59 @@ def test_tolerated_failures_do_not_apply_to_an_inline_map() -> None:
     Mutation: letting the inline Map tolerate the failure."""
     execution = run(inline_jsonata_map({"Type": "Fail", "Error": "Boom"}, ToleratedFailureCount=5))
     assert (execution.status, execution.error) == ("FAILED", "Boom")
+
+
+def _failing_task(resource: str, parameters: Any, context: Any) -> Any:
+    raise TaskFailed("Sprocket.Jammed", "the sprocket jammed")
+
+
+def task(**fields: Any) -> dict[str, Any]:
+    return {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "Parameters": {"FunctionName": "gear"},
+            **fields}
+
+
+def _chain(execution: Any) -> list[tuple[int, int, str]]:
+    return [(e["id"], e["previousEventId"], e["type"]) for e in execution.history]
+
+
+def test_a_task_failing_a_parallel_branch_is_recorded_aborted() -> None:
+    """AWS-recorded (test_callback::test_sqs_failure_in_wait_for_task_tok_no_error_field
+    [SQS_PARALLEL_WAIT_FOR_TASK_TOKEN], test_error_output::test_parallel_catch_error): after the branch's
+    TaskFailed (8) come TaskStateAborted (9, previous 8) and ParallelStateFailed (10, previous 8). Mutation: no
+    TaskStateAborted, or one that moves the chain (ParallelStateFailed after 9)."""
+    definition = {"StartAt": "Fan", "States": {
+        "Fan": {"Type": "Parallel", "Branches": [{"StartAt": "Work", "States": {"Work": task(End=True)}}],
+                "Catch": [{"ErrorEquals": ["States.ALL"], "Next": "Recover"}], "End": True},
+        "Recover": {"Type": "Pass", "End": True}}}
+    execution = run(definition, {"job": 1}, executors={"*": _failing_task})
+    assert _chain(execution)[6:10] == [(7, 6, "TaskFailed"), (8, 7, "TaskStateAborted"),
+                                       (9, 7, "ParallelStateFailed"), (10, 9, "ParallelStateExited")]
+    assert execution.status == "SUCCEEDED"
+
+
+def test_a_task_failing_a_map_iteration_is_recorded_aborted_after_the_iteration() -> None:
+    """AWS-recorded (test_timeouts::test_service_lambda_map_timeout): TaskTimedOut (20), MapIterationFailed
+    (24, previous 20), TaskStateAborted (25, previous 20) ... MapStateFailed (32, previous 20). Mutation: the
+    aborted event before the iteration's, or MapStateFailed chained to another event."""
+    definition = {"StartAt": "Each", "States": {"Each": {
+        "Type": "Map", "ItemProcessor": {"StartAt": "Work", "States": {"Work": task(End=True)}}, "End": True}}}
+    execution = run(definition, [3], executors={"*": _failing_task})
+    assert _chain(execution)[7:] == [(8, 7, "TaskFailed"), (9, 8, "MapIterationFailed"), (10, 8, "TaskStateAborted"),
+                                     (11, 8, "MapStateFailed"), (12, 11, "ExecutionFailed")]
+    assert (execution.error, execution.cause) == ("Sprocket.Jammed", "the sprocket jammed")
+
+
+def test_a_task_failing_outside_branches_or_caught_by_itself_is_not_aborted() -> None:
+    """AWS-recorded (every top-level Task failure: TaskFailed then ExecutionFailed; a Fail state in a branch:
+    no FailStateAborted, test_base_scenarios::test_parallel_state_fail). Mutation: recording the aborted event
+    for every failing state."""
+    top = run({"StartAt": "Work", "States": {"Work": task(End=True)}}, {}, executors={"*": _failing_task})
+    assert [e["type"] for e in top.history][-2:] == ["TaskFailed", "ExecutionFailed"]
+    caught = task(Catch=[{"ErrorEquals": ["States.ALL"], "Next": "Done"}], Next="Done")
+    branch = {"StartAt": "Work", "States": {"Work": caught, "Done": {"Type": "Pass", "End": True}}}
+    inside = run({"StartAt": "Fan", "States": {"Fan": {"Type": "Parallel", "Branches": [
+        branch, {"StartAt": "Stop", "States": {"Stop": {"Type": "Fail", "Error": "Halt"}}}], "End": True}}},
+        {}, executors={"*": _failing_task})
+    assert "TaskStateAborted" not in [e["type"] for e in inside.history]
+    assert "FailStateAborted" not in [e["type"] for e in inside.history]
+    assert inside.error == "Halt"

@@ -233,7 +233,8 @@ def test_a_failed_iteration_fails_the_map_state() -> None:
     assert (execution.status, execution.error, execution.cause) == ("FAILED", "Odd", "item 3")
     types = [e["type"] for e in execution.history]
     assert types.count("MapIterationSucceeded") == 2
-    assert types[-3:] == ["MapIterationFailed", "MapStateFailed", "ExecutionFailed"]
+    # The failing Task is recorded aborted after its iteration, as AWS records it (test_asl_recorded_cases).
+    assert types[-4:] == ["MapIterationFailed", "TaskStateAborted", "MapStateFailed", "ExecutionFailed"]
     not_array = run(definition, {"items": "nope"}, tasks=Recorder("x"))
     assert not_array.error == "States.Runtime" and "must select an array" in (not_array.cause or "")
 

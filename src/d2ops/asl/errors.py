@@ -54,6 +54,11 @@ class StatesError(Exception):
         # The event a Parallel or Map state records when this error ends it (ParallelStateFailed,
         # MapStateFailed): recorded once no retrier takes the error, before a catcher or the failure.
         self.failed_event: str | None = None
+        # A Task state's failure on its way out of a Parallel branch or Map iteration: the id of its
+        # TaskFailed/TaskTimedOut event, which AWS's TaskStateAborted follows (recorded); moved to
+        # ``chain_event`` once the branch has recorded it, for the enclosing state's Failed event to follow too.
+        self.failed_task_event: int | None = None
+        self.chain_event: int | None = None
 
     def matched_by(self, error_equals: Sequence[str]) -> bool:
         """Whether a retrier's or catcher's ``ErrorEquals`` covers this error (or one of ``also``)."""

@@ -450,6 +450,32 @@ class Execution:
                 log.exception("on_event callback failed for event %s", event_type)
         return event_id
 
+    def _abort_failed_task(self, err: StatesError, frame: _Frame) -> None:
+        """AWS records TaskStateAborted for a Task whose failure ends its Parallel branch or Map iteration
+        (after MapIterationFailed), chained, like the enclosing state's Failed event, to the task's failure
+        (recorded: TaskFailed 8, TaskStateAborted 9 <- 8, ParallelStateFailed 10 <- 8). A top-level Task, or
+        a Fail state in a branch, records none."""
+        if err.failed_task_event is None:
+            return
+        last = frame.last_event
+        frame.last_event = err.failed_task_event
+        self._event(frame, "TaskStateAborted", None)
+        frame.last_event = last
+        err.chain_event, err.failed_task_event = err.failed_task_event, None
+
+    @staticmethod
+    def _chain_failure(err: StatesError, frame: _Frame) -> None:
+        """A Parallel or Map failed by a branch's Task: its Failed event follows the task's failure."""
+        if err.chain_event is not None:
+            frame.last_event, err.chain_event = err.chain_event, None
+
+    def _run_branch(self, branch: dict[str, Any], data: Any, frame: _Frame) -> Any:
+        try:
+            return self._run_scope(branch, data, frame)
+        except StatesError as err:
+            self._abort_failed_task(err, frame)
+            raise
+
     def _last_event_id(self) -> int:
         with self._lock:
             return len(self._events)
@@ -513,6 +539,10 @@ class Execution:
             assigned, frame.assigned = frame.assigned, None
             if assigned is not None:
                 frame.variables.commit(assigned, name)
+        except StatesError as err:
+            if kind == "Task" and err.failed_task_event is None:
+                err.failed_task_event = frame.last_event
+            raise
         except (ExecutionAborted, ExecutionTimedOut, _BranchCancelled):
             self._event(frame, f"{kind}StateAborted", None)
             raise
@@ -960,10 +990,11 @@ class Execution:
                 if "Parameters" in state:
                     data = self._render(state["Parameters"], data, context, name, "Parameters")
             self._event(frame, "ParallelStateStarted", None)
-            jobs = [functools.partial(self._run_scope, branch, data) for branch in state["Branches"]]
+            jobs = [functools.partial(self._run_branch, branch, data) for branch in state["Branches"]]
             try:
                 results = self._run_jobs(jobs, frame, 0)
             except StatesError as err:
+                self._chain_failure(err, frame)
                 err.failed_event = "ParallelStateFailed"
                 raise
             self._event(frame, "ParallelStateSucceeded", None)
@@ -1035,8 +1066,9 @@ class Execution:
                 self._event(child, "MapIterationStarted", {"name": name, "index": index})
                 try:
                     output = self._run_scope(processor, item_input, child)
-                except StatesError:
+                except StatesError as err:
                     self._event(child, "MapIterationFailed", {"name": name, "index": index})
+                    self._abort_failed_task(err, child)
                     raise
                 except (ExecutionAborted, ExecutionTimedOut, _BranchCancelled):
                     self._event(child, "MapIterationAborted", {"name": name, "index": index})
@@ -1048,6 +1080,7 @@ class Execution:
             try:
                 results = self._run_jobs(jobs, frame, concurrency)
             except StatesError as err:
+                self._chain_failure(err, frame)
                 err.failed_event = "MapStateFailed"
                 raise
             self._event(frame, "MapStateSucceeded", None)
