@@ -10,7 +10,7 @@ else in the log (other output, other hosts, half-written or hostile lines) leave
 :class:`Progress` and :func:`format_progress` live in ``d2ops_core.training_progress``: the status
 API (reading the values SageMaker published from the same lines) and ``d2ops status`` use them too.
 
-The offline runtime's follower (``d2ops.offline.pipeline``) reads the job's log as it grows
+The offline runtime's follower (``d2ops.offline.progress``) reads the job's log as it grows
 and prints what :class:`ProgressReporter` hands it, at most one line every few seconds.
 """
 

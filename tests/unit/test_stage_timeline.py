@@ -152,7 +152,7 @@ def test_the_graph_has_the_stages_on_top_the_run_highlighted_and_the_unreached_f
 def test_the_live_progress_says_an_expected_miss_once_the_run_shows_it_recovered() -> None:
     from datetime import UTC, datetime, timedelta
 
-    from d2ops.offline.pipeline import ProgressPrinter
+    from d2ops.offline.progress import ProgressPrinter
 
     history, _ = _run("FirstDeployment")
     lines: list[str] = []
