@@ -8,7 +8,7 @@ The trainer prints one line per metric value, e.g.::
 
 Training lines carry the iteration and the run's total (``iter=N/TOTAL``): with
 ``train:iter_seconds`` (mean seconds per iteration since the previous line) they are what a
-follower needs for progress and time left (``d2ops.training_progress``).
+follower needs for progress and time left (``d2ops.offline.log_progress``).
 
 SageMaker scrapes these lines from the job's logs with ``METRIC_DEFINITIONS`` (the
 prepare_training Lambda puts them into CreateTrainingJob's MetricDefinitions) and publishes each

@@ -3,7 +3,7 @@
 Two readers turn a job's metric lines (``d2ops_core.metrics``) into a :class:`Progress`:
 
 - the offline follower of ``d2ops demo`` / ``d2ops run`` reads the job's log as it grows
-  (``d2ops.training_progress.ProgressParser``);
+  (``d2ops.offline.log_progress.ProgressParser``);
 - the status API reads the values SageMaker scraped from the same lines with the job's
   MetricDefinitions and published to CloudWatch (offline: the local SageMaker publishes them to
   moto's CloudWatch the same way), :func:`progress_from_series`.

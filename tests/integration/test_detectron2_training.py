@@ -28,7 +28,7 @@ import pytest
 
 from d2ops import synth
 from d2ops.local.jobs import TrainingJobSpec, run_training_job
-from d2ops.training_progress import ProgressParser
+from d2ops.offline.log_progress import ProgressParser
 from model_code.artifact import load_artifact
 from tests.fixtures.frameworks import require_detectron2
 from tests.fixtures.weights import parameters_only, saved_model_state, tensors_digest
@@ -98,7 +98,7 @@ def test_one_host_trains_the_cpu_profile_to_the_ap50_bar(one_host: tuple[Path, d
 
 
 def test_the_job_lines_read_as_training_progress(one_host: tuple[Path, dict, list[str]]) -> None:
-    """What `d2ops demo` prints while detectron2 trains comes from these lines (d2ops.training_progress)."""
+    """What `d2ops demo` prints while detectron2 trains comes from these lines (d2ops.offline.log_progress)."""
     _, _, lines = one_host
     parser = ProgressParser()
     for line in lines:

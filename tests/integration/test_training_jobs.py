@@ -19,7 +19,7 @@ import pytest
 
 from d2ops import synth
 from d2ops.local.jobs import JobResult, ProcessingJobSpec, TrainingJobSpec, run_processing_job, run_training_job
-from d2ops.training_progress import ProgressParser
+from d2ops.offline.log_progress import ProgressParser
 from d2ops_core.cpu_profile import CALIBRATION_DATA, TORCHVISION_CPU_PROFILE
 from d2ops_core.documents.error_analysis import ErrorAnalysis
 from d2ops_core.documents.evaluation import EvaluationReport, ModelEvaluation

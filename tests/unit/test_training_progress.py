@@ -1,6 +1,6 @@
 """Training progress from the job's own metric lines: the parser, the formatter, the throttle, the follower.
 
-What `d2ops run` / `d2ops demo` print while "Train model" waits (d2ops.training_progress and the
+What `d2ops run` / `d2ops demo` print while "Train model" waits (d2ops.offline.log_progress and the
 follower in d2ops.offline.progress). The real trainers' lines are checked where they really train:
 tests/integration/test_training_jobs.py (torchvision, two hosts), test_detectron2_training.py, and
 the offline pipeline end to end (tests/e2e/test_offline_pipeline.py).
@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from d2ops.local import jobs as local_jobs
 from d2ops.local.job_log import host_line, split_host_line
+from d2ops.offline.log_progress import LineSplitter, Progress, ProgressParser, ProgressReporter, format_progress
 from d2ops.offline.progress import TrainingProgressFollower, _LogTail
-from d2ops.training_progress import LineSplitter, Progress, ProgressParser, ProgressReporter, format_progress
 from d2ops_core import metrics
 
 TOTAL = 250

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from d2ops.training_progress import LineSplitter
+from d2ops.offline.log_progress import LineSplitter
 from d2ops_core import platform
 
 log = logging.getLogger(__name__)

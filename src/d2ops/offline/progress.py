@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from d2ops.training_progress import DEFAULT_MIN_INTERVAL, LineSplitter, ProgressReporter
+from d2ops.offline.log_progress import DEFAULT_MIN_INTERVAL, LineSplitter, ProgressReporter
 from d2ops_core.pipeline_stages import EXPECTED_MISSES, expected_miss, miss_settled
 
 Printer = Callable[[str], None]
