@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from d2ops.offline.errors import ApiError
 from d2ops.offline.quotas import AccountQuotas
@@ -30,6 +30,21 @@ IDEMPOTENT_OPERATIONS = frozenset({"CreateModelPackage"})
 UNIQUE_NAMES = {"CreateModel": ("ModelName", "DescribeModel", "ModelArn", "model"),
                 "CreateEndpointConfig": ("EndpointConfigName", "DescribeEndpointConfig", "EndpointConfigArn",
                                          "endpoint configuration")}
+T = TypeVar("T")
+
+
+class _PartAttribute(Generic[T]):
+    """An attribute of LocalSageMaker that is one of its parts' (``part.attribute``), read and written there."""
+
+    def __init__(self, part: str, attribute: str) -> None:
+        self.part, self.attribute = part, attribute
+
+    def __get__(self, owner: Any, owner_type: type | None = None) -> T:
+        value: T = getattr(getattr(owner, self.part), self.attribute)
+        return value
+
+    def __set__(self, owner: Any, value: T) -> None:
+        setattr(getattr(owner, self.part), self.attribute, value)
 
 
 class LocalSageMaker(AwsJsonService):
@@ -64,31 +79,10 @@ class LocalSageMaker(AwsJsonService):
     def quotas(self) -> AccountQuotas:
         return self.account.quotas
 
-    @property
-    def jobs(self) -> JobBackend:
-        """How jobs run (a test may swap it between runs)."""
-        return self.job_api.backend
-
-    @jobs.setter
-    def jobs(self, backend: JobBackend) -> None:
-        self.job_api.backend = backend
-
-    @property
-    def serving(self) -> ServingBackend:
-        """How endpoints serve (a test may swap it between deployments)."""
-        return self.endpoint_api.serving
-
-    @serving.setter
-    def serving(self, backend: ServingBackend) -> None:
-        self.endpoint_api.serving = backend
-
-    @property
-    def max_bake_seconds(self) -> float:
-        return self.endpoint_api.max_bake_seconds
-
-    @max_bake_seconds.setter
-    def max_bake_seconds(self, seconds: float) -> None:
-        self.endpoint_api.max_bake_seconds = seconds
+    # How jobs run and endpoints serve, and how long a bake may last: a test may swap them between runs.
+    jobs: _PartAttribute[JobBackend] = _PartAttribute("job_api", "backend")
+    serving: _PartAttribute[ServingBackend] = _PartAttribute("endpoint_api", "serving")
+    max_bake_seconds: _PartAttribute[float] = _PartAttribute("endpoint_api", "max_bake_seconds")
 
     def job_dir(self, name: str) -> Path:
         return self.job_api.job_dir(name)
