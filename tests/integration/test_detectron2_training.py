@@ -84,8 +84,10 @@ def one_host(tmp_path_factory: pytest.TempPathFactory, shapes: Path) -> tuple[Pa
 
 def test_one_host_trains_the_cpu_profile_to_the_ap50_bar(one_host: tuple[Path, dict, list[str]]) -> None:
     out, summary, lines = one_host
+    # The image's entry logs which network NCCL will use (nccl-check) before it starts the trainer.
     job_lines = [line for line in lines if line.startswith("[algo-1] ")]
-    assert "training the CPU profile rcnn_R_18_FPN_cpu.yaml" in job_lines[0]  # said first, before anything else
+    assert job_lines[0].startswith("[algo-1] nccl-check: NCCL network ")
+    assert "training the CPU profile rcnn_R_18_FPN_cpu.yaml" in job_lines[1]  # the trainer says it first
     assert any("world 1 (1 hosts x 1) on CPU, global batch 4 (4/worker), lr 0.02" in line for line in lines)
     assert summary["status"] == "Completed"
     assert summary["bbox_AP50"] >= MIN_AP50 and 0 < summary["bbox_AP"] <= summary["bbox_AP50"]

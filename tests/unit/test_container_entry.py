@@ -168,7 +168,7 @@ def test_train_local_with_relative_paths_runs_the_declared_entry_and_reports_the
     assert "is not a directory" not in proc.stderr
     assert "wrote no failure file" not in summary["failure_reason"]
     assert summary["failure_reason"].startswith("algo-1: DatasetError: ")
-    assert "input/data/train/annotations/train.json: missing" in summary["failure_reason"]
+    assert "input/data/dataset/annotations/train.json: missing" in summary["failure_reason"]
     failure = tmp_path / "srv" / "out" / "hosts" / "algo-1" / "output" / "failure"
     assert failure.read_text().strip() == summary["failure_reason"].removeprefix("algo-1: ")
 

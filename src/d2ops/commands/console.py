@@ -263,8 +263,10 @@ def run(args: argparse.Namespace) -> int:
     with open_status_api(args) as api, Console(api, _invoker(args, api), port=args.port) as console:
         print(f"d2ops console: {console.url}  (Ctrl-C to stop)", flush=True)
         try:
+            # Short sleeps: the kernel may hand Ctrl-C's SIGINT to a server thread, and Python then raises
+            # KeyboardInterrupt here only once this thread wakes (a one-hour sleep kept it up to an hour).
             while True:
-                time.sleep(3600)
+                time.sleep(0.5)
         except KeyboardInterrupt:
             print("stopped", flush=True)
     return 0
