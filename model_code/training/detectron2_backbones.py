@@ -1,6 +1,6 @@
 """Backbones the detectron2 CPU profile uses beyond detectron2's own registry.
 
-Imports detectron2 at module level; :mod:`detectron2_hooks` imports it, so the names are
+Imports detectron2 at module level; :mod:`detectron2_worker` imports it, so the names are
 registered in every worker before a model is built (and when a checkpoint of the CPU profile
 is fine-tuned). Serving never needs it: the artifact is a TorchScript trace.
 """

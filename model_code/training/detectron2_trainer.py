@@ -2,7 +2,7 @@
 
 Everything that decides *what* detectron2 is asked to do is a pure function here and is
 unit-tested without detectron2; detectron2 itself is imported only by :func:`run` (to build
-the config and launch) and by :mod:`detectron2_hooks`, which runs in every worker process.
+the config and launch) and by :mod:`detectron2_worker`, which runs in every worker process.
 """
 
 from __future__ import annotations
@@ -326,9 +326,9 @@ def run(env: TrainingEnvironment, hp: Hyperparameters, environ: Mapping[str, str
     job, plan = plan_job(env, hp, environ)
     from detectron2.engine import launch
 
-    from model_code.training import detectron2_hooks
+    from model_code.training import detectron2_worker
 
-    cfg = detectron2_hooks.build_config(asdict(job))
+    cfg = detectron2_worker.build_config(asdict(job))
     frozen = pretrained_only(int(cfg.MODEL.BACKBONE.FREEZE_AT), str(cfg.MODEL.RESNETS.NORM))
     if frozen and not cfg.MODEL.WEIGHTS:
         name = Path(job.source.location).name
@@ -338,7 +338,7 @@ def run(env: TrainingEnvironment, hp: Hyperparameters, environ: Mapping[str, str
                               "model-zoo checkpoint where the pipeline sends it) or set weights=scratch")
         extra = scratch_options(parse_overrides(hp.overrides))
         job = replace(job, options=job.options + extra)
-        cfg = detectron2_hooks.build_config(asdict(job))
+        cfg = detectron2_worker.build_config(asdict(job))
         if plan.is_master_host:
             log(f"from scratch (weights=scratch): {name} was built for pretrained weights; training it with "
                 f"{' '.join(f'{k}={v}' for k, v in zip(extra[0::2], extra[1::2], strict=True))}")
@@ -353,11 +353,11 @@ def run(env: TrainingEnvironment, hp: Hyperparameters, environ: Mapping[str, str
     job = replace(job, options=job.options + solver_options(solver))
     os.environ.update(communication_environment(plan, environ))
     env.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    detectron2_hooks.install_sigterm_forwarding()  # a worker in this process (world 1) installs its own
+    detectron2_worker.install_sigterm_forwarding()  # a worker in this process (world 1) installs its own
     try:
-        launch(detectron2_hooks.main, args=(asdict(job),), **launch_arguments(plan))
+        launch(detectron2_worker.main, args=(asdict(job),), **launch_arguments(plan))
     except Exception as exc:
-        raise detectron2_hooks.worker_failure(exc) from None
+        raise detectron2_worker.worker_failure(exc) from None
 
 
 def describe(job: Detectron2Job, plan: WorldPlan, solver: SolverPlan, memory: float | None, limit: int | None

@@ -272,6 +272,14 @@ def d2_hooks():  # type: ignore[no-untyped-def]
     return detectron2_hooks
 
 
+@pytest.fixture(scope="module")
+def d2_worker():  # type: ignore[no-untyped-def]
+    require_detectron2()
+    from model_code.training import detectron2_worker
+
+    return detectron2_worker
+
+
 def test_metric_writer_is_an_event_writer_and_prints_metric_lines(d2_hooks, capsys: pytest.CaptureFixture) -> None:
     from detectron2.engine import hooks
     from detectron2.utils.events import EventStorage
@@ -363,7 +371,7 @@ def test_checkpointer_keeps_the_newest_across_restarts(d2_hooks, tmp_path: Path)
     assert (tmp_path / "last_checkpoint").read_text() == "model_0000044.pth"
 
 
-def test_the_cpu_profile_builds_a_resnet_that_ends_at_res4_and_trains(d2_hooks) -> None:
+def test_the_cpu_profile_builds_a_resnet_that_ends_at_res4_and_trains(d2_worker) -> None:
     import torch
     from detectron2.config import get_cfg
     from detectron2.layers import ShapeSpec
@@ -402,18 +410,18 @@ def test_the_cpu_profile_builds_a_resnet_that_ends_at_res4_and_trains(d2_hooks) 
     assert ({n: p.shape for n, p in ours.state_dict().items()} == {n: p.shape for n, p in theirs.state_dict().items()})
 
 
-def test_worker_failures_map_to_the_entry_points_exceptions(d2_hooks) -> None:
+def test_worker_failures_map_to_the_entry_points_exceptions(d2_worker) -> None:
     from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
     from model_code.training.torchvision_trainer import Interrupted, TrainingError
 
-    stopped = d2_hooks.worker_failure(ProcessExitedException("exited", 0, 123, 143))
+    stopped = d2_worker.worker_failure(ProcessExitedException("exited", 0, 123, 143))
     assert isinstance(stopped, Interrupted)
-    failed = d2_hooks.worker_failure(ProcessRaisedException(
+    failed = d2_worker.worker_failure(ProcessRaisedException(
         "Traceback (most recent call last):\n  File x\nFloatingPointError: Loss became infinite or NaN\n", 1, 124))
     assert isinstance(failed, TrainingError) and str(failed).endswith("FloatingPointError: Loss became infinite or NaN")
     other = ValueError("x")
-    assert d2_hooks.worker_failure(other) is other
+    assert d2_worker.worker_failure(other) is other
 
 
 # The resumable data stream (model_code/training/detectron2_sampler.py): pure, no detectron2 needed.
@@ -497,19 +505,19 @@ def test_augmentation_randomness_is_keyed_by_position_and_leaves_the_global_rngs
     assert dataset[(0, 42)]["flip"] != first["flip"]
 
 
-def test_the_trainer_resumes_the_real_loader_where_the_checkpoint_left_off(d2_hooks, tmp_path: Path,
+def test_the_trainer_resumes_the_real_loader_where_the_checkpoint_left_off(d2_worker, tmp_path: Path,
                                                                           channel: Path) -> None:
     import torch
 
     version = open_dataset_version(channel)
     categories = Categories(ids=[1, 2, 3], names=["square", "disc", "triangle"])
     registrations = d2.dataset_registrations(version, version, categories)
-    d2_hooks.register([vars(r) for r in registrations])
+    d2_worker.register([vars(r) for r in registrations])
     job = {"source": vars(d2.config_source(None, "detection", use_gpu=False)),
            "options": ["DATASETS.TRAIN", f"('{d2.TRAIN_DATASET}',)", "MODEL.ROI_HEADS.NUM_CLASSES", "3",
                        "MODEL.DEVICE", "cpu", "SEED", "4", "DATALOADER.NUM_WORKERS", "0",
                        "SOLVER.IMS_PER_BATCH", "3", "OUTPUT_DIR", str(tmp_path)]}
-    cfg = d2_hooks.build_config(job)
+    cfg = d2_worker.build_config(job)
 
     def batches(trainer, n: int) -> list[list[tuple[int, torch.Tensor]]]:
         it = iter(trainer._trainer.data_loader)
@@ -519,13 +527,13 @@ def test_the_trainer_resumes_the_real_loader_where_the_checkpoint_left_off(d2_ho
             out.append([(s["image_id"], s["image"]) for s in next(it)])
         return out
 
-    first = d2_hooks.Trainer(cfg)
+    first = d2_worker.Trainer(cfg)
     first.resume_or_load(resume=True)  # nothing to resume: from the start
     whole = batches(first, 5)
     first.iter = 2  # the trainer's state in the checkpoint: as PeriodicCheckpointer saves after 3 iterations
     first.checkpointer.save("model_0000002", iteration=2)
 
-    resumed = d2_hooks.Trainer(cfg)
+    resumed = d2_worker.Trainer(cfg)
     resumed.resume_or_load(resume=True)
     assert resumed.start_iter == 3
     for want, got in zip(whole[3:], batches(resumed, 2), strict=True):

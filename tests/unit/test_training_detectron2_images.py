@@ -28,7 +28,7 @@ require_detectron2()
 
 from detectron2.data import DatasetCatalog, DatasetMapper  # noqa: E402
 
-from model_code.training import detectron2_hooks, detectron2_sampler  # noqa: E402
+from model_code.training import detectron2_sampler, detectron2_worker  # noqa: E402
 from model_code.training.detectron2_mapper import RuleDatasetMapper, read_image  # noqa: E402
 
 ROTATED = "train/000001.jpg"  # stored 40 wide, 64 high, EXIF orientation 6: upright 64x40
@@ -78,7 +78,7 @@ def names(channel: Path) -> tuple[str, str]:
     train, val = d2.dataset_registrations(version, version, Categories(ids=[1, 2, 3],
                                                                        names=["square", "disc", "triangle"]))
     train, val = replace(train, name="d2ops_rule_train"), replace(val, name="d2ops_rule_val")
-    detectron2_hooks.register([vars(train), vars(val)])
+    detectron2_worker.register([vars(train), vars(val)])
     return train.name, val.name
 
 
@@ -93,7 +93,7 @@ def _cfg(tmp_path: Path, train: str, val: str, *extra: str) -> Any:
                        "MODEL.ROI_HEADS.NUM_CLASSES", "3", "MODEL.DEVICE", "cpu", "SEED", "1",
                        "DATALOADER.NUM_WORKERS", "0", "SOLVER.IMS_PER_BATCH", "8",
                        "DATALOADER.ASPECT_RATIO_GROUPING", "False", "OUTPUT_DIR", str(tmp_path), *extra]}
-    return detectron2_hooks.build_config(job)
+    return detectron2_worker.build_config(job)
 
 
 def _no_augmentation(image_format: str = "BGR") -> RuleDatasetMapper:
@@ -151,12 +151,12 @@ def test_the_trainers_loaders_use_the_rule(names: tuple[str, str], tmp_path: Pat
         next(iter(loader))
 
     # evaluation during training (TEST.EVAL_PERIOD): the train split as the test set holds the same GIF
-    test_loader = detectron2_hooks.Trainer.build_test_loader(cfg, train)
+    test_loader = detectron2_worker.Trainer.build_test_loader(cfg, train)
     with pytest.raises(DatasetError, match=r"000002\.jpg.*not a JPEG or PNG"):
         for _ in test_loader:
             pass
     # the val split has no special image: it maps, unaugmented but resized, without annotations
-    first = next(iter(detectron2_hooks.Trainer.build_test_loader(cfg, val)))[0]
+    first = next(iter(detectron2_worker.Trainer.build_test_loader(cfg, val)))[0]
     assert "annotations" not in first and first["image"].dtype.is_floating_point is False
 
 

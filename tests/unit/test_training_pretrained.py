@@ -81,10 +81,10 @@ def test_scratch_and_a_pretrained_channel_contradict(tmp_path: Path, channel: Pa
 
 
 def _built(options: list[str]) -> Any:
-    from model_code.training import detectron2_hooks
+    from model_code.training import detectron2_worker
 
     job = {"source": {"kind": "zoo", "location": ZOO}, "options": ["MODEL.DEVICE", "cpu", *options]}
-    return detectron2_hooks.build_config(job)
+    return detectron2_worker.build_config(job)
 
 
 def test_scratch_makes_the_default_config_trainable_from_random_weights() -> None:
@@ -104,10 +104,10 @@ def test_scratch_makes_the_default_config_trainable_from_random_weights() -> Non
 
 def test_the_cpu_profile_trains_from_scratch_as_it_is() -> None:
     require_detectron2()
-    from model_code.training import detectron2_hooks
+    from model_code.training import detectron2_worker
 
     job = {"source": {"kind": "file", "location": str(d2.SHIPPED_CONFIG_DIR / d2.CPU_PROFILE)}, "options": []}
-    cfg = detectron2_hooks.build_config(job)
+    cfg = detectron2_worker.build_config(job)
     # nothing to change, so weights=scratch (the demo's PretrainedWeightsKey=none) leaves it exactly as measured
     assert d2.pretrained_only(int(cfg.MODEL.BACKBONE.FREEZE_AT), str(cfg.MODEL.RESNETS.NORM)) == []
 
@@ -118,17 +118,17 @@ def test_a_restart_resumes_its_checkpoint_not_the_pretrained_weights(tmp_path: P
     import torch
 
     from model_code.dataset_version import Categories, open_dataset_version
-    from model_code.training import detectron2_hooks
+    from model_code.training import detectron2_worker
 
     version = open_dataset_version(channel)
     registrations = d2.dataset_registrations(version, version, Categories(ids=[1, 2, 3],
                                                                           names=["square", "disc", "triangle"]))
-    detectron2_hooks.register([vars(r) for r in registrations])
+    detectron2_worker.register([vars(r) for r in registrations])
     weights = tmp_path / "pretrained" / "model.pth"
     weights.parent.mkdir()
 
     def cfg(initial: str) -> Any:
-        return detectron2_hooks.build_config({
+        return detectron2_worker.build_config({
             "source": vars(d2.config_source(None, "detection", use_gpu=False)),
             "options": ["DATASETS.TRAIN", f"('{d2.TRAIN_DATASET}',)", "MODEL.ROI_HEADS.NUM_CLASSES", "3",
                         "MODEL.DEVICE", "cpu", "SEED", "1", "DATALOADER.NUM_WORKERS", "0", "MODEL.WEIGHTS", initial,
@@ -137,12 +137,12 @@ def test_a_restart_resumes_its_checkpoint_not_the_pretrained_weights(tmp_path: P
     def stem(trainer: Any) -> torch.Tensor:
         return trainer.model.backbone.bottom_up.stem.conv1.weight
 
-    maker = detectron2_hooks.Trainer(cfg(""))
+    maker = detectron2_worker.Trainer(cfg(""))
     with torch.no_grad():
         stem(maker).fill_(1.0)
     torch.save({"model": maker.model.state_dict()}, weights)
 
-    first = detectron2_hooks.Trainer(cfg(str(weights)))
+    first = detectron2_worker.Trainer(cfg(str(weights)))
     assert not first.checkpointer.has_checkpoint()
     first.resume_or_load(resume=True)
     assert first.start_iter == 0 and bool((stem(first) == 1.0).all())  # fine-tuning starts from the file
@@ -152,7 +152,7 @@ def test_a_restart_resumes_its_checkpoint_not_the_pretrained_weights(tmp_path: P
     (tmp_path / "checkpoints").mkdir()  # the entry point creates it (detectron2_trainer.run)
     first.checkpointer.save("model_0000004", iteration=4)
 
-    restarted = detectron2_hooks.Trainer(cfg(str(weights)))
+    restarted = detectron2_worker.Trainer(cfg(str(weights)))
     assert restarted.checkpointer.has_checkpoint()  # what main() tells the log by
     restarted.resume_or_load(resume=True)
     assert restarted.start_iter == 5 and bool((stem(restarted) == 2.0).all())  # not the pretrained 1.0

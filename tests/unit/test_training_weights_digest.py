@@ -55,11 +55,11 @@ def nudge(tensor: torch.Tensor, index: int = 5) -> None:
 
 
 @pytest.fixture(scope="module")
-def d2_hooks() -> ModuleType:
+def d2_worker() -> ModuleType:
     require_detectron2()
-    from model_code.training import detectron2_hooks
+    from model_code.training import detectron2_worker
 
-    return detectron2_hooks
+    return detectron2_worker
 
 
 def test_torchvision_digest_is_the_hash_of_every_state_dict_tensor_with_its_name() -> None:
@@ -82,9 +82,9 @@ def test_torchvision_digest_is_the_hash_of_every_state_dict_tensor_with_its_name
     assert digest(counted) != digest(net)
 
 
-def test_detectron2_digest_hashes_the_parameters_not_the_batch_norm_statistics(d2_hooks: ModuleType) -> None:
+def test_detectron2_digest_hashes_the_parameters_not_the_batch_norm_statistics(d2_worker: ModuleType) -> None:
     net = Net()
-    digest: Digest = d2_hooks.weights_digest
+    digest: Digest = d2_worker.weights_digest
     assert digest(net) == tensors_digest(dict(net.named_parameters())) == digest(Net())
     assert digest(net) == tensors_digest(parameters_only(net.state_dict()))  # how the training tests hash saves
     assert digest(Net(reverse=True)) == digest(net)
@@ -114,9 +114,9 @@ def process_group() -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def test_detectron2_digest_of_the_ddp_model_is_the_digest_of_the_model(d2_hooks: ModuleType,
+def test_detectron2_digest_of_the_ddp_model_is_the_digest_of_the_model(d2_worker: ModuleType,
                                                                          process_group: None) -> None:
     net = Net()
     wrapped = nn.parallel.DistributedDataParallel(net)
     # the trainer hands over the DDP wrapper; its names would all start with 'module.'
-    assert d2_hooks.weights_digest(wrapped) == d2_hooks.weights_digest(net) == d2_hooks.weights_digest(Net())
+    assert d2_worker.weights_digest(wrapped) == d2_worker.weights_digest(net) == d2_worker.weights_digest(Net())
