@@ -36,7 +36,6 @@ import boto3
 from botocore.config import Config
 from botocore.credentials import Credentials
 
-from d2ops.asl import StateMachine
 from d2ops.offline import events, moto_fidelity
 from d2ops.offline.aws_endpoint import AwsEndpoint
 from d2ops.offline.caller_check import CallerCheck, MotoCallerCheck, pipeline_entrypoints
@@ -153,6 +152,8 @@ class OfflineRuntime:
             # What the gateway adds to the requests it forwards to moto (verified there by CallerCheck); never
             # leaves this process.
             forward_secret = secrets.token_urlsafe(32)
+            # moto's server is no emulated service: it is what they leave requests to (their Upstream, through the
+            # gateway) and boto3's endpoint for every other service (AWS_ENDPOINT_URL), so it starts first.
             self.moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
             self.moto.start()
             host, port = self.moto.get_host_and_port()
@@ -179,15 +180,18 @@ class OfflineRuntime:
             self.messages += self._restore_s3()
             (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
             self._lambda_log = open(self.work_dir / "logs" / "lambda.log", "a", encoding="utf-8")  # noqa: SIM115
+            # Lambda is no emulated service: no boto3 call reaches it (the gateway serves no Invoke). It is a
+            # part the services read (Step Functions' task integrations) and the status API calls, in-process.
             self.lambdas = LocalLambdas(self.stack.functions, self._lambda_log)
+            # Each service builds itself from the runtime's parts (its records reloaded): SageMaker's jobs first, then
+            # Step Functions (the stack's state machine, the executions an interrupted runtime left, marked
+            # ABORTED), then the rest in table order (below).
             self.sagemaker = self.service(LocalSageMaker)
             self.sfn = self.service(LocalStepFunctions)
-            self.machine = StateMachine.from_file(self.stack.definition_path, substitutions=self.stack.substitutions,
-                                                  name=self.stack.state_machine_name, region=REGION,
-                                                  account_id=ACCOUNT_ID)
-            self.sfn.add_state_machine(self.machine)
+            self.machine = self.sfn.machines[self.stack.state_machine_arn]
+            # EventBridge serves no API here either (boto3's events calls go to moto): the runtime delivers the
+            # template's rules itself, the status change below and the upload trigger (deliver_event).
             self.sfn.add_listener(self._deliver_status_change)
-            self.sfn.reload()
             self.messages += self.sfn.recovery_messages
             for kind in SERVICES:
                 self.gateway.add(self.service(kind))
@@ -196,7 +200,10 @@ class OfflineRuntime:
                 clients=[kind.CLIENT for kind in SERVICES],
                 entrypoints=pipeline_entrypoints(self.machine.definition, self.stack.functions)).check
             self.gateway.start()
-            # The runtime's one identity is the developer's: it signs as a session of the stack's reviewer role.
+            # The status API is no emulated service either: API Gateway's HTTP API has a port of its own (a URL
+            # per API, not an AWS_ENDPOINT_URL_* variable), IAM auth as the stack's callers and the template's
+            # routes to Lambdas. The runtime's one identity is the developer's: it signs as a session of the
+            # stack's reviewer role.
             self.status_api = HttpApi([r for r in self.stack.routes], lambda fn, event: self.lambdas.invoke(fn, event),
                                       ACCOUNT_ID, credentials={self.credentials.access_key: self.credentials},
                                       region=REGION, callers={self.credentials.access_key: reviewer_session(

@@ -34,6 +34,7 @@ from d2ops.asl.interpreter import Execution
 from d2ops.asl.jsonvalue import json_problem, text_too_deep
 from d2ops.offline.errors import ApiError
 from d2ops.offline.services.base import AwsJsonService, RuntimeParts
+from d2ops.offline.stack import ACCOUNT_ID, REGION
 from d2ops.offline.store import ExecutionRecord, ExecutionStore
 from d2ops.offline.task_integrations import ServiceExecutors
 
@@ -122,9 +123,16 @@ class LocalStepFunctions(AwsJsonService):
 
     @classmethod
     def from_runtime(cls, parts: RuntimeParts) -> LocalStepFunctions:
-        """Task states run through the runtime's service integrations (its Lambdas, boto3 against its endpoints)."""
-        return cls(ExecutionStore(parts.work_dir / "executions"),
+        """The stack's state machine, with the executions recorded in the work dir (`reload`); Task states
+        run through the runtime's service integrations (its Lambdas, boto3 against its endpoints)."""
+        made = cls(ExecutionStore(parts.work_dir / "executions"),
                    ServiceExecutors(parts.lambdas, parts.client, parts.lost_responses, parts.throttles).registry())
+        stack = parts.stack
+        made.add_state_machine(StateMachine.from_file(stack.definition_path, substitutions=stack.substitutions,
+                                                      name=stack.state_machine_name, region=REGION,
+                                                      account_id=ACCOUNT_ID))
+        made.reload()  # notifies no listener: the runtime may add its own after
+        return made
 
     def add_state_machine(self, machine: StateMachine) -> None:
         self.machines[machine.arn] = machine
