@@ -121,3 +121,33 @@ def test_a_task_failing_outside_branches_or_caught_by_itself_is_not_aborted() ->
     assert "TaskStateAborted" not in [e["type"] for e in inside.history]
     assert "FailStateAborted" not in [e["type"] for e in inside.history]
     assert inside.error == "Halt"
+
+
+def _oversized(resource: str, parameters: Any, context: Any) -> Any:
+    return {"Payload": "é" * 140_000}  # 280,000 UTF-8 bytes: over 256 KiB
+
+
+TOO_LARGE = "The state/task '{who}' returned a result with a size exceeding the maximum number of bytes service limit."
+
+
+@pytest.mark.parametrize(("resource", "who", "failed"), [
+    ("arn:aws:states:::lambda:invoke", "lambda", "TaskFailed"),
+    ("arn:aws:lambda:us-east-1:123456789012:function:shrink", "arn:aws:lambda:us-east-1:123456789012:function:shrink",
+     "LambdaFunctionFailed"),
+])
+def test_an_oversized_task_result_is_a_task_failure_states_all_catches(resource: str, who: str, failed: str) -> None:
+    """AWS-recorded (test_states_errors::test_service_task_lambada_catch_state_all_data_limit_exceeded_on_large_
+    utf8_response and test_task_lambda_catch_state_all_...): the task fails with States.DataLimitExceeded, its
+    cause naming the integration ('lambda') or the function ARN, and a States.ALL catcher takes it. Mutations: the
+    error left terminal for States.ALL; the cause naming the state."""
+    definition = {"StartAt": "Shrink", "States": {
+        "Shrink": {"Type": "Task", "Resource": resource, "Next": "Done",
+                   "Catch": [{"ErrorEquals": ["States.ALL"], "Next": "Recover"}]},
+        "Done": {"Type": "Pass", "End": True}, "Recover": {"Type": "Pass", "End": True}}}
+    execution = run(definition, {"n": 1}, executors={"*": _oversized})
+    expected = {"Error": "States.DataLimitExceeded", "Cause": TOO_LARGE.format(who=who)}
+    assert (execution.status, execution.output) == ("SUCCEEDED", expected)
+    failure = next(e for e in execution.history if e["type"] == failed)
+    details = next(v for k, v in failure.items() if k.endswith("EventDetails"))
+    assert (details["error"], details["cause"]) == (expected["Error"], expected["Cause"])
+    assert [e["type"] for e in execution.history][5:7] == ["TaskStateExited", "PassStateEntered"]

@@ -58,10 +58,15 @@ class StatesError(Exception):
         # TaskFailed/TaskTimedOut event, which AWS's TaskStateAborted follows (recorded); moved to
         # ``chain_event`` once the branch has recorded it, for the enclosing state's Failed event to follow too.
         self.failed_task_event: int | None = None
+        # A task's result over the payload limit: AWS records it as the task's failure, which States.ALL
+        # catches (recorded), unlike the terminal States.DataLimitExceeded of a state's own output.
+        self.task_result_too_large = False
         self.chain_event: int | None = None
 
     def matched_by(self, error_equals: Sequence[str]) -> bool:
         """Whether a retrier's or catcher's ``ErrorEquals`` covers this error (or one of ``also``)."""
+        if self.task_result_too_large and ALL in error_equals:
+            return True
         return any(error_matches(error_equals, name) for name in (self.error, *self.also))
 
 

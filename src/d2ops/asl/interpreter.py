@@ -585,13 +585,14 @@ class Execution:
         return self._render(assign, value, context, name, field)
 
     # ----- input and output processing -------------------------------------------------------
-    def _limit(self, value: Any, state: str, what: str) -> None:
+    def _limit(self, value: Any, state: str, what: str, source: str | None = None) -> None:
+        """Refuse ``value`` over the payload limit; the cause names ``source`` (what returned it), else the state."""
         size = _size(value)
         if size > PAYLOAD_LIMIT_BYTES:
             # AWS's words, word for word; the size (which the console does not give) goes to the log.
             log.warning("execution %s, state %s: %s is %d bytes, over the %d byte limit", self.arn, state, what,
                         size, PAYLOAD_LIMIT_BYTES)
-            raise StatesError(DATA_LIMIT_EXCEEDED, f"The state/task '{state}' returned a result with a size "
+            raise StatesError(DATA_LIMIT_EXCEEDED, f"The state/task '{source or state}' returned a result with a size "
                                                    "exceeding the maximum number of bytes service limit.")
 
     def _runtime_prefix(self, state: str) -> str:
@@ -1446,7 +1447,13 @@ class Execution:
                 raise StatesError(RUNTIME, f"Task state {name!r} is {case} and has no executor for {resource!r}")
             result = self._call_executor(executor, name, resource, parameters, context, frame, timeout, heartbeat,
                                          retry_count, service_details)
-        self._limit(result, name, "the task result")
+        try:
+            # The cause names what returned the result: the integration ('lambda') or the resource ARN.
+            self._limit(result, name, "the task result", service_details.get("resourceType", resource)
+                        if parse_service_arn(resource) is not None else resource)
+        except StatesError as err:
+            err.task_result_too_large = True
+            raise
         return result
 
     def _call_executor(self, executor: TaskExecutor, name: str, resource: str, parameters: Any,
