@@ -39,6 +39,7 @@ from botocore.credentials import Credentials
 from d2ops.offline import events, moto_fidelity
 from d2ops.offline.aws_endpoint import AwsEndpoint
 from d2ops.offline.caller_check import CallerCheck, MotoCallerCheck, pipeline_entrypoints
+from d2ops.offline.eventbridge import EventBridgeRules
 from d2ops.offline.lambdas import LocalLambdas
 from d2ops.offline.processes import ProcessWarden
 from d2ops.offline.quotas import AccountQuotas
@@ -189,9 +190,11 @@ class OfflineRuntime:
             self.sagemaker = self.service(LocalSageMaker)
             self.sfn = self.service(LocalStepFunctions)
             self.machine = self.sfn.machines[self.stack.state_machine_arn]
-            # EventBridge serves no API here either (boto3's events calls go to moto): the runtime delivers the
-            # template's rules itself, the status change below and the upload trigger (deliver_event).
-            self.sfn.add_listener(self._deliver_status_change)
+            # EventBridge is no emulated service either (it serves no API here): its rules are delivered by
+            # d2ops.offline.eventbridge, the status change as Step Functions reports it, the upload trigger
+            # through deliver_event.
+            self.eventbridge = EventBridgeRules(self.stack, self.lambdas, self.sfn)
+            self.sfn.add_listener(self.eventbridge.status_changed)
             self.messages += self.sfn.recovery_messages
             for kind in SERVICES:
                 self.gateway.add(self.service(kind))
@@ -398,33 +401,9 @@ class OfflineRuntime:
             sequencer = self._sequencer
         return events.object_created_event(bucket, key, head, REGION, ACCOUNT_ID, sequencer)
 
-    _ENDED = {"ExecutionSucceeded", "ExecutionFailed", "ExecutionAborted", "ExecutionTimedOut"}
-
-    def _deliver_status_change(self, execution_name: str, history_event: dict[str, Any]) -> None:
-        """EventBridge's execution status change for the stack's state machine -> the rules that match
-        (the endpoint lease release). Delivered as EventBridge does: asynchronously, failures logged."""
-        if history_event["type"] not in self._ENDED:
-            return
-        arn = f"{self.stack.state_machine_arn.replace(':stateMachine:', ':execution:')}:{execution_name}"
-        try:
-            described = self.sfn.describe_execution({"executionArn": arn})
-        except Exception:  # an execution of another state machine (tests add their own)
-            return
-        event = events.execution_status_change_event(described, REGION, ACCOUNT_ID)
-        for rule in self.stack.rules:
-            if rule.function != self.stack.trigger_function and events.matches(rule.pattern, event):
-                try:
-                    self.lambdas.invoke(rule.function, event)
-                except Exception:
-                    log.exception("EventBridge delivery of %s's status change to %s failed", execution_name,
-                                  rule.function)
-
     def deliver_event(self, event: dict[str, Any]) -> dict[str, Any] | None:
         """EventBridge: invoke the rule's target if the template's pattern matches, else None."""
-        if not events.matches(self.stack.trigger_pattern, event):
-            return None
-        result: dict[str, Any] = self.lambdas.invoke(self.stack.trigger_function, event)
-        return result
+        return self.eventbridge.deliver(event)
 
 
 def _default_jobs() -> JobBackend:
