@@ -221,7 +221,7 @@ def test_heartbeat_timeout_is_states_timeout_in_the_history_and_matches_heartbea
     caught, tokens, _ = start(clock, HeartbeatSeconds=60, TimeoutSeconds=3600, Catch=catch)
     waiting_token(tokens)
     clock.advance(61)
-    assert done(caught).status == "SUCCEEDED" and caught.output["error"] == {"Error": "States.Timeout"}
+    assert done(caught).status == "SUCCEEDED" and caught.output["error"] == {"Error": "States.Timeout", "Cause": ""}
 
     clock = VirtualClock(START)
     plain, tokens, _ = start(clock, TimeoutSeconds=30, Catch=catch)  # no heartbeat: not a heartbeat timeout

@@ -151,3 +151,42 @@ def test_an_oversized_task_result_is_a_task_failure_states_all_catches(resource:
     details = next(v for k, v in failure.items() if k.endswith("EventDetails"))
     assert (details["error"], details["cause"]) == (expected["Error"], expected["Cause"])
     assert [e["type"] for e in execution.history][5:7] == ["TaskStateExited", "PassStateEntered"]
+
+
+def _slow(resource: str, parameters: Any, context: Any) -> Any:
+    context.sleep(30)
+    return {"late": True}
+
+
+@pytest.mark.parametrize(("resource", "event_type"), [
+    ("arn:aws:states:::lambda:invoke", "TaskTimedOut"),
+    ("arn:aws:lambda:us-east-1:123456789012:function:slow", "LambdaFunctionTimedOut"),
+])
+def test_a_task_past_its_timeout_records_no_cause_and_is_caught_with_an_empty_one(resource: str,
+                                                                                  event_type: str) -> None:
+    """AWS-recorded (test_timeouts::test_fixed_timeout_service_lambda, test_fixed_timeout_lambda: the timed-out
+    event and ExecutionFailed carry States.Timeout and no cause; test_task_service_lambda::test_invoke_timeout:
+    the catcher's error output is {"Error": "States.Timeout", "Cause": ""}). Mutations: the interpreter's own
+    cause text; the Cause key left out of the error output, as for other errors without a cause."""
+    slow = {"Type": "Task", "Resource": resource, "TimeoutSeconds": 5, "End": True}
+    if resource.endswith("invoke"):
+        slow["Parameters"] = {"FunctionName": "f"}
+    uncaught = run({"StartAt": "Slow", "States": {"Slow": slow}}, {"job": 2}, executors={"*": _slow})
+    assert (uncaught.error, uncaught.cause) == ("States.Timeout", None)
+    timed_out = next(e for e in uncaught.history if e["type"] == event_type)
+    assert "cause" not in next(v for k, v in timed_out.items() if k.endswith("EventDetails"))
+    catching = {**slow, "Catch": [{"ErrorEquals": ["States.Timeout"], "Next": "Late", "ResultPath": "$.error"}]}
+    caught = run({"StartAt": "Slow", "States": {"Slow": catching, "Late": {"Type": "Pass", "End": True}}},
+                 {"job": 2}, executors={"*": _slow})
+    assert caught.output == {"job": 2, "error": {"Error": "States.Timeout", "Cause": ""}}
+
+
+def test_a_caught_fail_state_without_cause_still_has_no_cause_key() -> None:
+    """Guard for the timeout's empty Cause: a Fail state without a Cause caught from a Parallel gives
+    {"Error": ...} alone (the interpreter's reading; only the task timeout's empty Cause is recorded)."""
+    definition = {"StartAt": "Fan", "States": {
+        "Fan": {"Type": "Parallel", "Branches": [{"StartAt": "Stop", "States": {"Stop": {"Type": "Fail",
+                                                                                            "Error": "Halt"}}}],
+                "Catch": [{"ErrorEquals": ["States.ALL"], "Next": "Seen"}], "End": True},
+        "Seen": {"Type": "Pass", "End": True}}}
+    assert run(definition, {}).output == {"Error": "Halt"}

@@ -61,6 +61,8 @@ class StatesError(Exception):
         # A task's result over the payload limit: AWS records it as the task's failure, which States.ALL
         # catches (recorded), unlike the terminal States.DataLimitExceeded of a state's own output.
         self.task_result_too_large = False
+        # A task's timeout has no cause, yet a catcher's error output carries "Cause": "" (recorded).
+        self.empty_cause_caught = False
         self.chain_event: int | None = None
 
     def matched_by(self, error_equals: Sequence[str]) -> bool:
