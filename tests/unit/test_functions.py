@@ -63,6 +63,21 @@ def test_a_lambda_missing_from_the_template_is_named() -> None:
     ]
 
 
+def test_a_new_lambda_s_template_lines_are_named() -> None:
+    """A table entry with nothing in template.yaml yet: each problem names the lines to paste (the walkthrough
+    in docs/architecture.md relies on it)."""
+    new = functions.PipelineLambda("EchoCheckFunction", "echo_check.handler", "echo_check.models:EchoEvent",
+                                   "echo_check.models:EchoResult")
+    assert template_problems(table=(*PIPELINE_LAMBDAS, new)) == [
+        "template.yaml: no AWS::Serverless::Function EchoCheckFunction ('EchoCheckFunction: Type: "
+        "AWS::Serverless::Function, Properties: CodeUri: functions/echo_check/, Handler: echo_check.handler.handler')",
+        "template.yaml: PipelineStateMachine.DefinitionSubstitutions lacks "
+        "'EchoCheckFunctionArn: !GetAtt EchoCheckFunction.Arn'",
+        "template.yaml: PipelineStateMachine.Policies lacks "
+        "'- LambdaInvokePolicy: FunctionName: !Ref EchoCheckFunction'",
+    ]
+
+
 def test_make_asl_and_its_check_fail_naming_what_the_template_lacks(monkeypatch: pytest.MonkeyPatch,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     from d2ops.statemachine import __main__ as asl_main
