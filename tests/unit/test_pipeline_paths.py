@@ -634,3 +634,8 @@ def test_every_mocked_review_answer_is_a_decision_the_status_api_sends() -> None
 
     for name in ("ReviewApprovedByAlice", "ReviewRejectedByBob"):
         ReviewDecision.model_validate(_mocked(name))
+
+
+def test_a_task_nobody_mocked_fails_saying_where_its_answer_goes() -> None:
+    with pytest.raises(AssertionError, match=r"mock its state in tests/fixtures/pipeline/training_pipeline\.mock"):
+        support._unexpected("arn:aws:states:::lambda:invoke", {"FunctionName": "EchoCheckFunction"}, None)
