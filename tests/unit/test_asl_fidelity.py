@@ -90,7 +90,8 @@ def test_invalid_paths_name_the_state_and_the_event_that_entered_it() -> None:
     entered = next(e["id"] for e in execution.history if e["type"] == "PassStateEntered"
                    and e["stateEnteredEventDetails"]["name"] == "Inner")
     assert execution.cause == (f"An error occurred while executing the state 'Inner' (entered at the event id "
-                               f"#{entered}). Invalid path '$.a['b c'][0]' : No results for path: $['a']['b c'][0]")
+                               f"#{entered}). Invalid path '$.a['b c'][0]' : Missing property in path $['a']['b c']")
+    # (a name missing before the last step: AWS's words, see test_asl_recorded_cases)
 
 
 def test_a_parameters_path_that_matches_nothing_fails_with_aws_cause() -> None:

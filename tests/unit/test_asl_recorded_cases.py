@@ -190,3 +190,37 @@ def test_a_caught_fail_state_without_cause_still_has_no_cause_key() -> None:
                 "Catch": [{"ErrorEquals": ["States.ALL"], "Next": "Seen"}], "End": True},
         "Seen": {"Type": "Pass", "End": True}}}
     assert run(definition, {}).output == {"Error": "Halt"}
+
+
+def _echo(resource: str, parameters: Any, context: Any) -> Any:
+    return {"kept": {"inner": 1}}
+
+
+PATH_PREFIX = ("An error occurred while executing the state 'Echo' (entered at the event id #2). "
+               "Invalid path '{path}' : ")
+
+
+@pytest.mark.parametrize(("path", "detail"), [
+    ("$.lost.deeper.still", "Missing property in path $['lost']"),
+    ("$.kept.gone.deeper", "Missing property in path $['kept']['gone']"),
+    ("$.kept.gone", "No results for path: $['kept']['gone']"),
+    ("$.lost", "No results for path: $['lost']"),
+])
+def test_a_path_through_a_missing_property_names_where_it_stops(path: str, detail: str) -> None:
+    """AWS-recorded (test_base_scenarios::test_catch_states_runtime: OutputPath '$.no.such.result.path' over a
+    result without 'no' fails with "Missing property in path $['no']"; test_invalid_jsonpath: a missing last
+    name reads "No results for path: $['NoSuchOutputPath']"). Mutation: every miss worded as "No results for
+    path" with the whole path."""
+    definition = {"StartAt": "Echo", "States": {"Echo": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke",
+                                                         "Parameters": {"FunctionName": "f"}, "OutputPath": path,
+                                                         "End": True}}}
+    execution = run(definition, {}, executors={"*": _echo})
+    assert (execution.error, execution.cause) == ("States.Runtime", PATH_PREFIX.format(path=path) + detail)
+
+
+def test_an_input_path_through_a_missing_property_names_where_it_stops() -> None:
+    """The same engine reads InputPath. Mutation: the new words only for OutputPath."""
+    definition = {"StartAt": "Echo", "States": {"Echo": {"Type": "Pass", "InputPath": "$.a.b", "End": True}}}
+    execution = run(definition, {"z": 1})
+    assert execution.cause == ("An error occurred while executing the state 'Echo' (entered at the event id #2). "
+                               "Invalid path '$.a.b' : Missing property in path $['a']")

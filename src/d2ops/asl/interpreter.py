@@ -612,8 +612,10 @@ class Execution:
         try:
             return select(path, data, context)
         except PathError as exc:
+            detail = no_results(path, context if path.startswith("$$") else data) if split_path(path) is None \
+                else no_results(path)
             raise StatesError(RUNTIME, f"{self._runtime_prefix(state)} Invalid path '{path}' : "
-                                       f"{no_results(path) or exc}") from exc
+                                       f"{detail or exc}") from exc
 
     def _input_path(self, state: dict[str, Any], name: str, raw: Any, context: Any) -> Any:
         path = state.get("InputPath", "$")

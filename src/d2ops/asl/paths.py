@@ -196,16 +196,30 @@ def get_reference(data: Any, steps: tuple[Step, ...], path: str) -> Any:
     return node
 
 
-def no_results(path: str) -> str | None:
+_NO_ROOT = object()
+
+
+def no_results(path: str, root: Any = _NO_ROOT) -> str | None:
     """Jayway JsonPath's words (Step Functions' path engine) for a reference path that matches
-    nothing: ``No results for path: $['a']['b'][0]``; None for other paths."""
+    nothing: ``No results for path: $['a']['b'][0]``, or, when a name before the last is missing from
+    an object of ``root``, ``Missing property in path $['a']`` (up to that name, as AWS records it);
+    None for other paths."""
     steps = _parse_steps(path)
     if steps is None:
         return None
     # Jayway prints each name between the quote it was written with, without escaping anything
     # (PropertyPathToken.getPathFragment): $['it's'], $["x"].
-    normalised = "".join(f"[{step}]" if isinstance(step, int) else f"[{quote}{step}{quote}]" for step, quote in steps)
-    return f"No results for path: ${normalised}"
+    fragments = [f"[{step}]" if isinstance(step, int) else f"[{quote}{step}{quote}]" for step, quote in steps]
+    node = root
+    for position, (step, _) in enumerate(steps[:-1] if root is not _NO_ROOT else ()):
+        if isinstance(step, str) and isinstance(node, dict) and step not in node:
+            return f"Missing property in path ${''.join(fragments[:position + 1])}"
+        present = (isinstance(step, str) and isinstance(node, dict)) or (
+            isinstance(step, int) and isinstance(node, list) and -len(node) <= step < len(node))
+        if not present:
+            break
+        node = node[step]
+    return f"No results for path: ${''.join(fragments)}"
 
 
 def select(path: str, data: Any, context: Any = None) -> Any:
