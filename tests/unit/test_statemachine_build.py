@@ -139,6 +139,20 @@ def test_the_stage_table_refuses_a_name_that_is_no_state_of_its_stage() -> None:
             stage_table.stage_table(mutated)
 
 
+def test_the_stage_table_refuses_a_stage_without_its_check() -> None:
+    """A stage whose Next is the following stage (its check Choice forgotten) is refused by name, instead of the
+    next stage being read as its frame. Mutation caught: dropping the check in stage_table."""
+    machine = tp.definition()
+    states = dict(machine.states)
+    train = states["Train"]
+    assert isinstance(train, StageParallel)
+    mutated = Machine(tuple((n, dataclasses.replace(train, next="Evaluate") if n == "Train" else s)
+                            for n, s in machine.states if n != "Trained?"),
+                      comment=machine.comment, timeout=machine.timeout)
+    with pytest.raises(ValueError, match="stage 'Train' goes straight on to stage 'Evaluate'"):
+        stage_table.stage_table(mutated)
+
+
 def test_a_change_to_the_definition_is_seen_as_stale() -> None:
     machine = tp.definition()
     train = dict(machine.states)["Train"]

@@ -117,9 +117,15 @@ def stage_table(machine: Machine) -> StageTable:
     loops: list[LoopRow] = []
     misses: list[MissRow] = []
     records: list[str] = []
+    top = dict(machine.states)
     for name, state in machine.states:
         if not isinstance(state, StageParallel):
             continue
+        if isinstance(top.get(state.next or ""), StageParallel):
+            # The frame's second state is the stage's check (the Choice _unless_failed adds): without it the next
+            # stage would be read as this one's frame, and a failure recorded here would never reach Report failure.
+            raise ValueError(f"stage {name!r} goes straight on to stage {state.next!r}: follow it with its check "
+                             "(training_pipeline._unless_failed), as every other stage is")
         frame = (name,) if state.next is None else (name, state.next)
         inner = list(_flat(state.branch))
         names = [n for n, _ in inner]
