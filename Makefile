@@ -88,14 +88,11 @@ test: setup  ## run the whole test suite (everything but the `slow` marker), wit
 test-all: setup  ## the whole suite including `slow` checks
 	$(BIN)/pytest
 
-# The handler packages (functions/<fn>/<fn>) are top-level packages for lint-imports, as in Lambda.
-FUNCTION_PATHS := $(subst $(eval) ,:,$(patsubst %/,%,$(wildcard functions/*/)))
-
 lint: setup  ## ruff, mypy, import-linter (package boundaries), the generated ASL is current, cfn-lint, sam validate --lint, checkov, hadolint
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m d2ops.statemachine --check
-	PYTHONPATH=src:.:$(FUNCTION_PATHS) $(BIN)/lint-imports --no-logo
+	$(BIN)/python -m d2ops.import_contracts --no-logo  # lint-imports, the handler packages added from template.yaml
 	$(BIN)/cfn-lint template.yaml
 	$(BIN)/sam validate --lint --template template.yaml --region us-east-1
 	$(BIN)/checkov --quiet --compact --skip-download --framework cloudformation --file template.yaml

@@ -1,37 +1,52 @@
-"""The package boundaries (import-linter contracts in pyproject.toml) hold and cover every handler."""
+"""The package boundaries (import-linter contracts) hold and cover every handler.
+
+pyproject.toml holds the contracts; d2ops.import_contracts adds the Lambda handler packages from template.yaml's
+functions (their one home) and runs lint-imports on the result, as `make lint` does.
+"""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import tomllib
-from pathlib import Path
 
-from d2ops.template import REPO_ROOT, load_template
+from d2ops.import_contracts import HANDLERS_CONTRACT, contracts_config, lint_imports
+from d2ops.template import REPO_ROOT
 
-CONFIG = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
 
 
-def _contract(contract_id: str) -> dict[str, list[str]]:
-    return next(c for c in CONFIG["contracts"] if c["id"] == contract_id)
+def _contract(config: dict, contract_id: str) -> dict:
+    return next(c for c in config["contracts"] if c["id"] == contract_id)
 
 
 def test_every_lambda_handler_package_is_under_the_handlers_contract() -> None:
-    # pyproject.toml's two lists of handler packages, checked against template.yaml's functions (import-linter
-    # reads static TOML, so they cannot be derived): a new function is one name in each list.
-    packages = {fn.handler_module.split(".")[0] for fn in load_template().functions().values()}
-    handlers = set(_contract("handlers")["source_modules"])
-    assert packages == handlers, ("pyproject.toml's handlers contract (source_modules): "
-                                  f"add {sorted(packages - handlers)}, remove {sorted(handlers - packages)}")
-    missing = packages - set(CONFIG["root_packages"])
-    assert not missing, f"pyproject.toml's [tool.importlinter] root_packages lacks {sorted(missing)}"
+    # Read from disk, not from the template: every package under functions/ (functions/<fn>/<fn>/__init__.py)
+    # is a root package and a source module of the handlers contract that lint-imports checks.
+    packages = {p.parent.name for p in (REPO_ROOT / "functions").glob("*/*/__init__.py")
+                if p.parent.name == p.parent.parent.name}
+    assert packages, "no handler package found under functions/"
+    config = contracts_config()
+    handlers = set(_contract(config, HANDLERS_CONTRACT)["source_modules"])
+    assert packages == handlers, (f"the {HANDLERS_CONTRACT} contract's source_modules (template.yaml's handler "
+                                  f"packages): lacks {sorted(packages - handlers)}, has {sorted(handlers - packages)}")
+    missing = packages - set(config["root_packages"])
+    assert not missing, f"the contracts' root_packages lack {sorted(missing)}"
 
 
-def test_the_contracts_hold() -> None:
-    function_dirs = sorted({str(fn.code_dir) for fn in load_template().functions().values()})
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT), *function_dirs])}
-    lint_imports = Path(sys.executable).parent / "lint-imports"
-    proc = subprocess.run([str(lint_imports), "--no-logo", "--no-cache"], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+def test_the_completed_contracts_are_pyprojects_plus_the_handler_packages_only() -> None:
+    # The completion adds, never loosens: every other setting and contract is pyproject.toml's as written.
+    config = contracts_config()
+    added = set(_contract(config, HANDLERS_CONTRACT)["source_modules"])
+    assert config["root_packages"] == [*PYPROJECT["root_packages"], *sorted(added)]
+    expected = [dict(c, source_modules=sorted(added)) if c["id"] == HANDLERS_CONTRACT else c
+                for c in PYPROJECT["contracts"]]
+    assert config["contracts"] == expected
+    assert {k: v for k, v in config.items() if k != "root_packages"} == {
+        k: v for k, v in PYPROJECT.items() if k != "root_packages"} | {"contracts": expected}
+
+
+def test_the_contracts_hold(tmp_path) -> None:
+    proc = lint_imports(["--no-logo", "--no-cache"], config_path=tmp_path / "importlinter.toml",
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert f"Contracts: {len(PYPROJECT['contracts'])} kept, 0 broken." in proc.stdout, proc.stdout[-4000:]
