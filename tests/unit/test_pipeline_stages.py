@@ -30,6 +30,10 @@ DEFINITION: dict[str, Any] = json.loads((REPO / "statemachine" / "training_pipel
 
 STATES = all_states(DEFINITION)
 
+# The stages people see, in their order: the one pin of them (test_stage_timeline reads it too). A new stage is
+# one key here.
+STAGE_KEYS = ["validate", "prepare", "train", "evaluate", "gate", "deploy", "notify", "failure"]
+
 
 def _targets(state: dict[str, Any]) -> set[str]:
     found = {state[k] for k in ("Next", "Default") if k in state}
@@ -44,8 +48,7 @@ def test_every_state_of_the_definition_is_in_exactly_one_stage() -> None:
     assert sorted(set(staged) - set(STATES)) == []  # a renamed or removed state must leave its stage
     assert sorted(definition_states(DEFINITION)) == sorted(STATES)
     assert len({s.key for s in STAGES}) == len(STAGES)
-    assert [s.key for s in STAGES] == ["validate", "prepare", "train", "evaluate", "gate", "deploy", "notify",
-                                       "failure"]
+    assert [s.key for s in STAGES] == STAGE_KEYS
 
 
 def test_stage_of_names_the_state_it_does_not_know() -> None:
