@@ -324,7 +324,11 @@ def test_the_command_serves_the_running_runtime_and_reaches_its_endpoint_through
     # PYTHONFAULTHANDLER: a process that does not stop is asked (SIGABRT) where each of its threads is
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]), "PYTHONFAULTHANDLER": "1"}
     # While this runtime holds the work dir, the command reads its status API (runtime.json).
-    process = subprocess.Popen([sys.executable, "-m", "d2ops", "console", "--work-dir", str(rt.work_dir)],
+    # Ctrl-C as a terminal sends it: SIGINT at its default, Python's KeyboardInterrupt, even where this test runs
+    # with SIGINT ignored (started in the background by a shell without job control, which a child inherits).
+    ctrl_c_default = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                      "runpy.run_module('d2ops', run_name='__main__', alter_sys=True)")
+    process = subprocess.Popen([sys.executable, "-c", ctrl_c_default, "console", "--work-dir", str(rt.work_dir)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                start_new_session=True)
     try:
