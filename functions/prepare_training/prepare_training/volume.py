@@ -10,7 +10,6 @@ and a run whose jobs cannot get that much on their instance types is refused bef
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,18 +100,10 @@ def dataset_size(s3: Any, artifacts_bucket: str, run_id: str) -> DatasetSize:
         raise InventoryUnreadable(f"{where}: {code} reading the run's inventory, which sizes the jobs' "
                                   "volumes") from None
     total = files = 0
-
-    def lines() -> Iterator[bytes]:
-        # Chunks split into lines: the file is never held whole (a million images' inventory is ~200 MB).
-        rest = b""
-        for chunk in body.iter_chunks(CHUNK_BYTES):
-            *complete, rest = (rest + chunk).split(b"\n")
-            yield from complete
-        if rest:
-            yield rest
-
     try:
-        for entry in read_inventory(lines()):
+        # Streamed line by line (botocore's iter_lines, as validation reads it): a million images' inventory is
+        # ~200 MB, never held whole.
+        for entry in read_inventory(body.iter_lines(CHUNK_BYTES)):
             total += entry.size
             files += 1
     except ValueError as exc:
