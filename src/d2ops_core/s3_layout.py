@@ -130,3 +130,40 @@ def evaluation_output_uri(artifacts_bucket: str, run_id: str) -> str:
 def evaluation_report_uri(artifacts_bucket: str, run_id: str) -> str:
     """The evaluation job's report: ``evaluation.json`` in its output (``model_code.evaluation`` writes it)."""
     return evaluation_output_uri(artifacts_bucket, run_id) + EVALUATION_REPORT_NAME
+
+
+# --- after deployment: data capture and monitoring (issue 32) -------------------------------------
+CAPTURE_ROOT = "capture"
+MONITORING_ROOT = "monitoring"
+MONITORING_BASELINE_NAME = "monitoring-baseline.json"
+
+
+def capture_destination_uri(artifacts_bucket: str) -> str:
+    """The endpoint config's ``DataCaptureConfig.DestinationS3Uri``; SageMaker adds ``<endpoint>/<variant>/...``."""
+    return s3_uri(artifacts_bucket, CAPTURE_ROOT)
+
+
+def capture_prefix(endpoint: str, variant: str | None = None) -> str:
+    """``capture/<endpoint>/[<variant>/]``: where SageMaker writes an endpoint's (one variant's) captured records."""
+    return f"{CAPTURE_ROOT}/{endpoint}/" + (f"{variant}/" if variant else "")
+
+
+def capture_hour_prefix(endpoint: str, variant: str, year: int, month: int, day: int, hour: int) -> str:
+    """``capture/<endpoint>/<variant>/yyyy/mm/dd/hh/``: one hour of capture files (UTC, SageMaker's layout)."""
+    return f"{capture_prefix(endpoint, variant)}{year:04d}/{month:02d}/{day:02d}/{hour:02d}/"
+
+
+def monitoring_baseline_key(run_id: str) -> str:
+    """The baseline the monitor compares capture windows with: the run's model on its own val set, written by
+    the evaluation job beside its report (d2ops_core.documents.monitoring.MonitoringBaseline)."""
+    return f"{run_prefix(run_id)}evaluation/{MONITORING_BASELINE_NAME}"
+
+
+def monitoring_prefix(endpoint: str) -> str:
+    """``monitoring/<endpoint>/``: the monitor's window verdicts (d2ops_core.documents.monitoring.MonitoringWindow)."""
+    return f"{MONITORING_ROOT}/{endpoint}/"
+
+
+def monitoring_window_key(endpoint: str, window_start_iso: str) -> str:
+    """One window's verdict; ``window_start_iso`` is ``YYYY-MM-DDTHH:MMZ``, so keys sort by time."""
+    return f"{monitoring_prefix(endpoint)}windows/{window_start_iso}.json"
