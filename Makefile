@@ -6,6 +6,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NODE_STAMP := tools/node_modules/.installed
+# Tools that pin half the world get an environment each (tools/envs/<name>.lock, hash-checked): checkov
+# (urllib3==1.26, packaging<24) and the Label Studio server (Django and much else) cannot share .venv with
+# label-studio-sdk and Ray Serve. .venv-tools/<name>/bin/<tool>; docs/operations.md.
+TOOLS_DIR := .venv-tools
+TOOL_ENVS := checkov label-studio
+TOOL_STAMPS := $(foreach t,$(TOOL_ENVS),$(TOOLS_DIR)/$(t)/.installed)
+CHECKOV := $(TOOLS_DIR)/checkov/bin/checkov
 # detectron2 (not on PyPI): from a wheel directory when there is one, else from the pinned upstream
 # commit (the same ARG DETECTRON2_COMMIT as containers/training/Dockerfile), else not at all.
 D2_STAMP := $(VENV)/.detectron2
@@ -25,7 +32,7 @@ setup: install  ## create .venv and install everything (torch, detectron2, dev a
 	@$(BIN)/python -m d2ops.setup_check --wheels $(D2OPS_WHEELS)
 
 .PHONY: install
-install: $(STAMP) $(D2_STAMP) $(NODE_STAMP) | system-packages
+install: $(STAMP) $(D2_STAMP) $(NODE_STAMP) $(TOOL_STAMPS) | system-packages
 
 # Debian's packages the suite needs, installed with apt-get where missing (root, as in CI, or sudo -n):
 # Chromium for the console's browser tests (Playwright drives it through executable_path: no Playwright
@@ -44,6 +51,14 @@ system-packages:
 	  echo "system packages missing: $$missing (no apt-get here: install their equivalents)"; exit 0; fi; \
 	echo "installing Debian's $$missing (apt-get)"; \
 	$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null
+
+# One tool environment from its lock; a changed lock rebuilds it from scratch (no stale packages).
+$(TOOLS_DIR)/%/.installed: tools/envs/%.lock
+	rm -rf $(TOOLS_DIR)/$*
+	$(PYTHON) -m venv $(TOOLS_DIR)/$*
+	$(TOOLS_DIR)/$*/bin/python -m pip install --quiet --upgrade pip
+	$(TOOLS_DIR)/$*/bin/python -m pip install --quiet --require-hashes --no-deps -r $<
+	touch $@
 
 # Node tools the tests run (asl-validator checks the substituted state machine definition).
 $(NODE_STAMP): tools/package.json tools/package-lock.json | system-packages
@@ -95,7 +110,7 @@ lint: setup  ## ruff, mypy, import-linter (package boundaries), the generated AS
 	$(BIN)/python -m d2ops.import_contracts --no-logo  # lint-imports, the handler packages added from template.yaml
 	$(BIN)/cfn-lint template.yaml
 	$(BIN)/sam validate --lint --template template.yaml --region us-east-1
-	$(BIN)/checkov --quiet --compact --skip-download --framework cloudformation --file template.yaml
+	$(CHECKOV) --quiet --compact --skip-download --framework cloudformation --file template.yaml
 	find containers -name Dockerfile -print0 | xargs -0 -r $(BIN)/hadolint
 
 # --- supply chain (issue 31) ------------------------------------------------------------
@@ -128,12 +143,16 @@ locks:  ## re-lock the layer's, functions' and images' Python dependencies after
 	  src/requirements.txt -o src/requirements.lock
 	$(UV_COMPILE) --python-platform x86_64-manylinux2014 --only-binary :all: -c src/requirements.lock \
 	  functions/requirements.in -o functions/requirements.lock
-	for fn in functions/*/requirements.txt; do cp functions/requirements.lock $$fn; done
+	for fn in functions/*/requirements.txt; do [ -f $${fn%.txt}.in ] || cp functions/requirements.lock $$fn; done
+	for in in functions/*/requirements.in; do [ -f $$in ] || continue; $(UV_COMPILE) --python-platform x86_64-manylinux2014 --only-binary :all: \
+	  -c functions/requirements.lock $$in -o $${in%.in}.txt; done
 	$(UV_COMPILE) --python-platform x86_64-manylinux_2_28 -c $(PINS_DIR)/dev-ceiling.txt -c src/requirements.lock \
 	  -c functions/requirements.lock containers/serving/requirements.txt -o containers/serving/requirements.lock
 	$(UV_COMPILE) --python-platform x86_64-manylinux_2_28 -c $(PINS_DIR)/dev-ceiling.txt -c src/requirements.lock \
 	  -c functions/requirements.lock -c containers/serving/requirements.lock \
 	  containers/training/requirements.txt -o containers/training/requirements.lock
+	for t in $(TOOL_ENVS); do $(UV_COMPILE) --python-platform x86_64-manylinux_2_28 tools/envs/$$t.in \
+	  -o tools/envs/$$t.lock; done
 
 pins:  ## refresh the pins: upgrade the locks within their ranges and re-resolve the base images' digests
 	$(MAKE) locks PINS_UPGRADE=--upgrade

