@@ -550,8 +550,11 @@ def deploy() -> list[Named]:
                 resource("sagemaker:createModel"), "Create endpoint config",
                 parameters={"ModelName.$": "$.plan.names.model", "ExecutionRoleArn": sub("EndpointRoleArn"),
                             "EnableNetworkIsolation": True,
+                            # The serving image reads both: the image rule's pixel limit, and which server it starts
+                            # (model_code.serving.backends.BACKEND_ENV, from the stack parameter ServingBackend).
                             "PrimaryContainer": {"ModelPackageName.$": "$.registration.model_package_arn",
-                                                 "Environment": {"MAX_IMAGE_PIXELS": sub("MaxImagePixels")}},
+                                                 "Environment": {"MAX_IMAGE_PIXELS": sub("MaxImagePixels"),
+                                                                 "D2OPS_SERVING_BACKEND": sub("ServingBackend")}},
                             "Tags": RUN_TAGS},
                 result_path=None, retry=(SAGEMAKER_OPTIMISED,),
                 # A model name in use is a ValidationException, which SageMaker does not model for CreateModel
