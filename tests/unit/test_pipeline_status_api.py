@@ -376,7 +376,8 @@ def test_the_committed_openapi_document_is_current() -> None:
     generated = json.loads(api.openapi_document())
     assert set(generated["paths"]) == {"/runs", "/runs/{runId}", "/models", "/runs/{runId}/graph",
                                        "/runs/{runId}/validation", "/runs/{runId}/evaluation",
-                                       "/endpoints/{endpointName}/history", "/runs/{runId}/decision"}
+                                       "/endpoints/{endpointName}/history", "/endpoints/{endpointName}/monitoring",
+                                       "/runs/{runId}/decision"}
     assert set(generated["paths"]["/runs"]) == {"get", "post"}
     committed = json.loads(OPENAPI_DOC.read_text()) if OPENAPI_DOC.exists() else None
     assert committed == generated, ("docs/status-api.openapi.json is stale: regenerate it with "

@@ -26,7 +26,7 @@ from moto.core import set_initial_no_auth_action_count
 from d2ops.asl.interpreter import Execution
 from d2ops.template import load_template, resolve
 from d2ops_core.champion import CHAMPION_KEY, history_prefix
-from d2ops_core.s3_layout import review_decision_key, review_request_key
+from d2ops_core.s3_layout import monitoring_window_key, review_decision_key, review_request_key
 from tests.fixtures.pipeline import support
 
 support.function_path("status_api")
@@ -156,7 +156,8 @@ def get(path: str) -> tuple[int, dict[str, Any]]:
 
 
 ROUTES = [f"/runs/{support.RUN_ID}/validation", f"/runs/{support.RUN_ID}/evaluation",
-          f"/endpoints/{support.ENDPOINT_NAME}/history", "/models"]
+          f"/endpoints/{support.ENDPOINT_NAME}/history", f"/endpoints/{support.ENDPOINT_NAME}/monitoring", "/models"]
+WINDOW_KEY = monitoring_window_key(support.ENDPOINT_NAME, "2026-11-22T07:00Z")
 
 
 def put_everything(s3: Any, execution: Execution) -> None:
@@ -169,6 +170,7 @@ def put_everything(s3: Any, execution: Execution) -> None:
     s3.put_object(Bucket=ARTIFACTS, Key=f"{history_prefix(support.ENDPOINT_NAME)}promoted-{support.RUN_ID}.json",
                   Body=b"{}")
     s3.put_object(Bucket=ARTIFACTS, Key=CHAMPION_KEY, Body=b"{}")
+    s3.put_object(Bucket=ARTIFACTS, Key=WINDOW_KEY, Body=b"{}")
     s3.put_object(Bucket=DATA, Key="datasets/shapes/v1/manifest.json", Body=b"{}")
     from tests.unit.test_status_api_decision import review_request
 
@@ -211,7 +213,7 @@ def test_every_s3_read_of_the_status_api_is_granted_and_listable(monkeypatch: py
     read = {(op, p["Bucket"], str(p.get("Key", p.get("Prefix")))) for op, p in calls}
     uris = report_uris(aws["execution"])
     for key in (key_of(uris["validation"]), key_of(uris["evaluation"]), CHAMPION_KEY,
-                f"{history_prefix(support.ENDPOINT_NAME)}promoted-{support.RUN_ID}.json"):
+                f"{history_prefix(support.ENDPOINT_NAME)}promoted-{support.RUN_ID}.json", WINDOW_KEY):
         assert ("GetObject", ARTIFACTS, key) in read, f"the API never read {key}: {sorted(read)}"
     assert any(op == "GetObject" and k.endswith("/report/pr_curves.json") for op, _, k in read)
     assert any(op == "GetObject" and k.endswith("/report/errors.json") for op, _, k in read)
@@ -230,6 +232,9 @@ def test_every_s3_read_of_the_status_api_is_granted_and_listable(monkeypatch: py
     for sid in REVIEW_STATEMENTS:
         fewer = [st for st in statements if st.get("Sid") != sid]
         assert any("/review/" in p for p in problems(fewer, calls)), f"dropping {sid} went unnoticed"
+    for sid in ("ReadMonitoringWindows", "ListMonitoringWindows"):
+        fewer = [st for st in statements if st.get("Sid") != sid]
+        assert any("monitoring/" in p for p in problems(fewer, calls)), f"dropping {sid} went unnoticed"
 
 
 @pytest.mark.parametrize("route", ["validation", "evaluation"])

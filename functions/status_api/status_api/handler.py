@@ -9,6 +9,7 @@
 import json
 import os
 from collections.abc import Callable
+from datetime import datetime
 from typing import Annotated, Any
 
 from aws_lambda_powertools import Logger, Tracer
@@ -25,7 +26,7 @@ from d2ops_core.champion import EndpointHistory
 from d2ops_core.failures import one_line
 from d2ops_core.run_ids import RUN_ID_PATTERN
 from d2ops_core.validation.report import ValidationReport
-from status_api import clients, review, service, views
+from status_api import clients, monitoring, review, service, views
 from status_api.envelope import BadEnvelope, check_event, json_body
 from status_api.models import (
     ENDPOINT_NAME_PATTERN,
@@ -34,6 +35,7 @@ from status_api.models import (
     ErrorResponse,
     EvaluationView,
     ModelsResponse,
+    MonitoringView,
     RunDetail,
     RunGraph,
     RunList,
@@ -208,6 +210,28 @@ def get_evaluation_report(runId: Annotated[str, Path(pattern=RUN_ID_PATTERN)]) -
 def get_endpoint_history(
         endpointName: Annotated[str, Path(pattern=ENDPOINT_NAME_PATTERN)]) -> EndpointHistory:  # the route's spelling
     return views.endpoint_history(clients.client("s3"), os.environ["ARTIFACTS_BUCKET"], endpointName)
+
+
+@route("GET", "/endpoints/<endpointName>/monitoring",
+       "The endpoint's monitoring windows, newest first: each statistic against its threshold, and the verdict",
+       {200: answer("windows newest first (none yet: an empty list), and the window objects that could not be read",
+                    MonitoringView)},
+       {400: "limit is not 1-500, from or to is not an ISO 8601 time, or from is after to",
+        404: "endpointName is not a SageMaker endpoint name, or S3 refused the endpoint's monitoring windows to the "
+             "API (AccessDenied: the message says so)"},
+       description="Windows are written by the endpoint's monitor (docs/monitoring.md), one per window of captured "
+                   "traffic; from and to bound the windows' start times (UTC when no offset is given). Draw them "
+                   "beside GET /endpoints/{endpointName}/history to see which model served each window.")
+def get_endpoint_monitoring(
+    endpointName: Annotated[str, Path(pattern=ENDPOINT_NAME_PATTERN)],  # the route's spelling
+    limit: Annotated[int, Query(ge=1, le=monitoring.MAX_LIMIT, description="the newest this many windows")]
+        = monitoring.DEFAULT_LIMIT,
+    start: Annotated[datetime | None, Query(alias="from", description="windows starting at or after this time")]
+        = None,
+    end: Annotated[datetime | None, Query(alias="to", description="windows starting at or before this time")] = None,
+) -> MonitoringView:
+    return monitoring.monitoring_view(clients.client("s3"), os.environ["ARTIFACTS_BUCKET"], endpointName, limit,
+                                      start, end)
 
 
 @route("POST", "/runs", "Start the run for a dataset version (idempotent, like the S3 trigger)",

@@ -14,6 +14,7 @@ from d2ops_core.dataset_identity import DatasetRef
 from d2ops_core.documents.dataset_diff import DatasetDiffSummary
 from d2ops_core.documents.error_analysis import ErrorAnalysis
 from d2ops_core.documents.evaluation import Comparison, HeldOutImages
+from d2ops_core.documents.monitoring import MonitoringWindow
 from d2ops_core.documents.review import MAX_REASON, ReviewDecision
 from d2ops_core.documents.training_curve import TrainingProgress
 from d2ops_core.evaluation_curves import PrCurves
@@ -286,3 +287,22 @@ class EvaluationView(BaseModel):
         "first): " + ", ".join(name for name, _ in DROPS)))
     full_report: list[ReportLink] = Field(default_factory=list, description=(
         "a truncated answer's documents, each linked whole (empty when nothing was left out)"))
+
+
+class WindowProblem(BaseModel):
+    key: str = Field(description="the window's S3 object, s3://...")
+    message: str = Field(description="why it is left out (one line)")
+
+
+class MonitoringView(BaseModel):
+    """``GET /endpoints/{endpointName}/monitoring``: the monitor's windows (d2ops_core.documents.monitoring)."""
+
+    endpoint: str
+    windows: list[MonitoringWindow] = Field(description="newest first: each statistic's test value against its "
+                                                        "threshold, and the window's verdict")
+    problems: list[WindowProblem] = Field(default_factory=list, description=(
+        "window objects in the range that are not monitoring windows of this endpoint, left out"))
+    older_windows: bool = Field(False, description="the range holds windows older than the oldest answered (raise "
+                                                   "limit, or pass to=)")
+    truncated: bool = Field(False, description=(
+        "the oldest of the windows asked for are left out: with them the answer would pass Lambda's 6 MB"))
