@@ -48,6 +48,9 @@ class MonitoringBaseline(BaseModel):
     low_confidence: list[float] = Field(
         description="each image's fraction of detections that are low-confidence (score below the class's "
                     "threshold plus the margin the monitor documents); empty images count 0")
+    score_thresholds: dict[str, float] = Field(
+        default_factory=dict, description="the model's own score threshold of each class (its artifact's); the "
+                                          "low-confidence rule uses it where a captured answer names none")
 
 
 class StatisticVerdict(BaseModel):
@@ -57,7 +60,9 @@ class StatisticVerdict(BaseModel):
     test: TestName
     value: float = Field(description="the test's statistic: KS D (0-1) or PSI (>= 0)")
     threshold: float = Field(description="the stack parameter's threshold the value is held against")
-    p_value: float | None = Field(None, description="the KS test's p-value (None for PSI)")
+    p_value: float | None = Field(None, description="the difference's significance: the KS test's p-value; for PSI "
+                                                   "the chi-square test of the window's bin counts against the "
+                                                   "baseline's bin proportions")
     drifted: bool
     baseline: float | None = Field(None, description="the baseline's mean of the statistic, for the message")
     window: float | None = Field(None, description="the window's mean of the statistic, for the message")
