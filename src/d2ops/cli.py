@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "d2ops.commands.train_local",
     "d2ops.commands.serve",
     "d2ops.commands.demo",
+    "d2ops.commands.label",
     "d2ops.commands.run",
     "d2ops.commands.status",
     "d2ops.commands.decide",

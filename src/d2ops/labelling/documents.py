@@ -89,8 +89,9 @@ class SelectionParameters(BaseModel):
     threshold_margin: float = Field(description="the uncertainty term's width around each class's score threshold")
     weak_classes: list[str] = Field(default_factory=list, description="classes the gate judged weak (the serving "
                                                                       "run's evaluation report)")
-    duplicate_distance: int = Field(description="thumbnail-hash Hamming distance at or below which two images are "
-                                                "near-duplicates (the later one is dropped)")
+    duplicate_distance: float = Field(description="thumbnail distance (d2ops.labelling.selection.thumbnail) at or "
+                                                  "below which an image is a near-duplicate of one ranked higher, "
+                                                  "and dropped")
     compare_with: str | None = Field(None, description="the model the champion's answers were compared with")
 
 
