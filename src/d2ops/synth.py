@@ -61,9 +61,11 @@ def _overlaps(box: tuple[float, float, float, float], others: list[tuple[float, 
 
 
 def _make_image(
-    index: int, size: int, rng: random.Random
+    index: int, size: int, rng: random.Random, *, brightness: float = 1.0, shape_scale: float = 1.0,
 ) -> tuple[Image.Image, list[tuple[int, list[float], list[float]]]]:
-    background = tuple(rng.randint(0, 90) for _ in range(3))
+    # brightness and shape_scale scale what the generator drew (the same random calls), so a shifted stream
+    # is the same scenes darker/brighter or with bigger/smaller shapes, and the defaults change nothing.
+    background = tuple(min(255, round(rng.randint(0, 90) * brightness)) for _ in range(3))
     image = Image.new("RGB", (size, size), background)
     draw = ImageDraw.Draw(image)
     shapes: list[tuple[int, list[float], list[float]]] = []
@@ -74,14 +76,14 @@ def _make_image(
             break
         # The first shape's kind cycles with the image index so every class is present.
         kind = (index % 3) + 1 if not shapes else rng.randint(1, 3)
-        r = rng.uniform(size * 0.08, size * 0.2)
+        r = rng.uniform(size * 0.08, size * 0.2) * shape_scale
         cx, cy = rng.uniform(r + 1, size - r - 1), rng.uniform(r + 1, size - r - 1)
         flat = _polygon(kind, cx, cy, r, rng)
         xs, ys = flat[0::2], flat[1::2]
         box = (min(xs), min(ys), max(xs), max(ys))
         if _overlaps(box, taken) and n < wanted * 10 - 1:
             continue
-        colour = tuple(rng.randint(130, 255) for _ in range(3))
+        colour = tuple(min(255, round(rng.randint(130, 255) * brightness)) for _ in range(3))
         draw.polygon(list(zip(xs, ys, strict=True)), fill=colour)
         taken.append(box)
         shapes.append((kind, flat, [box[0], box[1], box[2] - box[0], box[3] - box[1]]))
@@ -94,9 +96,20 @@ def _write_json_atomic(path: Path, document: Any) -> None:
     os.replace(tmp, path)
 
 
+MAX_SHAPE_SCALE = 2.0  # the largest shape (0.2 x size x scale in radius) still fits inside the image
+
+
 def generate(output_dir: Path | str, *, images: int = 60, seed: int = 0, size: int = 128,
-             val_fraction: float = 0.25, name: str = "shapes", version: str = "v1") -> SynthSummary:
-    """Write a dataset version of ``images`` images (train + val) under ``output_dir``."""
+             val_fraction: float = 0.25, name: str = "shapes", version: str = "v1", brightness: float = 1.0,
+             shape_scale: float = 1.0) -> SynthSummary:
+    """Write a dataset version of ``images`` images (train + val) under ``output_dir``.
+
+    ``brightness`` multiplies every colour (0.5: images half as bright) and ``shape_scale`` every shape's size:
+    another distribution of the same scenes, for a shifted stream (``d2ops demo --loop``, the monitor's tests)."""
+    if not 0 < brightness <= 4:
+        raise ValueError(f"--brightness must be in (0, 4] (got {brightness})")
+    if not 0.25 <= shape_scale <= MAX_SHAPE_SCALE:
+        raise ValueError(f"--shape-scale must be in [0.25, {MAX_SHAPE_SCALE}] (got {shape_scale})")
     if images < 4:
         raise ValueError(f"--images must be at least 4 (got {images}): both splits need images")
     if not 0 < val_fraction < 1:
@@ -115,7 +128,7 @@ def generate(output_dir: Path | str, *, images: int = 60, seed: int = 0, size: i
     ann_id = 1
     for i in range(images):
         split = "val" if i >= images - n_val else "train"
-        image, shapes = _make_image(i, size, rng)
+        image, shapes = _make_image(i, size, rng, brightness=brightness, shape_scale=shape_scale)
         file_name = f"{split}/{i:06d}.jpg"
         (out / "images" / split).mkdir(exist_ok=True)
         image.save(out / "images" / file_name, quality=95)

@@ -17,6 +17,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--size", type=int, default=128, help="image side in pixels (default 128)")
     p.add_argument("--name", default="shapes")
     p.add_argument("--version", default="v1")
+    p.add_argument("--brightness", type=float, default=1.0,
+                   help="multiply every colour by this (0.5: half as bright; default 1): a shifted stream")
+    p.add_argument("--shape-scale", type=float, default=1.0,
+                   help="multiply every shape's size by this (0.25-2, default 1): a shifted stream")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
 
@@ -26,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         summary = synth.generate(args.output_dir, images=args.images, seed=args.seed, size=args.size,
-                                 name=args.name, version=args.version)
+                                 name=args.name, version=args.version, brightness=args.brightness,
+                                 shape_scale=args.shape_scale)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     if args.json:
