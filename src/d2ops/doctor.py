@@ -174,6 +174,37 @@ def check_image(ecr: Any, what: str, parameter: str, stack: StackFacts) -> Check
     return Check(name, "ok", f"{uri} is in ECR")
 
 
+# ------------------------------------------------------------------------------- serving backend
+def _switch_fix(stack: StackFacts, to: str) -> str:
+    parameter = f"{platform.SERVING_BACKEND_PARAMETER}={to}"
+    if not stack.deployed:
+        return (f"switch with one stack parameter: `d2ops run --parameter {parameter}` (or `d2ops demo "
+                f"--serving-backend {to}`)")
+    return (f"switch with one stack parameter: `sam deploy --parameter-overrides {parameter}` (repeat the "
+            f"environment's other overrides) or add it to samconfig.toml's parameter_overrides; the next run's "
+            f"model is served by {to}")
+
+
+def check_serving_backend(stack: StackFacts) -> Check:
+    """The server the stack's endpoint runs (ServingBackend) is maintained upstream: an archived one gets no
+    security fixes, so the line warns, names the fact's source (d2ops_core.platform) and the one-parameter switch."""
+    name = "serving backend"
+    parameter = platform.SERVING_BACKEND_PARAMETER
+    maintained = platform.maintained_servers()
+    # A stack deployed before the parameter existed serves with the image's only server then, TorchServe.
+    chosen = stack.parameters.get(parameter)
+    server = platform.SERVING_SERVERS.get(chosen or "torchserve")
+    if server is None:
+        return Check(name, "FAIL", f"{parameter}={chosen!r} is not a server d2ops_core.platform knows "
+                                   f"({', '.join(platform.SERVING_SERVERS)})", _switch_fix(stack, maintained[0]))
+    said = f"{parameter}={server.name}" if chosen else f"no {parameter} parameter (deployed before it existed): " \
+                                                     f"{server.name}"
+    if not server.archived:
+        return Check(name, "ok", f"{said}: {server.status}")
+    return Check(name, "warn", f"{said}: {server.status} ({', '.join(s.url for s in server.sources)}, read "
+                               f"{server.sources[0].checked})", _switch_fix(stack, maintained[0]))
+
+
 # ---------------------------------------------------------------------------------------- quotas
 @dataclass(frozen=True)
 class QuotaNeed:
@@ -449,6 +480,7 @@ def run_checks(clients: Clients, stack: StackFacts) -> Report:
     report.checks += guarded("training image", lambda: check_image(clients.ecr, "training", "TrainingImageUri",
                                                                     stack))
     report.checks += guarded("serving image", lambda: check_image(clients.ecr, "serving", "ServingImageUri", stack))
+    report.checks.append(check_serving_backend(stack))
     report.checks += guarded("quotas", lambda: check_quotas(clients.servicequotas, stack))
     report.checks += guarded("pretrained weights", lambda: check_weights(clients.s3, stack))
     report.checks += guarded("upload events", lambda: check_bucket_events(clients.s3, stack))

@@ -550,3 +550,101 @@ def metric_period(start_age_seconds: float) -> int:
 # PutMetricData (MetricDatum.Value): values between -2^360 and 2^360; NaN and the infinities are refused.
 PUT_METRIC_DATA_SOURCE = Source("https://docs.aws.amazon.com/AmazonCloudWatch/latest/APIReference/API_MetricDatum.html")
 CLOUDWATCH_MAX_MAGNITUDE = 2.0 ** 360
+
+
+# ------------------------------------------------------------------------------- serving stacks
+# Which server runs the serving image (stack parameter ServingBackend, env D2OPS_SERVING_BACKEND in the
+# endpoint's container) and which artifact forms each serves. Both servers wrap one framework-free service
+# (model_code.serving.service), so a form runs on a server when that service loads it there. The serving
+# image, the template's AllowedValues and `d2ops doctor` are tested against this section
+# (tests/unit/test_platform_serving.py).
+SERVING_CHECKED = "2026-11-29"
+
+# TorchServe: pytorch/serve's README opens with "Notice: Limited Maintenance ... no planned updates, bug fixes,
+# new features, or security patches" (commit b5871e20f, #3395, 2025-02-28; its last commit is 2025-03-17) and
+# the repository is archived (read-only; issue 33 dates the archive August 2025). Its last release, 0.12.0
+# (tag v0.12.0, 2024-09-24), was built and tested against torch 2.4.0 (requirements/torch_linux.txt at that tag).
+TORCHSERVE_SOURCE = Source("https://github.com/pytorch/serve", SERVING_CHECKED)
+TORCHSERVE_RELEASE_SOURCE = Source("https://github.com/pytorch/serve/releases/tag/v0.12.0", SERVING_CHECKED)
+# AWS released no PyTorch inference container after 2.6 because TorchServe, which they embed, went into
+# maintenance (aws/deep-learning-containers#5239, 2025-09-05); the 2.6 ones were patched until 2026-06-30
+# (#5673, #6290). AWS's answer (#5673, 2026-04-25) is a Ray Serve container with a SageMaker adapter
+# answering /ping and /invocations (first released 2026-04-23).
+AWS_PYTORCH_INFERENCE_SOURCE = Source("https://github.com/aws/deep-learning-containers/issues/5239", SERVING_CHECKED)
+AWS_PYTORCH_INFERENCE_END_SOURCE = Source("https://github.com/aws/deep-learning-containers/issues/5673",
+                                          SERVING_CHECKED)
+AWS_RAY_SERVE_SOURCE = Source("https://aws.github.io/deep-learning-containers/ray/", SERVING_CHECKED)
+# KServe is removing its TorchServe runtime for the same reason (kserve/kserve#5638, open).
+KSERVE_TORCHSERVE_SOURCE = Source("https://github.com/kserve/kserve/pull/5638", SERVING_CHECKED)
+
+# The artifact's forms (model_code.artifact; docs/model-artifact.md). PyTorch's TorchScript pages open with
+# "TorchScript is deprecated, please use torch.export instead"; AOTInductor compiles an exported program
+# ahead of time into a .pt2 package for one device, "for inference deployments on the server side".
+TORCHSCRIPT_SOURCE = Source("https://docs.pytorch.org/docs/stable/jit.html", SERVING_CHECKED)
+EXPORT_SOURCE = Source("https://docs.pytorch.org/docs/stable/export.html", SERVING_CHECKED)
+AOTI_SOURCE = Source("https://docs.pytorch.org/docs/stable/torch.compiler_aot_inductor.html", SERVING_CHECKED)
+
+
+@dataclass(frozen=True)
+class ArtifactForm:
+    """One form of the exported detector, and where PyTorch stands on it."""
+
+    name: str  # as the artifact's metadata names it
+    deprecated: bool
+    status: str
+    source: Source
+
+
+ARTIFACT_FORMS: dict[str, ArtifactForm] = {f.name: f for f in (
+    ArtifactForm("torchscript", True, "TorchScript (model.pt): deprecated by PyTorch in favour of torch.export",
+                 TORCHSCRIPT_SOURCE),
+    ArtifactForm("exported", False, "torch.export ExportedProgram (model.pt2): what PyTorch says to use instead",
+                 EXPORT_SOURCE),
+    ArtifactForm("aoti", False, "AOTInductor package (model.aoti.pt2): an exported program compiled ahead of time "
+                                "for the serving device", AOTI_SOURCE),
+)}
+
+
+@dataclass(frozen=True)
+class ServingServer:
+    """A server the serving image can run, its upstream's state, and the artifact forms d2ops serves on it."""
+
+    name: str  # the ServingBackend value
+    distribution: str  # the PyPI distribution containers/serving/requirements.txt installs
+    archived: bool  # upstream read-only: no fixes, no security patches
+    status: str  # one line, for `d2ops doctor` and the docs
+    sources: tuple[Source, ...]
+    forms: tuple[str, ...]
+    why_not: dict[str, str]  # a form it does not serve -> why
+
+
+SERVING_SERVERS: dict[str, ServingServer] = {s.name: s for s in (
+    ServingServer(
+        "torchserve", "torchserve", archived=True,
+        status="TorchServe is archived upstream (pytorch/serve read-only, no fixes or security patches; last release "
+               "0.12.0, 2024-09-24), and AWS stopped its PyTorch inference containers after 2.6 because of it",
+        sources=(TORCHSERVE_SOURCE, TORCHSERVE_RELEASE_SOURCE, AWS_PYTORCH_INFERENCE_SOURCE),
+        forms=("torchscript", "exported"),
+        why_not={"aoti": "d2ops adds no form to the archived server: its last release was tested against torch 2.4, "
+                         "before AOTInductor packages (aoti_compile_and_package, documented from torch 2.6)"}),
+    ServingServer(
+        "ray-serve", "ray", archived=False,
+        status="Ray Serve is maintained, and AWS's own SageMaker inference container for PyTorch after 2.6 runs it",
+        sources=(AWS_PYTORCH_INFERENCE_END_SOURCE, AWS_RAY_SERVE_SOURCE),
+        forms=("torchscript", "exported", "aoti"), why_not={}),
+)}
+
+# The stack parameter that picks the server, and how to switch away from an archived one.
+SERVING_BACKEND_PARAMETER = "ServingBackend"
+
+
+def serving_servers_for(form: str) -> list[str]:
+    """The servers that serve an artifact ``form`` (maintained ones first); a ValueError for an unknown form."""
+    if form not in ARTIFACT_FORMS:
+        raise ValueError(f"{form!r} is not an artifact form; expected one of {', '.join(ARTIFACT_FORMS)}")
+    servers = [s for s in SERVING_SERVERS.values() if form in s.forms]
+    return [s.name for s in sorted(servers, key=lambda s: s.archived)]
+
+
+def maintained_servers() -> list[str]:
+    return [s.name for s in SERVING_SERVERS.values() if not s.archived]

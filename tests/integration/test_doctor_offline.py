@@ -25,17 +25,20 @@ def test_doctor_against_the_offline_runtime_prints_one_line_per_check(tmp_path: 
     assert out[0].startswith("d2ops doctor: stack d2ops (offline")
     checks = out[1:-1]
     names = [line[5:].partition(":")[0] for line in checks]
-    assert names == ["training image", "serving image", "training quota", "evaluation quota", "endpoint quota",
-                     "pretrained weights", "upload events", "notifications", "endpoint name"]
+    assert names == ["training image", "serving image", "serving backend", "training quota", "evaluation quota",
+                     "endpoint quota", "pretrained weights", "upload events", "notifications", "endpoint name"]
     by_name = dict(zip(names, checks, strict=True))
     # What the runtime creates from template.yaml, and the offline account's default quotas, pass.
     for name in ("training image", "serving image", "training quota", "evaluation quota", "endpoint quota",
                  "upload events", "endpoint name"):
         assert by_name[name].startswith("ok   "), by_name[name]
     assert by_name["notifications"].startswith("warn ")  # the offline stack subscribes no e-mail
+    # The template's default server, TorchServe, is archived upstream: a warning naming the offline switch.
+    assert by_name["serving backend"].startswith("warn serving backend: ServingBackend=torchserve")
+    assert "`d2ops run --parameter ServingBackend=ray-serve`" in by_name["serving backend"]
     failed = [line for line in checks if line.startswith("FAIL")]
     assert status == (1 if failed else 0)
-    assert out[-1] == (f"{len(failed)} check(s) failed" if failed else "no check failed (1 warning(s))")
+    assert out[-1] == (f"{len(failed)} check(s) failed" if failed else "no check failed (2 warning(s))")
 
 
 def test_the_quotas_the_offline_sagemaker_enforces_are_the_ones_the_doctor_reads(tmp_path: Path) -> None:
@@ -51,6 +54,7 @@ def test_the_quotas_the_offline_sagemaker_enforces_are_the_ones_the_doctor_reads
                                             clients.s3, stack)
     assert owner.status == "FAIL" and "deployed by run shapes-v1-elsewhere, which is not one of this stack's" in (
         owner.found)
+    assert checks["serving backend"].status == "warn"  # the template's default, TorchServe
     training = checks["training quota"]
     assert training.status == "FAIL"  # a new account's spot GPU training quota: 0, from the defaults
     assert training.found.startswith(f"'{quota_name(GPU, 'spot training')}' is 0 (the default)")
@@ -64,7 +68,7 @@ HOLD_RUNTIME = """
 import sys
 from pathlib import Path
 from d2ops.offline.runtime import OfflineRuntime
-with OfflineRuntime(Path(sys.argv[1]), parameters={"EndpointInstanceCount": "3"},
+with OfflineRuntime(Path(sys.argv[1]), parameters={"EndpointInstanceCount": "3", "ServingBackend": "ray-serve"},
                     quotas={"ml.g4dn.xlarge for endpoint usage": 5}):
     print("ready", flush=True)
     sys.stdin.read()
@@ -83,6 +87,8 @@ def test_doctor_asks_the_runtime_another_process_holds_about_that_runtimes_stack
         assert holder.stdin is not None
         holder.stdin.close()
         holder.wait(timeout=60)
-    endpoint = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("FAIL endpoint quota"))
+    out = capsys.readouterr().out.splitlines()
+    endpoint = next(line for line in out if line.startswith("FAIL endpoint quota"))
+    assert any(line.startswith("ok   serving backend: ServingBackend=ray-serve") for line in out)  # its server too
     # Its parameters (3 instances) and its quota table (5), not the template's defaults: the holder's APIs answered.
     assert f"'{quota_name(GPU, 'endpoint')}' is 5: the first deployment fits (3), but every update needs 6" in endpoint

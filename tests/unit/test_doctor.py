@@ -39,6 +39,7 @@ PARAMETERS = {
     "ServingImageUri": f"{REGISTRY}/d2ops-serving:v1", "TrainingInstanceType": GPU, "TrainingInstanceCount": "2",
     "UseSpotTraining": "true", "EvaluationInstanceType": GPU, "EndpointInstanceType": GPU,
     "EndpointInstanceCount": "1", "NotificationEmail": EMAIL, doctor.WEIGHTS_PARAMETER: WEIGHTS,
+    "ServingBackend": "ray-serve",  # the maintained server: TorchServe (the default) warns, see below
 }
 # A new account's spot GPU training quota is 0 (d2ops.offline.quotas); this healthy one has raised it.
 RAISED = {quota_name(GPU, "spot training"): 2}
@@ -112,13 +113,13 @@ def account(monkeypatch: pytest.MonkeyPatch) -> Iterator[Account]:
 def test_a_healthy_account_passes_every_check_one_line_each(account: Account) -> None:
     report = doctor.run_checks(account.clients, account.stack)
     assert [c.name for c in report.checks] == [
-        "stack", "training image", "serving image", "training quota", "evaluation quota", "endpoint quota",
-        "pretrained weights", "upload events", "notifications", "endpoint name"]
+        "stack", "training image", "serving image", "serving backend", "training quota", "evaluation quota",
+        "endpoint quota", "pretrained weights", "upload events", "notifications", "endpoint name"]
     assert {c.status for c in report.checks} == {"ok"}, report.lines()
     assert not report.failed
     lines = report.lines()
     assert len(lines) == len(report.checks) and all("\n" not in line for line in lines)
-    assert lines[3] == (f"ok   training quota: '{GPU} for spot training job usage' is 2, the stack needs 2 "
+    assert lines[4] == (f"ok   training quota: '{GPU} for spot training job usage' is 2, the stack needs 2 "
                         f"(TrainingInstanceCount=2, UseSpotTraining=true)")
 
 
@@ -152,6 +153,55 @@ def test_a_missing_repository_and_a_digest_are_told_apart(account: Account) -> N
 def test_an_image_in_another_region_fails(account: Account) -> None:
     check = account.check(TrainingImageUri=f"{ACCOUNT}.dkr.ecr.eu-west-1.amazonaws.com/d2ops-training:v1")
     assert check["training image"].status == "FAIL" and "eu-west-1" in check["training image"].found
+
+
+# ------------------------------------------------------------------------------- serving backend
+def test_a_stack_serving_with_the_archived_torchserve_warns_naming_the_source_and_the_switch(
+        account: Account, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Mutation caught: the check reading the template's default instead of the stack's own parameter, or
+    failing (exit 1) where the issue asks for a warning: TorchServe is the user's choice and still works."""
+    from d2ops_core import platform
+
+    account.clients.cloudformation.create_stack(
+        StackName="d2ops-legacy", TemplateBody=tiny_template({**PARAMETERS, "SageMakerNamePrefix": "d2ops-legacy",
+                                                              "ServingBackend": "torchserve"}))
+    stack = doctor.read_stack(account.clients.cloudformation, "d2ops-legacy", REGION)  # DescribeStacks
+    check = doctor.check_serving_backend(stack)
+    torchserve = platform.SERVING_SERVERS["torchserve"]
+    assert check.status == "warn" and check.found.startswith("ServingBackend=torchserve: TorchServe is archived")
+    assert all(source.url in check.found for source in torchserve.sources)
+    assert "`sam deploy --parameter-overrides ServingBackend=ray-serve`" in check.fix
+    assert account.check()["serving backend"].status == "ok"  # the healthy account's ray-serve
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SERVICE_QUOTAS", account.quotas_url)
+    assert cli.main(["doctor", "--stack", STACK, "--region", REGION]) == 0
+    capsys.readouterr()
+    account.clients.cloudformation.update_stack(
+        StackName=STACK, TemplateBody=tiny_template({**PARAMETERS, "ServingBackend": "torchserve"}))
+    topic = doctor.read_stack(account.clients.cloudformation, STACK, REGION).outputs["NotificationTopicArn"]
+    account.clients.sns.subscribe(TopicArn=topic, Protocol="email", Endpoint=EMAIL)  # moto's update made a new one
+    assert cli.main(["doctor", "--stack", STACK, "--region", REGION]) == 0  # a warning is no failure
+    out = capsys.readouterr().out.splitlines()
+    assert [line for line in out if not line.startswith("ok   ")][1:] == [
+        next(line for line in out if line.startswith("warn serving backend: ServingBackend=torchserve")),
+        "no check failed (1 warning(s))"]
+
+
+def test_a_stack_deployed_before_the_parameter_serves_torchserve_and_warns(account: Account) -> None:
+    old = {k: v for k, v in PARAMETERS.items() if k != "ServingBackend"}
+    account.clients.cloudformation.create_stack(StackName="d2ops-old", TemplateBody=tiny_template(
+        {**old, "SageMakerNamePrefix": "d2ops-old"}))
+    check = doctor.check_serving_backend(doctor.read_stack(account.clients.cloudformation, "d2ops-old", REGION))
+    assert check.status == "warn" and "no ServingBackend parameter" in check.found and "archived" in check.found
+
+
+def test_an_unknown_serving_backend_fails_and_the_offline_fix_names_the_offline_switch(account: Account) -> None:
+    checks = account.check(ServingBackend="triton")
+    assert checks["serving backend"].status == "FAIL" and "'triton'" in checks["serving backend"].found
+    offline = doctor.check_serving_backend(replace(account.stack, deployed=False, parameters={
+        **account.stack.parameters, "ServingBackend": "torchserve"}))
+    assert offline.status == "warn" and "`d2ops run --parameter ServingBackend=ray-serve`" in offline.fix
+    assert "sam deploy" not in offline.fix
 
 
 # ---------------------------------------------------------------------------------------- quotas
@@ -356,7 +406,7 @@ def test_the_command_exits_0_when_healthy_1_on_a_failure_and_2_without_a_stack(
     assert cli.main(command) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"d2ops doctor: stack {STACK} ({REGION})" and out[-1] == "all checks passed"
-    assert len(out) == 12 and all(line.startswith("ok   ") for line in out[1:-1])
+    assert len(out) == 13 and all(line.startswith("ok   ") for line in out[1:-1])
 
     account.clients.s3.put_bucket_notification_configuration(Bucket=account.stack.outputs["DataBucketName"],
                                                              NotificationConfiguration={})

@@ -39,6 +39,7 @@ from typing import Any
 
 from d2ops.commands.errors import UsageError
 from d2ops.local.trainer_choice import FRAMEWORKS, TrainerChoice
+from d2ops_core.platform import SERVING_BACKEND_PARAMETER, SERVING_SERVERS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -63,6 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--framework", choices=FRAMEWORKS, default="auto",
                    help="trainer: detectron2 (production), torchvision, or auto (default): detectron2 where it "
                         "imports, torchvision otherwise")
+    p.add_argument("--serving-backend", choices=tuple(SERVING_SERVERS), default=None,
+                   help="the endpoint's server, the stack parameter ServingBackend (default: the template's, "
+                        "torchserve; ray-serve is the maintained one)")
     p.set_defaults(func=run)
 
 
@@ -402,7 +406,10 @@ def run(args: argparse.Namespace) -> int:
         args.max_iter = trainer.demo_iterations
     install_signal_handlers()
     work_dir: Path = args.work_dir
-    settings: dict[str, Any] = {"training_defaults": trainer.training_defaults, "parameters": trainer.stack_parameters,
+    parameters = dict(trainer.stack_parameters)
+    if args.serving_backend:
+        parameters[SERVING_BACKEND_PARAMETER] = args.serving_backend
+    settings: dict[str, Any] = {"training_defaults": trainer.training_defaults, "parameters": parameters,
                                 "function_env": {"PrepareTrainingFunction": {"FRAMEWORK": trainer.framework}}}
     stages: dict[str, float] = {}
     runs: list[dict[str, Any]] = []
@@ -420,6 +427,9 @@ def run(args: argparse.Namespace) -> int:
             runtime = OfflineRuntime(work_dir, **settings)
         say("d2ops demo: the whole pipeline on this machine (no AWS account, no Docker, no GPU)")
         say(f"trainer: {trainer.framework} ({trainer.reason})")
+        backend = runtime.stack.parameters[SERVING_BACKEND_PARAMETER]
+        say(f"serving: {SERVING_BACKEND_PARAMETER}={backend}" + ("" if args.serving_backend else
+            f" (the template's default; --serving-backend picks one of {', '.join(SERVING_SERVERS)})"))
         if trainer.stack_parameters.get("PretrainedWeightsKey") == "none":
             say("weights: PretrainedWeightsKey=none, the CPU profile trains from scratch (a deployed stack fine-tunes "
                 "from a model-zoo checkpoint: d2ops weights upload --help)")
