@@ -105,9 +105,11 @@ def _deploy_input(rt: OfflineRuntime, run: str, package: str) -> dict[str, Any]:
     # The variants as prepare_training builds them for the default GPU type (with its InferenceAmiVersion).
     variant = {"VariantName": "AllTraffic", "ModelName": f"{run}-model", "InstanceType": "ml.g4dn.xlarge",
                "InitialInstanceCount": 1, "InferenceAmiVersion": "al2-ami-sagemaker-inference-gpu-2"}
+    capture = {"EnableCapture": False, "InitialSamplingPercentage": 0, "DestinationS3Uri": "s3://artifacts/capture",
+               "CaptureOptions": [{"CaptureMode": "Input"}, {"CaptureMode": "Output"}]}
     return {"plan": {"names": {"model": f"{run}-model", "endpoint_config": f"{run}-config"},
                      "endpoint": {"instance_type": "ml.g4dn.xlarge", "instance_count": 1,
-                                  "production_variants": [variant]}},
+                                  "production_variants": [variant], "data_capture_config": capture}},
             "registration": {"model_package_arn": package}}
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from d2ops.template import REPO_ROOT, SamTemplate, load_template
+from d2ops_core import s3_layout
 from d2ops_core.pipeline_stages import all_states
 
 T: SamTemplate = load_template()
@@ -667,7 +668,12 @@ def test_each_job_role_reaches_the_keys_its_job_uses_and_the_endpoint_nothing_bu
         assert not allows("EndpointRole", action, arn), f"EndpointRole may {action} {arn}"
     s3_actions = {a for st in _resolved_statements("EndpointRole") for a in as_list(st["Action"])
                   if a.startswith("s3:")}
-    assert s3_actions == {"s3:GetObject"}
+    assert s3_actions == {"s3:GetObject", "s3:PutObject"}
+    # ... and writes only data capture, where SageMaker puts it as this role (prepare_training's destination).
+    # Mutations caught: the statement dropped (SageMaker could not write capture) or widened past capture/.
+    capture = f"{artifacts}/{s3_layout.capture_hour_prefix('prefix-detector', 'AllTraffic', 2026, 1, 2, 3)}x.jsonl"
+    assert allows("EndpointRole", "s3:PutObject", capture)
+    assert not allows("EndpointRole", "s3:PutObject", f"{artifacts}/monitoring/prefix-detector/windows/x.json")
 
 
 def test_each_role_pulls_only_its_own_image_repository() -> None:

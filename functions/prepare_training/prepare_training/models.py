@@ -73,6 +73,8 @@ class PrepareSettings(BaseModel):
     # Each check writes up to 20 history events in the deployment wait and 11 in the rollback wait;
     # 360 keeps the longest run under Step Functions' 25,000 (tests/unit/test_pipeline_history_budget.py).
     endpoint_max_wait_attempts: int = Field(120, ge=1, le=360)
+    capture_sampling_percentage: int = Field(10, ge=0, le=100, description="CaptureSamplingPercentage: the share "
+                                             "of InvokeEndpoint requests data capture keeps; 0 turns it off")
     limits: StackLimits = Field(description="the operator's limits a manifest may only tighten (MinMap, MaxRegression, "
                                             "the per-class gate, the interval, the training caps), read by "
                                             "StackLimits.from_env as validate_dataset reads them")

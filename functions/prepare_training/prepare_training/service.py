@@ -12,6 +12,7 @@ from d2ops_core import images, metrics, platform, pretrained, run_ids, s3_layout
 from d2ops_core.champion import ChampionRecord
 from d2ops_core.dataset_diff import compare
 from d2ops_core.dataset_diff_s3 import index_run
+from d2ops_core.documents.capture import JSON_CONTENT_TYPES
 from d2ops_core.documents.dataset_diff import DatasetDiffSummary
 from d2ops_core.documents.evaluation import GateThresholds
 from d2ops_core.validation.manifest import (
@@ -348,6 +349,18 @@ def production_variants(settings: PrepareSettings, names: JobNames) -> list[dict
     return [variant]
 
 
+def data_capture_config(settings: PrepareSettings) -> dict[str, Any]:
+    """CreateEndpointConfig's DataCaptureConfig: requests and answers, sampled at CaptureSamplingPercentage, to
+    ``capture/`` in the artifacts bucket (d2ops_core.capture_files reads them back). Answers are JSON, so they
+    are stored as text; images are not, so base64. 0 % is EnableCapture false (the API allows 0-100 and the
+    state cannot leave the key out). No KmsKeyId: the bucket's default encryption (SSE-S3) applies."""
+    percent = settings.capture_sampling_percentage
+    return {"EnableCapture": percent > 0, "InitialSamplingPercentage": percent,
+            "DestinationS3Uri": s3_layout.capture_destination_uri(settings.artifacts_bucket),
+            "CaptureOptions": [{"CaptureMode": "Input"}, {"CaptureMode": "Output"}],
+            "CaptureContentTypeHeader": {"JsonContentTypes": list(JSON_CONTENT_TYPES)}}
+
+
 def check_request(settings: PrepareSettings, event: PrepareEvent) -> None:
     """What refuses a run's jobs before anything starts, whatever data they read."""
     problems = stack_limit_problems(event.manifest.gate, event.manifest.training, settings.limits)
@@ -393,6 +406,7 @@ def build_plan(settings: PrepareSettings, event: PrepareEvent, champion: Champio
         endpoint=EndpointPlan(instance_type=settings.endpoint_instance_type,
                               instance_count=settings.endpoint_instance_count,
                               production_variants=production_variants(settings, names),
+                              data_capture_config=data_capture_config(settings),
                               poll_seconds=settings.endpoint_poll_seconds,
                               max_wait_attempts=settings.endpoint_max_wait_attempts,
                               traffic_routing=traffic_routing(settings.endpoint_instance_count)),

@@ -574,9 +574,11 @@ def deploy() -> list[Named]:
                 comment="aws-sdk, not the optimised integration: the variants carry InferenceAmiVersion "
                         "(prepare_training adds it on GPU families whose default driver cannot run the serving "
                         "image), a field newer than the optimised integration's parameter list. prepare_training "
-                        "builds the variants whole because Parameters cannot add a key conditionally.",
+                        "builds the variants whole because Parameters cannot add a key conditionally; the data "
+                        "capture config too (EnableCapture false when CaptureSamplingPercentage is 0).",
                 parameters={"EndpointConfigName.$": endpoint_config,
-                            "ProductionVariants.$": "$.plan.endpoint.production_variants", "Tags": RUN_TAGS},
+                            "ProductionVariants.$": "$.plan.endpoint.production_variants",
+                            "DataCaptureConfig.$": "$.plan.endpoint.data_capture_config", "Tags": RUN_TAGS},
                 result_path=None, retry=(SAGEMAKER_WRITE,),
                 catch=(ExpectedCatch("Endpoint config already created?", ("SageMaker.SageMakerException",),
                                      meaning="the endpoint config exists already",

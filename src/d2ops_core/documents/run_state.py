@@ -70,6 +70,9 @@ class EndpointPlan(BaseModel):
     # the GPU families whose default driver cannot run the serving image (d2ops_core.platform), and
     # a JSONPath Parameters block cannot add a key conditionally. Empty in plans written before.
     production_variants: list[dict[str, Any]] = Field(default_factory=list)
+    # CreateEndpointConfig's DataCaptureConfig, whole (prepare_training.service.data_capture_config): capture
+    # off is EnableCapture false, since Parameters cannot leave the key out. None in plans written before.
+    data_capture_config: dict[str, Any] | None = None
     poll_seconds: int
     max_wait_attempts: int
     traffic_routing: TrafficRoutingConfig
