@@ -183,9 +183,9 @@ def build_baseline(features: Iterable[ImageFeatures], *, run_id: str, class_name
     rates, low-confidence fraction) at most ``limit`` images, the same images for each, drawn with a seeded
     generator: the same inputs give the same document."""
     sample = sample_features(features, class_names)
-    picked = range(sample.images)
+    picked = list(range(sample.images))
     if sample.images > limit:
-        picked = sorted(random.Random(seed).sample(range(sample.images), limit))
+        picked = sorted(random.Random(seed).sample(picked, limit))
     return MonitoringBaseline(
         run_id=run_id, class_names=list(class_names), images=sample.images, detections=sample.detections,
         created_at=created_at or datetime.now(UTC),

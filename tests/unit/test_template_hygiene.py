@@ -693,7 +693,24 @@ def test_the_state_machine_passes_exactly_the_three_job_roles() -> None:
     assert sorted(r["Fn::GetAtt"][0] if isinstance(r["Fn::GetAtt"], list) else r["Fn::GetAtt"].split(".")[0]
                   for r in as_list(passes[0]["Resource"])) == sorted(JOB_ROLES.values())
     # no shared SageMaker role left (the reviewer's role is for people, passed to no service)
-    assert sorted(set(resources_of("AWS::IAM::Role")) - set(PEOPLE_ROLES)) == sorted(JOB_ROLES.values())
+    sagemaker_roles = {rid for rid in resources_of("AWS::IAM::Role") if rid not in PEOPLE_ROLES and any(
+        st["Principal"].get("Service") == "sagemaker.amazonaws.com"
+        for st in props(rid)["AssumeRolePolicyDocument"]["Statement"])}
+    assert sorted(sagemaker_roles) == sorted(JOB_ROLES.values())
+
+
+def test_the_monitor_schedule_role_may_invoke_the_monitor_only() -> None:
+    # Mutation caught: the scheduler's role widened to every function, or trusting another account.
+    role = props("MonitorScheduleRole")
+    (trust,) = role["AssumeRolePolicyDocument"]["Statement"]
+    assert trust["Principal"] == {"Service": "scheduler.amazonaws.com"}
+    assert trust["Condition"] == {"StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}}
+    statements = [st for policy in role["Policies"] for st in policy["PolicyDocument"]["Statement"]]
+    assert statements == [{"Effect": "Allow", "Action": "lambda:InvokeFunction",
+                           "Resource": {"Fn::GetAtt": ["MonitorEndpointFunction", "Arn"]}}]
+    target = props("MonitorSchedule")["Target"]
+    assert target["Arn"] == {"Fn::GetAtt": ["MonitorEndpointFunction", "Arn"]}
+    assert target["RoleArn"] == {"Fn::GetAtt": ["MonitorScheduleRole", "Arn"]}
 
 
 def test_jobs_and_the_endpoint_run_without_network_and_multi_host_traffic_is_encrypted() -> None:
