@@ -138,13 +138,29 @@ def _other_answers(model: Path, images: list[Any]) -> list[list[Any]]:
     return answers
 
 
-def run(args: argparse.Namespace) -> int:
-    from botocore.exceptions import BotoCoreError, ClientError
+def check_options(args: argparse.Namespace) -> set[str]:
+    """The options' problems as a UsageError; the SHA-256s under the ``--exclude`` directories."""
+    from d2ops.labelling import capture_source
 
+    if args.max_images < 1 or not 0 < args.margin <= 1 or not 0 <= args.duplicate_distance <= 2:
+        raise UsageError("--max-images must be >= 1, --margin in (0, 1], --duplicate-distance in 0-2")
+    if args.since and args.until and args.since >= args.until:
+        raise UsageError(f"--since {args.since.isoformat()} is not before --until {args.until.isoformat()}")
+    if args.out.exists():
+        raise UsageError(f"--out {args.out}: already exists (a selection is written once; choose a new directory)")
+    excluded: set[str] = set()
+    for directory in args.exclude:
+        if not directory.is_dir():
+            raise UsageError(f"--exclude {directory}: not a directory")
+        excluded |= capture_source.local_image_hashes(directory)
+    return excluded
+
+
+def make_selection(s3: Any, bucket: str, endpoint: str, args: argparse.Namespace,
+                   excluded_local: set[str]) -> tuple[Any, dict[str, bytes]]:
+    """(the LabelSelection, each selected image's bytes by SHA-256) from the capture in ``bucket``."""
     from d2ops.labelling import capture_source
     from d2ops.labelling.documents import (
-        IMAGES_DIR,
-        SELECTION_FILE,
         LabelSelection,
         SelectedImage,
         SelectionCounts,
@@ -154,50 +170,30 @@ def run(args: argparse.Namespace) -> int:
     from d2ops.labelling.selection import DEFAULT_WEIGHTS, Candidate, rank
     from d2ops_core.champion import read_champion
 
-    if args.max_images < 1 or not 0 < args.margin <= 1 or not 0 <= args.duplicate_distance <= 2:
-        raise UsageError("--max-images must be >= 1, --margin in (0, 1], --duplicate-distance in 0-2")
-    if args.since and args.until and args.since >= args.until:
-        raise UsageError(f"--since {args.since.isoformat()} is not before --until {args.until.isoformat()}")
-    out: Path = args.out
-    if out.exists():
-        raise UsageError(f"--out {out}: already exists (a selection is written once; choose a new directory)")
-    excluded_local: set[str] = set()
-    for directory in args.exclude:
-        if not directory.is_dir():
-            raise UsageError(f"--exclude {directory}: not a directory")
-        excluded_local |= capture_source.local_image_hashes(directory)
     weights = {**DEFAULT_WEIGHTS, **dict(args.weight)}
     if args.compare_with is None:
         weights["disagreement"] = 0.0  # nothing to disagree with: the term is not part of this selection
-    where = _deployed(args) if args.stack else _offline(args.work_dir)
-    bucket = "the artifacts bucket"
-    try:
-        with where as (s3, bucket, stack_endpoint):
-            endpoint = args.endpoint or stack_endpoint
-            read = capture_source.read_captured_images(s3, bucket, endpoint, since=args.since, until=args.until,
-                                                       variant=args.variant)
-            excluded = capture_source.dataset_image_hashes(s3, bucket) | excluded_local
-            champion = read_champion(s3, bucket)
-            report = capture_source.read_evaluation_report(s3, champion.evaluation_uri) if champion else None
-    except (ClientError, BotoCoreError) as exc:
-        print(f"d2ops label select: error: reading {bucket}: {exc}", file=sys.stderr)
-        return 1
+    read = capture_source.read_captured_images(s3, bucket, endpoint, since=args.since, until=args.until,
+                                               variant=args.variant)
+    excluded = capture_source.dataset_image_hashes(s3, bucket) | excluded_local
+    champion = read_champion(s3, bucket)
+    report = capture_source.read_evaluation_report(s3, champion.evaluation_uri) if champion else None
     weak = sorted(args.weak_class) if args.weak_class is not None else (
         capture_source.weak_classes(report) if report else [])
     fresh = [image for image in read.images if image.sha256 not in excluded]
-    others = _other_answers(args.compare_with, fresh) if args.compare_with else [None] * len(fresh)
-    candidates = [Candidate(sha256=i.sha256, thumb=i.thumb, detections=i.detections,
-                            thresholds=i.thresholds, other=other, payload=i) for i, other in zip(fresh, others,
-                                                                                                strict=True)]
+    others: list[Any] = _other_answers(args.compare_with, fresh) if args.compare_with else [None] * len(fresh)
+    candidates = [Candidate(sha256=i.sha256, thumb=i.thumb, detections=i.detections, thresholds=i.thresholds,
+                            other=other, payload=i) for i, other in zip(fresh, others, strict=True)]
     outcome = rank(candidates, max_images=args.max_images, weights=weights, margin=args.margin, weak=weak,
                    duplicate_distance=args.duplicate_distance)
-    class_names = sorted({d.class_name for i in read.images for d in i.detections})
-    if report is not None:
-        class_names = list(report.class_instances)
-    selected = []
+    # the serving model's classes in label order (its report's); without one, the classes its answers named
+    class_names = list(report.class_instances) if report else sorted(
+        {d.class_name for i in read.images for d in i.detections})
+    selected, bodies = [], {}
     for ranked in outcome.ranked:
         image = ranked.candidate.payload
         assert isinstance(image, capture_source.CapturedImage)
+        bodies[image.sha256] = image.body
         selected.append(SelectedImage(
             rank=ranked.rank, sha256=image.sha256, file=image_file_name(image.sha256, image.content_type),
             content_type=image.content_type, width=image.width, height=image.height, source=image.source,
@@ -213,30 +209,60 @@ def run(args: argparse.Namespace) -> int:
                                excluded=len(read.images) - len(fresh), near_duplicates=outcome.near_duplicates,
                                candidates=len(fresh)),
         problems=read.problems, images=selected)
+    return selection, bodies
+
+
+def write_selection(out: Path, selection: Any, bodies: dict[str, bytes]) -> None:
+    """The selection directory, whole or not at all: written beside ``out``, then renamed."""
+    from d2ops.labelling.documents import IMAGES_DIR, SELECTION_FILE
+
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         (staging / IMAGES_DIR).mkdir()
-        for item, ranked in zip(selected, outcome.ranked, strict=True):
-            image = ranked.candidate.payload
-            assert isinstance(image, capture_source.CapturedImage)
-            (staging / item.file).write_bytes(image.body)
+        for item in selection.images:
+            (staging / item.file).write_bytes(bodies[item.sha256])
         (staging / SELECTION_FILE).write_text(selection.model_dump_json(indent=1), encoding="utf-8")
         os.rename(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    for problem in read.problems:
-        print(f"skipped {problem}", file=sys.stderr)
-    c = selection.counts
-    print(f"selected {len(selected)} of {c.candidates} candidate images from {c.records} captured records of "
-          f"{endpoint} ({c.duplicates} repeated, {c.excluded} already in a dataset version or excluded, "
-          f"{c.near_duplicates} near-duplicates dropped, {c.unreadable} unreadable) -> {out}")
-    print(f"weak classes: {', '.join(weak) or 'none'}; weights: "
-          + ", ".join(f"{k}={v}" for k, v in weights.items()))
-    for item in selected[:10]:
+
+
+def summary_lines(selection: Any, out: Path, shown: int = 10) -> list[str]:
+    """What the command prints: the counts, the rule's settings and the first ``shown`` images with why."""
+    from d2ops.labelling.documents import SELECTION_FILE
+
+    c, p = selection.counts, selection.parameters
+    lines = [f"selected {len(selection.images)} of {c.candidates} candidate images from {c.records} captured records "
+             f"of {p.endpoint} ({c.duplicates} repeated, {c.excluded} already in a dataset version or excluded, "
+             f"{c.near_duplicates} near-duplicates dropped, {c.unreadable} unreadable) -> {out}",
+             f"weak classes: {', '.join(p.weak_classes) or 'none'}; weights: "
+             + ", ".join(f"{k}={v:g}" for k, v in p.weights.items())]
+    for item in selection.images[:shown]:
         why = "; ".join(f"{r.term} {r.weight:g}x{r.value:.2f} ({r.detail})" for r in item.reasons) or "no rule term"
-        print(f"  {item.rank:>3} {item.score:6.3f} {item.sha256[:12]} {item.source.key}:{item.source.line}: {why}")
-    if len(selected) > 10:
-        print(f"  ... {len(selected) - 10} more in {out / SELECTION_FILE}")
+        lines.append(f"  {item.rank:>3} {item.score:6.3f} {item.sha256[:12]} {item.source.key}:{item.source.line}: "
+                     f"{why}")
+    if len(selection.images) > shown:
+        lines.append(f"  ... {len(selection.images) - shown} more in {out / SELECTION_FILE}")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    excluded_local = check_options(args)
+    where = _deployed(args) if args.stack else _offline(args.work_dir)
+    bucket = "the artifacts bucket"
+    try:
+        with where as (s3, bucket, stack_endpoint):
+            selection, bodies = make_selection(s3, bucket, args.endpoint or stack_endpoint, args, excluded_local)
+    except (ClientError, BotoCoreError) as exc:
+        print(f"d2ops label select: error: reading {bucket}: {exc}", file=sys.stderr)
+        return 1
+    write_selection(args.out, selection, bodies)
+    for problem in selection.problems:
+        print(f"skipped {problem}", file=sys.stderr)
+    for line in summary_lines(selection, args.out):
+        print(line)
     return 0
