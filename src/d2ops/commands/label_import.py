@@ -1,0 +1,100 @@
+"""``d2ops label import --from label-studio URL --project NAME --dataset BASE --out DIR``: labels into a new version.
+
+Reads the project's completed, non-skipped tasks, reports conflicts between annotators, and writes the base
+dataset version plus the labelled images as a new version, validated like any upload; ``--upload s3://BUCKET``
+then puts it under datasets/<name>/<version>/, manifest last, which starts the next run (docs/labelling.md).
+Exit codes: 0 written, 1 a one-line error or an invalid new version (its report printed), 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from d2ops.commands.errors import UsageError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("import", help="read finished Label Studio tasks back as a new dataset version")
+    p.add_argument("--from", dest="tool", required=True, choices=["label-studio"], help="the labelling tool")
+    p.add_argument("url", metavar="URL", help="the Label Studio server, e.g. http://localhost:8080")
+    p.add_argument("--project", required=True, help="project title")
+    p.add_argument("--dataset", required=True, metavar="DIR_OR_S3_URI",
+                   help="the base dataset version (the champion's): a directory or s3://BUCKET/datasets/NAME/VERSION/")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="where the new version is written "
+                                                                           "(must not exist)")
+    p.add_argument("--version", default=None, help="the new version's name (default: the base's, plus one: v1 -> v2)")
+    p.add_argument("--upload", default=None, metavar="s3://BUCKET",
+                   help="also upload it to the data bucket, manifest.json last (starts the next run)")
+    p.add_argument("--token-env", default=None, metavar="VAR",
+                   help="environment variable holding the API token (default LABEL_STUDIO_API_KEY)")
+    p.add_argument("--json", action="store_true", help="print the validation report as JSON on stdout")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from d2ops.labelling import new_version as nv
+    from d2ops.labelling.labelstudio import DEFAULT_TOKEN_ENV, LabellingError, Server, read_labels
+    from d2ops_core.validation.manifest import SEGMENT_PATTERN
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    token_env = args.token_env or DEFAULT_TOKEN_ENV
+    if args.upload is not None and not args.upload.startswith("s3://"):
+        raise UsageError(f"--upload {args.upload}: expected s3://BUCKET")
+    scratch = None
+    try:
+        if args.dataset.startswith("s3://"):
+            import boto3
+
+            scratch = nv.scratch_dir()
+            base_root = nv.download_base(boto3.client("s3"), args.dataset, scratch, say)
+        else:
+            base_root = Path(args.dataset)
+            if not base_root.is_dir():
+                raise UsageError(f"--dataset {args.dataset}: not a directory or s3:// URI")
+        base = nv.open_base(base_root)
+        version = args.version or nv.next_version(base.version)
+        if not re.fullmatch(SEGMENT_PATTERN, version):
+            raise UsageError(f"--version {version!r}: must match {SEGMENT_PATTERN}")
+        server = Server(args.url, os.environ.get(token_env), token_env)
+        back = read_labels(server, args.project, sorted(base.classes, key=base.classes.__getitem__), progress=say)
+        for conflict in back.conflicts:
+            say(f"conflict: {conflict.describe()}")
+        if not back.labelled:
+            raise LabellingError(f"project {args.project!r} has no completed task to import ({back.pending} not "
+                                 f"completed, {back.skipped} skipped, {len(back.conflicts)} conflicts)")
+        try:
+            written = nv.write_version(base, back.labelled, args.out, version=version, progress=say)
+        except nv.InvalidVersion as exc:
+            print(exc.report.model_dump_json(indent=1) if args.json else exc.report.describe())
+            raise
+        for item in written.already_in_base:
+            say(f"already in {base.name}/{base.version}, not added again: {item}")
+        assert written.report is not None
+        print(written.report.model_dump_json(indent=1) if args.json else written.report.describe())
+        say(f"wrote {written.name}/{written.version} to {written.path}: {written.added_train} new train and "
+            f"{written.added_val} new val images, {written.added_boxes} boxes, from {len(back.labelled)} completed "
+            f"tasks ({len(back.conflicts)} conflicts left out, {back.skipped} skipped, {back.pending} not completed)")
+        if args.upload:
+            import boto3
+
+            uri = nv.upload_version(boto3.client("s3"), written, args.upload, say)
+            say(f"uploaded to {uri}: its manifest starts the next run")
+    except LabellingError as exc:
+        print(f"d2ops label import: error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # S3 (botocore) failures: one line naming the bucket's problem, not a traceback
+        if type(exc).__module__.split(".")[0] not in ("botocore", "boto3"):
+            raise
+        print(f"d2ops label import: error: S3: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return 0

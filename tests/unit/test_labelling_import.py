@@ -1,0 +1,188 @@
+"""Label Studio results -> COCO boxes, annotator agreement, and the new dataset version's writer (no server here:
+tests/integration/test_label_studio.py runs the round trip against a real Label Studio)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+from PIL import Image
+
+from d2ops import synth
+from d2ops.labelling.labelstudio import (
+    Box,
+    BoxControl,
+    LabelledImage,
+    LabellingError,
+    boxes_of,
+    check_project_classes,
+    disagreement,
+)
+from d2ops.labelling.new_version import (
+    InvalidVersion,
+    next_version,
+    open_base,
+    upload_version,
+    write_version,
+)
+from d2ops_core.validation.split import draws_val
+
+CONTROL = BoxControl(from_name="label", to_name="image", data_key="image")
+CLASSES = ["square", "disc", "triangle"]
+
+
+def rect(x: float, y: float, w: float, h: float, label: str = "disc", **extra: Any) -> dict[str, Any]:
+    value = {"x": x, "y": y, "width": w, "height": h, "rotation": 0, "rectanglelabels": [label], **extra}
+    return {"from_name": "label", "to_name": "image", "type": "rectanglelabels", "original_width": 200,
+            "original_height": 100, "value": value}
+
+
+def test_boxes_are_percent_of_the_upright_image_converted_to_pixels() -> None:
+    # catches: percent taken as pixels, x scaled by the height, or boxes not clipped to the image
+    boxes = boxes_of([rect(10, 20, 25, 50), rect(90, 90, 20, 20, "square")], CONTROL, CLASSES, 200, 100, "t")
+    assert boxes == (Box("disc", (20.0, 20.0, 50.0, 50.0)), Box("square", (180.0, 90.0, 20.0, 10.0)))
+
+
+def test_regions_of_other_controls_are_ignored_but_a_polygon_is_refused_naming_the_task() -> None:
+    comment = {"from_name": "notes", "to_name": "image", "type": "textarea", "value": {"text": ["blurry"]}}
+    assert boxes_of([comment], CONTROL, CLASSES, 200, 100, "t") == ()
+    polygon = {"from_name": "poly", "to_name": "image", "type": "polygonlabels",
+               "value": {"points": [[1, 1], [5, 1], [1, 5]], "polygonlabels": ["disc"]}}
+    with pytest.raises(LabellingError, match="task 7 annotation 3: a polygonlabels region where a box"):
+        boxes_of([polygon], CONTROL, CLASSES, 200, 100, "task 7 annotation 3")
+
+
+@pytest.mark.parametrize(("region", "message"), [
+    (rect(1, 1, 5, 5, rotation=30), "rotated by 30"),
+    (rect(1, 1, 5, 5, "car"), r"labelled \['car'\], not one of"),
+    ({**rect(1, 1, 5, 5), "original_width": 100, "original_height": 200}, "drawn on a 100x200 image"),
+    (rect(100, 1, 5, 5), "no size inside the image"),
+])
+def test_boxes_that_cannot_be_coco_are_refused(region: dict[str, Any], message: str) -> None:
+    with pytest.raises(LabellingError, match=message):
+        boxes_of([region], CONTROL, CLASSES, 200, 100, "task 1")
+
+
+def test_annotators_agree_on_matching_boxes_and_disagree_on_count_or_class() -> None:
+    a = [Box("disc", (10, 10, 40, 40)), Box("square", (60, 10, 20, 20))]
+    assert disagreement(a, [Box("square", (61, 10, 20, 20)), Box("disc", (12, 10, 40, 40))]) is None
+    assert disagreement(a, a[:1]) == "2 boxes vs 1"  # catches: a missed box counted as agreement
+    assert disagreement(a, [Box("square", (10, 10, 40, 40)), a[1]]) is not None  # same place, other class
+    assert disagreement(a, [Box("disc", (30, 30, 40, 40)), a[1]]) is not None  # IoU 0.22 < 0.5
+
+
+def test_project_labels_must_be_exactly_the_dataset_classes() -> None:
+    parsed = {"label": {"type": "RectangleLabels", "to_name": ["image"], "inputs": [{"value": "image"}],
+                        "labels": ["square", "disc"]}}
+    with pytest.raises(LabellingError, match=r"missing \['triangle'\], not a dataset class \[\]"):
+        check_project_classes("p", parsed, CLASSES)
+    with pytest.raises(LabellingError, match="PolygonLabels 'poly'; d2ops needs exactly one RectangleLabels"):
+        check_project_classes("p", {"poly": {"type": "PolygonLabels", "labels": CLASSES}}, CLASSES)
+    parsed["label"]["labels"] = ["triangle", "disc", "square"]
+    assert check_project_classes("p", parsed, CLASSES) == CONTROL
+
+
+def test_next_version_counts_up() -> None:
+    assert [next_version(v) for v in ("v1", "v09", "2024-07", "data")] == ["v2", "v10", "2024-08", "data-2"]
+
+
+def _labelled(count: int, seed: int, size: int = 64) -> list[LabelledImage]:
+    out = []
+    for i in range(count):
+        buf = io.BytesIO()
+        Image.new("RGB", (size, size), (seed * 40 % 256, i * 50 % 256, 90)).save(buf, "PNG")
+        data = buf.getvalue()
+        out.append(LabelledImage(task_id=i + 1, sha256=hashlib.sha256(data).hexdigest(), data=data, extension="png",
+                                 width=size, height=size, boxes=(Box("disc", (4.0, 4.0, 20.0, 20.0)),),
+                                 annotation_id=i + 1))
+    return out
+
+
+def test_a_base_with_a_derived_split_gets_new_images_in_train_and_the_pipeline_draws_their_side(
+        tmp_path: Path) -> None:
+    base = tmp_path / "v1"
+    synth.generate(base, images=16, seed=1, size=64)
+    train = json.loads((base / "annotations" / "train.json").read_text())
+    val = json.loads((base / "annotations" / "val.json").read_text())
+    train["images"] += val["images"]
+    train["annotations"] += val["annotations"]
+    (base / "annotations" / "train.json").write_text(json.dumps(train))
+    (base / "annotations" / "val.json").unlink()
+    manifest = json.loads((base / "manifest.json").read_text())
+    del manifest["val"]
+    (base / "manifest.json").write_text(json.dumps(manifest))
+    written = write_version(open_base(base), _labelled(6, seed=2), tmp_path / "v2", version="v2")
+    assert written.report is not None and written.report.valid, written.report and written.report.describe()
+    assert not (tmp_path / "v2" / "annotations" / "val.json").exists()  # catches: a derived split frozen into a file
+    doc = json.loads((tmp_path / "v2" / "annotations" / "train.json").read_text())
+    assert len(doc["images"]) == 16 + 6 and written.added_train == 6
+    assert len({im["id"] for im in doc["images"]}) == 22  # catches: new ids colliding with the base's
+    assert written.report.derived_split is not None
+
+
+def test_a_base_with_a_val_file_gets_each_new_image_on_its_content_drawn_side(tmp_path: Path) -> None:
+    base = tmp_path / "v1"
+    synth.generate(base, images=10, seed=1, size=64)
+    labelled = _labelled(12, seed=3)
+    expect_val = {x.sha256 for x in labelled if draws_val("shapes", x.sha256)}
+    assert 0 < len(expect_val) < 12  # both sides exercised
+    written = write_version(open_base(base), labelled, tmp_path / "v2", version="v2")
+    val = json.loads((tmp_path / "v2" / "annotations" / "val.json").read_text())
+    got_val = {im["file_name"].split("/")[-1].split(".")[0] for im in val["images"]
+               if im["file_name"].startswith("labelled/")}
+    assert got_val == expect_val and written.added_val == len(expect_val)  # catches: any other split rule
+
+
+def test_an_image_the_base_already_has_is_not_added_twice(tmp_path: Path) -> None:
+    base = tmp_path / "v1"
+    synth.generate(base, images=10, seed=1, size=64)
+    data = (base / "images" / "train" / "000000.jpg").read_bytes()
+    again = LabelledImage(task_id=9, sha256=hashlib.sha256(data).hexdigest(), data=data, extension="jpg", width=64,
+                          height=64, boxes=(), annotation_id=1)
+    written = write_version(open_base(base), [again, *_labelled(1, seed=4)], tmp_path / "v2", version="v2")
+    assert written.already_in_base == ["task 9: train/000000.jpg"] and written.added_train + written.added_val == 1
+
+
+def test_an_invalid_new_version_is_never_written(tmp_path: Path) -> None:
+    base = tmp_path / "v1"
+    synth.generate(base, images=10, seed=1, size=64)
+    wrong = _labelled(1, seed=5)[0]
+    wrong = LabelledImage(**{**wrong.__dict__, "width": 65})  # the annotation says 65 px, the file has 64
+    with pytest.raises(InvalidVersion, match="IMAGE_SIZE_MISMATCH") as caught:
+        write_version(open_base(base), [wrong], tmp_path / "v2", version="v2")
+    assert not caught.value.report.valid
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v1"]  # catches: a half-written or invalid version left
+    (tmp_path / "v2").mkdir()
+    with pytest.raises(LabellingError, match="already exists"):  # catches: overwriting a version
+        write_version(open_base(base), _labelled(1, seed=5), tmp_path / "v2", version="v2")
+
+
+def test_upload_puts_the_manifest_last_under_datasets_name_version(tmp_path: Path) -> None:
+    base = tmp_path / "v1"
+    synth.generate(base, images=10, seed=1, size=64)
+    written = write_version(open_base(base), _labelled(2, seed=6), tmp_path / "v2", version="v2")
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="data")
+        order: list[str] = []
+
+        class Recording:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(s3, name)
+
+            def upload_file(self, path: str, bucket: str, key: str) -> None:
+                order.append(key)
+                s3.upload_file(path, bucket, key)
+
+        uri = upload_version(Recording(), written, "s3://data")
+        assert uri == "s3://data/datasets/shapes/v2/"
+        assert order[-1] == "datasets/shapes/v2/manifest.json" and len(order) == len(set(order))  # catches: early
+        assert len(order) == sum(1 for p in (tmp_path / "v2").rglob("*") if p.is_file())
+        with pytest.raises(LabellingError, match="already has objects"):  # catches: overwriting an uploaded version
+            upload_version(s3, written, "s3://data")
