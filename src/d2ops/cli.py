@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "d2ops.commands.label",
     "d2ops.commands.run",
     "d2ops.commands.status",
+    "d2ops.commands.monitor",
     "d2ops.commands.decide",
     "d2ops.commands.doctor",
     "d2ops.commands.weights",

@@ -39,7 +39,7 @@ STATIC_FILES = {"index.html": "text/html; charset=utf-8", "console.js": "text/ja
                 "console.css": "text/css; charset=utf-8"}
 # The status API routes the page may read (GET); anything else is not proxied.
 API_ROUTES = re.compile(rf"^/(runs|models|runs/{RUN_ID_CHARS}(/(graph|validation|evaluation))?|"
-                        r"endpoints/[A-Za-z0-9-]{1,63}/history)$")
+                        r"endpoints/[A-Za-z0-9-]{1,63}/(history|monitoring))$")
 INVOKE_ROUTE = re.compile(r"^/api/endpoints/(?P<name>[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62})/invocations$")
 DECISION_ROUTE = re.compile(rf"^/api/runs/(?P<run>{RUN_ID_CHARS})/decision$")
 MAX_DECISION_BYTES = 16 * 1024  # {"decision", "reason"}: a reason is at most 1000 characters

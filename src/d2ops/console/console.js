@@ -116,6 +116,8 @@ async function showRuns() {
   currentView += 1;
   document.getElementById("runs-view").hidden = false;
   document.getElementById("run-view").hidden = true;
+  document.getElementById("monitoring-view").hidden = true;
+  showEndpointLink();  // not awaited: the runs do not wait for the registry
   const body = document.querySelector("#runs tbody");
   let listing;
   try {
@@ -159,9 +161,10 @@ async function showRun(runId) {
   currentView += 1;
   document.getElementById("runs-view").hidden = true;
   document.getElementById("run-view").hidden = false;
+  document.getElementById("monitoring-view").hidden = true;
   document.getElementById("run-title").textContent = "Run " + runId;
   for (const id of ["run-facts", "review", "graph", "validation", "gate", "data-diff", "evaluation", "errors",
-                    "deployment", "history", "try-detections"]) clear(id);
+                    "deployment", "history", "monitoring", "try-detections"]) clear(id);
   document.getElementById("review").hidden = true;
   clear("try-canvas").setAttribute("width", "0");
   say("try-message", "");
@@ -729,7 +732,7 @@ async function showDeployment(run) {
   }
   document.getElementById("try-form-endpoint").value = name || "";
   document.getElementById("try-endpoint").textContent = name ? "endpoint " + name : "no endpoint yet";
-  if (name) await showHistory(name);
+  if (name) await showMonitoring(document.getElementById("monitoring"), name, await showHistory(name));
   else document.getElementById("history").append(el("p", {"class": "muted"}, "no endpoint has been deployed yet"));
 }
 
@@ -741,7 +744,7 @@ async function showHistory(name) {
   } catch (e) {
     box.append(el("p", {"class": "muted"}, e.status === 404 ? `endpoint ${name}: no recorded deployments`
                                                              : "history: " + e.message));
-    return;
+    return null;
   }
   box.append(table(["run", "dataset", "model package", "metric", "served from", "served to", "why it was promoted",
                     "why it was replaced"],
@@ -758,6 +761,169 @@ async function showHistory(name) {
                                     r.at, rolledBackBy(r), r.why, r.action || "-", r.kept_serving || "-"]),
       {"id": "history-rolled-back"}));
   }
+  return history;
+}
+
+// ----- the endpoint's monitoring ------------------------------------------------------------
+// GET /endpoints/{name}/monitoring (the monitor's windows, newest first) beside the endpoint's history: a strip
+// of the windows' verdicts, then one small chart a statistic, its test value (blue points, joined) against its
+// threshold (red dashes) over the windows' start times. A window where the statistic drifted is a larger red
+// point; each deployment (a served period's start) is a purple vertical line across every chart.
+const VERDICT_COLOURS = {"ok": "#2e7d32", "drifted": "#c62828", "too_few_records": "#9e9e9e",
+                         "no_baseline": "#e0e0e0"};
+const DEPLOYMENT_COLOUR = "#6a1b9a";
+const MONITORING_LIMIT = 168;  // a week of hourly windows
+
+async function showEndpointLink() {
+  const box = clear("endpoint-link");
+  try {
+    const models = await api("/models?limit=1");
+    const name = models.champion ? models.champion.endpoint_name : null;
+    if (name) box.append("endpoint " + name + ": ", el("a", {"href": "#monitoring=" + encodeURIComponent(name)},
+                                                        "monitoring"));
+  } catch (e) { /* no registry yet: no link */ }
+}
+
+async function showMonitoringView(name) {
+  currentView += 1;
+  document.getElementById("runs-view").hidden = true;
+  document.getElementById("run-view").hidden = true;
+  document.getElementById("monitoring-view").hidden = false;
+  document.getElementById("monitoring-title").textContent = "Monitoring of endpoint " + name;
+  const box = clear("monitoring-page");
+  let history = null;
+  try {
+    history = await api("/endpoints/" + encodeURIComponent(name) + "/history");
+  } catch (e) {
+    box.append(el("p", {"class": "muted"}, e.status === 404 ? "no recorded deployments to draw"
+                                                             : "history: " + e.message));
+  }
+  await showMonitoring(box, name, history);
+}
+
+async function showMonitoring(box, name, history) {
+  let answer;
+  try {
+    answer = await api("/endpoints/" + encodeURIComponent(name) + "/monitoring?limit=" + MONITORING_LIMIT);
+  } catch (e) {
+    box.append(el("p", {"class": "error"}, "monitoring: " + e.message));
+    return;
+  }
+  box.append(monitoringPanel(answer, history));
+}
+
+function fmtMinute(t) {
+  return new Date(t).toISOString().slice(5, 16).replace("T", " ");
+}
+
+function monitoringPanel(answer, history) {
+  const panel = el("div", {"class": "monitoring-panel"});
+  for (const p of answer.problems || []) panel.append(el("p", {"class": "error problem"}, p.key + ": " + p.message));
+  const windows = answer.windows.slice().reverse();  // oldest first: time runs left to right
+  if (!windows.length) {
+    panel.append(el("p", {"class": "muted"}, `endpoint ${answer.endpoint}: no monitoring windows yet (the monitor `
+                                             + "writes one per window of captured traffic)"));
+    return panel;
+  }
+  const newest = answer.windows[0];
+  const drifted = windows.filter(w => w.verdict === "drifted");
+  const moved = newest.statistics.filter(s => s.drifted).map(s => s.statistic).join(", ");
+  panel.append(el("p", {"class": "monitoring-summary"},
+    `${windows.length} window(s) from ${windows[0].window_start} to ${newest.window_start}; `,
+    el("span", {"class": drifted.length ? "drifted" : ""}, `${drifted.length} drifted`),
+    "; newest ", el("span", {"class": "verdict-" + newest.verdict}, newest.verdict + (moved ? " (" + moved + ")" : "")),
+    answer.older_windows ? " (older windows not shown)" : ""));
+  const times = windows.map(w => Date.parse(w.window_start));
+  let t0 = Math.min(...times), t1 = Math.max(...times.map((t, i) => Math.max(t, Date.parse(windows[i].window_end))));
+  if (t1 <= t0) t1 = t0 + 3600e3;
+  const deployments = ((history && history.served) || []).map(p => ({run: p.run_id, at: Date.parse(p.served_from),
+    label: `${p.run_id} (${p.dataset_name} ${p.dataset_version}) deployed ${p.served_from}`}))
+    .filter(d => d.at >= t0 && d.at <= t1);
+  const names = [];
+  for (const w of answer.windows) for (const s of w.statistics) if (!names.includes(s.statistic)) names.push(s.statistic);
+  const driftedIn = n => windows.filter(w => w.statistics.some(s => s.statistic === n && s.drifted)).length;
+  names.sort((a, b) => driftedIn(b) - driftedIn(a));  // what moved first (a stable sort keeps the monitor's order)
+  panel.append(verdictStrip(windows, t0, t1, deployments));
+  const charts = el("div", {"class": "monitoring-charts"});
+  for (const name of names) charts.append(statisticChart(name, windows, t0, t1, deployments));
+  panel.append(charts);
+  panel.append(el("p", {"class": "legend"}, el("span", {}, "blue: the test's value"),
+                  el("span", {}, "red dashes: its threshold"), el("span", {}, "large red point: drifted"),
+                  el("span", {}, "purple line: a deployment"),
+                  el("span", {}, "verdict: green ok, red drifted, grey too few records, pale no baseline")));
+  return panel;
+}
+
+function timeAxis(root, t0, t1, left, plotW, top, plotH) {
+  const x = t => left + (t - t0) / (t1 - t0) * plotW;
+  for (const [t, anchor] of [[t0, "start"], [t1, "end"]]) {
+    root.append(svg("text", {"x": x(t), "y": top + plotH + 11, "font-size": 9, "text-anchor": anchor}, fmtMinute(t)));
+  }
+  return x;
+}
+
+function deploymentLines(root, deployments, x, top, plotH) {
+  for (const d of deployments) {
+    const line = svg("line", {"class": "deployment", "data-run": d.run, "x1": x(d.at), "x2": x(d.at), "y1": top - 2,
+                              "y2": top + plotH, "stroke": DEPLOYMENT_COLOUR, "stroke-width": 1.5});
+    line.append(svg("title", {}, d.label));
+    root.append(line);
+  }
+}
+
+function verdictStrip(windows, t0, t1, deployments) {
+  const width = 736, height = 40, left = 44, right = 10, top = 4, plotH = 18, plotW = width - left - right;
+  const root = svg("svg", {"class": "verdict-strip", "width": width, "height": height});
+  root.append(svg("text", {"x": left - 4, "y": top + 13, "font-size": 10, "text-anchor": "end"}, "verdict"));
+  const x = timeAxis(root, t0, t1, left, plotW, top, plotH);
+  for (const w of windows) {
+    const start = Date.parse(w.window_start), end = Date.parse(w.window_end);
+    const cell = svg("rect", {"class": "window verdict-" + w.verdict, "data-start": w.window_start, "x": x(start),
+                              "y": top, "width": Math.max(2, x(Math.min(end, t1)) - x(start) - 0.5), "height": plotH,
+                              "fill": VERDICT_COLOURS[w.verdict] || "#bdbdbd"});
+    cell.append(svg("title", {}, `${w.window_start}: ${w.verdict}, ${w.records} records` +
+                                (w.unreadable ? `, ${w.unreadable} unreadable` : "")));
+    root.append(cell);
+  }
+  deploymentLines(root, deployments, x, top, plotH);
+  return root;
+}
+
+function statisticChart(name, windows, t0, t1, deployments) {
+  const width = 360, height = 140, left = 44, right = 10, top = 20, bottom = 16;
+  const plotW = width - left - right, plotH = height - top - bottom;
+  const points = windows.map(w => [w, w.statistics.find(s => s.statistic === name)]).filter(([, s]) => s);
+  const test = points.length ? points[points.length - 1][1].test : "";
+  const root = svg("svg", {"class": "monitoring-chart", "data-statistic": name, "width": width, "height": height});
+  root.append(svg("text", {"x": left, "y": 13, "font-size": 12, "font-weight": "bold"},
+                  `${name} (${test === "ks" ? "KS distance" : "PSI"})`));
+  root.append(svg("rect", {"x": left, "y": top, "width": plotW, "height": plotH, "fill": "none", "stroke": "#bbb"}));
+  const yMax = Math.max(...points.flatMap(([, s]) => [s.value, s.threshold]), 1e-6) * 1.15;
+  const y = v => top + (1 - Math.max(0, v) / yMax) * plotH;
+  for (const value of [0, yMax]) {
+    root.append(svg("text", {"x": left - 4, "y": y(value) + 3, "font-size": 9, "text-anchor": "end"},
+                    fmtNumber(value, 2)));
+  }
+  const x = timeAxis(root, t0, t1, left, plotW, top, plotH);
+  deploymentLines(root, deployments, x, top, plotH);
+  const at = ([w]) => x((Date.parse(w.window_start) + Date.parse(w.window_end)) / 2);  // the window's middle
+  root.append(svg("polyline", {"class": "threshold", "fill": "none", "stroke": VERDICT_COLOURS.drifted,
+                               "stroke-dasharray": "4 3", "stroke-width": 1.2,
+                               "points": points.map(p => `${at(p)},${y(p[1].threshold)}`).join(" ")}));
+  root.append(svg("polyline", {"class": "value", "fill": "none", "stroke": MODEL_COLOURS.challenger,
+                               "stroke-width": 1.4, "points": points.map(p => `${at(p)},${y(p[1].value)}`).join(" ")}));
+  for (const p of points) {
+    const [w, s] = p;
+    const dot = svg("circle", {"class": "point" + (s.drifted ? " drifted" : ""), "data-start": w.window_start,
+                               "cx": at(p), "cy": y(s.value), "r": s.drifted ? 4.5 : 2.5,
+                               "fill": s.drifted ? VERDICT_COLOURS.drifted : MODEL_COLOURS.challenger});
+    dot.append(svg("title", {}, `${w.window_start}: ${name} ${fmtNumber(s.value, 3)} (threshold ` +
+      `${fmtNumber(s.threshold, 3)})${s.drifted ? " DRIFTED" : ""}; ${w.records} records` +
+      (s.baseline !== null && s.baseline !== undefined ? `; mean ${fmtNumber(s.window, 3)} vs baseline ` +
+        fmtNumber(s.baseline, 3) : "")));
+    root.append(dot);
+  }
+  return root;
 }
 
 function rolledBackBy(r) {
@@ -822,7 +988,10 @@ function drawDetections(file, detections, image) {
 function route() {
   say("message", "");
   const match = /^#run=(.+)$/.exec(location.hash);
-  if (match) showRun(decodeURIComponent(match[1])); else showRuns();
+  const monitoring = /^#monitoring=(.+)$/.exec(location.hash);
+  if (match) showRun(decodeURIComponent(match[1]));
+  else if (monitoring) showMonitoringView(decodeURIComponent(monitoring[1]));
+  else showRuns();
 }
 
 document.addEventListener("DOMContentLoaded", () => {
