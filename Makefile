@@ -184,8 +184,8 @@ bench-gate: setup  ## the quality gate's decision (approve/review/refuse) agains
 
 # --- serving (issue 4) ------------------------------------------------------------------
 .PHONY: bench-serve
-bench-serve: setup  ## TorchServe /invocations (concurrency 1 and 8, batching on/off) vs in-process predict
-	$(BIN)/python -m d2ops.bench.serve
+bench-serve: setup  ## artifact forms vs the eager model (in-process), each server vs TorchServe (/invocations, concurrency 1/8, batching on/off): p50/p99, req/s, ratios
+	nice -n 10 $(BIN)/python -m d2ops.bench.serve $(BENCH_SERVE_ARGS)
 
 # --- status API (issue 12) --------------------------------------------------------------
 .PHONY: bench-status-api

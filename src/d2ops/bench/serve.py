@@ -1,38 +1,61 @@
-"""``make bench-serve``: a real TorchServe endpoint against the in-process model call.
+"""``make bench-serve``: the artifact's forms against the eager model, and each server against TorchServe.
 
-One exported detector (an untrained torchvision Faster R-CNN resnet18-FPN, 320 px, so the
-figures measure serving rather than accuracy) and one set of 640x480 JPEGs. Measured in one run:
+One detector (an untrained torchvision Faster R-CNN resnet18-FPN, 320 px, so the figures measure serving
+rather than accuracy) and one set of 640x480 JPEGs, measured in one run:
 
-- baseline: ``model_code.inference.predict`` on one decoded image, in this process;
-- served: ``POST /invocations`` through TorchServe (``d2ops.local.serving.LocalEndpoint``, the
-  serving image's configuration) at concurrency 1 and 8, with batching on (batch size 8) and
-  off (batch size 1).
+- forms, in this process: the eager model (the baseline) and each form the exported artifact holds
+  (TorchScript; with issue 33's export, torch.export and AOTInductor), each through
+  ``model_code.inference.predict`` on one decoded image at a time;
+- servers: ``POST /invocations`` through every server of ``d2ops_core.platform.SERVING_SERVERS``
+  (``d2ops.local.serving.LocalEndpoint``, the serving image's configuration, one worker), batching on
+  (batch size 8) and off (batch size 1), at concurrency 1 and 8; TorchServe is the baseline.
 
-Latency p50/p99 per request and throughput (requests/s) for each; ratios against the baseline.
-Both sides run torch with the same number of intra-op threads (``--threads``). Ends with one
-JSON line.
+Latency p50/p99 per request and throughput (requests/s) for each, ratios against the baselines measured in
+the same run. Both sides run torch with the same number of intra-op threads (``--threads``). Prints the CPU
+and load average it ran under; ends with one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import io
 import json
 import os
+import platform as host
 import statistics
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from d2ops_core.platform import SERVING_SERVERS
+
 IMAGE_SIZE = (640, 480)
 MODEL_SIZE = 320
+BASELINE_FORM = "eager"
+BASELINE_SERVER = "torchserve"
+BATCHING = (("batching_on", 8), ("batching_off", 1))
+CONCURRENCY = (1, 8)
 
 
-def make_model(directory: Path) -> Path:
+def cpu_model() -> str:
+    """The CPU as /proc/cpuinfo names it (the platform's processor string elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return host.processor() or "unknown"
+
+
+def make_model(directory: Path) -> tuple[Any, Path]:
+    """The eager detector and its exported artifact (``model.tar.gz``), every form the export writes."""
     import torch
     from torchvision.models.detection import FasterRCNN
     from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
@@ -43,10 +66,11 @@ def make_model(directory: Path) -> Path:
     torch.manual_seed(0)
     backbone = resnet_fpn_backbone(backbone_name="resnet18", weights=None, trainable_layers=5)
     model = FasterRCNN(backbone, num_classes=4, min_size=MODEL_SIZE, max_size=MODEL_SIZE, box_score_thresh=0.05)
+    model.eval()
     meta = ArtifactMetadata(framework="torchvision", task="detection", model="fasterrcnn_resnet18_fpn",
                             class_names=["square", "disc", "triangle"], category_ids=[1, 2, 3])
     out = save_artifact(directory / "model", export_torchvision(model, has_masks=False), meta)
-    return pack_artifact(out, directory / "model.tar.gz")
+    return model, pack_artifact(out, directory / "model.tar.gz")
 
 
 def make_images(count: int) -> list[bytes]:
@@ -74,23 +98,80 @@ def summarize(latencies: list[float], wall: float) -> dict[str, float]:
             "p99_ms": round(p99 * 1000, 1), "throughput_rps": round(len(latencies) / wall, 2)}
 
 
-def bench_in_process(model: Path, images: list[bytes], rounds: int) -> dict[str, float]:
-    from PIL import Image
+def ratios(figures: dict[str, float], baseline: dict[str, float]) -> dict[str, float]:
+    """p50, p99 and throughput over the baseline's (latency below 1 and throughput above 1 beat it)."""
+    return {"p50_ratio": round(figures["p50_ms"] / baseline["p50_ms"], 3),
+            "p99_ratio": round(figures["p99_ms"] / baseline["p99_ms"], 3),
+            "throughput_ratio": round(figures["throughput_rps"] / baseline["throughput_rps"], 3)}
 
-    from model_code.artifact import load_artifact
-    from model_code.inference import image_to_tensor, predict
 
-    detector = load_artifact(model)
-    tensors = [image_to_tensor(Image.open(io.BytesIO(data))) for data in images]
-    for tensor in tensors[:2]:
-        predict(detector, [tensor], score_threshold=0.5)
+def time_calls(call: Callable[[int], object], rounds: int, warmup: int = 3) -> dict[str, float]:
+    # Warm-up calls out of the figures: TorchScript's profiling executor specialises the graph on its first runs.
+    for i in range(warmup):
+        call(i)
     latencies = []
     started = time.perf_counter()
     for i in range(rounds):
         t = time.perf_counter()
-        predict(detector, [tensors[i % len(tensors)]], score_threshold=0.5)
+        call(i)
         latencies.append(time.perf_counter() - t)
     return summarize(latencies, time.perf_counter() - started)
+
+
+def artifact_forms(model: Path) -> list[str]:
+    """The forms the artifact's metadata lists (an artifact from before issue 33 holds TorchScript only)."""
+    from model_code.artifact import read_metadata
+
+    with tempfile.TemporaryDirectory(prefix="d2ops-bench-forms-") as tmp:
+        from model_code.artifact import open_artifact
+
+        directory, _ = open_artifact(model, tmp)
+        forms = getattr(read_metadata(directory), "forms", None)
+    return list(forms or ["torchscript"])
+
+
+def _accepts(function: Callable[..., object], parameter: str) -> bool:
+    return parameter in inspect.signature(function).parameters
+
+
+def load_form(model: Path, form: str, device: str) -> Any:
+    from model_code.artifact import load_artifact
+
+    loader: Any = load_artifact
+    if not _accepts(loader, "form"):  # a loader from before issue 33: TorchScript, its only form
+        return loader(model, device=device)
+    return loader(model, device=device, form=form)
+
+
+def bench_forms(eager: Any, model: Path, images: list[bytes], rounds: int,
+                device: str) -> dict[str, dict[str, float]]:
+    import torch
+    from PIL import Image
+
+    from model_code.inference import image_to_tensor, predict
+
+    tensors = [image_to_tensor(Image.open(io.BytesIO(data))).to(device) for data in images]
+    eager.to(device)
+
+    def eager_call(i: int) -> object:
+        with torch.inference_mode():  # the exported forms take uint8 and scale inside; the eager model wants [0, 1]
+            out = eager([tensors[i % len(tensors)].float().div_(255)])
+        if device != "cpu":
+            torch.cuda.synchronize()  # predict() copies its results to the CPU, which waits for the GPU too
+        return out
+
+    results = {BASELINE_FORM: time_calls(eager_call, rounds)}
+    print(f"  {BASELINE_FORM} (baseline): {results[BASELINE_FORM]}", flush=True)
+    for form in artifact_forms(model):
+        detector = load_form(model, form, device)
+
+        def form_call(i: int, detector: Any = detector) -> object:
+            return predict(detector, [tensors[i % len(tensors)]], score_threshold=0.5)
+
+        figures = time_calls(form_call, rounds)
+        results[form] = {**figures, **ratios(figures, results[BASELINE_FORM])}
+        print(f"  {form}: {results[form]}", flush=True)
+    return results
 
 
 def bench_served(url: str, images: list[bytes], concurrency: int, requests_total: int) -> dict[str, float]:
@@ -102,7 +183,7 @@ def bench_served(url: str, images: list[bytes], concurrency: int, requests_total
         session = getattr(local, "session", None) or requests.Session()
         local.session = session
         t = time.perf_counter()
-        r = session.post(url, data=images[i % len(images)], headers={"Content-Type": "image/jpeg"}, timeout=120)
+        r = session.post(url, data=images[i % len(images)], headers={"Content-Type": "image/jpeg"}, timeout=300)
         if r.status_code != 200:
             raise RuntimeError(f"{url} answered {r.status_code}: {r.text[:200]}")
         return time.perf_counter() - t
@@ -115,48 +196,110 @@ def bench_served(url: str, images: list[bytes], concurrency: int, requests_total
     return summarize(latencies, time.perf_counter() - started)
 
 
+def bench_servers(model: Path, images: list[bytes], servers: list[str], requests_total: int,
+                  max_batch_delay_ms: int) -> dict[str, dict[str, dict[str, float]]]:
+    from d2ops.local.serving import LocalEndpoint
+
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    choose = _accepts(LocalEndpoint, "backend")
+    for server in servers:
+        if not choose and server != BASELINE_SERVER:
+            print(f"{server}: not measured (this LocalEndpoint starts TorchServe only)", flush=True)
+            continue
+        results[server] = {}
+        for name, batch_size in BATCHING:
+            print(f"starting {server}, {name} (batch_size={batch_size}) ...", flush=True)
+            options: dict[str, Any] = {"backend": server} if choose else {}
+            with LocalEndpoint(model, batch_size=batch_size, max_batch_delay_ms=max_batch_delay_ms,
+                               startup_timeout=300, **options) as endpoint:
+                for concurrency in CONCURRENCY:
+                    figures = bench_served(endpoint.invocations_url, images, concurrency, requests_total)
+                    results[server][f"{name}_c{concurrency}"] = figures
+                    print(f"  {server} {name} concurrency {concurrency}: {figures}", flush=True)
+    baseline = results.get(BASELINE_SERVER)
+    for server, configs in results.items():
+        for config, figures in configs.items():
+            if baseline and server != BASELINE_SERVER:
+                figures.update({f"{k}_to_{BASELINE_SERVER}": v for k, v in ratios(figures, baseline[config]).items()})
+    return results
+
+
+def batching_gain(configs: dict[str, dict[str, float]]) -> float | None:
+    """Throughput with batching over without, at the highest concurrency (the issue's goal: >= 1.5 on a GPU)."""
+    top = max(CONCURRENCY)
+    on, off = configs.get(f"batching_on_c{top}"), configs.get(f"batching_off_c{top}")
+    return round(on["throughput_rps"] / off["throughput_rps"], 3) if on and off else None
+
+
+def print_tables(forms: dict[str, dict[str, float]], servers: dict[str, dict[str, dict[str, float]]]) -> None:
+    print()
+    print(f"{'form':<14}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>8}{'p50/eager':>11}{'rps/eager':>11}")
+    for form, f in forms.items():
+        print(f"{form:<14}{f['p50_ms']:>9}{f['p99_ms']:>9}{f['throughput_rps']:>8}"
+              f"{f.get('p50_ratio', 1.0):>11}{f.get('throughput_ratio', 1.0):>11}")
+    if not servers:
+        return
+    print()
+    key_p50, key_rps = f"p50_ratio_to_{BASELINE_SERVER}", f"throughput_ratio_to_{BASELINE_SERVER}"
+    print(f"{'server':<12}{'configuration':<18}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>8}{'p50/ts':>9}{'rps/ts':>9}")
+    for server, configs in servers.items():
+        for config, f in configs.items():
+            print(f"{server:<12}{config:<18}{f['p50_ms']:>9}{f['p99_ms']:>9}{f['throughput_rps']:>8}"
+                  f"{f.get(key_p50, 1.0):>9}{f.get(key_rps, 1.0):>9}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--requests", type=int, default=48, help="requests per served configuration (default 48)")
+    parser.add_argument("--requests", type=int, default=32,
+                        help="requests per form and per served configuration (default 32)")
     parser.add_argument("--max-batch-delay-ms", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads, in-process and in the TorchServe worker alike (default 1: on a "
-                             "shared 2-core machine more threads than free cores slow torch down several times)")
+                        help="torch intra-op threads, in-process and in the servers alike (default 1: on a shared "
+                             "2-core machine more threads than free cores slow torch down several times)")
+    parser.add_argument("--servers", default=",".join(SERVING_SERVERS),
+                        help=f"comma-separated servers to measure (default all: {','.join(SERVING_SERVERS)})")
+    parser.add_argument("--skip-servers", action="store_true", help="the forms only (no server started)")
+    parser.add_argument("--device", default="cpu",
+                        help="where the in-process forms run: cpu (default) or cuda (the servers use the GPU "
+                             "whenever torch can)")
     args = parser.parse_args(argv)
-    # Read by torch at import, here and in the TorchServe worker (which inherits the environment).
+    servers = [] if args.skip_servers else [s.strip() for s in args.servers.split(",") if s.strip()]
+    unknown = sorted(set(servers) - set(SERVING_SERVERS))
+    if unknown or args.requests < 1:
+        parser.error(f"--servers: unknown {unknown}; expected from {', '.join(SERVING_SERVERS)}" if unknown
+                     else "--requests must be at least 1")
+    # Read by torch at import, here and in the servers' workers (which inherit the environment).
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    import torch
 
-    from d2ops.local.serving import LocalEndpoint
+    torch.set_num_threads(args.threads)
+    cpu, load_start = cpu_model(), os.getloadavg()
+    print(f"CPU: {cpu}, {os.cpu_count()} logical CPUs, torch {torch.__version__}, {args.threads} thread(s); "
+          f"load average {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="d2ops-bench-serve-") as tmp:
         print("exporting the benchmark detector ...", flush=True)
-        model = make_model(Path(tmp))
+        t = time.perf_counter()
+        eager, model = make_model(Path(tmp))
+        export_seconds = round(time.perf_counter() - t, 2)
         images = make_images(8)
-        print("in-process predict (baseline) ...", flush=True)
-        baseline = bench_in_process(model, images, rounds=args.requests)
-        print(f"  baseline: {baseline}", flush=True)
-        served: dict[str, Any] = {}
-        for name, batch_size in (("batching_on", 8), ("batching_off", 1)):
-            print(f"starting TorchServe, {name} (batch_size={batch_size}) ...", flush=True)
-            with LocalEndpoint(model, batch_size=batch_size, max_batch_delay_ms=args.max_batch_delay_ms,
-                               startup_timeout=300) as endpoint:
-                for concurrency in (1, 8):
-                    figures = bench_served(endpoint.invocations_url, images, concurrency, args.requests)
-                    figures["p50_ratio_to_in_process"] = round(figures["p50_ms"] / baseline["p50_ms"], 2)
-                    figures["throughput_ratio_to_in_process"] = round(
-                        figures["throughput_rps"] / baseline["throughput_rps"], 2)
-                    served[f"{name}_c{concurrency}"] = figures
-                    print(f"  {name} concurrency {concurrency}: {figures}", flush=True)
+        print(f"forms in-process (baseline: the eager model), exported in {export_seconds} s ...", flush=True)
+        forms = bench_forms(eager, model, images, args.requests, args.device)
+        served = bench_servers(model, images, servers, args.requests, args.max_batch_delay_ms)
 
-    print()
-    print(f"{'configuration':<22}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>8}{'p50/in-proc':>13}{'rps/in-proc':>13}")
-    print(f"{'in-process predict':<22}{baseline['p50_ms']:>9}{baseline['p99_ms']:>9}"
-          f"{baseline['throughput_rps']:>8}{1.0:>13}{1.0:>13}")
-    for name, f in served.items():
-        print(f"{name:<22}{f['p50_ms']:>9}{f['p99_ms']:>9}{f['throughput_rps']:>8}"
-              f"{f['p50_ratio_to_in_process']:>13}{f['throughput_ratio_to_in_process']:>13}")
-    print(json.dumps({"bench": "serve", "image": list(IMAGE_SIZE), "model_size": MODEL_SIZE, "threads": args.threads,
-                      "max_batch_delay_ms": args.max_batch_delay_ms, "in_process": baseline, **served}))
+    load_end = os.getloadavg()
+    print_tables(forms, served)
+    print(f"\nload average at the end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
+    print(json.dumps({
+        "bench": "serve", "cpu": cpu, "cpus": os.cpu_count(), "torch": torch.__version__, "threads": args.threads,
+        "device": args.device, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "load_avg_start": round(load_start[0], 2), "load_avg_end": round(load_end[0], 2),
+        "image": list(IMAGE_SIZE), "model_size": MODEL_SIZE, "requests": args.requests,
+        "max_batch_delay_ms": args.max_batch_delay_ms, "export_seconds": export_seconds,
+        "baseline_form": BASELINE_FORM, "forms": forms,
+        "baseline_server": BASELINE_SERVER, "servers": served,
+        "batching_throughput_ratio": {server: batching_gain(configs) for server, configs in served.items()},
+    }))
     return 0
 
 
