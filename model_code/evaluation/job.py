@@ -30,6 +30,7 @@ from model_code.dataset_version import DatasetError, open_dataset_version, read_
 from model_code.evaluation.coco import Evaluation, evaluate_detector, print_progress
 from model_code.evaluation.comparison import comparison_html, evaluation_report
 from model_code.evaluation.held_out import held_out
+from model_code.evaluation.monitoring_baseline import write_monitoring_baseline
 
 MAX_MESSAGE = 1000
 # The processing input holding the snapshot, named as the training job's channel (prepare_training's
@@ -107,6 +108,9 @@ def evaluate(root: Path, sample_images: int = 6) -> dict[str, object]:
     write_report(output / "report", results, gt, dataset.images_dir, sample_images=sample_images,
                  score_thresholds=thresholds,
                  comparison_section=comparison_html(report.comparison, report.held_out, gate))
+    # The monitor's baseline, from the challenger's answers just made: once it is deployed, every window of
+    # captured traffic is compared with this (docs/monitoring.md).
+    write_monitoring_baseline(output, gt, dataset.images_dir, results["challenger"].results, challenger.metadata)
     document = report.model_dump(mode="json")
     write_json(output / EVALUATION_REPORT_NAME, document)  # last: its presence means the job's work is complete
     for who, ev in results.items():

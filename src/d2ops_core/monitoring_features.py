@@ -46,8 +46,6 @@ _BRIGHTNESS_SCALE = 8
 # against the whole val set, and the document stays small enough to read in every window.
 BASELINE_SAMPLE = 5000
 BASELINE_SEED = 0
-# The evaluation job's environment variable naming the run it evaluates (the baseline's run_id).
-RUN_ID_ENV = "D2OPS_RUN_ID"
 
 
 @dataclass(frozen=True)

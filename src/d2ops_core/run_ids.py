@@ -19,6 +19,8 @@ RUN_ID_SEPARATOR = "_"  # never produced by slug, so run ids split back unambigu
 # only such ids. RUN_ID_CHARS is the unanchored form, for patterns that embed a run id.
 RUN_ID_CHARS = r"[A-Za-z0-9_-]{1,80}"
 RUN_ID_PATTERN = rf"^{RUN_ID_CHARS}$"
+# A job's environment variable naming its run (the evaluation job writes it into the monitor's baseline).
+RUN_ID_ENV = "D2OPS_RUN_ID"
 _NAME_PART = 30
 _VERSION_PART = 30
 _TOKEN_LENGTH = 16

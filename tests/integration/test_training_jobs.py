@@ -23,6 +23,7 @@ from d2ops.offline.log_progress import ProgressParser
 from d2ops_core.cpu_profile import CALIBRATION_DATA, TORCHVISION_CPU_PROFILE
 from d2ops_core.documents.error_analysis import ErrorAnalysis
 from d2ops_core.documents.evaluation import EvaluationReport, ModelEvaluation
+from d2ops_core.documents.monitoring import MonitoringBaseline
 from model_code.artifact import load_artifact
 from model_code.inference import image_to_tensor, predict
 from tests.fixtures.weights import saved_model_state, tensors_digest
@@ -223,6 +224,11 @@ def test_evaluation_job_scores_challenger_and_champion_separately(
         assert report["champion"]["metrics"][name] == pytest.approx(champion_own[name], abs=1e-6)
     assert report["challenger"]["metrics"] != report["champion"]["metrics"]
     assert (tmp_path / "eval-out" / "report" / "pr_curves.png").stat().st_size > 1000
+    # The monitor's baseline: the challenger's own answers on the same val images (docs/monitoring.md).
+    baseline = MonitoringBaseline.model_validate_json((tmp_path / "eval-out" / "monitoring-baseline.json").read_text())
+    assert baseline.images == 40 and baseline.class_names == load_artifact(trained.model_artifact).metadata.class_names
+    assert len(baseline.distributions["brightness"]) == 40
+    assert sum(baseline.distributions["boxes_per_image"]) == baseline.detections > 0
     assert (tmp_path / "eval-out" / "report" / "samples" / "champion_121.png").is_file()
     # The error analysis of both real models (report/errors.json): each class's matrix row holds its val
     # objects, AP by size is the report's own APs/APm/APl, the worst images are drawn for both models.

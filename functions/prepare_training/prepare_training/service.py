@@ -289,7 +289,9 @@ def evaluation_job_request(settings: PrepareSettings, event: PrepareEvent, names
                              "ContainerEntrypoint": list(EVALUATION_ENTRYPOINT)},
         "ProcessingInputs": inputs,
         # The bootstrap's settings are the plan's gate ($.plan.gate), so the interval is the one it judges.
-        "Environment": {**image_rule_environment(settings), **gate_settings.job_environment(
+        # The run id names the monitor's baseline the job writes (monitoring-baseline.json's run_id).
+        "Environment": {**image_rule_environment(settings), run_ids.RUN_ID_ENV: event.run_id,
+                        **gate_settings.job_environment(
             thresholds.confidence, thresholds.resamples, thresholds.min_class_instances, thresholds.max_regression,
             thresholds.max_class_regression)},
         "ProcessingOutputConfig": {"Outputs": [{
