@@ -2,10 +2,11 @@
 
 SageMaker (and the offline endpoint, the same layout) writes JSONL files under
 ``capture/<endpoint>/<variant>/yyyy/mm/dd/hh/`` (d2ops_core.s3_layout.capture_hour_prefix), one
-:class:`~d2ops_core.documents.capture.CaptureRecord` a line. The hour folder is the hour the *file* was
-written, and a file holds the records buffered before it, so a record of 10:59 can sit in the 11:00
-folder: the window's records are found by listing the hours it covers plus the next one and keeping
-the records whose ``inferenceTime`` falls in ``[start, end)``.
+:class:`~d2ops_core.documents.capture.CaptureRecord` a line. SageMaker documents the folder as "the hour
+when the invocation occurred" but a file holds a buffer of invocations, so a record near an hour's edge
+can sit in the folder before or after its own: the window's records are found by listing the hours it
+covers plus one on each side and keeping the records whose ``inferenceTime`` falls in ``[start, end)``
+(the offline endpoint never lets a file span two hours: sagemaker_capture).
 
 A line that is not a record (a file cut short, not JSON, JSON of another shape) is skipped and
 reported as ``<s3 uri>:<line>: <reason>`` through ``skipped``; it never stops the read.
@@ -27,7 +28,7 @@ from d2ops_core import s3_layout
 from d2ops_core.documents.capture import CaptureRecord
 
 CAPTURE_FILE_SUFFIX = ".jsonl"
-# SageMaker's buffer flush lag: a record is at most this much older than the hour folder of its file.
+# How far from its own hour a record's file may be filed (SageMaker buffers a few minutes; one hour is ample).
 _FLUSH_LAG = timedelta(hours=1)
 
 
@@ -70,7 +71,7 @@ def capture_keys(s3: Any, bucket: str, endpoint: str, start: datetime, end: date
     start, end = _utc(start), _utc(end)
     keys: list[str] = []
     for name in [variant] if variant else _list_variants(s3, bucket, endpoint):
-        for hour in _hours(start, end + _FLUSH_LAG):
+        for hour in _hours(start - _FLUSH_LAG, end + _FLUSH_LAG):
             prefix = s3_layout.capture_hour_prefix(endpoint, name, hour.year, hour.month, hour.day, hour.hour)
             for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
                 keys.extend(str(item["Key"]) for item in page.get("Contents") or []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal
 
@@ -72,14 +73,19 @@ class CaptureRecord(BaseModel):
     eventVersion: str = "0"
 
 
-def encode_payload(body: bytes, content_type: str | None, mode: CaptureMode) -> CapturedPayload:
-    """One side of an invocation as SageMaker stores it: JSON as text, anything else base64."""
+def encode_payload(body: bytes, content_type: str | None, mode: CaptureMode, *,
+                   json_content_types: Sequence[str] = JSON_CONTENT_TYPES,
+                   csv_content_types: Sequence[str] = ()) -> CapturedPayload:
+    """One side of an invocation as SageMaker stores it: the content types CaptureContentTypeHeader lists as
+    JSON (or CSV) as text, anything else base64."""
     media = (content_type or "").split(";")[0].strip().lower()
-    if media in JSON_CONTENT_TYPES:
-        try:
-            return CapturedPayload(observedContentType=content_type, mode=mode, data=body.decode("utf-8"),
-                                   encoding="JSON")
-        except UnicodeDecodeError:
-            pass
+    text_types: list[tuple[Sequence[str], Encoding]] = [(json_content_types, "JSON"), (csv_content_types, "CSV")]
+    for types, encoding in text_types:
+        if media in {t.lower() for t in types}:
+            try:
+                return CapturedPayload(observedContentType=content_type, mode=mode, data=body.decode("utf-8"),
+                                       encoding=encoding)
+            except UnicodeDecodeError:
+                break
     return CapturedPayload(observedContentType=content_type, mode=mode,
                            data=base64.b64encode(body).decode("ascii"), encoding="BASE64")

@@ -91,9 +91,10 @@ class LocalSageMaker(AwsJsonService):
         return self.job_api.job_log(name)
 
     def invoke(self, endpoint_name: str, body: bytes, content_type: str | None,
-               accept: str | None, custom_attributes: str | None = None) -> tuple[int, bytes, str]:
+               accept: str | None, custom_attributes: str | None = None,
+               inference_id: str | None = None) -> tuple[int, bytes, str]:
         """SageMaker Runtime's InvokeEndpoint (`sagemaker_runtime`)."""
-        return self.endpoint_api.invoke(endpoint_name, body, content_type, accept, custom_attributes)
+        return self.endpoint_api.invoke(endpoint_name, body, content_type, accept, custom_attributes, inference_id)
 
     def served(self, endpoint_name: str) -> dict[str, int]:
         return self.endpoint_api.served(endpoint_name)

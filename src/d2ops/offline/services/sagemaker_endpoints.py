@@ -12,7 +12,8 @@ deterministic interleaving, so tests can count), ALL_AT_ONCE all of them, and
 PendingDeploymentSummary reports the variant ``Baking``. An AutoRollbackConfiguration alarm
 entering ALARM during the update sends every request back to the old server and stops the new
 one (the endpoint is InService on the old config again); otherwise all traffic moves to the new
-server and the old one stops.
+server and the old one stops. An endpoint config with a DataCaptureConfig has its answered requests
+captured into S3 in SageMaker's layout (`sagemaker_capture`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any, Protocol
 
 from d2ops.offline.errors import ApiError
 from d2ops.offline.services.sagemaker_account import Fleet, SageMakerAccount, utc_now
+from d2ops.offline.services.sagemaker_capture import CaptureSettings, CaptureWriter
 from d2ops_core.s3_layout import parse_s3_uri
 
 log = logging.getLogger(__name__)
@@ -122,6 +124,8 @@ class LocalEndpoints:
         self._canaries: dict[str, _Canary] = {}  # endpoint name -> the new fleet during its bake
         self._served: dict[str, dict[str, int]] = {}  # endpoint name -> config -> requests answered
         self._server_configs: dict[str, str] = {}  # endpoint name -> config of self._servers[name]
+        self.capture = CaptureWriter(s3)  # data capture, for configs that ask for it
+        self._capture_settings: dict[str, tuple[str, CaptureSettings | None]] = {}  # config -> (variant, settings)
         account.holds(self.fleets)
 
     def _not_found(self, name: str) -> ApiError:
@@ -334,6 +338,7 @@ class LocalEndpoints:
         for running in (server, canary.server if canary else None):
             if running is not None:
                 running.stop()
+        self.capture.flush(name)  # what the endpoint captured before it went
         return {}
 
     def list_tags(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -360,7 +365,38 @@ class LocalEndpoints:
 
     # ----- SageMaker Runtime -------------------------------------------------------------------
     def invoke(self, endpoint_name: str, body: bytes, content_type: str | None,
-               accept: str | None, custom_attributes: str | None = None) -> tuple[int, bytes, str]:
+               accept: str | None, custom_attributes: str | None = None,
+               inference_id: str | None = None) -> tuple[int, bytes, str]:
+        """InvokeEndpoint: the answer of the server taking this request, captured when its config says so."""
+        when = utc_now()
+        status, answer, answer_type, config = self._forward(endpoint_name, body, content_type, accept,
+                                                            custom_attributes)
+        if 200 <= status < 300:
+            try:
+                variant, settings = self._capture_for(config)
+            except Exception as exc:  # capture never fails an answered request
+                log.warning("data capture: endpoint config %s unreadable, request not captured: %s", config, exc)
+                return status, answer, answer_type
+            if settings is not None:
+                self.capture.capture(settings, endpoint_name, variant, request=body, request_type=content_type,
+                                     answer=answer, answer_type=answer_type, when=when, inference_id=inference_id)
+        return status, answer, answer_type
+
+    def _capture_for(self, config: str) -> tuple[str, CaptureSettings | None]:
+        """The config's variant name and DataCaptureConfig (configs never change: read once)."""
+        with self._lock:
+            known = self._capture_settings.get(config)
+        if known is None:
+            described = self.registry.describe_endpoint_config(EndpointConfigName=config)
+            variant = str(described["ProductionVariants"][0].get("VariantName") or "AllTraffic")
+            known = (variant, CaptureSettings.from_config(described.get("DataCaptureConfig")))
+            with self._lock:
+                self._capture_settings[config] = known
+        return known
+
+    def _forward(self, endpoint_name: str, body: bytes, content_type: str | None, accept: str | None,
+                 custom_attributes: str | None) -> tuple[int, bytes, str, str]:
+        """The request sent to the server taking it: its status, body, content type and that server's config."""
         import urllib.error
         import urllib.request
 
@@ -384,9 +420,10 @@ class LocalEndpoints:
         request = urllib.request.Request(f"{server.url}/invocations", data=body, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(request, timeout=60) as response:
-                return response.status, response.read(), response.headers.get("Content-Type") or "application/json"
+                return (response.status, response.read(), response.headers.get("Content-Type") or "application/json",
+                        config)
         except urllib.error.HTTPError as err:
-            return err.code, err.read(), err.headers.get("Content-Type") or "application/json"
+            return err.code, err.read(), err.headers.get("Content-Type") or "application/json", config
         except OSError as exc:
             raise ApiError("ServiceUnavailable", f"endpoint {endpoint_name} did not answer: {exc}", 503) from exc
 
@@ -411,3 +448,4 @@ class LocalEndpoints:
                 endpoint["EndpointStatus"] = "OutOfService"
         for server in servers:
             server.stop()
+        self.capture.close()  # the records still buffered, written before the runtime saves S3

@@ -11,12 +11,14 @@ from d2ops.offline.services.base import RuntimeParts, Upstream, WireRequest, Wir
 from d2ops.offline.services.sagemaker import LocalSageMaker
 from d2ops.offline.services.sagemaker_endpoints import CUSTOM_ATTRIBUTES
 
+INFERENCE_ID = "X-Amzn-SageMaker-Inference-Id"  # InvokeEndpoint's InferenceId member (data capture keeps it)
 _INVOKE = re.compile(r"^/endpoints/(?P<name>[A-Za-z0-9-]{1,63})/invocations$")
 
 
 class Invoker(Protocol):
     def invoke(self, endpoint_name: str, body: bytes, content_type: str | None,
-               accept: str | None, custom_attributes: str | None = None) -> tuple[int, bytes, str]: ...
+               accept: str | None, custom_attributes: str | None = None,
+               inference_id: str | None = None) -> tuple[int, bytes, str]: ...
 
 
 class SageMakerRuntime:
@@ -41,7 +43,8 @@ class SageMakerRuntime:
             # InvokeEndpoint's CustomAttributes reach the container as this header, as SageMaker passes them.
             status, data, content_type = self.endpoints.invoke(name, request.body, request.headers.get("Content-Type"),
                                                                request.headers.get("Accept"),
-                                                               request.headers.get(CUSTOM_ATTRIBUTES))
+                                                               request.headers.get(CUSTOM_ATTRIBUTES),
+                                                               request.headers.get(INFERENCE_ID))
         except ApiError as err:
             return WireResponse.json(err.status, {"message": err.message}, "application/json",
                                      {"x-amzn-ErrorType": err.code})
