@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from d2ops.commands.demo_loop import LABEL_BUDGET, LOOP_PARAMETERS, STREAM_IMAGES, LoopResult, close_the_loop
 from d2ops.commands.errors import UsageError
 from d2ops.local.trainer_choice import FRAMEWORKS, TrainerChoice
 from d2ops_core.platform import SERVING_BACKEND_PARAMETER, SERVING_SERVERS
@@ -52,6 +53,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     mode.add_argument("--review", action="store_true",
                       help="then a version compared on too few held-out images: the gate asks for a review, "
                            "which the demo decides with `d2ops approve`")
+    mode.add_argument("--loop", action="store_true",
+                      help="then the loop back into training: a shifted stream to the endpoint, the monitor's "
+                           "drift verdict, d2ops label select, labels through a real Label Studio, the next "
+                           "version through the gate (d2ops.commands.demo_loop)")
     p.add_argument("--images", type=int, default=DEFAULT_IMAGES,
                    help=f"synthetic images per dataset version, a quarter of them val (default {DEFAULT_IMAGES}: "
                         "80 val images, enough for --twice's approval, which needs MinComparedImages)")
@@ -67,6 +72,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--serving-backend", choices=tuple(SERVING_SERVERS), default=None,
                    help="the endpoint's server, the stack parameter ServingBackend (default: the template's, "
                         "torchserve; ray-serve is the maintained one)")
+    p.add_argument("--loop-images", type=int, default=STREAM_IMAGES,
+                   help=f"--loop: images in the shifted stream (default {STREAM_IMAGES})")
+    p.add_argument("--loop-budget", type=int, default=LABEL_BUDGET,
+                   help=f"--loop: images to select and label (default {LABEL_BUDGET})")
     p.set_defaults(func=run)
 
 
@@ -316,6 +325,25 @@ def show_run(rt: Any, summary: Any, dataset: Path) -> dict[str, Any]:
     return result
 
 
+def next_version_run(rt: Any, dataset: Path, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """--loop's next version through the pipeline, recorded as the other runs are; a review the gate asks for is
+    decided with `d2ops approve`, as --review does (the loop is about the labels coming back, not the wait)."""
+    from d2ops.offline.pipeline import run_pipeline
+
+    watch = ReviewWatch(rt, approve=True, attended=False)
+    summary = run_pipeline(rt, dataset, deliveries=1, out=say, tick=watch)
+    shown = show_run(rt, summary, dataset)
+    endpoint = rt.sagemaker.endpoint_api.describe_endpoint({"EndpointName": rt.stack.endpoint_name})
+    evaluation = dict(shown["run"].get("evaluation") or {})
+    record = {**summary.to_json(), "deployment": (shown["run"].get("endpoint") or {}).get("mode"),
+              "endpoint_config": endpoint["EndpointConfigName"],
+              "prediction": shown.get("prediction", {}).get("answer"),
+              "max_iter": None, "images_compared": evaluation.get("images_compared"),
+              "gate_decision": evaluation.get("decision")}
+    runs.append(record)
+    return record
+
+
 def gate_line(run: dict[str, Any]) -> str:
     """The run's gate in one line: its AP on all its val images (MinMap's), and the comparison with the champion
     on the held-out ones (the interval's own points: the champion's AP on every val image would include the
@@ -396,6 +424,8 @@ def run(args: argparse.Namespace) -> int:
     from d2ops.offline.processes import RuntimeBusy, install_signal_handlers
     from d2ops.offline.runtime import OfflineRuntime
 
+    if args.loop and (args.loop_images < 4 or args.loop_budget < 1):
+        raise UsageError("--loop-images must be >= 4, --loop-budget >= 1")
     if args.images < 8 or (args.max_iter is not None and args.max_iter < 1) or args.deliveries < 1:
         raise UsageError("--images must be >= 8, --max-iter and --deliveries >= 1")
     try:
@@ -409,11 +439,14 @@ def run(args: argparse.Namespace) -> int:
     parameters = dict(trainer.stack_parameters)
     if args.serving_backend:
         parameters[SERVING_BACKEND_PARAMETER] = args.serving_backend
+    if args.loop:
+        parameters.update(LOOP_PARAMETERS)
     settings: dict[str, Any] = {"training_defaults": trainer.training_defaults, "parameters": parameters,
                                 "function_env": {"PrepareTrainingFunction": {"FRAMEWORK": trainer.framework}}}
     stages: dict[str, float] = {}
     runs: list[dict[str, Any]] = []
     review: dict[str, Any] | None = None  # --review: the review and who decided it
+    loop: LoopResult | None = None  # --loop: each step's outcome
     ok = True
     t0 = time.monotonic()
     try:
@@ -507,6 +540,10 @@ def run(args: argparse.Namespace) -> int:
                 ok = show_promotion(runs[0], runs[2], evaluations["v3"]) and ok
             if args.review and len(runs) == 2 and review is not None:
                 ok = show_review(runs[0], runs[1], review) and ok
+            if args.loop and ok and len(runs) == 1:
+                loop = close_the_loop(rt, args, work_dir, runs[0], say, stages,
+                                      lambda dataset: next_version_run(rt, dataset, runs))
+                ok = loop.ok and ok
             t = time.monotonic()
         stages["stop runtime"] = round(time.monotonic() - t, 1)
     except RuntimeBusy as exc:
@@ -520,7 +557,8 @@ def run(args: argparse.Namespace) -> int:
                       "framework": trainer.framework,
                       "state_durations": last.get("state_durations"), "gate": last.get("gate"),
                       "runs": [{k: v for k, v in r.items() if k != "prediction"} for r in runs], "stages": stages,
-                      **({"review": review} if args.review else {})}),
+                      **({"review": review} if args.review else {}),
+                      **({"loop": loop.to_json() if loop else None} if args.loop else {})}),
           flush=True)
     sys.stdout.flush()
     return 0 if ok and runs else 1
