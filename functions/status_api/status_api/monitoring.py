@@ -36,7 +36,6 @@ MAX_SPAN = timedelta(days=100 * 366)  # a key that sorts before every time (not 
 # not one, and is not read whole into the function's memory.
 MAX_WINDOW_BYTES = 1024 * 1024
 READERS = 16  # parallel GetObjects: 500 windows one after another would take most of the 29 s timeout
-STEM_FORMAT = "%Y-%m-%dT%H:%MZ"  # s3_layout.monitoring_window_key's window start
 
 
 def windows_prefix(endpoint: str) -> str:
@@ -48,7 +47,12 @@ def stem(moment: datetime) -> str:
     """A time as a window key's start (to the minute, UTC; a naive time is taken as UTC)."""
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC).strftime(STEM_FORMAT)
+    try:
+        moment = moment.astimezone(UTC)
+    except OverflowError:  # an offset past either end of the calendar: that end
+        moment = datetime.min if moment.year == 1 else datetime.max
+    # written out, not strftime: %Y is not zero-padded below year 1000 on every platform, and keys sort as text
+    return f"{moment.year:04d}-{moment.month:02d}-{moment.day:02d}T{moment.hour:02d}:{moment.minute:02d}Z"
 
 
 def _list(s3: Any, bucket: str, prefix: str, start_after: str | None, upper: str | None,
