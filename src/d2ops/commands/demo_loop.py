@@ -147,10 +147,11 @@ def run_monitor(rt: Any, start: datetime, end: datetime, say: Say) -> dict[str, 
 
 def select(rt: Any, out: Path, budget: int, say: Say) -> dict[str, Any]:
     """``d2ops label select``'s own code on the runtime's S3."""
-    from d2ops.cli import build_parser
     from d2ops.commands import label_select
 
-    args = build_parser().parse_args(["label", "select", "--max-images", str(budget), "--out", str(out)])
+    parser = argparse.ArgumentParser(prog="d2ops label")
+    label_select.register(parser.add_subparsers(dest="label_command"))  # the command's own options and defaults
+    args = parser.parse_args(["select", "--max-images", str(budget), "--out", str(out)])
     selection, bodies = label_select.make_selection(rt.client("s3"), rt.stack.artifacts_bucket,
                                                     rt.stack.endpoint_name, args, label_select.check_options(args))
     label_select.write_selection(out, selection, bodies)
