@@ -192,6 +192,11 @@ bench-serve: setup  ## artifact forms vs the eager model (in-process), each serv
 bench-status-api: setup  ## status API requests/s in-process against moto: boto3 clients per request vs reused
 	$(BIN)/python -m d2ops.bench.status_api
 
+# --- endpoint monitoring (issue 32) --------------------------------------------------------
+.PHONY: bench-monitor
+bench-monitor: setup  ## windows of 10,000 captured records the monitor judges per second and peak RSS, vs pandas.read_json on the same records
+	nice -n 10 $(BIN)/python -m d2ops.bench.monitor --workdir build/bench-monitor
+
 # --- training (issue 3) -----------------------------------------------------------------
 .PHONY: bench-train test-training-slow
 bench-train: setup  ## CPU training images/s, detectron2 vs torchvision (the baseline) on the same data, and the ratio
