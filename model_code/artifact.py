@@ -32,6 +32,15 @@ from model_code.archive import (  # noqa: F401  re-exported: the artifact's name
     pack_directory,
     safe_extract,
 )
+from model_code.model_forms import (
+    FORM_FILES,
+    AotiDevice,
+    Detector,
+    Form,
+    FormError,
+    choose_form,
+    load_compiled,
+)
 from model_code.torchscript_device import retarget
 
 MODEL_FILE = "model.pt"
@@ -100,7 +109,23 @@ class ArtifactMetadata(BaseModel):
         default_factory=dict,
         description="class name -> the score the server keeps a detection of it from by default: the best F1 at "
                     "IoU 0.5 on val (model_code/evaluation/thresholds.py); empty in artifacts exported before them")
+    forms: list[Form] = Field(
+        default_factory=lambda: list[Form](["torchscript"]),
+        description="the forms of the detector the artifact holds (model_code/model_forms.py); absent in artifacts "
+                    "exported before them: TorchScript only")
+    export_problems: dict[str, str] = Field(
+        default_factory=dict, description="form -> why the export step could not write it (the call that stopped it)")
+    aoti_device: AotiDevice | None = Field(
+        default=None, description="the device type the AOTInductor package (model.aoti.pt2) was compiled for")
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    @model_validator(mode="after")
+    def _forms_line_up(self) -> ArtifactMetadata:
+        if "torchscript" not in self.forms or len(set(self.forms)) != len(self.forms):
+            raise ValueError(f"forms must hold torchscript once and each form at most once: {self.forms}")
+        if ("aoti" in self.forms) != (self.aoti_device is not None):
+            raise ValueError("aoti_device names the AOTInductor package's device exactly when forms holds aoti")
+        return self
 
     @model_validator(mode="after")
     def _labels_line_up(self) -> ArtifactMetadata:
@@ -129,10 +154,11 @@ class ArtifactMetadata(BaseModel):
 
 @dataclass
 class LoadedDetector:
-    module: torch.jit.ScriptModule
+    module: Detector  # a ScriptModule, or a loaded model.pt2 / model.aoti.pt2 with the same call
     metadata: ArtifactMetadata
     path: Path
     evaluation: ModelEvaluation | None = None
+    form: Form = "torchscript"
     _tempdir: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
     _training_images: tuple[frozenset[str] | None] | None = field(default=None, repr=False)
 
@@ -279,13 +305,26 @@ def open_artifact(path: Path | str, extract_to: Path | str) -> tuple[Path, Artif
     return directory, metadata
 
 
-def load_artifact(path: Path | str, *, device: str = "cpu") -> LoadedDetector:
-    """Load a model directory or a ``model.tar.gz`` produced by any d2ops trainer."""
+def load_artifact(path: Path | str, *, device: str = "cpu", form: str | None = None) -> LoadedDetector:
+    """Load a model directory or a ``model.tar.gz`` produced by any d2ops trainer.
+
+    ``form`` (else $D2OPS_MODEL_FORM, else the best the device can run: model_forms.choose_form) picks
+    which of the artifact's forms runs; one it does not hold, or the device cannot run, is an ArtifactError.
+    """
     source = Path(path)
     tempdir = tempfile.TemporaryDirectory(prefix="d2ops-model-") if source.is_file() else None
     try:
         directory, metadata = open_artifact(source, tempdir.name if tempdir else "")
         evaluation = read_evaluation(directory)  # before the model: a bad file fails fast
+        chosen = choose_form(metadata.forms, metadata.aoti_device, device, form, metadata.export_problems)
+        if chosen != "torchscript":
+            detector = _load_compiled_form(directory, chosen, device)
+            return LoadedDetector(module=detector, metadata=metadata, path=directory, evaluation=evaluation,
+                                  form=chosen, _tempdir=tempdir)
+    except FormError as exc:
+        if tempdir is not None:
+            tempdir.cleanup()
+        raise ArtifactError(f"{directory}: {exc}") from None
     except ArtifactError:
         if tempdir is not None:
             tempdir.cleanup()
@@ -311,6 +350,16 @@ def load_artifact(path: Path | str, *, device: str = "cpu") -> LoadedDetector:
     module.eval()
     return LoadedDetector(module=module, metadata=metadata, path=directory, evaluation=evaluation,
                           _tempdir=tempdir)
+
+
+def _load_compiled_form(directory: Path, form: Form, device: str) -> Detector:
+    path = directory / FORM_FILES[form]
+    if not path.is_file():
+        raise ArtifactError(f"{path}: missing, though metadata.json lists the {form} form")
+    try:
+        return load_compiled(directory, form, device)
+    except (RuntimeError, ValueError, OSError) as exc:  # a truncated or foreign file: one line naming it
+        raise ArtifactError(f"{path}: not a loadable {form} program: {str(exc).strip().splitlines()[0]}") from exc
 
 
 def copy_native_checkpoint(output_data_dir: Path | str, files: list[Path]) -> NativeCheckpoint | None:

@@ -127,16 +127,9 @@ class Detectron2Signature(nn.Module):
         return results
 
 
-def export_detectron2(cfg: Any, model: nn.Module, *, has_masks: bool, device: str = "cpu"
-                      ) -> torch.jit.ScriptModule:
-    """Trace ``model`` (a detectron2 GeneralizedRCNN in eval mode) into the artifact signature.
-
-    The trace is taken on a blank image at the test size: its control flow does not depend on
-    the image's content or size (detectron2's tracing-aware code keeps shapes symbolic), which
-    the export tests check on other sizes and real detections. It runs only on ``device``
-    (artifact.CUDA_MODEL_FILE says why): on CPU the model itself moves there; for another
-    device a copy is traced, so the CPU trace's weights stay where they are.
-    """
+def _adapter(cfg: Any, model: nn.Module, *, has_masks: bool, device: str) -> tuple[nn.Module, Tensor]:
+    """detectron2's TracingAdapter over ``model.inference(..., do_postprocess=False)``, and a blank image at the
+    test size, on ``device`` (on CPU the model itself moves there; for another device a copy does)."""
     from detectron2.export import TracingAdapter
 
     if isinstance(model, nn.parallel.DistributedDataParallel):
@@ -149,12 +142,34 @@ def export_detectron2(cfg: Any, model: nn.Module, *, has_masks: bool, device: st
         fields = [instances.pred_boxes.tensor, instances.scores, instances.pred_classes]
         return fields + ([instances.pred_masks] if has_masks else [])
 
-    adapter = TracingAdapter(model, [{"image": sample}], inference_func=inference)
+    return TracingAdapter(model, [{"image": sample}], inference_func=inference), sample
+
+
+def _signature(cfg: Any, inner: nn.Module, has_masks: bool) -> Detectron2Signature:
+    return Detectron2Signature(inner, bgr=cfg.INPUT.FORMAT == "BGR", has_masks=has_masks,
+                               min_size=int(cfg.INPUT.MIN_SIZE_TEST), max_size=int(cfg.INPUT.MAX_SIZE_TEST))
+
+
+def eager_signature(cfg: Any, model: nn.Module, *, has_masks: bool) -> Detectron2Signature:
+    """The artifact's signature around the eager model on CPU: what torch.export is given (model_forms)."""
+    adapter, _ = _adapter(cfg, model, has_masks=has_masks, device="cpu")
+    return _signature(cfg, adapter, has_masks).eval()
+
+
+def export_detectron2(cfg: Any, model: nn.Module, *, has_masks: bool, device: str = "cpu"
+                      ) -> torch.jit.ScriptModule:
+    """Trace ``model`` (a detectron2 GeneralizedRCNN in eval mode) into the artifact signature.
+
+    The trace is taken on a blank image at the test size: its control flow does not depend on
+    the image's content or size (detectron2's tracing-aware code keeps shapes symbolic), which
+    the export tests check on other sizes and real detections. It runs only on ``device``
+    (artifact.CUDA_MODEL_FILE says why): on CPU the model itself moves there; for another
+    device a copy is traced, so the CPU trace's weights stay where they are.
+    """
+    adapter, sample = _adapter(cfg, model, has_masks=has_masks, device=device)
     with torch.no_grad():
         traced = torch.jit.trace(adapter, (sample,), check_trace=False)
-    return torch.jit.script(Detectron2Signature(
-        traced, bgr=cfg.INPUT.FORMAT == "BGR", has_masks=has_masks,
-        min_size=int(cfg.INPUT.MIN_SIZE_TEST), max_size=int(cfg.INPUT.MAX_SIZE_TEST)))
+    return torch.jit.script(_signature(cfg, traced, has_masks))
 
 
 def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None:
@@ -162,7 +177,7 @@ def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None
     from d2ops_core.dataset_identity import DatasetVersion
     from d2ops_core.gate import DEFAULT_MIN_CLASS_INSTANCES
     from d2ops_core.metrics import primary_metric
-    from model_code import artifact
+    from model_code import artifact, model_forms
     from model_code.dataset_version import annotated_image_sha256, read_coco
     from model_code.evaluation.coco import evaluate_detector, print_progress
     from model_code.evaluation.documents import model_evaluation_document
@@ -175,6 +190,13 @@ def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None
     cuda_module = (export_detectron2(cfg, model, has_masks=has_masks, device=artifact.TRACED_CUDA_DEVICE)
                    if torch.cuda.is_available() else None)
     module = export_detectron2(cfg, model, has_masks=has_masks)
+    model_dir = Path(job["model_dir"])
+    model_dir.mkdir(parents=True, exist_ok=True)
+    # torch.export / AOTInductor beside the trace, where they export (model_forms; the reason where not).
+    forms = model_forms.write_forms(
+        model_dir, eager_signature(cfg, model, has_masks=has_masks),
+        torch.zeros(3, int(cfg.INPUT.MIN_SIZE_TEST), int(cfg.INPUT.MIN_SIZE_TEST), dtype=torch.uint8),
+        aoti=model_forms.aoti_requested())
     train_reg, val_reg = job["registrations"]
     # category_ids[label] must be the dataset id detectron2 mapped to that contiguous label.
     mapping = {int(k): int(v) for k, v in train_reg["thing_dataset_id_to_contiguous_id"].items()}
@@ -193,8 +215,8 @@ def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None
         class_names=train_reg["thing_classes"], category_ids=ids, training_job=job["job_name"],
         dataset=DatasetVersion(name=job["dataset_name"], version=job["dataset_version"],
                                inventory_digest=job.get("inventory_digest")), checkpoint=checkpoint,
-        initial_weights=job.get("initial_weights"))
-    model_dir = Path(job["model_dir"])
+        initial_weights=job.get("initial_weights"), forms=forms.forms, export_problems=forms.problems,
+        aoti_device=forms.aoti_device)
     artifact.save_artifact(model_dir, module, metadata, cuda_module=cuda_module)
     # What it trained on, by content: the evaluation job keeps these images out of the comparison.
     artifact.write_training_images(model_dir, annotated_image_sha256(Path(train_reg["json_file"]),

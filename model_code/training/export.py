@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from d2ops_core.dataset_identity import DatasetVersion
 from d2ops_core.metrics import primary_metric
-from model_code import artifact
+from model_code import artifact, model_forms
 from model_code.dataset_version import annotated_image_sha256, read_coco
 from model_code.evaluation.coco import Evaluation, evaluate_detector, print_progress
 from model_code.evaluation.documents import model_evaluation_document
 from model_code.evaluation.thresholds import REPORT_FILE as THRESHOLDS_REPORT
 from model_code.evaluation.thresholds import fit_for_artifact
 from model_code.training.run_context import RunContext
-from model_code.training.torchvision_export import export_torchvision
+from model_code.training.torchvision_export import ExportedTorchvisionDetector, export_torchvision
 
 
 def write_artifact(ctx: RunContext, model: nn.Module, directory: Path, *, iteration: int, report: bool,
@@ -32,7 +33,14 @@ def write_artifact(ctx: RunContext, model: nn.Module, directory: Path, *, iterat
         category_ids=ctx.categories.ids, training_job=ctx.env.job_name,
         dataset=DatasetVersion(name=ctx.dataset.name, version=ctx.dataset.version,
                                inventory_digest=ctx.hp.inventory_digest), checkpoint=checkpoint)
-    artifact.save_artifact(directory, export_torchvision(model, ctx.has_masks), metadata)
+    module = export_torchvision(model, ctx.has_masks)
+    directory.mkdir(parents=True, exist_ok=True)
+    # torch.export / AOTInductor beside the TorchScript file, where they export (model_forms; the reason where not).
+    forms = model_forms.write_forms(directory, ExportedTorchvisionDetector(model, ctx.has_masks).eval(),
+                                    torch.zeros(3, 64, 64, dtype=torch.uint8), aoti=model_forms.aoti_requested())
+    metadata = metadata.model_copy(update={"forms": forms.forms, "export_problems": forms.problems,
+                                           "aoti_device": forms.aoti_device})
+    artifact.save_artifact(directory, module, metadata)
     artifact.write_training_images(directory, training_images(ctx))
     detector = artifact.load_artifact(directory)
     gt = read_coco(ctx.val_dataset.val_json)

@@ -23,7 +23,10 @@ class ExportedTorchvisionDetector(nn.Module):
 
     def forward(self, images: list[Tensor]) -> list[dict[str, Tensor]]:
         floats = [image.float() / 255.0 for image in images]
-        _, detections = self.model(floats)  # scripted torchvision detectors return (losses, detections)
+        if torch.jit.is_scripting():
+            _, detections = self.model(floats)  # scripted torchvision detectors return (losses, detections)
+        else:
+            detections = self.model(floats)  # eager ones in eval mode only the detections (what torch.export runs)
         results: list[dict[str, Tensor]] = []
         for det in detections:
             out = {"boxes": det["boxes"], "scores": det["scores"], "labels": det["labels"] - 1}
