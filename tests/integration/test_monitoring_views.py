@@ -101,13 +101,14 @@ def test_d2ops_monitor_prints_the_windows_of_the_running_offline_stack(
     assert RUN_V2 in drifted and "low_confidence_fraction" not in drifted
     assert lines[-1] == "older windows exist: raise --limit to see them"
     # the newest window drifted: exit 1 (a cron job alerts on it); --json prints the API's answer
-    done = d2ops("monitor", "--work-dir", str(rt.work_dir), "--limit", "3", "--json")
-    assert done.returncode == 0 and len(json.loads(done.stdout)["windows"]) == 3
     put(rt.client("s3"), rt.stack.artifacts_bucket, window("another-endpoint", hour(-1), drifted=("brightness",)))
-    done = d2ops("monitor", "--work-dir", str(rt.work_dir), "--endpoint", "another-endpoint")
-    assert done.returncode == 1 and "drifted" in done.stdout.splitlines()[2], (done.stdout, done.stderr)
-    done = d2ops("monitor", "--work-dir", str(rt.work_dir), "--endpoint", "bad_name")  # not an endpoint name
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    done = d2ops("monitor", "--work-dir", str(rt.work_dir), "--endpoint", "another-endpoint", "--json")
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert [w["verdict"] for w in json.loads(done.stdout)["windows"]] == ["drifted"]
+    for bad in (["--endpoint", "bad_name"], ["--limit", "501"]):  # not an endpoint name; past the API's limit
+        done = d2ops("monitor", "--work-dir", str(rt.work_dir), *bad)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "limit" in done.stderr
 
 
 def test_the_console_plots_each_statistic_against_its_threshold_with_the_drifted_window_marked(

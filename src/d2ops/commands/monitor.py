@@ -18,8 +18,6 @@ from d2ops.commands.deployed import add_deployed_stack_arguments, deployed_stack
 from d2ops.commands.errors import UsageError
 from d2ops.commands.status import open_status_api
 
-DEFAULT_LIMIT, MAX_LIMIT = 48, 500  # the status API's (status_api.monitoring)
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("monitor", help="the endpoint monitor's windows: each drifted statistic's value "
@@ -27,20 +25,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_deployed_stack_arguments(p)
     p.add_argument("--state-dir", dest="work_dir", type=Path, metavar="DIR", help="the same as --work-dir")
     p.add_argument("--endpoint", metavar="NAME", help="the endpoint (default: the stack's EndpointName)")
-    p.add_argument("--limit", type=_limit, default=DEFAULT_LIMIT, metavar="N",
-                   help=f"the newest N windows (1-{MAX_LIMIT}, default {DEFAULT_LIMIT})")
+    # The bounds and the default are the status API's (status_api.monitoring); it refuses what it does not take.
+    p.add_argument("--limit", type=int, metavar="N", help="the newest N windows (default: the API's, 48; at most 500)")
     p.add_argument("--json", action="store_true", help="print the status API's JSON answer")
     p.set_defaults(func=run)
-
-
-def _limit(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= MAX_LIMIT:
-        raise argparse.ArgumentTypeError(f"{text!r}: a whole number from 1 to {MAX_LIMIT}")
-    return value
 
 
 def _minute(text: Any) -> str:
@@ -102,9 +90,10 @@ def run(args: argparse.Namespace) -> int:
     where = f"stack {args.stack}" if args.stack else str(args.work_dir)
     with open_status_api(args) as api:
         try:
-            answer = api.get(f"/endpoints/{quote(endpoint, safe='')}/monitoring?limit={args.limit}")
+            query = f"?limit={args.limit}" if args.limit is not None else ""
+            answer = api.get(f"/endpoints/{quote(endpoint, safe='')}/monitoring{query}")
         except StatusApiError as err:
-            if err.status == 404:
+            if err.status in (400, 404):  # a limit it does not take; a name SageMaker would refuse
                 raise UsageError(f"endpoint {endpoint!r} in {where}: {err.message}") from err
             raise UsageError(f"the status API of {where} answered {err}") from err
         except OSError as exc:  # unreachable URL, DNS, TLS: the stack's API cannot be reached from here
