@@ -201,3 +201,16 @@ def test_read_selection_names_what_is_wrong(tmp_path: Path) -> None:
     (tmp_path / SELECTION_FILE).write_text(json.dumps({"created_at": "2026-05-01T10:00:00Z"}), encoding="utf-8")
     with pytest.raises(SelectionError, match="not a selection"):
         read_selection(tmp_path)
+
+
+def test_weak_classes_are_below_their_share_of_the_models_ap() -> None:
+    from d2ops.labelling.capture_source import weak_classes
+    from d2ops_core.documents.evaluation import EvaluationReport
+
+    report = EvaluationReport.model_validate({
+        "primary_metric": "bbox_AP", "val_images": 80, "class_instances": {"square": 40, "disc": 40, "triangle": 40},
+        "challenger": {"metrics": {"bbox_AP": 0.7},
+                       "per_class": {"square": {"bbox_AP": 0.8}, "disc": {"bbox_AP": 0.57},
+                                     "triangle": {"bbox_AP": 0.55}}}})
+    # 0.8 x 0.7 = 0.56: disc (0.57) is not weak, triangle (0.55) is (catches the share or the comparison inverted)
+    assert weak_classes(report) == ["triangle"]
