@@ -40,6 +40,7 @@ from d2ops_core.monitoring_features import FeatureSample, baseline_sample, mean
 SIGNIFICANCE = 0.01  # family-wise, per window
 PSI_QUANTILES = tuple(q / 10 for q in range(1, 10))  # the baseline's deciles cut the bins
 _SMOOTHING = 0.5  # counts added to each bin before proportions are taken
+MIN_EXPECTED = 5.0  # the chi-square test's usual rule: at least 5 expected counts in each bin
 
 
 @dataclass(frozen=True)
@@ -81,10 +82,29 @@ def psi(baseline: Sequence[float], window: Sequence[float]) -> tuple[float, floa
     b = (b_counts + _SMOOTHING) / (b_counts.sum() + _SMOOTHING * len(b_counts))
     w = (w_counts + _SMOOTHING) / (w_counts.sum() + _SMOOTHING * len(w_counts))
     value = float(np.sum((w - b) * np.log(w / b)))
-    if len(b) < 2:
+    observed, expected = _pooled(w_counts, b * w_counts.sum())
+    if len(observed) < 2:
         return value, 1.0
-    p = float(stats.chisquare(w_counts, b * w_counts.sum()).pvalue)
-    return value, p
+    return value, float(stats.chisquare(observed, expected).pvalue)
+
+
+def _pooled(observed: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Adjacent bins pooled until each expects at least :data:`MIN_EXPECTED` counts (the chi-square test's
+    approximation holds; on a small window a sparse bin would make it alarm on noise)."""
+    groups: list[list[int]] = [[]]
+    total = 0.0
+    for i, e in enumerate(expected):
+        groups[-1].append(i)
+        total += e
+        if total >= MIN_EXPECTED:
+            groups.append([])
+            total = 0.0
+    if not groups[-1]:
+        groups.pop()
+    elif len(groups) > 1:  # a sparse tail joins the group before it
+        groups[-2].extend(groups.pop())
+    return (np.array([observed[g].sum() for g in groups], dtype=float),
+            np.array([expected[g].sum() for g in groups], dtype=float))
 
 
 def psi_verdict(statistic: str, baseline: Sequence[float], window: Sequence[float], threshold: float,
