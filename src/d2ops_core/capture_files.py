@@ -9,7 +9,8 @@ covers plus one on each side and keeping the records whose ``inferenceTime`` fal
 (the offline endpoint never lets a file span two hours: sagemaker_capture).
 
 A line that is not a record (a file cut short, not JSON, JSON of another shape) is skipped and
-reported as ``<s3 uri>:<line>: <reason>`` through ``skipped``; it never stops the read.
+reported as ``<s3 uri>:<line>: <reason>`` through ``skipped``; it never stops the read. The pipeline's
+smoke-test requests (InferenceId ``SMOKE_TEST_INFERENCE_ID``) are not traffic and are left out unless asked for.
 
 The S3 client is passed in (boto3's, or one with the same methods), so the core imports no boto3.
 """
@@ -25,7 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from d2ops_core import s3_layout
-from d2ops_core.documents.capture import CaptureRecord
+from d2ops_core.documents.capture import SMOKE_TEST_INFERENCE_ID, CaptureRecord
 
 CAPTURE_FILE_SUFFIX = ".jsonl"
 # How far from its own hour a record's file may be filed (SageMaker buffers a few minutes; one hour is ample).
@@ -104,13 +105,16 @@ def parse_capture_lines(lines: Iterable[bytes], source: str,
 
 
 def read_capture_window(s3: Any, bucket: str, endpoint: str, start: datetime, end: datetime, *,
-                        variant: str | None = None,
-                        skipped: list[SkippedLine] | None = None) -> Iterator[CaptureRecord]:
+                        variant: str | None = None, skipped: list[SkippedLine] | None = None,
+                        include_smoke_test: bool = False) -> Iterator[CaptureRecord]:
     """Every captured record of ``endpoint`` whose ``inferenceTime`` is in ``[start, end)``, file by file
-    (streamed: one file's lines at a time), bad lines reported through ``skipped``."""
+    (streamed: one file's lines at a time), bad lines reported through ``skipped``; the smoke test's
+    requests only with ``include_smoke_test``."""
     start, end = _utc(start), _utc(end)
     for key in capture_keys(s3, bucket, endpoint, start, end, variant=variant):
         body = s3.get_object(Bucket=bucket, Key=key)["Body"]
         for record in parse_capture_lines(body.iter_lines(), s3_layout.s3_uri(bucket, key), skipped):
+            if not include_smoke_test and record.eventMetadata.inferenceId == SMOKE_TEST_INFERENCE_ID:
+                continue
             if start <= _utc(record.eventMetadata.inferenceTime) < end:
                 yield record

@@ -14,7 +14,13 @@ from moto import mock_aws
 
 from d2ops_core import s3_layout
 from d2ops_core.capture_files import SkippedLine, capture_keys, parse_capture_lines, read_capture_window
-from d2ops_core.documents.capture import CaptureData, CaptureRecord, EventMetadata, encode_payload
+from d2ops_core.documents.capture import (
+    SMOKE_TEST_INFERENCE_ID,
+    CaptureData,
+    CaptureRecord,
+    EventMetadata,
+    encode_payload,
+)
 from tests.fixtures.pipeline import support
 
 BUCKET = "d2ops-capture-reader"
@@ -107,3 +113,18 @@ def test_lines_parse_without_s3_too() -> None:
     records = list(parse_capture_lines([line("x", T0).encode(), b"{", b"  "], "local.jsonl", skipped))
     assert [r.eventMetadata.eventId for r in records] == ["x"] and [str(s).split(": ")[0] for s in skipped] == [
         "local.jsonl:2"]
+
+
+def test_the_smoke_tests_requests_are_left_out_unless_asked_for(s3: Any) -> None:
+    """The pipeline's smoke test sends one val image many times (InferenceId SMOKE_TEST_INFERENCE_ID): not
+    traffic. Mutation caught: the filter dropped (every deployment would add a burst of one image to the
+    monitor's window and the labelling queue) or applied to every InferenceId."""
+    smoke = CaptureRecord(captureData=CaptureData(), eventMetadata=EventMetadata(
+        eventId="s", inferenceId=SMOKE_TEST_INFERENCE_ID, inferenceTime=T0)).model_dump_json()
+    tagged = CaptureRecord(captureData=CaptureData(), eventMetadata=EventMetadata(
+        eventId="t", inferenceId="client-42", inferenceTime=T0)).model_dump_json()
+    put(s3, T0, [smoke, tagged, line("u", T0)])
+    end = T0 + timedelta(hours=1)
+    assert sorted(r.eventMetadata.eventId for r in read_capture_window(s3, BUCKET, ENDPOINT, T0, end)) == ["t", "u"]
+    assert sorted(r.eventMetadata.eventId for r in read_capture_window(s3, BUCKET, ENDPOINT, T0, end,
+                                                                       include_smoke_test=True)) == ["s", "t", "u"]

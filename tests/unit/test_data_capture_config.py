@@ -3,6 +3,7 @@ and the state passes, the bucket's retention and encryption of what is captured,
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -131,3 +132,29 @@ def test_captured_objects_are_encrypted_like_the_rest_of_the_bucket(aws: Any) ->
         assert "KmsKeyId" not in capture
     else:  # aws:kms: the capture must name the bucket's key (and the endpoint role may use it)
         assert capture.get("KmsKeyId") == default["ServerSideEncryptionByDefault"]["KMSMasterKeyID"]
+
+
+def test_the_smoke_test_marks_its_requests_so_capture_readers_can_leave_them_out() -> None:
+    """botocore's Stubber checks the request the smoke test really sends (and validates it against the API
+    model: InferenceId's length and pattern). Mutation caught: the InferenceId dropped (smoke-test images
+    would count as traffic in the monitor and the labelling queue)."""
+    from botocore.response import StreamingBody
+    from botocore.stub import Stubber
+
+    support.function_path("smoke_test_endpoint")
+    from smoke_test_endpoint.models import SmokeTestEvent
+    from smoke_test_endpoint.service import _invoke_once
+
+    from d2ops_core.documents.capture import SMOKE_TEST_INFERENCE_ID
+
+    runtime = boto3.client("sagemaker-runtime", region_name="us-east-1", aws_access_key_id="x",
+                           aws_secret_access_key="x")
+    event = SmokeTestEvent(endpoint_name="d2ops-detector", bucket="b", prefix="datasets/shapes/v1/")
+    with Stubber(runtime) as stub:
+        answer = b'{"detections": [], "image": {"width": 4, "height": 3}}'
+        stub.add_response("invoke_endpoint", {"Body": StreamingBody(io.BytesIO(answer), len(answer)),
+                                              "ContentType": "application/json"},
+                          {"EndpointName": "d2ops-detector", "ContentType": "image/png", "Accept": "application/json",
+                           "Body": b"png", "InferenceId": SMOKE_TEST_INFERENCE_ID})
+        _invoke_once(event, runtime, "images/a.png", b"png", "image/png")
+        stub.assert_no_pending_responses()

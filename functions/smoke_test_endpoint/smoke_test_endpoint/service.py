@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from d2ops_core import images as rule
+from d2ops_core.documents.capture import SMOKE_TEST_INFERENCE_ID
 from d2ops_core.validation.manifest import MANIFEST_FILE, parse_manifest
 from smoke_test_endpoint.models import InvocationResponse, SmokeTestEvent, SmokeTestResult
 
@@ -128,8 +129,9 @@ def _invoke_once(event: SmokeTestEvent, runtime: Any, key: str, image: bytes, im
     """One InvokeEndpoint: (detections, latency in ms), or SmokeTestFailed saying what was wrong."""
     started = time.monotonic()
     try:
+        # InferenceId marks the request in the endpoint's data capture as the smoke test's, not traffic.
         response = runtime.invoke_endpoint(EndpointName=event.endpoint_name, ContentType=image_type,
-                                           Accept="application/json", Body=image)
+                                           Accept="application/json", Body=image, InferenceId=SMOKE_TEST_INFERENCE_ID)
     except runtime.exceptions.ModelError as exc:
         # The container answered with an error status; its message says why.
         err = exc.response.get("Error", {})

@@ -26,6 +26,9 @@ CAPTURE_MODES: tuple[CaptureMode, ...] = ("INPUT", "OUTPUT")
 # base64. d2ops's requests are images (base64) and its answers JSON (text).
 Encoding = Literal["BASE64", "CSV", "JSON"]
 JSON_CONTENT_TYPES: tuple[str, ...] = ("application/json",)
+# The InferenceId the pipeline's smoke test sends (functions/smoke_test_endpoint): capture keeps it, so the
+# monitor and label selection leave the smoke test's requests (one val image, many times) out of the traffic.
+SMOKE_TEST_INFERENCE_ID = "d2ops-smoke-test"
 
 
 class CaptureError(ValueError):
