@@ -158,10 +158,18 @@ def test_an_unshifted_window_is_ok_and_sends_nothing(aws: dict[str, Any]) -> Non
 
 
 def test_no_baseline_and_too_few_records_are_verdicts_not_errors(aws: dict[str, Any]) -> None:
+    # Mutation caught: a corrupt baseline failing every hour with a traceback instead of saying which object.
     put_capture(aws, 30, grey=50)
     assert invoke()["verdict"] == "no_baseline"  # nothing deployed yet: no champion, no history
     put_baseline(aws)
     assert invoke(START + timedelta(hours=1))["verdict"] == "too_few_records"  # an hour without traffic
+    key = s3_layout.monitoring_baseline_key(RUN)
+    aws["s3"].put_object(Bucket=aws["bucket"], Key=key, Body=b'{"run_id": "cut short')
+    assert invoke(START - timedelta(hours=1))["verdict"] == "no_baseline"
+    window = MonitoringWindow.model_validate_json(aws["s3"].get_object(
+        Bucket=aws["bucket"], Key=s3_layout.monitoring_window_key(ENDPOINT, "2026-11-29T08:00Z"))["Body"].read())
+    (problem,) = window.problems
+    assert problem.startswith(f"s3://{aws['bucket']}/{key}: not a monitoring baseline (document: Invalid JSON")
     assert messages(aws) == []
 
 

@@ -86,11 +86,19 @@ def _moment(text: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-def read_baseline(s3: Any, bucket: str, run_id: str) -> MonitoringBaseline | None:
+def read_baseline(s3: Any, bucket: str, run_id: str, problems: list[str]) -> MonitoringBaseline | None:
+    """The run's baseline; None when it has none (a model evaluated before baselines were written) or when it is
+    not a baseline document (why appended to ``problems``: the window says so, judged ``no_baseline``)."""
     key = s3_layout.monitoring_baseline_key(run_id)
     if not key_listed(s3, bucket, key):
         return None
-    return MonitoringBaseline.model_validate_json(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    try:
+        return MonitoringBaseline.model_validate_json(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"]) or "document"
+        problems.append(f"{s3_layout.s3_uri(bucket, key)}: not a monitoring baseline ({where}: {first['msg']})")
+        return None
 
 
 def record_features(record: CaptureRecord, thresholds: dict[str, float], where: str) -> ImageFeatures:
@@ -132,12 +140,13 @@ def monitor(event: MonitorEvent, settings: Settings, s3: Any, cloudwatch: Any, s
     if key_listed(s3, settings.bucket, key):
         return _result(_read_window(s3, settings.bucket, key), uri, already=True, notified=False)
     run_id = serving_run(s3, settings.bucket, settings.endpoint, start, end)
-    baseline = read_baseline(s3, settings.bucket, run_id) if run_id else None
+    baseline_problems: list[str] = []
+    baseline = read_baseline(s3, settings.bucket, run_id, baseline_problems) if run_id else None
     skipped: list[SkippedLine] = []
     problems: list[str] = []
     sample, records = window_features(read_capture_window(s3, settings.bucket, settings.endpoint, start, end,
                                                           skipped=skipped), baseline, problems)
-    problems = [str(line) for line in skipped] + problems
+    problems = baseline_problems + [str(line) for line in skipped] + problems
     verdict, statistics = judge(baseline, sample, settings.thresholds)
     window = MonitoringWindow(endpoint=settings.endpoint, model_run_id=run_id, window_start=start, window_end=end,
                               records=records, unreadable=len(problems), problems=problems[:MAX_PROBLEMS],
