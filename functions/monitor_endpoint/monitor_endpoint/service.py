@@ -36,6 +36,7 @@ MAX_PROBLEMS = 20
 # full one that ended at least this long ago.
 SETTLE = timedelta(minutes=15)
 _METRICS_PER_CALL = 500
+_METRIC_NAME_LIMIT = 255  # CloudWatch's; a class name may be longer
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,8 @@ def metric_data(window: MonitoringWindow) -> list[dict[str, Any]]:
     if window.verdict in ("ok", "drifted"):
         data.append({"MetricName": DRIFTED_METRIC, "Value": 1.0 if window.verdict == "drifted" else 0.0,
                      "Unit": "None"})
-        data.extend({"MetricName": s.statistic, "Value": s.value, "Unit": "None"} for s in window.statistics)
+        data.extend({"MetricName": s.statistic[:_METRIC_NAME_LIMIT], "Value": s.value, "Unit": "None"}
+                    for s in window.statistics)
     return [{**d, "Dimensions": dimensions} for d in data]
 
 
