@@ -235,3 +235,29 @@ def test_a_file_key_is_the_hour_folder_of_its_first_record() -> None:
         "06-07-890-0f0e0d0c-0000-4000-8000-000000000000.jsonl"
     assert CaptureSettings.from_config({**capture_config(10), "EnableCapture": False}) is None
     assert CaptureSettings.from_config(None) is None
+
+
+def test_a_failed_write_keeps_its_records_for_the_next_flush(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The destination bucket missing at first (NoSuchBucket from moto), then there. Mutations caught: the
+    records dropped with the failed write, a record of the next hour written into the earlier hour's file."""
+    from d2ops.offline.services.sagemaker_capture import CaptureWriter
+
+    support.aws_env(monkeypatch)
+    with mock_aws():
+        s3 = boto3.client("s3")
+        writer = CaptureWriter(s3, max_records=2)
+        settings = CaptureSettings.from_config(capture_config(100))
+        assert settings is not None
+        t = datetime(2026, 7, 1, 9, 59, 58, tzinfo=UTC)
+        for i in range(2):  # a full buffer: its write fails
+            writer.capture(settings, ENDPOINT, "AllTraffic", request=b"i", request_type="image/png", answer=b"{}",
+                           answer_type="application/json", when=t + timedelta(seconds=i))
+        assert writer.pending() == 2
+        s3.create_bucket(Bucket=BUCKET)
+        writer.capture(settings, ENDPOINT, "AllTraffic", request=b"i", request_type="image/png", answer=b"{}",
+                       answer_type="application/json", when=t + timedelta(seconds=3))  # 10:00:01, another hour
+        writer.close()
+        keys = capture_keys(s3)
+        assert [k.split("/")[-2] for k in keys] == ["09", "10"]
+        bodies = [s3.get_object(Bucket=BUCKET, Key=k)["Body"].read().decode().splitlines() for k in keys]
+        assert [len(b) for b in bodies] == [2, 1]
