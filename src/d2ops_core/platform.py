@@ -577,7 +577,7 @@ AWS_RAY_SERVE_SOURCE = Source("https://aws.github.io/deep-learning-containers/ra
 # KServe is removing its TorchServe runtime for the same reason (kserve/kserve#5638, open).
 KSERVE_TORCHSERVE_SOURCE = Source("https://github.com/kserve/kserve/pull/5638", SERVING_CHECKED)
 
-# The artifact's forms (model_code.artifact; docs/model-artifact.md). PyTorch's TorchScript pages open with
+# The artifact's forms (model_code.model_forms.FORMS; docs/model-artifact.md). PyTorch's TorchScript pages open with
 # "TorchScript is deprecated, please use torch.export instead"; AOTInductor compiles an exported program
 # ahead of time into a .pt2 package for one device, "for inference deployments on the server side".
 TORCHSCRIPT_SOURCE = Source("https://docs.pytorch.org/docs/stable/jit.html", SERVING_CHECKED)
@@ -624,9 +624,10 @@ SERVING_SERVERS: dict[str, ServingServer] = {s.name: s for s in (
         status="TorchServe is archived upstream (pytorch/serve read-only, no fixes or security patches; last release "
                "0.12.0, 2024-09-24), and AWS stopped its PyTorch inference containers after 2.6 because of it",
         sources=(TORCHSERVE_SOURCE, TORCHSERVE_RELEASE_SOURCE, AWS_PYTORCH_INFERENCE_SOURCE),
-        forms=("torchscript", "exported"),
-        why_not={"aoti": "d2ops adds no form to the archived server: its last release was tested against torch 2.4, "
-                         "before AOTInductor packages (aoti_compile_and_package, documented from torch 2.6)"}),
+        # Every form, through the same service: both servers' adapters load the artifact with
+        # model_code.artifact.load_artifact (the best form the device runs, or D2OPS_MODEL_FORM), so the form is
+        # never TorchServe's concern, though its last release was only tested against torch 2.4 (TorchScript).
+        forms=("torchscript", "exported", "aoti"), why_not={}),
     ServingServer(
         "ray-serve", "ray", archived=False,
         status="Ray Serve is maintained, and AWS's own SageMaker inference container for PyTorch after 2.6 runs it",

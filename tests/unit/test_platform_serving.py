@@ -134,3 +134,10 @@ def test_d2ops_demo_serving_backend_becomes_the_offline_stacks_parameter(monkeyp
     with pytest.raises(SystemExit) as refused:
         cli.main(["demo", *work, "--serving-backend", "triton"])
     assert refused.value.code == 2
+
+
+def test_the_tables_forms_are_the_artifacts() -> None:
+    """Mutation caught: a form added to the export (model_forms.FORMS) with no word on which server runs it."""
+    from model_code import model_forms
+
+    assert tuple(platform.ARTIFACT_FORMS) == model_forms.FORMS
