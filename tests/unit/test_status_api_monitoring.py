@@ -138,7 +138,7 @@ def record_s3_calls(client: Any) -> dict[str, int]:
 
 
 def test_the_newest_windows_are_found_without_listing_or_reading_the_years_before(s3: tuple[Any, str]) -> None:
-    """200 hourly windows, and one from 400 days ago: the newest 5 list about two days of keys and read 5
+    """200 hourly windows, and one from 400 days ago: the newest 5 list a few keys more than 5 and read 5
     objects; asking for all of them reaches back to the old one (the span grows until it passes the oldest)."""
     client, bucket = s3
     now = datetime.now(UTC)
@@ -151,11 +151,19 @@ def test_the_newest_windows_are_found_without_listing_or_reading_the_years_befor
     view = monitoring.monitoring_view(reader, bucket, ENDPOINT, limit=5, now=now)
     assert [w.window_start for w in view.windows] == starts[:5] and view.older_windows
     # catches: listing the whole prefix (201 keys) or reading every window before cutting to the limit
-    assert counts["GetObject"] == 5 and counts["listed"] <= 1 + 48 + 1, counts
+    assert counts["GetObject"] == 5 and counts["listed"] <= 1 + 5 + 3, counts
     counts.update(ListObjectsV2=0, GetObject=0, listed=0)
     view = monitoring.monitoring_view(reader, bucket, ENDPOINT, limit=500, now=now)
     assert [w.window_start for w in view.windows] == starts and not view.older_windows
     assert counts["GetObject"] == 201
+    # windows every 6 hours (a rarer schedule): the span grows with what it finds, a few rounds, not a full listing
+    sparse = [hour(-6 * i, now) - timedelta(days=500) for i in range(1, 41)]
+    for start in sparse:
+        put(client, bucket, window("sparse", start))
+    counts.update(ListObjectsV2=0, GetObject=0, listed=0)
+    view = monitoring.monitoring_view(reader, bucket, "sparse", limit=30, now=now)
+    assert [w.window_start for w in view.windows] == sparse[:30] and view.older_windows
+    assert counts["ListObjectsV2"] <= 12 and counts["listed"] <= 1 + 3 * 41, counts
 
 
 def test_an_answer_that_would_pass_lambda_s_limit_leaves_out_the_oldest_windows(s3: tuple[Any, str]) -> None:

@@ -3,9 +3,10 @@
 The monitor (functions/monitor_endpoint) writes one :class:`MonitoringWindow` per window of capture at
 ``monitoring/<endpoint>/windows/<YYYY-MM-DDTHH:MMZ>.json``, so the keys sort by time. S3 lists keys in
 ascending order only; the newest ``limit`` of a year of hourly windows (8,760 keys) is found without listing
-them all: the listing starts after ``to - span`` (``StartAfter``) and stops at the first key past ``to``, and
-the span grows eightfold until ``limit`` windows are found or it reaches back past the oldest window (or
-``from``). Only the windows answered are read (GetObject), in parallel.
+them all: the listing starts after ``to - span`` (``StartAfter``) and stops at the first key past ``to``. The
+first span is ``limit`` hours and a little (the monitor's default window is an hour: one listing then); while
+it holds fewer than ``limit`` windows it grows by what the windows found suggest (2-8x), until it reaches back
+past the oldest window (or ``from``). Only the windows answered are read (GetObject), in parallel.
 
 A window that is not a MonitoringWindow (truncated, written by hand, another endpoint's) is a ``problems``
 entry naming its key, never a 5xx: one bad object must not hide the others.
@@ -29,8 +30,8 @@ from status_api.views import ReportUnreadable, _access_denied
 
 DEFAULT_LIMIT = 48  # two days of hourly windows
 MAX_LIMIT = 500
-FIRST_SPAN = timedelta(days=2)  # the first listing reaches back this far from `to`; then 8x each round
-SPAN_GROWTH = 8
+WINDOW_GUESS = timedelta(hours=1)  # the monitor's default window: the first listing reaches back limit + 2 of them
+SPAN_GROWTH = 8  # at most, a round (no window found in the span: the monitor ran rarely, or stopped a while)
 MAX_SPAN = timedelta(days=100 * 366)  # a key that sorts before every time (not the monitor's) ends the search
 # A window is a few kilobytes (one verdict per statistic, at most 20 problem lines); an object far larger is
 # not one, and is not read whole into the function's memory.
@@ -84,7 +85,7 @@ def window_keys(s3: Any, bucket: str, endpoint: str, limit: int, start: datetime
     if not oldest or (upper is not None and oldest[0][len(prefix):].removesuffix(".json") > upper):
         return [], False
     anchor = end or now or datetime.now(UTC)
-    span = FIRST_SPAN
+    span = WINDOW_GUESS * (limit + 2)
     while True:
         try:
             after = prefix + stem(anchor - span)
@@ -94,7 +95,8 @@ def window_keys(s3: Any, bucket: str, endpoint: str, limit: int, start: datetime
         keys = _list(s3, bucket, prefix, lower if final else after, upper)
         if len(keys) > limit or final:
             return keys[-limit:][::-1], len(keys) > limit
-        span *= SPAN_GROWTH
+        # as far again as the windows found suggest the rest lie, and half that again
+        span *= min(SPAN_GROWTH, max(2.0, 1.5 * (limit + 1) / len(keys))) if keys else SPAN_GROWTH
 
 
 def _read(s3: Any, bucket: str, endpoint: str, key: str) -> MonitoringWindow | WindowProblem:
