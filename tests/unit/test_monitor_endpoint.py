@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -146,6 +147,46 @@ def test_a_darker_window_is_drifted_written_once_measured_and_announced_once(aws
     assert [p["Maximum"] for p in got["Datapoints"]] == [1.0]
     listed = aws["cloudwatch"].list_metrics(Namespace=NAMESPACE)["Metrics"]
     assert {"brightness", "class_rate:square", "low_confidence_fraction"} <= {m["MetricName"] for m in listed}
+
+
+def test_the_function_s_role_allows_every_call_the_monitor_makes(aws: dict[str, Any]) -> None:
+    """Every AWS call of a drifted window and of its repeat, checked against MonitorEndpointFunction's policy in
+    template.yaml. Mutation caught: a statement dropped or narrowed (the baseline's key, the history prefix,
+    the namespace) while the code still needs it."""
+    from tests.unit.test_template_hygiene import allows
+
+    calls: list[tuple[str, str, dict[str, Any]]] = []
+
+    def record(model: Any, params: dict[str, Any], **_: Any) -> None:
+        calls.append((model.service_model.service_name, model.name, dict(params)))
+
+    session = boto3.DEFAULT_SESSION or boto3.setup_default_session() or boto3.DEFAULT_SESSION
+    put_baseline(aws)
+    put_capture(aws, 40, grey=50)
+    session.events.register("provide-client-params", record)
+    try:
+        invoke()
+        invoke()
+    finally:
+        session.events.unregister("provide-client-params", record)
+    bucket = support.ARTIFACTS_BUCKET  # the bucket name the template's policy is resolved with
+    asked = set()
+    for service, operation, params in calls:
+        if service == "s3" and operation == "ListObjectsV2":
+            asked.add(("s3:ListBucket", f"arn:aws:s3:::{bucket}", params.get("Prefix")))
+        elif service == "s3":
+            asked.add((f"s3:{operation}", f"arn:aws:s3:::{bucket}/{params['Key']}", None))
+        elif service == "cloudwatch":
+            assert params["Namespace"] == "d2ops/Monitoring"
+            asked.add(("cloudwatch:PutMetricData", "*", None))
+        else:
+            assert (service, operation) == ("sns", "Publish"), (service, operation, params)
+            assert params["TopicArn"] == os.environ["TOPIC_ARN"]
+            asked.add((f"{service}:{operation}", "ref-NotificationTopic", None))  # the policy's !Ref, resolved
+    actions = {action for action, _, _ in asked}
+    assert {"s3:ListBucket", "s3:GetObject", "s3:PutObject", "cloudwatch:PutMetricData", "sns:Publish"} <= actions
+    refused = [call for call in sorted(asked, key=str) if not allows("MonitorEndpointFunction", *call)]
+    assert refused == []
 
 
 def test_an_unshifted_window_is_ok_and_sends_nothing(aws: dict[str, Any]) -> None:
