@@ -20,61 +20,15 @@ from label_studio_sdk import LabelStudio
 
 from d2ops import synth
 from d2ops.cli import main
-from d2ops.labelling.documents import (
-    SELECTION_FILE,
-    CaptureSource,
-    LabelSelection,
-    SelectedImage,
-    SelectionCounts,
-    SelectionParameters,
-)
 from d2ops.labelling.labelstudio import label_config
 from d2ops_core.validation import validate_local
 from d2ops_core.validation.split import draws_val
 from model_code.dataset_version import open_dataset_version
 from tests.fixtures.label_studio import LabelStudioServer, label_studio  # noqa: F401 (the session fixture)
+from tests.fixtures.labelling import CLASSES, SIZE, captured_images, write_selection
 
 pytestmark = pytest.mark.integration
-CLASSES = [c["name"] for c in synth.CATEGORIES]
-SIZE = 96
 TIMINGS: dict[str, float] = {}
-
-
-def _captured(tmp: Path, count: int, seed: int) -> list[tuple[bytes, list[tuple[str, list[float]]]]]:
-    """``count`` synthetic images (bytes) with their ground-truth boxes (class, xywh), as a capture would hold."""
-    synth.generate(tmp, images=count, seed=seed, size=SIZE, name="capture")
-    out = []
-    for split in ("train", "val"):
-        doc = json.loads((tmp / "annotations" / f"{split}.json").read_text())
-        names = {c["id"]: c["name"] for c in doc["categories"]}
-        for im in doc["images"]:
-            boxes = [(names[a["category_id"]], a["bbox"]) for a in doc["annotations"] if a["image_id"] == im["id"]]
-            out.append(((tmp / "images" / im["file_name"]).read_bytes(), boxes))
-    return out
-
-
-def write_selection(root: Path, images: list[tuple[bytes, list[tuple[str, list[float]]]]],
-                    classes: list[str] = CLASSES) -> list[str]:
-    """A LabelSelection directory of ``images`` (their boxes, shifted 1 px, as the model's detections); sha256s."""
-    (root / "images").mkdir(parents=True)
-    selected = []
-    for rank, (data, boxes) in enumerate(images, start=1):
-        sha = hashlib.sha256(data).hexdigest()
-        (root / "images" / f"{sha}.jpg").write_bytes(data)
-        detections = [{"box": [x + 1, y + 1, min(x + w + 1, SIZE), min(y + h + 1, SIZE)], "score": 0.55,
-                       "class_id": CLASSES.index(name), "class_name": name} for name, (x, y, w, h) in boxes]
-        selected.append(SelectedImage.model_validate({
-            "rank": rank, "sha256": sha, "file": f"images/{sha}.jpg", "content_type": "image/jpeg", "width": SIZE,
-            "height": SIZE, "detections": detections, "score": 1.0 / rank, "reasons": [],
-            "source": CaptureSource(key=f"capture/ep/AllTraffic/2026/11/29/06/f{rank}.jsonl", line=rank,
-                                    event_id=f"e{rank}", inference_time=datetime(2026, 11, 29, tzinfo=UTC))}))
-    selection = LabelSelection(
-        created_at=datetime(2026, 11, 29, tzinfo=UTC), model_run_id="run-champion", class_names=classes,
-        parameters=SelectionParameters(endpoint="ep", max_images=len(images), weights={}, threshold_margin=0.25,
-                                       duplicate_distance=6),
-        counts=SelectionCounts(records=len(images), candidates=len(images)), images=selected)
-    (root / SELECTION_FILE).write_text(selection.model_dump_json())
-    return [s.sha256 for s in selected]
 
 
 def region(name: str, bbox: list[float], kind: str = "rectanglelabels") -> dict[str, Any]:
@@ -115,7 +69,7 @@ def test_export_label_import_round_trip(label_studio: LabelStudioServer,  # noqa
     ls = label_studio
     base = tmp_path / "v1"
     synth.generate(base, images=12, seed=0, size=SIZE, name="shapes", version="v1")
-    captured = _captured(tmp_path / "capture", 7, seed=16)  # seed 16: new images draw both sides
+    captured = captured_images(tmp_path / "capture", 7, seed=16)  # seed 16: new images draw both sides
     shas = write_selection(tmp_path / "selection", captured)
     export = ("label", "export", "--to", "label-studio", ls.url, "--project", "round trip", "--selection",
               str(tmp_path / "selection"))
@@ -186,7 +140,8 @@ def test_export_label_import_round_trip(label_studio: LabelStudioServer,  # noqa
     opened = open_dataset_version(v2)  # what the trainer and the evaluation job open
     assert (opened.name, opened.version) == ("shapes", "v2")
     TIMINGS["round trip"] = time.monotonic() - began
-    print(f"label studio started in {ls.start_seconds:.1f} s; round trip {TIMINGS['round trip']:.1f} s")
+    print(f"label studio: template migrated in {ls.migrate_seconds:.1f} s, started in {ls.start_seconds:.1f} s; "
+          f"round trip {TIMINGS['round trip']:.1f} s")
 
 
 def test_bad_input_each_one_line_naming_the_item(label_studio: LabelStudioServer,  # noqa: F811
@@ -196,7 +151,7 @@ def test_bad_input_each_one_line_naming_the_item(label_studio: LabelStudioServer
     client = LabelStudio(base_url=ls.url, api_key=ls.token)
     base = tmp_path / "v1"
     synth.generate(base, images=8, seed=3, size=SIZE, name="shapes", version="v1")
-    captured = _captured(tmp_path / "capture", 4, seed=21)
+    captured = captured_images(tmp_path / "capture", 4, seed=21)
     shas = write_selection(tmp_path / "selection", captured[:2])
 
     def one_line(code: int, err: str, *needles: str) -> None:

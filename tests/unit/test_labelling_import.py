@@ -186,3 +186,62 @@ def test_upload_puts_the_manifest_last_under_datasets_name_version(tmp_path: Pat
         assert len(order) == sum(1 for p in (tmp_path / "v2").rglob("*") if p.is_file())
         with pytest.raises(LabellingError, match="already has objects"):  # catches: overwriting an uploaded version
             upload_version(s3, written, "s3://data")
+
+
+def test_coco_out_and_back_in_makes_the_next_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """CVAT's path: d2ops label export --to coco, corrected boxes in the COCO file, d2ops label import --from coco."""
+    from d2ops.cli import main
+    from tests.fixtures.labelling import captured_images, write_selection
+
+    base = tmp_path / "v1"
+    synth.generate(base, images=10, seed=1, size=96)
+    captured = captured_images(tmp_path / "capture", 4, seed=16)
+    shas = write_selection(tmp_path / "selection", captured)
+    assert main(["label", "export", "--to", "coco", str(tmp_path / "cvat"), "--selection",
+                 str(tmp_path / "selection")]) == 0
+    doc = json.loads((tmp_path / "cvat" / "annotations.json").read_text())
+    assert len(doc["images"]) == 4 and len(doc["annotations"]) == sum(len(b) for _, b in captured)
+    # A labeller corrects the model's boxes (shifted 1 px) back to the truth, as CVAT would export them,
+    # and leaves image 4 without boxes; the tool renumbers the categories (matched by name).
+    renumber = {c["id"]: c["id"] + 10 for c in doc["categories"]}
+    truth: list[dict[str, Any]] = []
+    for image, (_, boxes) in zip(doc["images"][:3], captured[:3], strict=True):
+        for name, bbox in boxes:
+            cid = next(c["id"] for c in doc["categories"] if c["name"] == name)
+            truth.append({"id": len(truth) + 1, "image_id": image["id"], "category_id": renumber[cid],
+                          "bbox": bbox, "area": bbox[2] * bbox[3], "iscrowd": 0})
+    doc["annotations"] = truth
+    doc["categories"] = [{**c, "id": renumber[c["id"]]} for c in doc["categories"]]
+    (tmp_path / "cvat" / "annotations.json").write_text(json.dumps(doc))
+    code = main(["label", "import", "--from", "coco", str(tmp_path / "cvat" / "annotations.json"), "--dataset",
+                 str(base), "--out", str(tmp_path / "v2")])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "(1 images without boxes left out)" in err  # catches: an unlabelled image imported as a negative
+    train = json.loads((tmp_path / "v2" / "annotations" / "train.json").read_text())
+    val = json.loads((tmp_path / "v2" / "annotations" / "val.json").read_text())
+    cat = {c["name"]: c["id"] for c in train["categories"]}
+    added = {im["file_name"]: (d, im) for d in (train, val) for im in d["images"]
+             if im["file_name"].startswith("labelled/")}
+    assert sorted(added) == sorted(f"labelled/{s}.jpg" for s in shas[:3])
+    for sha, (_, boxes) in zip(shas[:3], captured[:3], strict=True):
+        d, im = added[f"labelled/{sha}.jpg"]
+        got = sorted((a["category_id"], a["bbox"]) for a in d["annotations"] if a["image_id"] == im["id"])
+        # catches: categories mapped by the tool's ids instead of by name
+        assert got == sorted((cat[n], [round(v, 2) for v in b]) for n, b in boxes)
+
+
+def test_coco_import_refuses_a_category_that_is_not_a_class(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from d2ops.cli import main
+
+    base = tmp_path / "v1"
+    synth.generate(base, images=10, seed=1, size=64)
+    (tmp_path / "images").mkdir()
+    (tmp_path / "coco.json").write_text(json.dumps({"images": [], "annotations": [],
+                                                    "categories": [{"id": 1, "name": "car"}]}))
+    code = main(["label", "import", "--from", "coco", str(tmp_path / "coco.json"), "--dataset", str(base),
+                 "--out", str(tmp_path / "v2")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "categories[0] 'car' is not one of the dataset's classes" in err[0]
+    assert not (tmp_path / "v2").exists()

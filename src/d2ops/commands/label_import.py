@@ -3,6 +3,7 @@
 Reads the project's completed, non-skipped tasks, reports conflicts between annotators, and writes the base
 dataset version plus the labelled images as a new version, validated like any upload; ``--upload s3://BUCKET``
 then puts it under datasets/<name>/<version>/, manifest last, which starts the next run (docs/labelling.md).
+``--from coco FILE [--images DIR]`` reads a labelling tool's COCO export (CVAT's COCO 1.0) instead.
 Exit codes: 0 written, 1 a one-line error or an invalid new version (its report printed), 2 usage.
 """
 
@@ -14,15 +15,20 @@ import re
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from d2ops.commands.errors import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("import", help="read finished Label Studio tasks back as a new dataset version")
-    p.add_argument("--from", dest="tool", required=True, choices=["label-studio"], help="the labelling tool")
-    p.add_argument("url", metavar="URL", help="the Label Studio server, e.g. http://localhost:8080")
-    p.add_argument("--project", required=True, help="project title")
+    p.add_argument("--from", dest="tool", required=True, choices=["label-studio", "coco"],
+                   help="label-studio: a server; coco: a COCO instances file (CVAT's COCO 1.0 export)")
+    p.add_argument("source", metavar="URL_OR_FILE",
+                   help="the Label Studio server (http://localhost:8080), or the COCO file (coco)")
+    p.add_argument("--project", help="Label Studio project title")
+    p.add_argument("--images", type=Path, metavar="DIR", help="coco: the directory file_name values are relative "
+                                                               "to (default: images/ beside the file or its parent)")
     p.add_argument("--dataset", required=True, metavar="DIR_OR_S3_URI",
                    help="the base dataset version (the champion's): a directory or s3://BUCKET/datasets/NAME/VERSION/")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="where the new version is written "
@@ -62,15 +68,24 @@ def run(args: argparse.Namespace) -> int:
         version = args.version or nv.next_version(base.version)
         if not re.fullmatch(SEGMENT_PATTERN, version):
             raise UsageError(f"--version {version!r}: must match {SEGMENT_PATTERN}")
-        server = Server(args.url, os.environ.get(token_env), token_env)
-        back = read_labels(server, args.project, sorted(base.classes, key=base.classes.__getitem__), progress=say)
-        for conflict in back.conflicts:
-            say(f"conflict: {conflict.describe()}")
-        if not back.labelled:
-            raise LabellingError(f"project {args.project!r} has no completed task to import ({back.pending} not "
-                                 f"completed, {back.skipped} skipped, {len(back.conflicts)} conflicts)")
+        classes = sorted(base.classes, key=base.classes.__getitem__)
+        if args.tool == "coco":
+            labelled, counts = _from_coco(Path(args.source), args.images, classes)
+        else:
+            if not args.project:
+                raise UsageError("--project NAME is required with --from label-studio")
+            server = Server(args.source, os.environ.get(token_env), token_env)
+            back = read_labels(server, args.project, classes, progress=say)
+            for conflict in back.conflicts:
+                say(f"conflict: {conflict.describe()}")
+            if not back.labelled:
+                raise LabellingError(f"project {args.project!r} has no completed task to import ({back.pending} not "
+                                     f"completed, {back.skipped} skipped, {len(back.conflicts)} conflicts)")
+            labelled = back.labelled
+            counts = (f"from {len(back.labelled)} completed tasks ({len(back.conflicts)} conflicts left out, "
+                      f"{back.skipped} skipped, {back.pending} not completed)")
         try:
-            written = nv.write_version(base, back.labelled, args.out, version=version, progress=say)
+            written = nv.write_version(base, labelled, args.out, version=version, progress=say)
         except nv.InvalidVersion as exc:
             print(exc.report.model_dump_json(indent=1) if args.json else exc.report.describe())
             raise
@@ -79,8 +94,7 @@ def run(args: argparse.Namespace) -> int:
         assert written.report is not None
         print(written.report.model_dump_json(indent=1) if args.json else written.report.describe())
         say(f"wrote {written.name}/{written.version} to {written.path}: {written.added_train} new train and "
-            f"{written.added_val} new val images, {written.added_boxes} boxes, from {len(back.labelled)} completed "
-            f"tasks ({len(back.conflicts)} conflicts left out, {back.skipped} skipped, {back.pending} not completed)")
+            f"{written.added_val} new val images, {written.added_boxes} boxes, {counts}")
         if args.upload:
             import boto3
 
@@ -98,3 +112,19 @@ def run(args: argparse.Namespace) -> int:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     return 0
+
+
+def _from_coco(path: Path, images: Path | None, classes: list[str]) -> tuple[list[Any], str]:
+    from d2ops.labelling.coco_files import read_coco_labels
+    from d2ops.labelling.labelstudio import LabellingError
+
+    if not path.is_file():
+        raise UsageError(f"{path}: no such COCO file")
+    if images is None:
+        images = next((d for d in (path.parent / "images", path.parent.parent / "images") if d.is_dir()), None)
+        if images is None:
+            raise UsageError(f"no images/ beside {path} or its parent: name the directory with --images")
+    read = read_coco_labels(path, images, classes)
+    if not read.labelled:
+        raise LabellingError(f"{path}: no image with a box to import ({read.without_boxes} without annotations)")
+    return list(read.labelled), f"from {path} ({read.without_boxes} images without boxes left out)"
