@@ -13,6 +13,7 @@ monitor's, capture's and Label Studio round trip's own tests.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -44,20 +45,22 @@ def test_the_loop_demo_brings_captured_images_back_as_the_next_version(tmp_path:
     loop = result["loop"]
     assert loop["steps"] == {"stream": "done", "monitor": "done", "select": "done", "label": "done",
                              "next run": "done"}, loop["steps"]
-    # every image sent was captured (CaptureSamplingPercentage 100 for the demo)
-    assert loop["stream"]["captured"] == loop["stream"]["images"] == 60
+    # every image sent was captured (CaptureSamplingPercentage 100 for the demo), beside the deployment's smoke
+    # test and the demo's own prediction (one of v1's val images)
+    assert loop["stream"]["captured"] >= loop["stream"]["images"] == 60
     # the stream is twice as dark: the monitor must say so (catches a monitor that never alarms)
     assert loop["monitor"]["verdict"] == "drifted" and "brightness" in loop["monitor"]["drifted"]
-    assert loop["monitor"]["records"] == 60
-    # the budget filled from distinct images none of which is in v1 (the stream is new)
+    assert loop["monitor"]["records"] >= 60
+    # the budget filled from distinct stream images, none of v1's (the prediction's image is left out)
     selection = json.loads((Path(loop["selection"]["dir"]) / "selection.json").read_text())
     assert len(selection["images"]) == loop["selection"]["images"] == 24
-    assert loop["selection"]["excluded"] == 0
+    v1 = work_dir / "datasets" / "shapes-v1"
+    v1_hashes = {hashlib.sha256(p.read_bytes()).hexdigest() for p in (v1 / "images").rglob("*.jpg")}
+    assert not v1_hashes & {i["sha256"] for i in selection["images"]} and loop["selection"]["excluded"] >= 1
     # every selected image came back labelled, as the ground truth says, into v2 = v1 + them
     labelling = loop["labelling"]
     assert labelling["uploaded"] == labelling["answered"] == labelling["labelled"] == 24
     assert labelling["conflicts"] == 0 and labelling["version"] == "v2"
-    v1 = work_dir / "datasets" / "shapes-v1"
     v2 = Path(labelling["dir"])
     count = {d: sum(len(json.loads((d / "annotations" / f"{s}.json").read_text())["images"]) for s in ("train", "val"))
              for d in (v1, v2)}
