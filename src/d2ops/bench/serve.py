@@ -3,12 +3,13 @@
 One detector (an untrained torchvision Faster R-CNN resnet18-FPN, 320 px, so the figures measure serving
 rather than accuracy) and one set of 640x480 JPEGs, measured in one run:
 
-- forms, in this process: the eager model (the baseline) and each form the exported artifact holds
-  (TorchScript; with issue 33's export, torch.export and AOTInductor), each through
-  ``model_code.inference.predict`` on one decoded image at a time;
-- servers: ``POST /invocations`` through every server of ``d2ops_core.platform.SERVING_SERVERS``
-  (``d2ops.local.serving.LocalEndpoint``, the serving image's configuration, one worker), batching on
-  (batch size 8) and off (batch size 1), at concurrency 1 and 8; TorchServe is the baseline.
+- forms, in this process (``d2ops.bench.serve_forms.measure``): export time of each form the export step
+  writes (TorchScript, torch.export, AOTInductor unless ``--no-aoti``) and its latency through
+  ``model_code.inference.predict``, one image a call, against the eager model (the baseline);
+- servers: ``POST /invocations`` with the JPEG bytes through every server of
+  ``d2ops_core.platform.SERVING_SERVERS`` (``d2ops.local.serving.LocalEndpoint``, the serving image's
+  configuration, one worker, the artifact's TorchScript form on both), batching on (batch size 8) and off
+  (batch size 1), at concurrency 1 and 8; TorchServe is the baseline.
 
 Latency p50/p99 per request and throughput (requests/s) for each, ratios against the baselines measured in
 the same run. Both sides run torch with the same number of intra-op threads (``--threads``). Prints the CPU
@@ -54,8 +55,9 @@ def cpu_model() -> str:
     return host.processor() or "unknown"
 
 
-def make_model(directory: Path) -> tuple[Any, Path]:
-    """The eager detector and its exported artifact (``model.tar.gz``), every form the export writes."""
+def make_model(directory: Path) -> Path:
+    """The detector the servers serve, exported as a ``model.tar.gz`` holding its TorchScript form (the one
+    every artifact holds, so both servers run the same form)."""
     import torch
     from torchvision.models.detection import FasterRCNN
     from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
@@ -66,11 +68,10 @@ def make_model(directory: Path) -> tuple[Any, Path]:
     torch.manual_seed(0)
     backbone = resnet_fpn_backbone(backbone_name="resnet18", weights=None, trainable_layers=5)
     model = FasterRCNN(backbone, num_classes=4, min_size=MODEL_SIZE, max_size=MODEL_SIZE, box_score_thresh=0.05)
-    model.eval()
     meta = ArtifactMetadata(framework="torchvision", task="detection", model="fasterrcnn_resnet18_fpn",
                             class_names=["square", "disc", "triangle"], category_ids=[1, 2, 3])
     out = save_artifact(directory / "model", export_torchvision(model, has_masks=False), meta)
-    return model, pack_artifact(out, directory / "model.tar.gz")
+    return pack_artifact(out, directory / "model.tar.gz")
 
 
 def make_images(count: int) -> list[bytes]:
@@ -118,60 +119,21 @@ def time_calls(call: Callable[[int], object], rounds: int, warmup: int = 3) -> d
     return summarize(latencies, time.perf_counter() - started)
 
 
-def artifact_forms(model: Path) -> list[str]:
-    """The forms the artifact's metadata lists (an artifact from before issue 33 holds TorchScript only)."""
-    from model_code.artifact import read_metadata
+def bench_forms(rounds: int, threads: int, aoti: bool) -> dict[str, Any]:
+    """Export time and in-process latency of each form against the eager model: the export step's own writers,
+    timed by :func:`d2ops.bench.serve_forms.measure` on the same detector and image size as the servers."""
+    from d2ops.bench.serve_forms import measure
 
-    with tempfile.TemporaryDirectory(prefix="d2ops-bench-forms-") as tmp:
-        from model_code.artifact import open_artifact
-
-        directory, _ = open_artifact(model, tmp)
-        forms = getattr(read_metadata(directory), "forms", None)
-    return list(forms or ["torchscript"])
+    result = measure(images=8, rounds=rounds, image_size=IMAGE_SIZE, model_size=MODEL_SIZE, aoti=aoti,
+                     threads=threads)
+    print(f"  {BASELINE_FORM} (baseline): {result['eager']}", flush=True)
+    for form, figures in result["forms"].items():
+        print(f"  {form}: {figures}", flush=True)
+    return result
 
 
 def _accepts(function: Callable[..., object], parameter: str) -> bool:
     return parameter in inspect.signature(function).parameters
-
-
-def load_form(model: Path, form: str, device: str) -> Any:
-    from model_code.artifact import load_artifact
-
-    loader: Any = load_artifact
-    if not _accepts(loader, "form"):  # a loader from before issue 33: TorchScript, its only form
-        return loader(model, device=device)
-    return loader(model, device=device, form=form)
-
-
-def bench_forms(eager: Any, model: Path, images: list[bytes], rounds: int,
-                device: str) -> dict[str, dict[str, float]]:
-    import torch
-    from PIL import Image
-
-    from model_code.inference import image_to_tensor, predict
-
-    tensors = [image_to_tensor(Image.open(io.BytesIO(data))).to(device) for data in images]
-    eager.to(device)
-
-    def eager_call(i: int) -> object:
-        with torch.inference_mode():  # the exported forms take uint8 and scale inside; the eager model wants [0, 1]
-            out = eager([tensors[i % len(tensors)].float().div_(255)])
-        if device != "cpu":
-            torch.cuda.synchronize()  # predict() copies its results to the CPU, which waits for the GPU too
-        return out
-
-    results = {BASELINE_FORM: time_calls(eager_call, rounds)}
-    print(f"  {BASELINE_FORM} (baseline): {results[BASELINE_FORM]}", flush=True)
-    for form in artifact_forms(model):
-        detector = load_form(model, form, device)
-
-        def form_call(i: int, detector: Any = detector) -> object:
-            return predict(detector, [tensors[i % len(tensors)]], score_threshold=0.5)
-
-        figures = time_calls(form_call, rounds)
-        results[form] = {**figures, **ratios(figures, results[BASELINE_FORM])}
-        print(f"  {form}: {results[form]}", flush=True)
-    return results
 
 
 def bench_served(url: str, images: list[bytes], concurrency: int, requests_total: int) -> dict[str, float]:
@@ -231,12 +193,16 @@ def batching_gain(configs: dict[str, dict[str, float]]) -> float | None:
     return round(on["throughput_rps"] / off["throughput_rps"], 3) if on and off else None
 
 
-def print_tables(forms: dict[str, dict[str, float]], servers: dict[str, dict[str, dict[str, float]]]) -> None:
+def print_tables(forms: dict[str, Any], servers: dict[str, dict[str, dict[str, float]]]) -> None:
     print()
-    print(f"{'form':<14}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>8}{'p50/eager':>11}{'rps/eager':>11}")
-    for form, f in forms.items():
-        print(f"{form:<14}{f['p50_ms']:>9}{f['p99_ms']:>9}{f['throughput_rps']:>8}"
-              f"{f.get('p50_ratio', 1.0):>11}{f.get('throughput_ratio', 1.0):>11}")
+    print(f"{'form':<14}{'export s':>10}{'p50 ms':>9}{'p99 ms':>9}{'p50/eager':>11}{'p99/eager':>11}")
+    eager = forms["eager"]
+    print(f"{BASELINE_FORM:<14}{'-':>10}{eager['p50_ms']:>9}{eager['p99_ms']:>9}{1.0:>11}{1.0:>11}")
+    for form, f in forms["forms"].items():
+        if not f.get("available"):
+            print(f"{form:<14}{f.get('export_s', '-'):>10}  not available: {f.get('problem')}")
+            continue
+        print(f"{form:<14}{f['export_s']:>10}{f['p50_ms']:>9}{f['p99_ms']:>9}{f['p50_ratio']:>11}{f['p99_ratio']:>11}")
     if not servers:
         return
     print()
@@ -259,9 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--servers", default=",".join(SERVING_SERVERS),
                         help=f"comma-separated servers to measure (default all: {','.join(SERVING_SERVERS)})")
     parser.add_argument("--skip-servers", action="store_true", help="the forms only (no server started)")
-    parser.add_argument("--device", default="cpu",
-                        help="where the in-process forms run: cpu (default) or cuda (the servers use the GPU "
-                             "whenever torch can)")
+    parser.add_argument("--no-aoti", dest="aoti", action="store_false",
+                        help="leave the AOTInductor form out (its CPU compile takes minutes)")
     args = parser.parse_args(argv)
     servers = [] if args.skip_servers else [s.strip() for s in args.servers.split(",") if s.strip()]
     unknown = sorted(set(servers) - set(SERVING_SERVERS))
@@ -277,26 +242,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CPU: {cpu}, {os.cpu_count()} logical CPUs, torch {torch.__version__}, {args.threads} thread(s); "
           f"load average {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}", flush=True)
 
+    print("forms in-process (baseline: the eager model) ...", flush=True)
+    forms = bench_forms(args.requests, args.threads, args.aoti)
     with tempfile.TemporaryDirectory(prefix="d2ops-bench-serve-") as tmp:
-        print("exporting the benchmark detector ...", flush=True)
-        t = time.perf_counter()
-        eager, model = make_model(Path(tmp))
-        export_seconds = round(time.perf_counter() - t, 2)
-        images = make_images(8)
-        print(f"forms in-process (baseline: the eager model), exported in {export_seconds} s ...", flush=True)
-        forms = bench_forms(eager, model, images, args.requests, args.device)
-        served = bench_servers(model, images, servers, args.requests, args.max_batch_delay_ms)
+        served = bench_servers(make_model(Path(tmp)), make_images(8), servers, args.requests, args.max_batch_delay_ms)
 
     load_end = os.getloadavg()
     print_tables(forms, served)
     print(f"\nload average at the end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
     print(json.dumps({
         "bench": "serve", "cpu": cpu, "cpus": os.cpu_count(), "torch": torch.__version__, "threads": args.threads,
-        "device": args.device, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "load_avg_start": round(load_start[0], 2), "load_avg_end": round(load_end[0], 2),
         "image": list(IMAGE_SIZE), "model_size": MODEL_SIZE, "requests": args.requests,
-        "max_batch_delay_ms": args.max_batch_delay_ms, "export_seconds": export_seconds,
-        "baseline_form": BASELINE_FORM, "forms": forms,
+        "max_batch_delay_ms": args.max_batch_delay_ms,
+        "baseline_form": BASELINE_FORM, "eager": forms["eager"], "forms": forms["forms"],
         "baseline_server": BASELINE_SERVER, "servers": served,
         "batching_throughput_ratio": {server: batching_gain(configs) for server, configs in served.items()},
     }))
