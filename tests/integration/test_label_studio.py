@@ -21,6 +21,8 @@ from label_studio_sdk import LabelStudio
 from d2ops import synth
 from d2ops.cli import main
 from d2ops.labelling.labelstudio import label_config
+from d2ops.offline.pipeline import wait_for_run
+from d2ops.offline.runtime import OfflineRuntime
 from d2ops_core.validation import validate_local
 from d2ops_core.validation.split import draws_val
 from model_code.dataset_version import open_dataset_version
@@ -105,9 +107,25 @@ def test_export_label_import_round_trip(label_studio: LabelStudioServer,  # noqa
     label(4, [*captured[4][1][1:], ("square" if captured[4][1][0][0] != "square" else "disc", captured[4][1][0][1])])
     client.annotations.create(tasks[shas[5]].id, result=[], was_cancelled=True)
 
-    code, out, err = cli(capsys, monkeypatch, ls.token, "label", "import", "--from", "label-studio", ls.url,
-                         "--project", "round trip", "--dataset", str(base), "--out", str(tmp_path / "v2"))
-    assert code == 0, err
+    # Imported with --upload into the offline stack's data bucket (the CLI's boto3 reaches the runtime through
+    # the environment it sets), manifest last; that upload's S3 event then starts a run, which validates and
+    # prepares the new version; spot training over the offline account's quota of 0 ends it at once, so no job
+    # runs (as in test_offline_fail_fast).
+    with OfflineRuntime(tmp_path / "work", parameters={"UseSpotTraining": "true"}) as rt:
+        bucket = rt.stack.data_bucket
+        code, out, err = cli(capsys, monkeypatch, ls.token, "label", "import", "--from", "label-studio", ls.url,
+                             "--project", "round trip", "--dataset", str(base), "--out", str(tmp_path / "v2"),
+                             "--upload", f"s3://{bucket}")
+        assert code == 0, err
+        assert "uploaded to s3://" in err
+        started = rt.deliver_event(rt.upload_event(bucket, "datasets/shapes/v2/manifest.json"))
+        assert started is not None and started["action"] == "started", started  # catches: a layout the trigger ignores
+        run = wait_for_run(rt, started["execution_arn"], timeout=120)
+        entered = [e["stateEnteredEventDetails"]["name"] for e in rt.client("stepfunctions").get_execution_history(
+            executionArn=started["execution_arn"], maxResults=1000)["events"] if e["type"].endswith("StateEntered")]
+    # catches: a version the pipeline rejects (DatasetRejected) or never gets to train
+    assert (run["status"], run.get("error")) == ("FAILED", "TrainingFailed"), run
+    assert any("train" in name.lower() for name in entered), entered
     assert "VALID shapes/v2" in out  # the validation report is printed
     assert f"conflict: task {tasks[shas[4]].id}" in err  # catches: disagreeing annotators silently merged
     assert "4 completed, 1 skipped, 1 not completed, 1 conflicts" in err
