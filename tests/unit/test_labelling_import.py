@@ -245,3 +245,23 @@ def test_coco_import_refuses_a_category_that_is_not_a_class(tmp_path: Path,
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and "categories[0] 'car' is not one of the dataset's classes" in err[0]
     assert not (tmp_path / "v2").exists()
+
+
+def test_a_base_in_s3_is_copied_down_whole(tmp_path: Path) -> None:
+    from d2ops.labelling.new_version import download_base
+
+    base = tmp_path / "v1"
+    synth.generate(base, images=8, seed=1, size=64)
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="data")
+        for path in sorted(p for p in base.rglob("*") if p.is_file()):
+            s3.upload_file(str(path), "data", f"datasets/shapes/v1/{path.relative_to(base).as_posix()}")
+        s3.put_object(Bucket="data", Key="datasets/shapes/v10/manifest.json", Body=b"{}")  # a sibling, not ours
+        copied = download_base(s3, "s3://data/datasets/shapes/v1", tmp_path / "down")
+        # catches: a prefix match that pulls in v10's files, or files dropped on the way down
+        assert sorted(p.relative_to(copied).as_posix() for p in copied.rglob("*") if p.is_file()) == \
+            sorted(p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file())
+        assert open_base(copied).classes == {"square": 1, "disc": 2, "triangle": 3}
+        with pytest.raises(LabellingError, match=r"no manifest\.json there"):
+            download_base(s3, "s3://data/datasets/shapes/v9/", tmp_path / "none")

@@ -393,7 +393,7 @@ def _download(server: Server, task: Any, control: BoxControl) -> bytes:
     url = str(data.get(control.data_key, ""))
     if not url:
         raise LabellingError(f"task {task.id}: no image in its data key {control.data_key!r}")
-    if url.startswith(("http://", "https://")) and not url.startswith(server.url):
+    if "://" in url and not url.startswith(server.url):  # cloud storage or another host: not our upload
         raise LabellingError(f"task {task.id}: its image {url} is not stored in Label Studio; export images with "
                              "d2ops label export (uploaded files)")
     path = url[len(server.url):] if url.startswith(server.url) else url
