@@ -358,8 +358,9 @@ def _load_compiled_form(directory: Path, form: Form, device: str) -> Detector:
         raise ArtifactError(f"{path}: missing, though metadata.json lists the {form} form")
     try:
         return load_compiled(directory, form, device)
-    except (RuntimeError, ValueError, OSError) as exc:  # a truncated or foreign file: one line naming it
-        raise ArtifactError(f"{path}: not a loadable {form} program: {str(exc).strip().splitlines()[0]}") from exc
+    except Exception as exc:  # a truncated or foreign file (zipfile, torch and the AOTI runtime each raise their own)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ArtifactError(f"{path}: not a loadable {form} program: {first}") from exc
 
 
 def copy_native_checkpoint(output_data_dir: Path | str, files: list[Path]) -> NativeCheckpoint | None:

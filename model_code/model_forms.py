@@ -121,12 +121,13 @@ def write_forms(directory: Path, module: nn.Module, sample: Tensor, *, aoti: boo
     """
     outcome = ExportOutcome()
     start = time.perf_counter()
+    tmp = directory / f"tmp-{EXPORTED_FILE}"  # torch.export.save and the AOTI packager want a .pt2 name
     try:
         program = export_program(module, sample)
-        tmp = directory / (EXPORTED_FILE + ".tmp")
         torch.export.save(program, str(tmp))
         os.replace(tmp, directory / EXPORTED_FILE)
     except Exception as exc:  # any failure to export is a finding to record, not a failed job
+        tmp.unlink(missing_ok=True)
         outcome.problems["exported"] = describe_failure(exc)
         if aoti:
             outcome.problems["aoti"] = "needs the exported program, which failed"
@@ -137,17 +138,19 @@ def write_forms(directory: Path, module: nn.Module, sample: Tensor, *, aoti: boo
     if not aoti:
         return outcome
     start = time.perf_counter()
+    tmp = directory / f"tmp-{AOTI_FILE}"
     try:
         if aoti_device != "cpu":
             from torch.export.passes import move_to_device_pass
 
             program = move_to_device_pass(program, aoti_device)
-        tmp = directory / (AOTI_FILE + ".tmp.pt2")  # the packager insists on a .pt2 name
-        torch._inductor.aoti_compile_and_package(program, package_path=str(tmp))
+        with _quiet_torch_logs():
+            torch._inductor.aoti_compile_and_package(program, package_path=str(tmp))
         os.replace(tmp, directory / AOTI_FILE)
         outcome.forms.append("aoti")
         outcome.aoti_device = cast(AotiDevice, torch.device(aoti_device).type)
     except Exception as exc:  # a compiler failure likewise
+        tmp.unlink(missing_ok=True)
         outcome.problems["aoti"] = describe_failure(exc)
     finally:
         outcome.seconds["aoti"] = round(time.perf_counter() - start, 3)

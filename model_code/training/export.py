@@ -23,7 +23,8 @@ def write_artifact(ctx: RunContext, model: nn.Module, directory: Path, *, iterat
                    native_files: list[Path] | None = None) -> Evaluation:
     """Export, save, reload from disk, evaluate on val; what is evaluated is the file that ships.
 
-    The artifact holds only what serving loads (model.pt, metadata.json, evaluation.json); the
+    The artifact holds only what serving loads (model.pt, where they export model.pt2 / model.aoti.pt2,
+    metadata.json, evaluation.json); the
     native checkpoint and the report go to the output data directory (the job's output.tar.gz).
     """
     out = ctx.env.output_data_dir
@@ -35,9 +36,12 @@ def write_artifact(ctx: RunContext, model: nn.Module, directory: Path, *, iterat
                                inventory_digest=ctx.hp.inventory_digest), checkpoint=checkpoint)
     module = export_torchvision(model, ctx.has_masks)
     directory.mkdir(parents=True, exist_ok=True)
-    # torch.export / AOTInductor beside the TorchScript file, where they export (model_forms; the reason where not).
-    forms = model_forms.write_forms(directory, ExportedTorchvisionDetector(model, ctx.has_masks).eval(),
-                                    torch.zeros(3, 64, 64, dtype=torch.uint8), aoti=model_forms.aoti_requested())
+    # torch.export / AOTInductor beside the TorchScript file, where they export (model_forms; the reason where
+    # not): for the artifact that ships (report), not for each periodic evaluation's throw-away copy.
+    forms = model_forms.ExportOutcome()
+    if report:
+        forms = model_forms.write_forms(directory, ExportedTorchvisionDetector(model, ctx.has_masks).eval(),
+                                        torch.zeros(3, 64, 64, dtype=torch.uint8), aoti=model_forms.aoti_requested())
     metadata = metadata.model_copy(update={"forms": forms.forms, "export_problems": forms.problems,
                                            "aoti_device": forms.aoti_device})
     artifact.save_artifact(directory, module, metadata)

@@ -18,9 +18,14 @@ import numpy as np
 import pytest
 import torch
 
-from model_code import artifact
+from model_code import artifact, model_forms
 from model_code.inference import image_to_tensor, predict
-from model_code.training.detectron2_export import Detectron2Signature, export_detectron2, resized_shape
+from model_code.training.detectron2_export import (
+    Detectron2Signature,
+    eager_signature,
+    export_detectron2,
+    resized_shape,
+)
 from tests.fixtures.d2export import support
 from tests.fixtures.frameworks import require_detectron2
 from tests.fixtures.serving.support import shapes_image
@@ -71,6 +76,29 @@ def test_matches_unmodified_default_predictor_within_tolerance(exported, images)
         reference = support.reference_detections(predictor, np.asarray(image))
         matchings.append(support.match(ours(detector, image), reference, support.RESIZED, support.SCORE_THRESH))
     support.assert_enough_matched(matchings)  # over the set: one image's 10-20 detections are too few for a share
+
+
+def test_torch_export_stops_in_detectron2s_rpn_and_the_step_keeps_torchscript(exported, tmp_path):
+    """detectron2 0.6 under torch.export (torch 2.14.1): our resize and the backbone export with symbolic sizes,
+    then find_top_rpn_proposals branches in Python on a tensor (`if not valid_mask.all()`). The step records
+    that line and writes no model.pt2. The eager signature it tried is the one scripted into model.pt: same
+    detections. When a release exports it this fails: the exported form then needs the DefaultPredictor
+    parity tests above."""
+    predictor, detector = exported
+    has_masks = detector.metadata.has_masks
+    eager = eager_signature(predictor.cfg, predictor.model, has_masks=has_masks)
+    if not has_masks:  # the RPN stops both before any head (~10 s a try): tried once
+        outcome = model_forms.write_forms(tmp_path, eager, torch.zeros(3, 128, 128, dtype=torch.uint8), aoti=False)
+        assert outcome.forms == ["torchscript"] and list(tmp_path.iterdir()) == []
+        problem = outcome.problems["exported"]
+        assert problem.startswith("detectron2/modeling/proposal_generator/proposal_utils.py:"), problem
+        assert "in find_top_rpn_proposals (`if not valid_mask.all():`)" in problem and "\n" not in problem
+    image = image_to_tensor(shapes_image(*ENLARGED_A_LITTLE))
+    with torch.no_grad():
+        ours, theirs = eager([image])[0], detector.module([image])[0]
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        assert torch.allclose(ours[key], theirs[key], atol=1e-4), key
 
 
 def test_resize_follows_pil_and_detectron2_shapes():
