@@ -143,9 +143,7 @@ locks:  ## re-lock the layer's, functions' and images' Python dependencies after
 	  src/requirements.txt -o src/requirements.lock
 	$(UV_COMPILE) --python-platform x86_64-manylinux2014 --only-binary :all: -c src/requirements.lock \
 	  functions/requirements.in -o functions/requirements.lock
-	for fn in functions/*/requirements.txt; do [ -f $${fn%.txt}.in ] || cp functions/requirements.lock $$fn; done
-	for in in functions/*/requirements.in; do [ -f $$in ] || continue; $(UV_COMPILE) --python-platform x86_64-manylinux2014 --only-binary :all: \
-	  -c functions/requirements.lock $$in -o $${in%.in}.txt; done
+	for fn in functions/*/requirements.txt; do cp functions/requirements.lock $$fn; done
 	$(UV_COMPILE) --python-platform x86_64-manylinux_2_28 -c $(PINS_DIR)/dev-ceiling.txt -c src/requirements.lock \
 	  -c functions/requirements.lock containers/serving/requirements.txt -o containers/serving/requirements.lock
 	$(UV_COMPILE) --python-platform x86_64-manylinux_2_28 -c $(PINS_DIR)/dev-ceiling.txt -c src/requirements.lock \
