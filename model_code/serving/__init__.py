@@ -1,5 +1,6 @@
-"""Serving: plain modules (decode, options, responses, service) and a thin TorchServe adapter.
+"""Serving: plain modules (decode, options, responses, service) and two thin server adapters.
 
-Only ``torchserve_handler`` imports TorchServe; everything else is ordinary Python tested
-in-process, so the model logic outlives TorchServe (upstream is in limited maintenance).
+Only ``torchserve_handler`` imports TorchServe and only ``ray_serve_app`` imports Ray; everything
+else is ordinary Python tested in-process, so the model logic outlives TorchServe (archived upstream):
+``D2OPS_SERVING_BACKEND`` (``backends``) picks the server.
 """

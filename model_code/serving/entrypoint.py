@@ -3,16 +3,18 @@
 SageMaker starts the container as ``docker run IMAGE serve`` with the model unpacked under
 ``/opt/ml/model``; ``d2ops serve`` and the offline endpoints run this same module with
 environment variables pointing at a local model, loopback and their own ports. It prepares the
-artifact (:mod:`model_code.serving.launch`), runs TorchServe, reports when ``/ping`` turns
-healthy and, on SIGTERM or SIGINT, stops TorchServe's whole process group before exiting.
+artifact (:mod:`model_code.serving.launch`), runs the server ``D2OPS_SERVING_BACKEND`` names
+(TorchServe by default, or Ray Serve: :mod:`model_code.serving.backends`), reports when ``/ping``
+turns healthy and, on SIGTERM or SIGINT, stops the server's whole process group before exiting.
 
 Environment (all optional):
+  D2OPS_SERVING_BACKEND     torchserve (default) or ray-serve; anything else fails the start
   D2OPS_MODEL_PATH          model directory or model.tar.gz (default /opt/ml/model)
   SAGEMAKER_BIND_TO_PORT    inference port (default 8080; SageMaker sets it in multi-container endpoints)
   D2OPS_BIND_HOST           inference host (default 0.0.0.0)
   D2OPS_MANAGEMENT_PORT, D2OPS_METRICS_PORT, D2OPS_GRPC_INFERENCE_PORT, D2OPS_GRPC_MANAGEMENT_PORT
-                            loopback ports (default: from SAGEMAKER_SAFE_PORT_RANGE when SageMaker sets it,
-                            else config.properties)
+                            TorchServe's loopback ports (default: from SAGEMAKER_SAFE_PORT_RANGE when SageMaker
+                            sets it, else config.properties); Ray Serve's internal servers take free loopback ports
   D2OPS_SERVING_WORKDIR     model store, logs, temp files (default /tmp/d2ops-serving)
   D2OPS_STARTUP_TIMEOUT     seconds to wait for /ping before giving up (default 600)
   D2OPS_BATCH_SIZE, D2OPS_MAX_BATCH_DELAY_MS, D2OPS_WORKERS   batching (model_code.serving.launch.BatchSettings)
@@ -36,9 +38,9 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 
 from d2ops_core import images as rule
-from model_code.serving import device, launch
+from model_code.serving import backends, device, launch
 
-PID_FILE = "torchserve.pid"  # the TorchServe process group, for a supervisor that must clean up after us
+PID_FILE = backends.PID_FILE  # the server's process group, for a supervisor that must clean up after us
 
 
 def _port(env: Mapping[str, str], name: str, default: int) -> int:
@@ -96,6 +98,10 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
 
 
 def serve(env: Mapping[str, str]) -> int:
+    try:
+        backend = backends.backend_from_env(env)
+    except ValueError as exc:
+        raise launch.ServingError(str(exc)) from exc
     try:  # the image rule's limit (CreateModel's Environment): a bad one fails the start, not every request
         pixel_limit = rule.max_pixels(env)
     except rule.PixelLimitError as exc:
@@ -123,12 +129,21 @@ def serve(env: Mapping[str, str]) -> int:
         print(f"d2ops serving: error: {exc}", flush=True)
     except ValueError as exc:
         raise launch.ServingError(str(exc)) from exc
-    print(f"d2ops serving: preparing {model} in {workdir}", flush=True)
-    config = launch.prepare(model, workdir, inference_address=f"http://{host}:{port}",
-                            management_address=f"http://127.0.0.1:{management}",
-                            metrics_address=f"http://127.0.0.1:{metrics}", settings=settings, grpc_ports=grpc)
+    print(f"d2ops serving: preparing {model} in {workdir} for {backend}", flush=True)
     ping_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    server = launch.TorchServeProcess(config, workdir, f"http://{ping_host}:{port}/ping")
+    ping_url = f"http://{ping_host}:{port}/ping"
+    server: launch.ServerProcess
+    if backend == "ray-serve":
+        from model_code.serving.ray_launch import RayServeProcess
+
+        workdir.mkdir(parents=True, exist_ok=True)  # launch.prepare does this for TorchServe
+        server = RayServeProcess(launch.prepare_model_dir(model, workdir), workdir, host=host, port=port,
+                                 ping_url=ping_url, settings=settings, config=base)
+    else:
+        config = launch.prepare(model, workdir, inference_address=f"http://{host}:{port}",
+                                management_address=f"http://127.0.0.1:{management}",
+                                metrics_address=f"http://127.0.0.1:{metrics}", settings=settings, grpc_ports=grpc)
+        server = launch.TorchServeProcess(config, workdir, ping_url)
 
     stopping = threading.Event()
 
@@ -145,7 +160,7 @@ def serve(env: Mapping[str, str]) -> int:
         while not stopping.is_set():
             code = server.proc.poll() if server.proc else 1
             if code is not None:
-                print(f"d2ops serving: TorchServe exited with code {code}; logs in {workdir / 'logs'}", flush=True)
+                print(f"d2ops serving: {server.name} exited with code {code}; logs in {server.logs_dir}", flush=True)
                 return 1
             if not healthy and server.ping() == 200:
                 healthy = True
@@ -156,7 +171,7 @@ def serve(env: Mapping[str, str]) -> int:
                 return 1
             stopping.wait(0.5)
             waited += 0.5
-        print("d2ops serving: stopping TorchServe", flush=True)
+        print(f"d2ops serving: stopping {server.name}", flush=True)
         return 0
     finally:
         server.stop()

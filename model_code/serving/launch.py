@@ -12,7 +12,8 @@ One home for how TorchServe is started, shared by the serving image's entry poin
    (package data, ``model_code/serving/resources/config.properties``) plus the addresses, the model store and the one
    model with its batching settings;
 4. :class:`TorchServeProcess` starts ``torchserve --foreground`` in its own session, waits for
-   ``/ping`` and stops the whole process group (Java frontend and Python workers).
+   ``/ping`` and stops the whole process group (Java frontend and Python workers); its base,
+   :class:`ServerProcess`, does the same for Ray Serve (``model_code.serving.ray_launch``).
 """
 
 from __future__ import annotations
@@ -238,27 +239,43 @@ def prepare(model_path: Path | str, workdir: Path | str, *, inference_address: s
     return write_properties(work / "config.properties", props)
 
 
-class TorchServeProcess:
-    """``torchserve --foreground`` in its own session, so stopping it can signal every process it made."""
+class ServerProcess:
+    """A server in its own session, so stopping it can signal every process it made.
 
-    def __init__(self, config_file: Path, workdir: Path, ping_url: str, *, stdout: IO[bytes] | int | None = None):
-        self.config_file = config_file
+    Subclasses say what to run (:meth:`command`, :meth:`environment`); start, ``/ping`` and the
+    group's stop are the same for TorchServe and Ray Serve.
+    """
+
+    name = "the server"
+    # TorchServe's wrapper only waits for Java: its children are stopped first. A leader that shuts its
+    # own children down (Ray's driver: serve.shutdown, ray.shutdown) is signalled first instead.
+    leader_first = False
+
+    def __init__(self, workdir: Path, ping_url: str, *, stdout: IO[bytes] | int | None = None):
         self.workdir = workdir
         self.ping_url = ping_url
         self.stdout = stdout
         self.proc: subprocess.Popen[bytes] | None = None
 
+    @property
+    def logs_dir(self) -> Path:
+        return self.workdir / "logs"
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def environment(self) -> dict[str, str]:
+        raise NotImplementedError
+
     def start(self) -> None:
-        props = read_properties(self.config_file)
-        cmd = torchserve_command(self.config_file, Path(props["model_store"]))
-        self.proc = subprocess.Popen(cmd, cwd=self.workdir, env=serving_env(self.workdir), stdout=self.stdout,
+        self.proc = subprocess.Popen(self.command(), cwd=self.workdir, env=self.environment(), stdout=self.stdout,
                                      stderr=subprocess.STDOUT if self.stdout is not None else None,
                                      start_new_session=True)
 
     @property
     def pid(self) -> int:
         if self.proc is None:
-            raise ServingError("TorchServe was not started")
+            raise ServingError(f"{self.name} was not started")
         return self.proc.pid
 
     def ping(self, timeout: float = 2.0) -> int | None:
@@ -266,23 +283,24 @@ class TorchServeProcess:
         return process.ping(self.ping_url, timeout)
 
     def wait_healthy(self, timeout: float) -> float:
-        """Block until /ping answers 200; returns the seconds waited. Fails early if TorchServe exits."""
+        """Block until /ping answers 200; returns the seconds waited. Fails early if the server exits."""
         try:
-            return process.wait_healthy(self.ping_url, self.proc, timeout, name="TorchServe")
+            return process.wait_healthy(self.ping_url, self.proc, timeout, name=self.name)
         except process.HealthWaitError as exc:
-            raise ServingError(f"{exc}; see {self.workdir / 'logs'}") from exc
+            raise ServingError(f"{exc}; see {self.logs_dir}") from exc
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop Java and its workers, then the ``torchserve`` wrapper; SIGKILL what is left after ``timeout``.
+        """Stop the leader's children (TorchServe's Java and workers), then the leader, or the leader first
+        (:attr:`leader_first`); SIGKILL what is left in the group after ``timeout``.
 
-        The wrapper (the session leader) waits for Java and so reaps it; it is signalled last so no
-        process is orphaned, and anything still in the group at the deadline is killed.
+        TorchServe's wrapper waits for Java and so reaps it; it is signalled last so no process is
+        orphaned. Anything still in the group at the deadline is killed, whichever the order.
         """
         if self.proc is None:
             return
         pgid = self.proc.pid  # the session leader's pid is the group id
-        for pid in _group_members(pgid):
-            if pid != pgid:
+        for pid in [pgid] if self.leader_first else _group_members(pgid):
+            if pid != pgid or self.leader_first:
                 _signal(pid, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=timeout)
@@ -294,6 +312,22 @@ class TorchServeProcess:
             _signal_group(pgid, signal.SIGKILL)
             time.sleep(0.05)
         self.proc.wait()
+
+
+class TorchServeProcess(ServerProcess):
+    """``torchserve --foreground`` with the effective ``config.properties``."""
+
+    name = "TorchServe"
+
+    def __init__(self, config_file: Path, workdir: Path, ping_url: str, *, stdout: IO[bytes] | int | None = None):
+        super().__init__(workdir, ping_url, stdout=stdout)
+        self.config_file = config_file
+
+    def command(self) -> list[str]:
+        return torchserve_command(self.config_file, Path(read_properties(self.config_file)["model_store"]))
+
+    def environment(self) -> dict[str, str]:
+        return serving_env(self.workdir)
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

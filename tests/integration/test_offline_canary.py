@@ -1,5 +1,6 @@
-"""The offline endpoint's canary, for real: two TorchServes, the traffic split, the smoke test in the
-bake, and the auto-rollback alarm. The DeploymentConfig is the state machine's own.
+"""The offline endpoint's canary, for real: two servers, the traffic split, the smoke test in the
+bake, and the auto-rollback alarm, once per serving backend (the model's D2OPS_SERVING_BACKEND).
+The DeploymentConfig is the state machine's own.
 
 A good model is promoted after its bake; a model that loads and warms up but fails on real
 images is caught by the smoke test during the bake, the smoke test alarm is tripped as the
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from d2ops.offline.runtime import OfflineRuntime
+from model_code.serving.backends import BACKEND_ENV, BACKENDS
 from tests.fixtures.offline import endpoints
 from tests.fixtures.offline.endpoints import baking, endpoint_config, in_service, wait_for
 from tests.fixtures.pipeline import support
@@ -25,16 +27,21 @@ support.function_path("smoke_test_endpoint")
 from smoke_test_endpoint.models import SmokeTestEvent  # noqa: E402
 from smoke_test_endpoint.service import SmokeTestFailed, smoke_test  # noqa: E402
 
-# Three TorchServe starts and a bake: minutes, so with the slow checks (`make test-all`).
+# Three server starts and a bake per backend: minutes, so with the slow checks (`make test-all`).
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
 PREFIX = "datasets/canary/v1/"
 # Four instances: the plan's routing is then a 25 % canary (one instance takes ALL_AT_ONCE).
 INSTANCES = 4
 
 
+@pytest.fixture(scope="module", params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineRuntime]:
-    with OfflineRuntime(tmp_path_factory.mktemp("canary") / "work") as rt:
+def runtime(tmp_path_factory: pytest.TempPathFactory, backend: str) -> Iterator[OfflineRuntime]:
+    with OfflineRuntime(tmp_path_factory.mktemp(f"canary-{backend}") / "work") as rt:
         # Long enough for the smoke test on a loaded 2-core machine (each answer can take seconds).
         rt.sagemaker.max_bake_seconds = 90
         rt.client("s3").put_object(Bucket=rt.stack.data_bucket, Key=PREFIX + "images/a.png", Body=png_bytes())
@@ -48,18 +55,19 @@ def deployment_config(rt: OfflineRuntime) -> dict[str, Any]:
 
 
 def test_a_good_canary_is_promoted_and_a_bad_one_rolled_back_by_its_smoke_test(runtime: OfflineRuntime,
-                                                                             tmp_path: Path) -> None:
+                                                                             backend: str, tmp_path: Path) -> None:
+    env = {BACKEND_ENV: backend}
     sm, name = runtime.client("sagemaker"), runtime.stack.endpoint_name
     smoke = SmokeTestEvent(endpoint_name=name, bucket=runtime.stack.data_bucket, prefix=PREFIX, requests=8)
     clients = (runtime.client("s3"), runtime.client("sagemaker-runtime"))
     good = cached_artifact(pack=True)
-    blue = endpoint_config(runtime, "blue", good)
+    blue = endpoint_config(runtime, "blue", good, environment=env)
     sm.create_endpoint(EndpointName=name, EndpointConfigName=blue)
     assert wait_for(runtime, in_service)["EndpointConfigName"] == blue
     assert smoke_test(smoke, *clients).requests == 8
 
     # A good model: during the bake a quarter of the requests reach it, then it takes everything.
-    green = endpoint_config(runtime, "green", good, instances=INSTANCES)
+    green = endpoint_config(runtime, "green", good, instances=INSTANCES, environment=env)
     sm.update_endpoint(EndpointName=name, EndpointConfigName=green, DeploymentConfig=deployment_config(runtime))
     wait_for(runtime, baking)
     before = runtime.sagemaker.served(name)
@@ -72,7 +80,8 @@ def test_a_good_canary_is_promoted_and_a_bad_one_rolled_back_by_its_smoke_test(r
     green_url = runtime.sagemaker.endpoint_url(name)
 
     # A model that fails on real images: the smoke test in the bake sees the canary's 5xx.
-    bad = endpoint_config(runtime, "bad", failing_artifact(cached_artifact(), tmp_path), instances=INSTANCES)
+    bad = endpoint_config(runtime, "bad", failing_artifact(cached_artifact(), tmp_path), instances=INSTANCES,
+                          environment=env)
     sm.update_endpoint(EndpointName=name, EndpointConfigName=bad, DeploymentConfig=deployment_config(runtime))
     wait_for(runtime, baking)
     with pytest.raises(SmokeTestFailed, match=r"request \d of 8: .* answered 500"):

@@ -1,6 +1,8 @@
-"""Offline SageMaker endpoints through boto3: real TorchServe, InvokeEndpoint proxy, blue/green, rollback.
+"""Offline SageMaker endpoints through boto3: real servers, InvokeEndpoint proxy, blue/green, rollback.
 
-One endpoint lives through every kind of update, so the whole module starts three TorchServes:
+Run once per serving backend (TorchServe, Ray Serve), named by the model's container Environment
+(D2OPS_SERVING_BACKEND) as the state machine's CreateModel sets it. One endpoint lives through every
+kind of update, so each run starts four servers:
 an update to a broken archive rolls back; a blue/green update switches traffic; a canary that
 loads and warms up but fails on real images gets its share of the traffic during the bake, fails
 the pipeline's smoke test there, and the smoke-test alarm (as the state machine trips it) rolls it
@@ -19,9 +21,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from d2ops.offline.runtime import OfflineRuntime
+from model_code.serving.backends import BACKEND_ENV, BACKENDS
 from tests.fixtures.offline.endpoints import baking, deployment_config, endpoint_config, in_service, wait_for
 from tests.fixtures.pipeline import support
 from tests.fixtures.serving.failing_model import failing_artifact, relabelled
@@ -38,10 +42,29 @@ CANARY_INSTANCES = 4
 SMOKE_PREFIX = "datasets/canary/v1/"
 
 
+# What each server runs besides Python: TorchServe's Java frontend, Ray's raylet.
+SERVER_PROGRAM = {"torchserve": "java", "ray-serve": "raylet"}
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineRuntime]:
-    with OfflineRuntime(tmp_path_factory.mktemp("endpoints") / "work") as rt:
+def runtime(tmp_path_factory: pytest.TempPathFactory, backend: str) -> Iterator[OfflineRuntime]:
+    with OfflineRuntime(tmp_path_factory.mktemp(f"endpoints-{backend}") / "work") as rt:
         yield rt
+
+
+def _programs(rt: OfflineRuntime) -> set[str]:
+    found: set[str] = set()
+    for p in rt.warden.descendants():
+        try:
+            found.update(word for word in SERVER_PROGRAM.values() if word in " ".join(p.cmdline()))
+        except psutil.Error:
+            continue
+    return found
 
 
 def _settle(rt: OfflineRuntime, timeout: float = 400) -> dict[str, Any]:
@@ -73,20 +96,23 @@ def _answers(url: str) -> bool:
         return False
 
 
-def test_endpoint_lifecycle_blue_green_and_rollback(runtime: OfflineRuntime, tmp_path: Path) -> None:
+def test_endpoint_lifecycle_blue_green_and_rollback(runtime: OfflineRuntime, backend: str, tmp_path: Path) -> None:
+    env = {BACKEND_ENV: backend}
     sm = runtime.client("sagemaker")
     smr = runtime.client("sagemaker-runtime")
     model = cached_artifact(pack=True).read_bytes()
     with pytest.raises(sm.exceptions.ClientError, match="Could not find endpoint"):
         sm.describe_endpoint(EndpointName=ENDPOINT)
 
-    blue = endpoint_config(runtime, "blue", model)
+    blue = endpoint_config(runtime, "blue", model, environment=env)
     sm.create_endpoint(EndpointName=ENDPOINT, EndpointConfigName=blue)
     assert sm.describe_endpoint(EndpointName=ENDPOINT)["EndpointStatus"] == "Creating"
     with pytest.raises(smr.exceptions.ValidationError):  # nothing serves before InService
         smr.invoke_endpoint(EndpointName=ENDPOINT, Body=png_bytes(), ContentType="image/png")
     described = _settle(runtime)
     assert (described["EndpointStatus"], described["EndpointConfigName"]) == ("InService", blue)
+    # The model's Environment chose the server (catches a runtime that ignores it and always starts TorchServe).
+    assert _programs(runtime) == {SERVER_PROGRAM[backend]}
     answer = _invoke(runtime)
     # An untrained detector: what matters here is the served JSON shape for this very image.
     assert answer["image"] == {"width": 160, "height": 120} and isinstance(answer["detections"], list)
@@ -96,7 +122,7 @@ def test_endpoint_lifecycle_blue_green_and_rollback(runtime: OfflineRuntime, tmp
     blue_url = runtime.sagemaker.endpoint_url(ENDPOINT)
     assert blue_url is not None
 
-    broken = endpoint_config(runtime, "broken", b"this is not a model archive")
+    broken = endpoint_config(runtime, "broken", b"this is not a model archive", environment=env)
     sm.update_endpoint(EndpointName=ENDPOINT, EndpointConfigName=broken)
     assert sm.describe_endpoint(EndpointName=ENDPOINT)["EndpointStatus"] == "Updating"
     _invoke(runtime)  # blue keeps serving during the update
@@ -106,7 +132,7 @@ def test_endpoint_lifecycle_blue_green_and_rollback(runtime: OfflineRuntime, tmp
     assert runtime.sagemaker.endpoint_url(ENDPOINT) == blue_url
     _invoke(runtime)
 
-    green = endpoint_config(runtime, "green", model)
+    green = endpoint_config(runtime, "green", model, environment=env)
     sm.update_endpoint(EndpointName=ENDPOINT, EndpointConfigName=green)
     described = _settle(runtime)
     assert (described["EndpointStatus"], described["EndpointConfigName"]) == ("InService", green)
@@ -115,17 +141,17 @@ def test_endpoint_lifecycle_blue_green_and_rollback(runtime: OfflineRuntime, tmp
     assert _answers(str(green_url)) and not _answers(blue_url)  # traffic switched, then blue stopped
     _invoke(runtime)
 
-    _a_canary_failing_its_smoke_test_is_rolled_back(runtime, tmp_path, green, str(green_url))
+    _a_canary_failing_its_smoke_test_is_rolled_back(runtime, tmp_path, green, str(green_url), env)
 
     sm.delete_endpoint(EndpointName=ENDPOINT)
     with pytest.raises(smr.exceptions.ValidationError):
         smr.invoke_endpoint(EndpointName=ENDPOINT, Body=png_bytes(), ContentType="image/png")
     assert not _answers(str(green_url))
-    assert runtime.warden.descendants() == []  # no TorchServe or worker left behind
+    assert runtime.warden.descendants() == []  # no TorchServe, Ray or worker process left behind
 
 
 def _a_canary_failing_its_smoke_test_is_rolled_back(rt: OfflineRuntime, tmp_path: Path, old_config: str,
-                                                    old_url: str) -> None:
+                                                    old_url: str, environment: dict[str, str]) -> None:
     """The canary's rollback with the old model serving (what the pipeline's bake does, minus the state machine).
 
     The canary is the serving model relabelled (ids 101/102/107, ``canary-*`` names) and wrapped to
@@ -143,7 +169,8 @@ def _a_canary_failing_its_smoke_test_is_rolled_back(rt: OfflineRuntime, tmp_path
 
     canary_model = relabelled(cached_artifact(), tmp_path / "canary", [100 + i for i in CATEGORY_IDS],
                               [f"canary-{n}" for n in CLASS_NAMES])
-    bad = endpoint_config(rt, "bad", failing_artifact(canary_model, tmp_path / "bad"), instances=CANARY_INSTANCES)
+    bad = endpoint_config(rt, "bad", failing_artifact(canary_model, tmp_path / "bad"), instances=CANARY_INSTANCES,
+                          environment=environment)
     routing = deployment_config(rt, CANARY_INSTANCES)
     assert routing["BlueGreenUpdatePolicy"]["TrafficRoutingConfiguration"]["Type"] == "CANARY"
     sm.update_endpoint(EndpointName=ENDPOINT, EndpointConfigName=bad, DeploymentConfig=routing)

@@ -13,15 +13,22 @@ import pytest
 import requests
 
 from d2ops.local.serving import free_port
+from model_code.serving.backends import BACKENDS
 from tests.fixtures.serving.support import cached_artifact, png_bytes
 
 pytestmark = pytest.mark.integration
 
 
-def test_d2ops_serve_answers_with_masks_and_stops_cleanly_on_ctrl_c(tmp_path):
+# What each server runs besides Python: TorchServe's Java frontend, Ray's raylet.
+SERVER_PROGRAM = {"torchserve": "java", "ray-serve": "raylet"}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_d2ops_serve_answers_with_masks_and_stops_cleanly_on_ctrl_c(tmp_path, backend):
     port = free_port()
     model = cached_artifact(has_masks=True, pack=True)
-    proc = subprocess.Popen([sys.executable, "-m", "d2ops", "serve", str(model), "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "d2ops", "serve", str(model), "--port", str(port),
+                             "--backend", backend],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
     lines: list[str] = []
     try:
@@ -44,7 +51,7 @@ def test_d2ops_serve_answers_with_masks_and_stops_cleanly_on_ctrl_c(tmp_path):
         assert len(dets) == 2 and all(d["mask"]["size"] == [120, 160] for d in dets)
         workdir = next(line.split("logs in ")[1].rstrip(")\n") for line in lines if "logs in " in line)
         group = [p for p in psutil.process_iter(["cmdline"]) if workdir in " ".join(p.info["cmdline"] or [])]
-        assert any("java" in " ".join(p.info["cmdline"]) for p in group)
+        assert any(SERVER_PROGRAM[backend] in " ".join(p.info["cmdline"]) for p in group)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=90)
         assert proc.returncode == 0, out

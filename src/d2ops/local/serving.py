@@ -1,12 +1,13 @@
-"""A local TorchServe endpoint on loopback, configured exactly like the serving image.
+"""A local endpoint (TorchServe or Ray Serve) on loopback, configured exactly like the serving image.
 
 It runs the image's own entry point, read from containers/serving/Dockerfile (ENTRYPOINT with
 ``serve`` appended, as SageMaker runs it; see ``d2ops.local.container_entry``) as a subprocess with
 the environment pointed at a local model, 127.0.0.1 and its own ports, so the configuration,
 the model archive and the readiness ``/ping`` are those of the endpoint in AWS.
-Each endpoint has its own work directory (model store, logs, temp files, TorchServe's pid file),
-so two can run side by side: start the new one on another port, wait for it to be healthy, move
-traffic, stop the old one (blue/green).
+``backend`` (or ``D2OPS_SERVING_BACKEND`` in ``environment``, as CreateModel's container Environment
+sets it) picks the server, as in the image. Each endpoint has its own work directory (model store,
+logs, temp files, the server's pid file), so two can run side by side: start the new one on
+another port, wait for it to be healthy, move traffic, stop the old one (blue/green).
 
     with LocalEndpoint("runs/x/model.tar.gz", port=8080) as endpoint:
         requests.post(endpoint.invocations_url, data=jpeg, headers={"Content-Type": "image/jpeg"})
@@ -25,7 +26,7 @@ from types import TracebackType
 from typing import IO
 
 from d2ops.local import container_entry
-from model_code.serving import process  # standard library only: no torch in the CLI
+from model_code.serving import backends, process  # standard library only: no torch in the CLI
 
 MODEL_NAME = "model"  # model_code.serving.launch.MODEL_NAME (not imported: d2ops does not import torch)
 
@@ -51,17 +52,25 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class LocalEndpoint:
-    """TorchServe serving one model on ``127.0.0.1:port``; a context manager that always cleans up."""
+    """TorchServe or Ray Serve serving one model on ``127.0.0.1:port``; a context manager that always cleans up.
+
+    ``backend``: ``torchserve`` or ``ray-serve``; None takes the one ``environment`` names, else TorchServe.
+    """
 
     def __init__(self, model_path: Path | str, port: int = 0, *, batch_size: int | None = None,
                  max_batch_delay_ms: int | None = None, workers: int | None = None,
                  startup_timeout: float = 180.0, workdir: Path | str | None = None, host: str = "127.0.0.1",
-                 environment: Mapping[str, str] | None = None) -> None:
+                 environment: Mapping[str, str] | None = None, backend: str | None = None) -> None:
         self.model_path = Path(model_path).resolve()
         self.host = host
         self.port = port or free_port(host)
         self.startup_timeout = startup_timeout
         self.container_env = dict(environment or {})  # as CreateModel's container Environment sets it
+        try:
+            self.backend: backends.Backend = (backends.parse_backend(backend, "backend") if backend is not None
+                                              else backends.backend_from_env(self.container_env))
+        except ValueError as exc:
+            raise LocalServingError(str(exc)) from exc
         self.settings = {"D2OPS_BATCH_SIZE": batch_size, "D2OPS_MAX_BATCH_DELAY_MS": max_batch_delay_ms,
                          "D2OPS_WORKERS": workers}
         self._own_workdir = workdir is None
@@ -91,7 +100,10 @@ class LocalEndpoint:
 
     @property
     def logs_dir(self) -> Path:
-        """TorchServe's own logs (ts_log.log, model_log.log, access_log.log)."""
+        """The server's own logs: TorchServe's ts_log.log, model_log.log, access_log.log; Ray's session logs
+        (``serve/`` holds the proxy's and the replicas' request logs). ``log_path`` has both servers' stdout."""
+        if self.backend == "ray-serve":
+            return self.workdir / "ray" / "session_latest" / "logs"
         return self.workdir / "logs"
 
     def environment(self) -> dict[str, str]:
@@ -103,7 +115,7 @@ class LocalEndpoint:
             "SAGEMAKER_BIND_TO_PORT": str(self.port), "D2OPS_MANAGEMENT_PORT": str(management),
             "D2OPS_METRICS_PORT": str(metrics), "D2OPS_GRPC_INFERENCE_PORT": str(grpc_inference),
             "D2OPS_GRPC_MANAGEMENT_PORT": str(grpc_management), "D2OPS_STARTUP_TIMEOUT": str(self.startup_timeout),
-            "PYTHONUNBUFFERED": "1",
+            "PYTHONUNBUFFERED": "1", backends.BACKEND_ENV: self.backend,
         })
         env.update({k: str(v) for k, v in self.settings.items() if v is not None})
         return env
@@ -148,9 +160,10 @@ class LocalEndpoint:
         return "\n".join(text[-lines:])
 
     def stop(self, timeout: float = 45.0) -> None:
-        """SIGTERM the entry point (it stops TorchServe's process group); SIGKILL both after ``timeout``."""
+        """SIGTERM the entry point (it stops the server's process group: TorchServe's Java and workers, or Ray's
+        driver, GCS, raylet and replicas); SIGKILL both after ``timeout``."""
         if self.proc is not None:
-            torchserve_pgid = self._torchserve_pgid()
+            server_pgid = self._server_pgid()
             if self.proc.poll() is None:
                 self.proc.send_signal(signal.SIGTERM)
                 try:
@@ -158,8 +171,8 @@ class LocalEndpoint:
                 except subprocess.TimeoutExpired:
                     process.signal_group(self.proc.pid, signal.SIGKILL)
                     self.proc.wait()
-            if torchserve_pgid is not None:  # only does anything if the entry point could not clean up
-                process.signal_group(torchserve_pgid, signal.SIGKILL)
+            if server_pgid is not None:  # only does anything if the entry point could not clean up
+                process.signal_group(server_pgid, signal.SIGKILL)
             process.signal_group(self.proc.pid, signal.SIGKILL)
             self.proc = None
         if self._log is not None:
@@ -168,9 +181,9 @@ class LocalEndpoint:
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def _torchserve_pgid(self) -> int | None:
+    def _server_pgid(self) -> int | None:
         try:
-            return int((self.workdir / "torchserve.pid").read_text())
+            return int((self.workdir / backends.PID_FILE).read_text())
         except (FileNotFoundError, ValueError):
             return None
 

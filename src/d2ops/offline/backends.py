@@ -1,4 +1,4 @@
-"""Adapters from the offline SageMaker service to the local job runner and local TorchServe.
+"""Adapters from the offline SageMaker service to the local job runner and the local serving image.
 
 The training payload's runner (`d2ops.local.jobs`) and the serving module
 (`d2ops.local.serving`) own how a job or an endpoint runs on this machine; these adapters only
@@ -117,7 +117,10 @@ class LocalJobBackend:
         return JobOutcome(failure_reason=None, processing_outputs=outputs, log_lines=lines)
 
 
-class TorchServeBackend:
+class LocalServingBackend:
+    """The serving image's entry point on loopback, running the server the model's container Environment
+    names (``D2OPS_SERVING_BACKEND``: TorchServe unless it says ``ray-serve``), as SageMaker would."""
+
     def start(self, model_tar: Path, work_dir: Path, name: str,
               environment: Mapping[str, str] | None = None) -> ServedModel:
         # LocalEndpoint gives each server its own ports (HTTP and gRPC): a blue/green update runs two.

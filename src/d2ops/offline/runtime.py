@@ -413,6 +413,6 @@ def _default_jobs() -> JobBackend:
 
 
 def _default_serving() -> ServingBackend:
-    from d2ops.offline.backends import TorchServeBackend
+    from d2ops.offline.backends import LocalServingBackend
 
-    return TorchServeBackend()
+    return LocalServingBackend()
