@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -60,10 +61,9 @@ def _log_to_stderr() -> None:
 
 
 def _ping_body(reason: str | None) -> bytes:
-    # Byte for byte what the TorchServe image's /ping plugin (resources/ReadinessPing.java) answers.
-    if reason is None:
-        return b'{"status": "Healthy"}\n'
-    return ('{"status": "Unhealthy", "reason": "' + reason.replace("\\", "\\\\").replace('"', '\\"') + '"}\n').encode()
+    # The document the TorchServe image's /ping plugin (resources/ReadinessPing.java) answers, same spacing.
+    document = {"status": "Healthy"} if reason is None else {"status": "Unhealthy", "reason": reason}
+    return (json.dumps(document) + "\n").encode()
 
 
 def _http(response: Response) -> HttpResponse:
@@ -155,7 +155,12 @@ class DetectionDeployment:
             return _http(error_response(exc, {}))
         raw = RawRequest(body=body, content_type=request.headers.get("content-type"),
                          query=dict(request.query_params), headers=dict(request.headers))
-        response: Response = await self._predict_batch(raw)
+        try:
+            response: Response = await self._predict_batch(raw)
+        except Exception:  # handle_batch answers every request itself; this is a bug, still answered as JSON
+            logger.exception("the batch failed outside the service")
+            response = error_response(RequestError(500, "internal_error", "the server failed on this request; see "
+                                                                          "the endpoint logs"), {})
         return _http(response)
 
     async def _read_body(self, request: Request) -> bytes:
