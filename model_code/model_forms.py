@@ -26,7 +26,7 @@ import logging
 import os
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
@@ -39,7 +39,8 @@ AotiDevice = Literal["cpu", "cuda"]
 FORMS: tuple[Form, ...] = get_args(Form)
 # Serving (and anything else that loads an artifact) runs this form instead of the best one the device can run.
 FORM_ENV = "D2OPS_MODEL_FORM"
-# The export step compiles the AOTInductor package only when this is "1" (minutes of CPU per model).
+# The export step compiles the AOTInductor package only when this names its device: "cpu" (or "1") or "cuda"
+# (the serving device; a compile takes about a minute of CPU even for a resnet18-FPN backbone alone).
 AOTI_ENV = "D2OPS_EXPORT_AOTI"
 TORCHSCRIPT_FILE = "model.pt"
 EXPORTED_FILE = "model.pt2"
@@ -66,8 +67,14 @@ class ExportOutcome:
     aoti_device: AotiDevice | None = None
 
 
-def aoti_requested(environ: dict[str, str] | None = None) -> bool:
-    return (os.environ if environ is None else environ).get(AOTI_ENV, "") == "1"
+def aoti_requested(environ: Mapping[str, str] | None = None) -> AotiDevice | None:
+    """The device $D2OPS_EXPORT_AOTI asks the AOTInductor package for; None: not asked (the default)."""
+    value = (os.environ if environ is None else environ).get(AOTI_ENV, "").strip().lower()
+    if value in ("", "0"):
+        return None
+    if value in ("1", "cpu", "cuda"):
+        return "cuda" if value == "cuda" else "cpu"
+    raise ValueError(f"{AOTI_ENV}={value!r}: expected cpu (or 1), cuda, or 0 / unset for no AOTInductor package")
 
 
 @contextlib.contextmanager
@@ -112,13 +119,16 @@ def describe_failure(exc: BaseException) -> str:
     return first[:400]
 
 
-def write_forms(directory: Path, module: nn.Module, sample: Tensor, *, aoti: bool,
+def write_forms(directory: Path, module: nn.Module, sample: Tensor, *, aoti: bool | AotiDevice | None,
                 aoti_device: str = "cpu") -> ExportOutcome:
     """Export ``module`` (eager, the artifact's signature) to model.pt2 and, with ``aoti``, model.aoti.pt2.
 
+    ``aoti``: True (on ``aoti_device``), a device type (what aoti_requested returns), or False/None.
     Never raises for a model that does not export: the outcome says why, and the artifact keeps
     its TorchScript form. Files are written under a temporary name and renamed.
     """
+    if isinstance(aoti, str):
+        aoti_device, aoti = aoti, True
     outcome = ExportOutcome()
     start = time.perf_counter()
     tmp = directory / f"tmp-{EXPORTED_FILE}"  # torch.export.save and the AOTI packager want a .pt2 name

@@ -172,3 +172,12 @@ def test_torchvision_rcnn_does_not_export_and_the_step_says_where(tmp_path, mask
     with torch.no_grad():
         ours, theirs = eager([image])[0], export_torchvision(model, masks)([image])[0]
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_aoti_is_opt_in_for_a_named_device():
+    """Catches an export step that compiles by default (a minute of CPU per model) or ignores the device asked."""
+    assert model_forms.aoti_requested({}) is None and model_forms.aoti_requested({"D2OPS_EXPORT_AOTI": "0"}) is None
+    assert model_forms.aoti_requested({"D2OPS_EXPORT_AOTI": "1"}) == "cpu"
+    assert model_forms.aoti_requested({"D2OPS_EXPORT_AOTI": "CUDA"}) == "cuda"
+    with pytest.raises(ValueError, match="D2OPS_EXPORT_AOTI='gpu': expected cpu"):
+        model_forms.aoti_requested({"D2OPS_EXPORT_AOTI": "gpu"})
