@@ -377,6 +377,7 @@ def test_the_committed_openapi_document_is_current() -> None:
     assert set(generated["paths"]) == {"/runs", "/runs/{runId}", "/models", "/runs/{runId}/graph",
                                        "/runs/{runId}/validation", "/runs/{runId}/evaluation",
                                        "/endpoints/{endpointName}/history", "/endpoints/{endpointName}/monitoring",
+                                       "/endpoint/monitoring",
                                        "/runs/{runId}/decision"}
     assert set(generated["paths"]["/runs"]) == {"get", "post"}
     committed = json.loads(OPENAPI_DOC.read_text()) if OPENAPI_DOC.exists() else None

@@ -66,6 +66,25 @@ def test_an_endpoint_without_windows_answers_an_empty_list(s3: tuple[Any, str]) 
                            "truncated": False})
 
 
+def test_the_stack_s_own_endpoint_answers_without_a_name(s3: tuple[Any, str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # catches: GET /endpoint/monitoring reading another endpoint's windows than ENDPOINT_NAME's, or not routed
+    client, bucket = s3
+    start = hour(0)
+    put(client, bucket, window(ENDPOINT, start))
+    put(client, bucket, window("another-endpoint", start))
+    monkeypatch.setenv("ENDPOINT_NAME", ENDPOINT)
+    event = copy.deepcopy(support.load_event("status_api", "get_endpoint_monitoring"))
+    event["rawPath"] = event["requestContext"]["http"]["path"] = "/endpoint/monitoring"
+    event["pathParameters"] = None
+    event["queryStringParameters"] = {"limit": "5"}
+    event["rawQueryString"] = "limit=5"
+    response = api.handler(event, support.FakeLambdaContext())
+    body = json.loads(response["body"])
+    assert response["statusCode"] == 200 and body["endpoint"] == ENDPOINT
+    assert [w["endpoint"] for w in body["windows"]] == [ENDPOINT]
+
+
 def test_windows_come_newest_first_within_limit_and_range(s3: tuple[Any, str]) -> None:
     client, bucket = s3
     starts = [hour(-h) for h in range(1, 8)]

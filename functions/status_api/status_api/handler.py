@@ -234,6 +234,24 @@ def get_endpoint_monitoring(
                                       start, end)
 
 
+@route("GET", "/endpoint/monitoring",
+       "The stack's own endpoint's monitoring windows (EndpointName): GET /endpoints/{endpointName}/monitoring for it",
+       {200: answer("windows newest first (none yet: an empty list), and the window objects that could not be read",
+                    MonitoringView)},
+       {400: "limit is not 1-500, from or to is not an ISO 8601 time, or from is after to",
+        404: "S3 refused the endpoint's monitoring windows to the API (AccessDenied: the message says so)"},
+       description="The stack serves one endpoint (the EndpointName parameter); this path needs no name.")
+def get_stack_endpoint_monitoring(
+    limit: Annotated[int, Query(ge=1, le=monitoring.MAX_LIMIT, description="the newest this many windows")]
+        = monitoring.DEFAULT_LIMIT,
+    start: Annotated[datetime | None, Query(alias="from", description="windows starting at or after this time")]
+        = None,
+    end: Annotated[datetime | None, Query(alias="to", description="windows starting at or before this time")] = None,
+) -> MonitoringView:
+    return monitoring.monitoring_view(clients.client("s3"), os.environ["ARTIFACTS_BUCKET"], os.environ["ENDPOINT_NAME"],
+                                      limit, start, end)
+
+
 @route("POST", "/runs", "Start the run for a dataset version (idempotent, like the S3 trigger)",
        {202: answer("the run was started", StartRunResponse),
         200: answer("this upload's run had been started already", StartRunResponse)},
