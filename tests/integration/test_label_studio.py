@@ -2,7 +2,8 @@
 
 A selection of synthetic "captured" images (with the model's detections: the ground truth shifted by a pixel)
 is exported with ``d2ops label export``; the tasks are completed through Label Studio's own API as labellers
-would (one skipped, one left open, two annotators agreeing on one task and disagreeing on another); ``d2ops
+would (one skipped, one left open, two annotators agreeing on one task and disagreeing on two, one of those
+settled by a ground-truth mark); ``d2ops
 label import`` writes the next dataset version, which the pipeline's validator and the trainer's loader accept.
 """
 
@@ -71,7 +72,7 @@ def test_export_label_import_round_trip(label_studio: LabelStudioServer,  # noqa
     ls = label_studio
     base = tmp_path / "v1"
     synth.generate(base, images=12, seed=0, size=SIZE, name="shapes", version="v1")
-    captured = captured_images(tmp_path / "capture", 7, seed=16)  # seed 16: new images draw both sides
+    captured = captured_images(tmp_path / "capture", 8, seed=16)  # seed 16: new images draw both sides
     shas = write_selection(tmp_path / "selection", captured)
     export = ("label", "export", "--to", "label-studio", ls.url, "--project", "round trip", "--selection",
               str(tmp_path / "selection"))
@@ -92,10 +93,11 @@ def test_export_label_import_round_trip(label_studio: LabelStudioServer,  # noqa
     code, out, err = cli(capsys, monkeypatch, ls.token, *export)  # catches: a re-run uploading images twice
     assert code == 0, err
     assert len(tasks_by_sha(client, "round trip")) == len(shas)
-    assert "0 images uploaded, 7 already in the project, 0 pre-annotated" in err
+    assert "0 images uploaded, 8 already in the project, 0 pre-annotated" in err
 
     # Labellers at work, through Label Studio's own API: tasks 0-2 labelled, 3 by two annotators who agree,
-    # 4 by two who disagree (a box missed), 5 skipped, 6 left open.
+    # 4 by two who disagree (a box relabelled), 5 skipped, 6 left open, 7 by two who disagree, one of them
+    # marked ground truth (its boxes win).
     def label(i: int, boxes: list[tuple[str, list[float]]], **kw: Any) -> None:
         client.annotations.create(tasks[shas[i]].id, result=[region(n, b) for n, b in boxes], **kw)
 
@@ -106,6 +108,9 @@ def test_export_label_import_round_trip(label_studio: LabelStudioServer,  # noqa
     label(4, captured[4][1])
     label(4, [*captured[4][1][1:], ("square" if captured[4][1][0][0] != "square" else "disc", captured[4][1][0][1])])
     client.annotations.create(tasks[shas[5]].id, result=[], was_cancelled=True)
+    truth7 = [(n, [x + 2, y + 2, w - 2, h - 2]) for n, (x, y, w, h) in captured[7][1][:1]]
+    label(7, captured[7][1])
+    label(7, truth7, ground_truth=True)
 
     # Imported with --upload into the offline stack's data bucket (the CLI's boto3 reaches the runtime through
     # the environment it sets), manifest last; that upload's S3 event then starts a run, which validates and
@@ -128,7 +133,7 @@ def test_export_label_import_round_trip(label_studio: LabelStudioServer,  # noqa
     assert any("train" in name.lower() for name in entered), entered
     assert "VALID shapes/v2" in out  # the validation report is printed
     assert f"conflict: task {tasks[shas[4]].id}" in err  # catches: disagreeing annotators silently merged
-    assert "4 completed, 1 skipped, 1 not completed, 1 conflicts" in err
+    assert "5 completed, 1 skipped, 1 not completed, 1 conflicts" in err
 
     v2 = tmp_path / "v2"
     manifest = json.loads((v2 / "manifest.json").read_text())
@@ -139,14 +144,15 @@ def test_export_label_import_round_trip(label_studio: LabelStudioServer,  # noqa
         assert {im["file_name"] for im in old[split]["images"]} <= {im["file_name"] for im in docs[split]["images"]}
     new = {im["file_name"]: (split, im) for split, d in docs.items() for im in d["images"]
            if im["file_name"].startswith("labelled/")}
-    assert sorted(new) == sorted(f"labelled/{shas[i]}.jpg" for i in range(4))  # completed, agreed; no conflict/skip
-    for i in range(4):
+    # completed, agreed or ground truth; no conflict, skip or open task
+    assert sorted(new) == sorted(f"labelled/{shas[i]}.jpg" for i in (0, 1, 2, 3, 7))
+    for i in (0, 1, 2, 3, 7):
         split, im = new[f"labelled/{shas[i]}.jpg"]
         # catches: new images split by any other rule than the pipeline's content-keyed draw
         assert split == ("val" if draws_val("shapes", shas[i]) else "train")
         assert hashlib.sha256((v2 / "images" / im["file_name"]).read_bytes()).hexdigest() == shas[i]
         got = sorted((a["category_id"], a["bbox"]) for a in docs[split]["annotations"] if a["image_id"] == im["id"])
-        want = sorted((CLASSES.index(n) + 1, b) for n, b in captured[i][1])
+        want = sorted((CLASSES.index(n) + 1, b) for n, b in (truth7 if i == 7 else captured[i][1]))
         assert [c for c, _ in got] == [c for c, _ in want]  # catches: class names mapped to the wrong ids
         for (_, g), (_, w) in zip(got, want, strict=True):  # catches: percent <-> pixel conversion errors
             tolerance = 0.51 if i == 3 else 0.02  # task 3: the later annotation (shifted 0.5 px) may be the one taken
@@ -154,7 +160,7 @@ def test_export_label_import_round_trip(label_studio: LabelStudioServer,  # noqa
     assert {split for split, _ in new.values()} == {"train", "val"}  # both sides exercised, not vacuous
     report = validate_local(v2)  # the pipeline's own validation
     assert report.valid, report.describe()
-    assert report.splits["train"].images + report.splits["val"].images == 12 + 4
+    assert report.splits["train"].images + report.splits["val"].images == 12 + 5
     opened = open_dataset_version(v2)  # what the trainer and the evaluation job open
     assert (opened.name, opened.version) == ("shapes", "v2")
     TIMINGS["round trip"] = time.monotonic() - began

@@ -11,7 +11,7 @@ data carries ``d2ops_sha256``; a re-run uploads only images the project does not
 (non-skipped) annotations, and converts the boxes (percent of the image's size) to COCO pixels.
 Conflicts between annotators, the documented rule (docs/labelling.md):
 
-1. An annotation marked *ground truth* in Label Studio wins (two or more: a conflict, rule 3).
+1. An annotation marked *ground truth* in Label Studio wins (several: rules 2 and 3 among them alone).
 2. Otherwise annotations that **agree** (the same number of boxes, matched one to one by class with
    IoU >= ``AGREE_IOU``) are one answer; the most recently updated one is taken.
 3. Otherwise the task is a **conflict**: left out of the new version and reported (task, annotation ids,
