@@ -23,7 +23,13 @@ from d2ops.commands import label_select
 from d2ops.labelling.documents import SELECTION_FILE, SelectionError, read_selection
 from d2ops.labelling.selection import Candidate, disagreement, rank, thumbnail, uncertainty
 from d2ops_core import s3_layout
-from d2ops_core.documents.capture import CaptureData, CaptureRecord, EventMetadata, encode_payload
+from d2ops_core.documents.capture import (
+    SMOKE_TEST_INFERENCE_ID,
+    CaptureData,
+    CaptureRecord,
+    EventMetadata,
+    encode_payload,
+)
 from d2ops_core.documents.detections import Detection
 from tests.fixtures.moto_server import moto_server
 
@@ -137,6 +143,10 @@ def s3_with_capture() -> Iterator[tuple[Any, dict[str, Any]]]:
         lines.insert(2, record(bodies[0], answer([det("square", 0.52)]), hour + timedelta(minutes=30), "again"))
         lines.insert(3, '{"captureData": {"endpointInput": ')  # a file cut short
         lines.append(record(b"not an image at all", answer([]), hour + timedelta(minutes=40), "broken"))
+        smoke = CaptureRecord.model_validate_json(record(jpeg(shapes(1, seed=77)[0]), answer([det("square", 0.5)]),
+                                                         hour + timedelta(minutes=41), "smoke"))
+        smoke.eventMetadata.inferenceId = SMOKE_TEST_INFERENCE_ID  # the pipeline's smoke test: not traffic
+        lines.append(smoke.model_dump_json())
         key = s3_layout.capture_hour_prefix(ENDPOINT, VARIANT, 2026, 5, 1, 10) + "00-00-000-abc.jsonl"
         s3.put_object(Bucket=BUCKET, Key=key, Body="\n".join(lines).encode())
         # a run's inventory lists images 1 and 2: they are in a dataset version already
@@ -161,7 +171,8 @@ def test_select_writes_the_ranked_images_and_never_an_excluded_one(tmp_path: Pat
     bodies: list[bytes] = facts["bodies"]
     hashes = [hashlib.sha256(b).hexdigest() for b in bodies]
     chosen = [i.sha256 for i in selection.images]
-    # excluded by the inventory (catches the exclusion not applied); the repeat of image 0 counted once
+    # excluded by the inventory (catches the exclusion not applied); the repeat of image 0 counted once; the
+    # smoke test's request (the most uncertain answer, 0.5 at threshold 0.5) is not traffic (catches it read)
     assert not {hashes[1], hashes[2]} & set(chosen)
     assert sorted(chosen) == sorted(hashes[i] for i in (0, 3, 4, 5))
     # most uncertain first: scores 0.52, 0.64, 0.68, 0.72 around the threshold 0.5

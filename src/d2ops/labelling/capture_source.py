@@ -1,8 +1,9 @@
 """What ``d2ops label select`` reads from the artifacts bucket: captured images, dataset hashes, weak classes.
 
-- :func:`read_captured_images`: every distinct image captured for an endpoint in a window, with the model's
-  captured answer (d2ops_core.capture_files finds and parses the files; a record whose image does not decode
-  or whose answer is not the endpoint's document is skipped and named as ``<file>:<line>: <reason>``).
+- :func:`read_captured_images`: every distinct image captured for an endpoint in a window (the pipeline's smoke
+  test's requests left out, as the monitor leaves them out), with the model's captured answer
+  (d2ops_core.capture_files finds and parses the files; a record whose image does not decode or whose answer
+  is not the endpoint's document is skipped and named as ``<file>:<line>: <reason>``).
 - :func:`dataset_image_hashes`: the SHA-256 of every object any run's inventory lists (every dataset version
   that ever started a run), so an image already in a version is never selected again.
 - :func:`weak_classes`: the classes the serving model is weak on, from its evaluation report.
@@ -28,7 +29,7 @@ from d2ops.labelling.documents import CaptureSource
 from d2ops.labelling.selection import WEAK_CLASS_DROP, WEAK_CLASS_SHARE, thumbnail
 from d2ops_core import s3_layout
 from d2ops_core.capture_files import CAPTURE_FILE_SUFFIX, SkippedLine, capture_keys, parse_capture_lines
-from d2ops_core.documents.capture import CaptureError, CaptureRecord
+from d2ops_core.documents.capture import SMOKE_TEST_INFERENCE_ID, CaptureError, CaptureRecord
 from d2ops_core.documents.detections import Detection, InvocationResponse
 from d2ops_core.documents.evaluation import EvaluationReport
 from d2ops_core.images import ImageRejected, load_rgb
@@ -125,6 +126,8 @@ def read_captured_images(s3: Any, bucket: str, endpoint: str, *, since: datetime
     seen: set[str] = set()
     for key in keys:
         for line, record in _records(s3, bucket, key, read):
+            if record.eventMetadata.inferenceId == SMOKE_TEST_INFERENCE_ID:
+                continue  # the pipeline's smoke test, not traffic (as the monitor reads capture)
             moment = _utc(record.eventMetadata.inferenceTime)
             if (since is not None and moment < _utc(since)) or (until is not None and moment >= _utc(until)):
                 continue
