@@ -5,7 +5,10 @@ its JSON. One untrained torchvision Faster R-CNN resnet18-FPN (``model_size`` px
 export step's own writers (``export_torchvision`` for TorchScript, ``model_forms.write_forms`` for
 ``model.pt2`` and ``model.aoti.pt2``), and each form the artifact ends up holding runs through
 ``model_code.inference.predict`` on the same decoded images as the eager model, one image a call.
-A form the export could not write is reported with its reason instead of figures.
+A form the export could not write is reported with its reason instead of figures (today: both
+R-CNNs stop torch.export, docs/model-artifact.md "Forms"); so that the run still says what
+torch.export and AOTInductor give, the part of the same detector that does export, its resnet18-FPN
+backbone on the resized image, is timed eager, exported and AOTInductor-compiled (``backbone``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ def _predicting(detector: Any, tensors: list[Any]) -> Callable[[int], object]:
     return lambda i: predict(detector, [tensors[i % len(tensors)]])
 
 
+def _calling(run: Callable[[Any], object], x: Any) -> Callable[[int], object]:
+    return lambda i: run(x)
+
+
 def _torchvision(model_size: int) -> tuple[Any, Any, Any]:
     import torch
     from torchvision.models.detection import FasterRCNN
@@ -57,14 +64,53 @@ def _torchvision(model_size: int) -> tuple[Any, Any, Any]:
     return eager, lambda: export_torchvision(model, has_masks=False), "fasterrcnn_resnet18_fpn"
 
 
+def _backbone(eager: Any, model_size: int, rounds: int, aoti: bool) -> dict[str, Any]:
+    """The detector's backbone + FPN on one resized image: eager, torch.export'ed, AOTInductor-compiled."""
+    import torch
+
+    class Backbone(torch.nn.Module):
+        def __init__(self, body: torch.nn.Module) -> None:
+            super().__init__()
+            self.body = body
+
+        def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+            return list(self.body(x[None]).values())
+
+    module = Backbone(eager.model.backbone).eval()
+    x = torch.rand(3, model_size, model_size, generator=torch.Generator().manual_seed(0))
+    blocks = torch.export.Dim("blocks", min=1, max=512)  # FPN sizes are multiples of 32, as the detector pads
+    out: dict[str, Any] = {"image_px": model_size}
+    with torch.inference_mode():
+        out["eager"] = _latency(lambda i: module(x), rounds)
+    start = time.perf_counter()
+    with torch.no_grad():
+        program = torch.export.export(module, (x,), dynamic_shapes=({1: 32 * blocks, 2: 32 * blocks},))
+    out["exported"] = {"export_s": round(time.perf_counter() - start, 3)}
+    runs: dict[str, Any] = {"exported": program.module()}
+    if aoti:
+        with tempfile.TemporaryDirectory(prefix="d2ops-bench-aoti-") as tmp:
+            start = time.perf_counter()
+            package = torch._inductor.aoti_compile_and_package(program, package_path=str(Path(tmp) / "bb.pt2"))
+            out["aoti"] = {"export_s": round(time.perf_counter() - start, 3),
+                           "package_mb": round(Path(package).stat().st_size / 1e6, 1)}
+            runs["aoti"] = torch._inductor.aoti_load_package(package)
+    for name, run in runs.items():
+        with torch.inference_mode():
+            figures = _latency(_calling(run, x), rounds)
+        out[name] |= figures | {"p50_ratio": round(figures["p50_ms"] / out["eager"]["p50_ms"], 3)}
+    return out
+
+
 def measure(*, images: int = 8, rounds: int = 20,
             image_size: tuple[int, int] = (640, 480), model_size: int = 320, aoti: bool = True,
-            threads: int | None = None) -> dict[str, Any]:
+            threads: int | None = None, backbone: bool = True) -> dict[str, Any]:
     """Export each form of one detector and time it on CPU against the eager model, in one run.
 
     Returns ``{"framework", "model", "image_size", "threads", "rounds", "eager": {"p50_ms", "p99_ms"},
     "forms": {form: {"available": bool, "export_s": float, "p50_ms", "p99_ms", "p50_ratio", "p99_ratio"}
-    | {"available": False, "export_s"?, "problem": str}}}``; ratios are form over eager (below 1 is faster).
+    | {"available": False, "export_s"?, "problem": str}}, "backbone": {"eager", "exported", "aoti"?}}``
+    (``backbone`` with ``backbone=True``: export/compile seconds, p50/p99 and p50_ratio of the backbone
+    alone); ratios are form over eager (below 1 is faster).
     """
     import numpy as np
     import torch
@@ -106,6 +152,8 @@ def measure(*, images: int = 8, rounds: int = 20,
             entry |= figures | {"p50_ratio": round(figures["p50_ms"] / result["eager"]["p50_ms"], 3),
                                 "p99_ratio": round(figures["p99_ms"] / result["eager"]["p99_ms"], 3)}
             result["forms"][form] = entry
+    if backbone:
+        result["backbone"] = _backbone(eager, model_size, rounds, aoti)
     return result
 
 
