@@ -25,6 +25,7 @@ import hashlib
 import importlib.util
 import json
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -93,26 +94,35 @@ def send_stream(rt: Any, root: Path, images: int, size: int, say: Say) -> dict[s
     return {"truth": truth, "start": started, "end": ended, "seconds": round(seconds, 1)}
 
 
-def captured_records(rt: Any) -> tuple[int, list[str]]:
-    """(records, capture file keys) under the endpoint's capture prefix."""
+def captured_records(rt: Any, since: datetime) -> tuple[int, list[str]]:
+    """(records of traffic since ``since``, all capture file keys) under the endpoint's capture prefix; the
+    deployment's smoke test is not traffic."""
     from d2ops_core import s3_layout
+    from d2ops_core.capture_files import parse_capture_lines
+    from d2ops_core.documents.capture import SMOKE_TEST_INFERENCE_ID
 
     s3, bucket = rt.client("s3"), rt.stack.artifacts_bucket
     keys: list[str] = []
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket,
                                                              Prefix=s3_layout.capture_prefix(rt.stack.endpoint_name)):
         keys.extend(str(o["Key"]) for o in page.get("Contents") or [])
-    records = sum(1 for key in keys for line in s3.get_object(Bucket=bucket, Key=key)["Body"].iter_lines()
-                  if line.strip())
+    records = 0
+    for key in keys:
+        lines = s3.get_object(Bucket=bucket, Key=key)["Body"].iter_lines()
+        for r in parse_capture_lines(lines, key):
+            when = r.eventMetadata.inferenceTime
+            when = when if when.tzinfo else when.replace(tzinfo=UTC)
+            records += int(r.eventMetadata.inferenceId != SMOKE_TEST_INFERENCE_ID and when >= since)
     return records, sorted(keys)
 
 
-def wait_for_capture(rt: Any, sent: int, timeout: float = CAPTURE_WAIT_S) -> tuple[int, list[str], float]:
-    """Poll until the endpoint's capture holds ``sent`` records (it buffers, as SageMaker does, and writes a file
-    every few seconds) or ``timeout`` passes: (records, keys, seconds waited)."""
+def wait_for_capture(rt: Any, sent: int, since: datetime,
+                     timeout: float = CAPTURE_WAIT_S) -> tuple[int, list[str], float]:
+    """Poll until the endpoint's capture holds the ``sent`` records of the stream (it buffers, as SageMaker
+    does, and writes a file every few seconds) or ``timeout`` passes: (records, keys, seconds waited)."""
     started = time.monotonic()
     while True:
-        records, keys = captured_records(rt)
+        records, keys = captured_records(rt, since)
         waited = time.monotonic() - started
         if records >= sent or waited > timeout:
             return records, keys, waited
@@ -172,42 +182,86 @@ def truth_regions(item: dict[str, Any], control: Any) -> list[dict[str, Any]]:
             for i, box in enumerate(item["boxes"]) for x, y, bw, bh in [box["bbox"]]]
 
 
-def label(selection_dir: Path, truth: dict[str, dict[str, Any]], base: Path, out: Path, data_dir: Path,
+class BackgroundStudio:
+    """Label Studio started in a thread when the loop begins (its first start migrates a database for a minute
+    or two), so it comes up while the stream is sent and judged; :meth:`server` waits for it. Always stopped."""
+
+    def __init__(self, data_dir: Path) -> None:
+        from d2ops.labelling.studio_server import executable
+
+        self.tool = executable()
+        self.started = time.monotonic()
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._server: Any = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if self.tool is not None:
+            self._thread = threading.Thread(target=self._run, args=(data_dir, self.tool), name="label-studio",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self, data_dir: Path, tool: Path) -> None:
+        from d2ops.labelling.studio_server import studio_server
+
+        try:
+            with studio_server(data_dir, tool) as server:
+                self._server = server
+                self._ready.set()
+                self._stop.wait()
+        except BaseException as exc:  # handed to whoever waits for the server
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def server(self) -> Any:
+        if self.tool is None:
+            raise NotYet("Label Studio is not installed (make setup creates .venv-tools/label-studio, or set "
+                         "D2OPS_LABEL_STUDIO)")
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self._server
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+
+
+def label(selection_dir: Path, truth: dict[str, dict[str, Any]], base: Path, out: Path, background: BackgroundStudio,
           say: Say) -> dict[str, Any]:
     """Export to a real Label Studio, answer every task with the ground truth through its API, import as v2."""
     from d2ops.labelling import labelstudio, new_version
-    from d2ops.labelling.studio_server import executable, studio_server
 
-    tool = executable()
-    if tool is None:
-        raise NotYet("Label Studio is not installed (make setup creates .venv-tools/label-studio, or set "
-                     "D2OPS_LABEL_STUDIO)")
-    with studio_server(data_dir, tool) as studio:
-        say(f"  Label Studio {studio.url} up in {studio.start_seconds:.0f} s ({tool})")
-        server = labelstudio.Server(studio.url, studio.token)
-        exported = labelstudio.export_selection(server, PROJECT, str(selection_dir), progress=lambda m: say(f"  {m}"))
-        project = labelstudio.find_project(server, PROJECT)
-        assert project is not None  # export created it
-        control = labelstudio.check_project_classes(PROJECT, project.parsed_label_config,
-                                                    list(new_version.open_base(base).classes))
-        answered = 0
-        t = time.monotonic()
-        for task in server.call("list tasks", lambda: list(server.client.tasks.list(project=project.id,
-                                                                                      fields="all"))):
-            sha = labelstudio.task_sha256(task)
-            item = truth.get(sha or "")
-            if item is None:
-                raise RuntimeError(f"task {task.id}: image {sha} is not one the demo sent")
-            server.call("annotate", server.client.annotations.create, task.id,
-                        result=truth_regions(item, control), project=project.id)
-            answered += 1
-        say(f"  {answered} tasks answered through Label Studio's API with the synthetic ground truth "
-            f"({time.monotonic() - t:.1f} s)")
-        base_version = new_version.open_base(base)
-        read = labelstudio.read_labels(server, PROJECT, list(base_version.classes), progress=lambda m: say(f"  {m}"))
-        written = new_version.write_version(base_version, read.labelled, out,
-                                            version=new_version.next_version(base_version.version),
-                                            progress=lambda m: say(f"  {m}"))
+    waited = time.monotonic()
+    studio = background.server()
+    say(f"  Label Studio {studio.url} up in {studio.start_seconds:.0f} s, started with the loop (waited "
+        f"{time.monotonic() - waited:.0f} s for it here; {background.tool})")
+    server = labelstudio.Server(studio.url, studio.token)
+    exported = labelstudio.export_selection(server, PROJECT, str(selection_dir), progress=lambda m: say(f"  {m}"))
+    project = labelstudio.find_project(server, PROJECT)
+    assert project is not None  # export created it
+    control = labelstudio.check_project_classes(PROJECT, project.parsed_label_config,
+                                                list(new_version.open_base(base).classes))
+    answered = 0
+    t = time.monotonic()
+    for task in server.call("list tasks", lambda: list(server.client.tasks.list(project=project.id,
+                                                                                  fields="all"))):
+        sha = labelstudio.task_sha256(task)
+        item = truth.get(sha or "")
+        if item is None:
+            raise RuntimeError(f"task {task.id}: image {sha} is not one the demo sent")
+        server.call("annotate", server.client.annotations.create, task.id,
+                    result=truth_regions(item, control), project=project.id)
+        answered += 1
+    say(f"  {answered} tasks answered through Label Studio's API with the synthetic ground truth "
+        f"({time.monotonic() - t:.1f} s)")
+    base_version = new_version.open_base(base)
+    read = labelstudio.read_labels(server, PROJECT, list(base_version.classes), progress=lambda m: say(f"  {m}"))
+    written = new_version.write_version(base_version, read.labelled, out,
+                                        version=new_version.next_version(base_version.version),
+                                        progress=lambda m: say(f"  {m}"))
     say(f"  new dataset version {written.name}/{written.version} at {written.path}: +{written.added_train} train, "
         f"+{written.added_val} val images, +{written.added_boxes} boxes; valid: "
         f"{bool(written.report and written.report.valid)}")
@@ -227,6 +281,16 @@ def close_the_loop(rt: Any, args: argparse.Namespace, work_dir: Path, first: dic
     version through the pipeline and returns the run as the demo records it."""
     result = LoopResult()
     root = work_dir / "loop"
+    background = BackgroundStudio(root / "label-studio")
+    try:
+        return _steps(rt, args, work_dir, root, first, say, stages, run_next, result, background)
+    finally:
+        background.close()
+
+
+def _steps(rt: Any, args: argparse.Namespace, work_dir: Path, root: Path, first: dict[str, Any], say: Say,
+           stages: dict[str, float], run_next: Callable[[Path], dict[str, Any]], result: LoopResult,
+           background: BackgroundStudio) -> LoopResult:
 
     def step(name: str, title: str, body: Callable[[], dict[str, Any]], needs: tuple[str, ...] = ()) -> Any:
         say(f"\n== loop {len(result.steps) + 1}: {title} ==")
@@ -253,11 +317,11 @@ def close_the_loop(rt: Any, args: argparse.Namespace, work_dir: Path, first: dic
 
     def stream() -> dict[str, Any]:
         sent = send_stream(rt, root, args.loop_images, args.size, say)
-        records, keys, waited = wait_for_capture(rt, len(sent["truth"]))
+        records, keys, waited = wait_for_capture(rt, len(sent["truth"]), sent["start"])
         if not keys:
             raise NotYet(f"the offline endpoint wrote no data capture under s3://{rt.stack.artifacts_bucket}/"
                          f"capture/{rt.stack.endpoint_name}/ within {waited:.0f} s")
-        say(f"  captured {records} records in {len(keys)} file(s) ({waited:.0f} s after the last request), e.g. "
+        say(f"  captured {records} of them in {len(keys)} file(s) ({waited:.0f} s after the last request), e.g. "
             f"s3://{rt.stack.artifacts_bucket}/{keys[0]}")
         result.stream = {"images": len(sent["truth"]), "seconds": sent["seconds"], "captured": records,
                          "capture_files": len(keys)}
@@ -286,7 +350,8 @@ def close_the_loop(rt: Any, args: argparse.Namespace, work_dir: Path, first: dic
         if missing:
             raise NotYet(f"d2ops label export/import are not in this checkout ({', '.join(missing)})")
         result.labelling = label(root / "selection", stream_facts["truth"], work_dir / "datasets" / "shapes-v1",
-                                 work_dir / "datasets" / "shapes-v2", root / "label-studio", say)
+                                 work_dir / "datasets" / "shapes-v2", background, say)
+        background.close()  # not needed while the next version trains
         return result.labelling
 
     step("label", "labelled in Label Studio, imported as the next dataset version", labelling, needs=("select",))
