@@ -66,6 +66,12 @@ class ExportOutcome:
     seconds: dict[str, float] = field(default_factory=dict)
     aoti_device: AotiDevice | None = None
 
+    def summary(self) -> str:
+        """One log line: the forms written (with their seconds) and why any other is missing."""
+        written = ", ".join(f"{f} ({self.seconds[f]} s)" if f in self.seconds else f for f in self.forms)
+        missing = "; ".join(f"no {form}: {why}" for form, why in self.problems.items())
+        return f"model forms: {written}" + (f"; {missing}" if missing else "")
+
 
 def aoti_requested(environ: Mapping[str, str] | None = None) -> AotiDevice | None:
     """The device $D2OPS_EXPORT_AOTI asks the AOTInductor package for; None: not asked (the default)."""

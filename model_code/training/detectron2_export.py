@@ -197,6 +197,7 @@ def export_and_evaluate(cfg: Any, model: nn.Module, job: dict[str, Any]) -> None
         model_dir, eager_signature(cfg, model, has_masks=has_masks),
         torch.zeros(3, int(cfg.INPUT.MIN_SIZE_TEST), int(cfg.INPUT.MIN_SIZE_TEST), dtype=torch.uint8),
         aoti=model_forms.aoti_requested())
+    print(forms.summary(), flush=True)
     train_reg, val_reg = job["registrations"]
     # category_ids[label] must be the dataset id detectron2 mapped to that contiguous label.
     mapping = {int(k): int(v) for k, v in train_reg["thing_dataset_id_to_contiguous_id"].items()}

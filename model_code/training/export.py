@@ -42,6 +42,7 @@ def write_artifact(ctx: RunContext, model: nn.Module, directory: Path, *, iterat
     if report:
         forms = model_forms.write_forms(directory, ExportedTorchvisionDetector(model, ctx.has_masks).eval(),
                                         torch.zeros(3, 64, 64, dtype=torch.uint8), aoti=model_forms.aoti_requested())
+        print(forms.summary(), flush=True)
     metadata = metadata.model_copy(update={"forms": forms.forms, "export_problems": forms.problems,
                                            "aoti_device": forms.aoti_device})
     artifact.save_artifact(directory, module, metadata)

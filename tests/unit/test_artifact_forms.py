@@ -58,6 +58,8 @@ def test_the_export_lists_every_form_and_what_it_cost(forms_artifact):
     assert sorted(p.name for p in directory.iterdir()) == ["metadata.json", "model.aoti.pt2", "model.pt",
                                                            "model.pt2"]  # no temporary file left behind
     assert outcome.seconds["exported"] > 0 and outcome.seconds["aoti"] > 0
+    assert outcome.summary() == (f"model forms: torchscript, exported ({outcome.seconds['exported']} s), "
+                                 f"aoti ({outcome.seconds['aoti']} s)")
 
 
 @pytest.mark.parametrize("form", model_forms.FORMS)
@@ -166,6 +168,7 @@ def test_torchvision_rcnn_does_not_export_and_the_step_says_where(tmp_path, mask
     assert outcome.problems["exported"].startswith("torchvision/ops/boxes.py:")
     assert "in batched_nms" in outcome.problems["exported"] and "\n" not in outcome.problems["exported"]
     assert outcome.problems["aoti"] == "needs the exported program, which failed"
+    assert outcome.summary().startswith("model forms: torchscript; no exported: torchvision/ops/boxes.py:")
     assert list(tmp_path.iterdir()) == []
     # What torch.export was given is the TorchScript signature's own code, eagerly: same answers.
     image = torch.randint(0, 256, (3, 48, 80), dtype=torch.uint8)
