@@ -141,3 +141,12 @@ def test_the_tables_forms_are_the_artifacts() -> None:
     from model_code import model_forms
 
     assert tuple(platform.ARTIFACT_FORMS) == model_forms.FORMS
+
+
+def test_the_tables_servers_are_the_serving_codes_backends() -> None:
+    """Mutation caught: a backend the serving code accepts that the table (and so doctor) knows nothing of."""
+    from model_code.serving import backends
+
+    assert set(backends.BACKENDS) == set(platform.SERVING_SERVERS)
+    assert load_template().parameters()[platform.SERVING_BACKEND_PARAMETER].default == backends.DEFAULT_BACKEND
+    assert backends.BACKEND_ENV == BACKEND_ENV

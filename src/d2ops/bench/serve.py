@@ -19,7 +19,6 @@ and load average it ran under; ends with one JSON line.
 from __future__ import annotations
 
 import argparse
-import inspect
 import io
 import json
 import os
@@ -29,7 +28,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -106,19 +104,6 @@ def ratios(figures: dict[str, float], baseline: dict[str, float]) -> dict[str, f
             "throughput_ratio": round(figures["throughput_rps"] / baseline["throughput_rps"], 3)}
 
 
-def time_calls(call: Callable[[int], object], rounds: int, warmup: int = 3) -> dict[str, float]:
-    # Warm-up calls out of the figures: TorchScript's profiling executor specialises the graph on its first runs.
-    for i in range(warmup):
-        call(i)
-    latencies = []
-    started = time.perf_counter()
-    for i in range(rounds):
-        t = time.perf_counter()
-        call(i)
-        latencies.append(time.perf_counter() - t)
-    return summarize(latencies, time.perf_counter() - started)
-
-
 def bench_forms(rounds: int, threads: int, aoti: bool) -> dict[str, Any]:
     """Export time and in-process latency of each form against the eager model: the export step's own writers,
     timed by :func:`d2ops.bench.serve_forms.measure` on the same detector and image size as the servers."""
@@ -129,11 +114,9 @@ def bench_forms(rounds: int, threads: int, aoti: bool) -> dict[str, Any]:
     print(f"  {BASELINE_FORM} (baseline): {result['eager']}", flush=True)
     for form, figures in result["forms"].items():
         print(f"  {form}: {figures}", flush=True)
+    for form, figures in (result.get("backbone") or {}).items():
+        print(f"  backbone {form}: {figures}", flush=True)
     return result
-
-
-def _accepts(function: Callable[..., object], parameter: str) -> bool:
-    return parameter in inspect.signature(function).parameters
 
 
 def bench_served(url: str, images: list[bytes], concurrency: int, requests_total: int) -> dict[str, float]:
@@ -163,17 +146,12 @@ def bench_servers(model: Path, images: list[bytes], servers: list[str], requests
     from d2ops.local.serving import LocalEndpoint
 
     results: dict[str, dict[str, dict[str, float]]] = {}
-    choose = _accepts(LocalEndpoint, "backend")
     for server in servers:
-        if not choose and server != BASELINE_SERVER:
-            print(f"{server}: not measured (this LocalEndpoint starts TorchServe only)", flush=True)
-            continue
         results[server] = {}
         for name, batch_size in BATCHING:
             print(f"starting {server}, {name} (batch_size={batch_size}) ...", flush=True)
-            options: dict[str, Any] = {"backend": server} if choose else {}
-            with LocalEndpoint(model, batch_size=batch_size, max_batch_delay_ms=max_batch_delay_ms,
-                               startup_timeout=300, **options) as endpoint:
+            with LocalEndpoint(model, backend=server, batch_size=batch_size, max_batch_delay_ms=max_batch_delay_ms,
+                               startup_timeout=300) as endpoint:
                 for concurrency in CONCURRENCY:
                     figures = bench_served(endpoint.invocations_url, images, concurrency, requests_total)
                     results[server][f"{name}_c{concurrency}"] = figures
@@ -203,6 +181,14 @@ def print_tables(forms: dict[str, Any], servers: dict[str, dict[str, dict[str, f
             print(f"{form:<14}{f.get('export_s', '-'):>10}  not available: {f.get('problem')}")
             continue
         print(f"{form:<14}{f['export_s']:>10}{f['p50_ms']:>9}{f['p99_ms']:>9}{f['p50_ratio']:>11}{f['p99_ratio']:>11}")
+    backbone = forms.get("backbone")
+    if backbone:
+        print(f"\nthe part that exports (backbone + FPN, {backbone['image_px']} px): p50 against its eager run")
+        for form in ("eager", "exported", "aoti"):
+            if form in backbone:
+                f = backbone[form]
+                print(f"{'backbone ' + form:<22}{f.get('export_s', '-'):>10}{f['p50_ms']:>9}{f['p99_ms']:>9}"
+                      f"{f.get('p50_ratio', 1.0):>11}")
     if not servers:
         return
     print()
@@ -257,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         "image": list(IMAGE_SIZE), "model_size": MODEL_SIZE, "requests": args.requests,
         "max_batch_delay_ms": args.max_batch_delay_ms,
         "baseline_form": BASELINE_FORM, "eager": forms["eager"], "forms": forms["forms"],
+        "backbone": forms.get("backbone"),
         "baseline_server": BASELINE_SERVER, "servers": served,
         "batching_throughput_ratio": {server: batching_gain(configs) for server, configs in served.items()},
     }))
