@@ -9,7 +9,7 @@ dev dependency only).
 - :func:`kolmogorov_sf`: the two-sided one-sample Kolmogorov-Smirnov statistic's survival function
   (``scipy.stats.kstwo.sf``), the method picked by n and n*x**2 as Simard & L'Ecuyer (2011) advise:
   Ruben-Gambino at the ends, twice the one-sided tail (Birnbaum-Tingey's exact sum) where the two tails
-  cannot overlap or where that is accurate to double precision, the Durbin matrix (Marsaglia, Tsang & Wang
+  cannot overlap or where they barely do (Miller's approximation), the Durbin matrix (Marsaglia, Tsang & Wang
   2003) for small n*x, the Pelz-Good expansion otherwise. Where scipy uses Pomeranz's recursion (n <= 140,
   0.754693 < n*x**2 <= 4) the Durbin matrix is used instead: both are exact, so they differ by rounding only.
 - :func:`smirnov_sf`: the one-sided statistic's tail (``scipy.special.smirnov``).
@@ -76,7 +76,7 @@ def kolmogorov_sf(n: int, x: float) -> float:
     if n <= 140:
         if nx2 <= 4.0:
             return _clip(1.0 - _durbin_cdf(n, x))
-        return _clip(2 * smirnov_sf(n, x))  # Miller: the tails' overlap is below double precision here
+        return _clip(2 * smirnov_sf(n, x))  # Miller's approximation (the tails barely overlap), scipy's choice
     if nx2 >= 370.0:
         return 0.0
     if nx2 >= 2.2:
