@@ -152,6 +152,7 @@ def serve(env: Mapping[str, str]) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    launch.become_subreaper()  # the server's orphans are ours to reap, not our caller's (tini's in the image)
     server.start()
     (workdir / PID_FILE).write_text(str(server.pid))
     try:
@@ -171,10 +172,12 @@ def serve(env: Mapping[str, str]) -> int:
                 return 1
             stopping.wait(0.5)
             waited += 0.5
+            launch.reap_orphans(keep=server.pid)
         print(f"d2ops serving: stopping {server.name}", flush=True)
         return 0
     finally:
         server.stop()
+        launch.reap_orphans()
         (workdir / PID_FILE).unlink(missing_ok=True)
 
 

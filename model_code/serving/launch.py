@@ -330,6 +330,39 @@ class TorchServeProcess(ServerProcess):
         return serving_env(self.workdir)
 
 
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux); False where the kernel refuses.
+
+    Ray's processes can outlive their parent for a moment at shutdown (workers after the raylet); orphans
+    are handed to the nearest subreaper, which must ``wait`` for them or they stay zombies. Here that is
+    the entry point, which reaps them (:func:`reap_orphans`), not whoever started it.
+    """
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def reap_orphans(keep: int | None = None) -> int:
+    """``wait`` for this process's exited children other than ``keep`` (the server, which Popen waits for)."""
+    import psutil
+
+    reaped = 0
+    for child in psutil.Process().children():
+        try:
+            if child.pid != keep and child.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(child.pid, os.WNOHANG)
+                reaped += 1
+        except (psutil.Error, ChildProcessError):
+            continue
+    return reaped
+
+
 def _signal(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)

@@ -61,7 +61,7 @@ def _programs(rt: OfflineRuntime) -> set[str]:
     found: set[str] = set()
     for p in rt.warden.descendants():
         try:
-            found.update(word for word in SERVER_PROGRAM.values() if word in " ".join(p.cmdline()))
+            found.update(name for name in SERVER_PROGRAM.values() if p.name() == name)  # raylet's cmdline names java
         except psutil.Error:
             continue
     return found
