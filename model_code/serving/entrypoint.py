@@ -14,7 +14,7 @@ Environment (all optional):
   D2OPS_BIND_HOST           inference host (default 0.0.0.0)
   D2OPS_MANAGEMENT_PORT, D2OPS_METRICS_PORT, D2OPS_GRPC_INFERENCE_PORT, D2OPS_GRPC_MANAGEMENT_PORT
                             TorchServe's loopback ports (default: from SAGEMAKER_SAFE_PORT_RANGE when SageMaker
-                            sets it, else config.properties); Ray Serve's internal servers take free loopback ports
+                            sets it, else config.properties); Ray Serve's internal servers take free ports
   D2OPS_SERVING_WORKDIR     model store, logs, temp files (default /tmp/d2ops-serving)
   D2OPS_STARTUP_TIMEOUT     seconds to wait for /ping before giving up (default 600)
   D2OPS_BATCH_SIZE, D2OPS_MAX_BATCH_DELAY_MS, D2OPS_WORKERS   batching (model_code.serving.launch.BatchSettings)

@@ -29,7 +29,7 @@ OBJECT_STORE_BYTES = 256 * 1024 * 1024
 MAX_TEMP_DIR_CHARS = 36
 RAY_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",  # never report usage to Anyscale
-    "RAY_AUTH_MODE": "disabled",  # one container, internal servers on loopback; a host's token mode must not leak in
+    "RAY_AUTH_MODE": "disabled",  # a one-node instance inside one container; a host's token mode must not leak in
     # A replica given no GPU by Ray keeps the host's devices visible, so device.py decides (and refuses
     # to serve on CPU where a GPU is required) instead of Ray hiding them behind CUDA_VISIBLE_DEVICES="".
     "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",

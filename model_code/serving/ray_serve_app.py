@@ -221,7 +221,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     cpus = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    # A new local instance (never one found through RAY_ADDRESS or /tmp/ray), internal servers on loopback.
+    # A new local instance (never one found through RAY_ADDRESS or /tmp/ray), its node address 127.0.0.1.
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, _temp_dir=str(args.temp_dir),
              _node_ip_address="127.0.0.1", object_store_memory=args.object_store_bytes, log_to_driver=True)
     stopping = threading.Event()
