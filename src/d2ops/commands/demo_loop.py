@@ -94,37 +94,39 @@ def send_stream(rt: Any, root: Path, images: int, size: int, say: Say) -> dict[s
     return {"truth": truth, "start": started, "end": ended, "seconds": round(seconds, 1)}
 
 
-def captured_records(rt: Any, since: datetime) -> tuple[int, list[str]]:
-    """(records of traffic since ``since``, all capture file keys) under the endpoint's capture prefix; the
-    deployment's smoke test is not traffic."""
+def captured_records(rt: Any, images: set[str]) -> tuple[int, list[str]]:
+    """(how many of ``images``, by SHA-256, the endpoint's capture holds; every capture file key). By content:
+    capture times are whole seconds, and the deployment's smoke test and the demo's prediction are captured too."""
     from d2ops_core import s3_layout
     from d2ops_core.capture_files import parse_capture_lines
-    from d2ops_core.documents.capture import SMOKE_TEST_INFERENCE_ID
+    from d2ops_core.documents.capture import CaptureError
 
     s3, bucket = rt.client("s3"), rt.stack.artifacts_bucket
     keys: list[str] = []
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket,
                                                              Prefix=s3_layout.capture_prefix(rt.stack.endpoint_name)):
         keys.extend(str(o["Key"]) for o in page.get("Contents") or [])
-    records = 0
+    found: set[str] = set()
     for key in keys:
-        lines = s3.get_object(Bucket=bucket, Key=key)["Body"].iter_lines()
-        for r in parse_capture_lines(lines, key):
-            when = r.eventMetadata.inferenceTime
-            when = when if when.tzinfo else when.replace(tzinfo=UTC)
-            records += int(r.eventMetadata.inferenceId != SMOKE_TEST_INFERENCE_ID and when >= since)
-    return records, sorted(keys)
+        for record in parse_capture_lines(s3.get_object(Bucket=bucket, Key=key)["Body"].iter_lines(), key):
+            payload = record.captureData.endpointInput
+            try:
+                digest = hashlib.sha256(payload.raw()).hexdigest() if payload else ""
+            except CaptureError:
+                continue
+            if digest in images:
+                found.add(digest)
+    return len(found), sorted(keys)
 
 
-def wait_for_capture(rt: Any, sent: int, since: datetime,
-                     timeout: float = CAPTURE_WAIT_S) -> tuple[int, list[str], float]:
-    """Poll until the endpoint's capture holds the ``sent`` records of the stream (it buffers, as SageMaker
-    does, and writes a file every few seconds) or ``timeout`` passes: (records, keys, seconds waited)."""
+def wait_for_capture(rt: Any, images: set[str], timeout: float = CAPTURE_WAIT_S) -> tuple[int, list[str], float]:
+    """Poll until the endpoint's capture holds every image of the stream (it buffers, as SageMaker does, and
+    writes a file every few seconds) or ``timeout`` passes: (images captured, keys, seconds waited)."""
     started = time.monotonic()
     while True:
-        records, keys = captured_records(rt, since)
+        records, keys = captured_records(rt, images)
         waited = time.monotonic() - started
-        if records >= sent or waited > timeout:
+        if records >= len(images) or waited > timeout:
             return records, keys, waited
         time.sleep(1.0)
 
@@ -317,7 +319,7 @@ def _steps(rt: Any, args: argparse.Namespace, work_dir: Path, root: Path, first:
 
     def stream() -> dict[str, Any]:
         sent = send_stream(rt, root, args.loop_images, args.size, say)
-        records, keys, waited = wait_for_capture(rt, len(sent["truth"]), sent["start"])
+        records, keys, waited = wait_for_capture(rt, set(sent["truth"]))
         if not keys:
             raise NotYet(f"the offline endpoint wrote no data capture under s3://{rt.stack.artifacts_bucket}/"
                          f"capture/{rt.stack.endpoint_name}/ within {waited:.0f} s")
