@@ -37,6 +37,7 @@ from typing import IO
 from pydantic import BaseModel, ConfigDict, Field
 
 from model_code.artifact import CUDA_MODEL_FILE, MODEL_FILE, ArtifactError, open_artifact
+from model_code.model_forms import AOTI_FILE, EXPORTED_FILE
 from model_code.serving import process
 from model_code.serving.process import signal_group as _signal_group
 
@@ -143,12 +144,14 @@ def prepare_model_dir(model_path: Path | str, workdir: Path | str) -> Path:
 
 
 def build_model_archive(model_dir: Path, model_store: Path) -> Path:
-    """torch-model-archiver: model.pt + metadata.json + the handler, unzipped into the model store."""
+    """torch-model-archiver: model.pt, its other forms, metadata.json and the handler, unzipped into the model store."""
     from model_archiver.model_archiver_config import ModelArchiverConfig
     from model_archiver.model_packaging import generate_model_archive
 
     model_store.mkdir(parents=True, exist_ok=True)
-    extra = [str(model_dir / name) for name in ("metadata.json", "evaluation.json", CUDA_MODEL_FILE)
+    # Every form the artifact holds travels: the handler loads the one load_artifact picks (D2OPS_MODEL_FORM).
+    extra = [str(model_dir / name) for name in ("metadata.json", "evaluation.json", CUDA_MODEL_FILE, EXPORTED_FILE,
+                                                AOTI_FILE)
              if (model_dir / name).is_file()]
     generate_model_archive(ModelArchiverConfig(
         model_name=MODEL_NAME, version=MODEL_VERSION, handler=str(HANDLER_FILE),

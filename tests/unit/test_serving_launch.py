@@ -91,6 +91,18 @@ def test_build_model_archive_holds_the_model_metadata_and_handler(tmp_path):
     assert {p.name for p in archive.iterdir()} >= {"model.pt", "metadata.json", "torchserve_handler.py"}
 
 
+def test_build_model_archive_carries_every_form_the_artifact_holds(tmp_path):
+    # catches: model.pt2 / model.aoti.pt2 left out of TorchServe's model store, so D2OPS_MODEL_FORM=exported
+    # (or the AOTInductor package load_artifact prefers) fails in the TorchServe worker while Ray Serve serves it
+    model = tmp_path / "model"
+    shutil.copytree(cached_artifact(), model)
+    (model / "model.pt2").write_bytes(b"exported")
+    (model / "model.aoti.pt2").write_bytes(b"aoti")
+    archive = launch.build_model_archive(model, tmp_path / "store")
+    assert (archive / "model.pt2").read_bytes() == b"exported"
+    assert (archive / "model.aoti.pt2").read_bytes() == b"aoti"
+
+
 def test_readiness_ping_plugin_compiles_into_a_service_jar(tmp_path):
     jar = launch.build_ping_plugin(tmp_path)
     with zipfile.ZipFile(jar) as zf:
