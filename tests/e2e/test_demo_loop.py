@@ -5,7 +5,8 @@ handler flags the window (brightness among the statistics that moved); ``d2ops l
 Label Studio gets it (pre-annotated), every task is answered with the synthetic ground truth through Label
 Studio's API, and the import writes shapes/v2 = v1 + the labelled images, which runs through the gate.
 
-Slow (two trainings of the demo's size plus Label Studio's start, about 6 minutes on a quiet 2-core machine):
+Slow (two trainings of the demo's size plus Label Studio's start: 4 min 52 s at load average 3 on 2 cores,
+9 min 48 s at load 6-8):
 left out of ``make test``, run by ``make test-all``. Each part is covered quickly on its own:
 tests/unit/test_label_selection.py (selection), tests/unit/test_demo_loop.py (the loop's bookkeeping), the
 monitor's, capture's and Label Studio round trip's own tests.
