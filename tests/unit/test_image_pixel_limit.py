@@ -233,7 +233,7 @@ def test_the_stack_parameter_reaches_every_part_that_applies_the_rule() -> None:
     # the serving model: Create model's container environment in the definition the stack deploys
     create = _create_model_state(stack)
     assert create["Resource"].endswith(":states:::sagemaker:createModel")
-    assert create["Parameters"]["PrimaryContainer"]["Environment"] == {"MAX_IMAGE_PIXELS": "50000000"}
+    assert create["Parameters"]["PrimaryContainer"]["Environment"]["MAX_IMAGE_PIXELS"] == "50000000"
 
 
 def _stack_plan(stack: Any) -> Any:
@@ -273,7 +273,7 @@ def test_what_the_pipeline_builds_is_accepted_by_sagemaker(monkeypatch: pytest.M
         sagemaker.create_model(ModelName="m", ExecutionRoleArn="arn:aws:iam::123456789012:role/r",
                                PrimaryContainer={**container, "Image": image})
         assert sagemaker.describe_model(ModelName="m")["PrimaryContainer"]["Environment"] == {
-            "MAX_IMAGE_PIXELS": "45000000"}
+            "MAX_IMAGE_PIXELS": "45000000", "D2OPS_SERVING_BACKEND": "torchserve"}
 
 
 def test_the_jobs_stop_at_once_on_a_bad_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
