@@ -132,6 +132,33 @@ DOCUMENTS: tuple[Document, ...] = (
         "(a malformed section is left out)",
         "d2ops_core.documents.run_state:RunState"),
     Document(
+        "capture-record", "Data-capture record (one invocation a line)",
+        "`s3://<ArtifactsBucket>/capture/<endpoint>/<variant>/yyyy/mm/dd/hh/<file>.jsonl` (SageMaker's layout; "
+        "`d2ops_core.s3_layout.capture_hour_prefix`)",
+        "SageMaker's data capture (`DataCaptureConfig`); offline, the emulated InvokeEndpoint "
+        "(`d2ops.offline.services.sagemaker_capture`)",
+        "`d2ops_core.capture_files` for the monitor (`monitor_endpoint`) and `d2ops label select`",
+        "d2ops_core.documents.capture:CaptureRecord"),
+    Document(
+        "monitoring-baseline", "Monitoring baseline",
+        f"`{s3_layout.s3_uri(_ARTIFACTS, s3_layout.monitoring_baseline_key(_RUN))}` (the evaluation job's output)",
+        "the evaluation job (`model_code.evaluation.monitoring_baseline`, features from "
+        "`d2ops_core.monitoring_features`)",
+        "`monitor_endpoint` (once the run's model serves), `d2ops label select`",
+        "d2ops_core.documents.monitoring:MonitoringBaseline"),
+    Document(
+        "monitoring-window", "Monitoring window verdict",
+        "`s3://<ArtifactsBucket>/monitoring/<endpoint>/windows/<YYYY-MM-DDTHH:MMZ>.json` "
+        "(`d2ops_core.s3_layout.monitoring_window_key`)",
+        "`monitor_endpoint` (written once per window)",
+        "`status_api` (`GET /endpoint/monitoring`), the console, `d2ops monitor`",
+        "d2ops_core.documents.monitoring:MonitoringWindow"),
+    Document(
+        "label-selection", "Label selection",
+        "`<out>/selection.json` beside `<out>/images/<sha256>.<ext>` (a local directory)",
+        "`d2ops label select`", "`d2ops label export` (Label Studio or COCO)",
+        "d2ops.labelling.documents:LabelSelection"),
+    Document(
         "champion", "Champion record",
         "`s3://<ArtifactsBucket>/champion.json`; each promotion also under `endpoint-history/`",
         "the state machine's *Promote to champion* state (S3 PutObject)",
