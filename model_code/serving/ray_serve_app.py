@@ -2,7 +2,7 @@
 
 ``python -m model_code.serving.ray_serve_app --model-dir DIR --port P ...`` is the server process the
 entry point supervises (``model_code.serving.ray_launch``): it starts a local Ray instance (no
-dashboard, no usage report, its temp dir under the serving work dir), runs one FastAPI ingress
+dashboard, no usage report, its temp dir under the serving work dir), runs one HTTP
 deployment on ``host:port`` and, on SIGTERM or SIGINT, shuts Serve and Ray down.
 
 The deployment answers exactly what the TorchServe path answers (docs/serving.md):
