@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_loop_demo_brings_captured_images_back_as_the_next_version(tmp_path: Path) -> None:
-    if executable(REPO) is None:
+    if executable() is None:
         reason = "Label Studio is not installed (make setup creates .venv-tools/label-studio)"
         if in_ci():
             pytest.fail(f"CI requires a real Label Studio server for the loop demo; {reason}", pytrace=False)
