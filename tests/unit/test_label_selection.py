@@ -21,7 +21,15 @@ from d2ops import synth
 from d2ops.cli import main
 from d2ops.commands import label_select
 from d2ops.labelling.documents import SELECTION_FILE, SelectionError, read_selection
-from d2ops.labelling.selection import Candidate, disagreement, rank, thumbnail, uncertainty
+from d2ops.labelling.selection import (
+    DEFAULT_EXPECTED_BOXES,
+    Candidate,
+    box_expectation,
+    disagreement,
+    rank,
+    thumbnail,
+    uncertainty,
+)
 from d2ops_core import s3_layout
 from d2ops_core.documents.capture import (
     SMOKE_TEST_INFERENCE_ID,
@@ -31,6 +39,8 @@ from d2ops_core.documents.capture import (
     encode_payload,
 )
 from d2ops_core.documents.detections import Detection
+from d2ops_core.documents.evaluation import EvaluationReport
+from d2ops_core.documents.monitoring import MonitoringBaseline
 from tests.fixtures.moto_server import moto_server
 
 ENDPOINT, VARIANT, BUCKET = "d2ops-detector", "AllTraffic", "artifacts"
@@ -225,3 +235,67 @@ def test_weak_classes_are_below_their_share_of_the_models_ap() -> None:
                                      "triangle": {"bbox_AP": 0.55}}}})
     # 0.8 x 0.7 = 0.56: disc (0.57) is not weak, triangle (0.55) is (catches the share or the comparison inverted)
     assert weak_classes(report) == ["triangle"]
+
+
+def baseline(images: int, detections: int) -> MonitoringBaseline:
+    return MonitoringBaseline(run_id="shapes_v1_0123456789abcdef", class_names=["square", "disc", "triangle"],
+                              images=images, detections=detections, created_at=datetime(2026, 5, 1, tzinfo=UTC),
+                              distributions={}, class_rates={}, low_confidence=[])
+
+
+def drifted_stream() -> tuple[list[Candidate], set[str]]:
+    """Ten images: seven with one barely-kept or middling detection (uncertainty 0.4-0.8), three where the model
+    found nothing (a stream twice as dark); returns them and the empty ones' hashes."""
+    images = shapes(10, seed=3)
+    cands = [candidate(images[i], [det("square", 0.55 + 0.01 * i)], f"seen{i}") for i in range(7)]
+    cands += [candidate(images[7 + i], [], f"empty{i}") for i in range(3)]
+    return cands, {c.sha256 for c in cands[7:]}
+
+
+def test_images_without_detections_are_picked_when_the_baseline_expects_boxes() -> None:
+    cands, empty = drifted_stream()
+    outcome = rank(cands, max_images=3, weights={"diversity": 0.0}, expectation=box_expectation(baseline(50, 100)))
+    # catches: the empty term missing or 0 (every term scores an image without detections 0, so these three would
+    # rank last), or its value taken from the detections instead of the baseline's expectation
+    assert {r.candidate.sha256 for r in outcome.ranked} == empty
+    reason = outcome.ranked[0].reasons[0]
+    assert (reason.term, reason.value, reason.weight) == ("empty", 1.0, 1.0)
+    assert "2.00 boxes per image expected (monitoring baseline of run shapes_v1_0123456789abcdef)" in reason.detail
+    # catches --weight empty=0 ignored: the term is a weight like the others
+    unweighted = rank(cands, max_images=3, weights={"diversity": 0.0, "empty": 0.0},
+                      expectation=box_expectation(baseline(50, 100)))
+    assert not {r.candidate.sha256 for r in unweighted.ranked} & empty
+
+
+def test_images_without_detections_are_not_favoured_when_the_baseline_expects_none() -> None:
+    cands, empty = drifted_stream()
+    outcome = rank(cands, max_images=3, weights={"diversity": 0.0}, expectation=box_expectation(baseline(50, 1)))
+    # catches: the empty term scored 1 whatever the model usually answers (a model that rarely finds anything
+    # would send labellers blank images); 1 box in 50 images: each empty image scores 0.02, below the seven
+    assert not {r.candidate.sha256 for r in outcome.ranked} & empty
+    assert [r.score for r in rank(cands, max_images=10, weights={"diversity": 0.0},
+                                  expectation=box_expectation(baseline(50, 1))).ranked][-3:] == [0.02] * 3
+
+
+def test_the_box_expectation_comes_from_the_baseline_then_the_report_then_a_default() -> None:
+    report = EvaluationReport.model_validate({
+        "primary_metric": "bbox_AP", "val_images": 40, "class_instances": {"square": 30, "disc": 30},
+        "challenger": {"metrics": {"bbox_AP": 0.7}, "per_class": {}}})
+    # catches the sources taken in the wrong order, or the report's instances not divided by its images
+    assert box_expectation(baseline(50, 100), report).boxes_per_image == 2.0
+    assert (box_expectation(None, report).boxes_per_image, box_expectation(None, report).source) == (
+        1.5, "evaluation report")
+    assert box_expectation().boxes_per_image == DEFAULT_EXPECTED_BOXES
+
+
+def test_the_serving_runs_baseline_is_read_from_its_evaluation_prefix() -> None:
+    from d2ops.labelling.capture_source import read_monitoring_baseline
+
+    run = "shapes_v1_0123456789abcdef"
+    with s3_with_capture() as (s3, _):
+        assert read_monitoring_baseline(s3, BUCKET, run) is None  # a run from before baselines
+        s3.put_object(Bucket=BUCKET, Key=s3_layout.monitoring_baseline_key(run),
+                      Body=baseline(50, 100).model_dump_json().encode())
+        # catches the baseline looked for under another key (the term would silently use the report's number)
+        got = read_monitoring_baseline(s3, BUCKET, run)
+        assert got is not None and (got.images, got.detections) == (50, 100)

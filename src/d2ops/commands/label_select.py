@@ -167,7 +167,7 @@ def make_selection(s3: Any, bucket: str, endpoint: str, args: argparse.Namespace
         SelectionParameters,
         image_file_name,
     )
-    from d2ops.labelling.selection import DEFAULT_WEIGHTS, Candidate, rank
+    from d2ops.labelling.selection import DEFAULT_WEIGHTS, Candidate, box_expectation, rank
     from d2ops_core.champion import read_champion
 
     weights = {**DEFAULT_WEIGHTS, **dict(args.weight)}
@@ -184,8 +184,9 @@ def make_selection(s3: Any, bucket: str, endpoint: str, args: argparse.Namespace
     others: list[Any] = _other_answers(args.compare_with, fresh) if args.compare_with else [None] * len(fresh)
     candidates = [Candidate(sha256=i.sha256, thumb=i.thumb, detections=i.detections, thresholds=i.thresholds,
                             other=other, payload=i) for i, other in zip(fresh, others, strict=True)]
+    baseline = capture_source.read_monitoring_baseline(s3, bucket, champion.run_id) if champion else None
     outcome = rank(candidates, max_images=args.max_images, weights=weights, margin=args.margin, weak=weak,
-                   duplicate_distance=args.duplicate_distance)
+                   duplicate_distance=args.duplicate_distance, expectation=box_expectation(baseline, report))
     # the serving model's classes in label order (its report's); without one, the classes its answers named
     class_names = list(report.class_instances) if report else sorted(
         {d.class_name for i in read.images for d in i.detections})

@@ -32,6 +32,7 @@ from d2ops_core.capture_files import CAPTURE_FILE_SUFFIX, SkippedLine, capture_k
 from d2ops_core.documents.capture import SMOKE_TEST_INFERENCE_ID, CaptureError, CaptureRecord
 from d2ops_core.documents.detections import Detection, InvocationResponse
 from d2ops_core.documents.evaluation import EvaluationReport
+from d2ops_core.documents.monitoring import MonitoringBaseline
 from d2ops_core.images import ImageRejected, load_rgb
 from d2ops_core.validation.inventory import read_inventory
 
@@ -202,3 +203,12 @@ def weak_classes(report: EvaluationReport) -> list[str]:
 def read_evaluation_report(s3: Any, uri: str) -> EvaluationReport:
     bucket, key = s3_layout.parse_s3_uri(uri)
     return EvaluationReport.model_validate(json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read()))
+
+
+def read_monitoring_baseline(s3: Any, bucket: str, run_id: str) -> MonitoringBaseline | None:
+    """The run's monitoring baseline (its model's answers on its val set); None for a run from before baselines."""
+    try:
+        body = s3.get_object(Bucket=bucket, Key=s3_layout.monitoring_baseline_key(run_id))["Body"].read()
+    except s3.exceptions.NoSuchKey:
+        return None
+    return MonitoringBaseline.model_validate_json(body)

@@ -27,8 +27,8 @@ SELECTION_FILE = "selection.json"
 IMAGES_DIR = "images"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 # The rule terms a rank score is the weighted sum of (docs/labelling.md "How images are ranked").
-RankTerm = Literal["uncertainty", "weak_class", "disagreement", "diversity"]
-RANK_TERMS: tuple[RankTerm, ...] = ("uncertainty", "weak_class", "disagreement", "diversity")
+RankTerm = Literal["uncertainty", "weak_class", "empty", "disagreement", "diversity"]
+RANK_TERMS: tuple[RankTerm, ...] = ("uncertainty", "weak_class", "empty", "disagreement", "diversity")
 
 
 class SelectionError(ValueError):

@@ -8,6 +8,11 @@ the weighted sum of rule terms, each 0-1:
   The endpoint answers only detections at or above their threshold, so this finds the barely-kept ones.
 - ``weak_class``: 1 when the image has a detection of a class the serving model is weak on (its evaluation
   report: see :func:`weak_classes`), else 0.
+- ``empty``: the model answered no detection on an image where the serving model is expected to find boxes:
+  ``min(1, boxes per image expected)`` for an image without detections, 0 otherwise. The expectation is the
+  serving run's own answers on its val set (its monitoring baseline's detections per image), else the ground
+  truth of its evaluation report (instances per val image), else ``DEFAULT_EXPECTED_BOXES``. Every other term
+  is 0 without detections, so without this one the images a drifted stream defeats entirely would rank last.
 - ``disagreement``: with a second model (``--compare-with``), ``1 - F1`` of matching its detections with the
   captured ones (same class, IoU >= 0.5); 0 without one.
 - ``diversity`` (a penalty, <= 0): images are picked greedily, best score first; a candidate whose thumbnail
@@ -29,8 +34,12 @@ from PIL import Image
 
 from d2ops.labelling.documents import RankReason, RankTerm
 from d2ops_core.documents.detections import Detection
+from d2ops_core.documents.evaluation import EvaluationReport
+from d2ops_core.documents.monitoring import MonitoringBaseline
 
-DEFAULT_WEIGHTS: dict[str, float] = {"uncertainty": 1.0, "weak_class": 0.5, "disagreement": 1.0, "diversity": 1.0}
+DEFAULT_WEIGHTS: dict[str, float] = {"uncertainty": 1.0, "weak_class": 0.5, "empty": 1.0, "disagreement": 1.0,
+                                     "diversity": 1.0}
+DEFAULT_EXPECTED_BOXES = 1.0  # neither a baseline nor a report: a detector's images usually hold an object
 DEFAULT_MARGIN = 0.25
 DEFAULT_THRESHOLD = 0.5  # a class the answer names no threshold for (the endpoint's own default)
 DEFAULT_DUPLICATE_DISTANCE = 0.15
@@ -96,6 +105,32 @@ def weak_class(detections: Sequence[Detection], weak: Iterable[str]) -> tuple[fl
     return (1.0, f"detected weak class{'es' if len(found) > 1 else ''} {', '.join(found)}") if found else (0.0, "")
 
 
+@dataclass(frozen=True)
+class BoxExpectation:
+    """How many boxes per image the serving model is expected to answer, and where that number came from."""
+
+    boxes_per_image: float
+    source: str
+
+
+def box_expectation(baseline: MonitoringBaseline | None = None,
+                    report: EvaluationReport | None = None) -> BoxExpectation:
+    """The baseline's detections per val image, else the report's ground-truth instances per val image, else
+    DEFAULT_EXPECTED_BOXES (module docstring, ``empty``)."""
+    if baseline is not None and baseline.images > 0:
+        return BoxExpectation(baseline.detections / baseline.images, f"monitoring baseline of run {baseline.run_id}")
+    if report is not None:
+        return BoxExpectation(sum(report.class_instances.values()) / report.val_images, "evaluation report")
+    return BoxExpectation(DEFAULT_EXPECTED_BOXES, "default")
+
+
+def empty(detections: Sequence[Detection], expectation: BoxExpectation) -> tuple[float, str]:
+    if detections:
+        return 0.0, ""
+    return min(1.0, max(0.0, expectation.boxes_per_image)), (
+        f"no detection; {expectation.boxes_per_image:.2f} boxes per image expected ({expectation.source})")
+
+
 def iou(a: Sequence[float], b: Sequence[float]) -> float:
     w = min(a[2], b[2]) - max(a[0], b[0])
     h = min(a[3], b[3]) - max(a[1], b[1])
@@ -126,10 +161,11 @@ def disagreement(ours: Sequence[Detection], theirs: Sequence[Detection]) -> tupl
 
 
 def base_reasons(candidate: Candidate, weights: Mapping[str, float], margin: float,
-                 weak: Iterable[str]) -> list[RankReason]:
+                 weak: Iterable[str], expectation: BoxExpectation) -> list[RankReason]:
     terms: list[tuple[RankTerm, tuple[float, str]]] = [
         ("uncertainty", uncertainty(candidate.detections, candidate.thresholds, margin)),
         ("weak_class", weak_class(candidate.detections, weak)),
+        ("empty", empty(candidate.detections, expectation)),
     ]
     if candidate.other is not None:
         terms.append(("disagreement", disagreement(candidate.detections, candidate.other)))
@@ -149,11 +185,14 @@ class RankOutcome:
 
 def rank(candidates: Sequence[Candidate], *, max_images: int, weights: Mapping[str, float] | None = None,
          margin: float = DEFAULT_MARGIN, weak: Iterable[str] = (),
-         duplicate_distance: float = DEFAULT_DUPLICATE_DISTANCE) -> RankOutcome:
+         duplicate_distance: float = DEFAULT_DUPLICATE_DISTANCE,
+         expectation: BoxExpectation | None = None) -> RankOutcome:
     """Pick up to ``max_images`` candidates greedily by score minus the diversity penalty (module docstring)."""
     weights = {**DEFAULT_WEIGHTS, **(weights or {})}
     weak = list(weak)
-    scored = [(c, base_reasons(c, weights, margin, weak)) for c in sorted(candidates, key=lambda c: c.sha256)]
+    expectation = expectation or box_expectation()
+    scored = [(c, base_reasons(c, weights, margin, weak, expectation))
+              for c in sorted(candidates, key=lambda c: c.sha256)]
     bases = [_total(reasons) for _, reasons in scored]
     thumbs = np.stack([c.thumb for c, _ in scored]) if scored else np.zeros((0, 3 * THUMB_SIDE ** 2))
     nearest = np.full(len(scored), np.inf)  # distance to the nearest image picked so far
