@@ -299,3 +299,21 @@ def test_the_serving_runs_baseline_is_read_from_its_evaluation_prefix() -> None:
         # catches the baseline looked for under another key (the term would silently use the report's number)
         got = read_monitoring_baseline(s3, BUCKET, run)
         assert got is not None and (got.images, got.detections) == (50, 100)
+
+
+def test_a_corrupt_baseline_or_report_is_one_line_naming_the_object() -> None:
+    # catches: a ValidationError / JSON error from the serving run's documents reaching the user as a traceback
+    from d2ops.labelling.capture_source import read_evaluation_report, read_monitoring_baseline
+    from d2ops.labelling.documents import SelectionError
+
+    run = "shapes_v1_0123456789abcdef"
+    with s3_with_capture() as (s3, _):
+        key = s3_layout.monitoring_baseline_key(run)
+        s3.put_object(Bucket=BUCKET, Key=key, Body=b'{"schema_version": 1, "run_id": 7')
+        with pytest.raises(SelectionError, match=rf"^s3://{BUCKET}/{key}: not a monitoring baseline \(") as info:
+            read_monitoring_baseline(s3, BUCKET, run)
+        assert "\n" not in str(info.value)
+        s3.put_object(Bucket=BUCKET, Key="runs/x/evaluation.json", Body=b'{"challenger": 3}')
+        with pytest.raises(SelectionError, match=r"evaluation.json: not an evaluation report \(") as info:
+            read_evaluation_report(s3, f"s3://{BUCKET}/runs/x/evaluation.json")
+        assert "\n" not in str(info.value)

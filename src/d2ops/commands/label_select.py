@@ -252,6 +252,8 @@ def summary_lines(selection: Any, out: Path, shown: int = 10) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from botocore.exceptions import BotoCoreError, ClientError
 
+    from d2ops.labelling.documents import SelectionError
+
     excluded_local = check_options(args)
     where = _deployed(args) if args.stack else _offline(args.work_dir)
     bucket = "the artifacts bucket"
@@ -260,6 +262,9 @@ def run(args: argparse.Namespace) -> int:
             selection, bodies = make_selection(s3, bucket, args.endpoint or stack_endpoint, args, excluded_local)
     except (ClientError, BotoCoreError) as exc:
         print(f"d2ops label select: error: reading {bucket}: {exc}", file=sys.stderr)
+        return 1
+    except SelectionError as exc:  # the serving run's report or baseline is not what it should be
+        print(f"d2ops label select: error: {exc}", file=sys.stderr)
         return 1
     write_selection(args.out, selection, bodies)
     for problem in selection.problems:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -25,7 +24,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from d2ops.labelling.documents import CaptureSource
+from d2ops.labelling.documents import CaptureSource, SelectionError
 from d2ops.labelling.selection import WEAK_CLASS_DROP, WEAK_CLASS_SHARE, thumbnail
 from d2ops_core import s3_layout
 from d2ops_core.capture_files import CAPTURE_FILE_SUFFIX, SkippedLine, capture_keys, parse_capture_lines
@@ -200,9 +199,22 @@ def weak_classes(report: EvaluationReport) -> list[str]:
     return sorted(weak)
 
 
+def _document_problem(uri: str, what: str, exc: ValueError) -> SelectionError:
+    """One line naming the object and its first problem (a pydantic error's location, or the JSON error)."""
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        detail = f"{'.'.join(str(p) for p in first['loc']) or 'the document'}: {first['msg']}"
+    else:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return SelectionError(f"{uri}: not {what} ({detail})")
+
+
 def read_evaluation_report(s3: Any, uri: str) -> EvaluationReport:
     bucket, key = s3_layout.parse_s3_uri(uri)
-    return EvaluationReport.model_validate(json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read()))
+    try:
+        return EvaluationReport.model_validate_json(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    except ValueError as exc:  # ValidationError too: a corrupt report is one line, not a traceback
+        raise _document_problem(uri, "an evaluation report", exc) from exc
 
 
 def read_monitoring_baseline(s3: Any, bucket: str, run_id: str) -> MonitoringBaseline | None:
@@ -211,4 +223,8 @@ def read_monitoring_baseline(s3: Any, bucket: str, run_id: str) -> MonitoringBas
         body = s3.get_object(Bucket=bucket, Key=s3_layout.monitoring_baseline_key(run_id))["Body"].read()
     except s3.exceptions.NoSuchKey:
         return None
-    return MonitoringBaseline.model_validate_json(body)
+    try:
+        return MonitoringBaseline.model_validate_json(body)
+    except ValueError as exc:
+        raise _document_problem(s3_layout.s3_uri(bucket, s3_layout.monitoring_baseline_key(run_id)),
+                                "a monitoring baseline", exc) from exc
