@@ -212,6 +212,12 @@ def get_endpoint_history(
     return views.endpoint_history(clients.client("s3"), os.environ["ARTIFACTS_BUCKET"], endpointName)
 
 
+# The monitoring routes' query, declared once for both.
+WindowLimit = Annotated[int, Query(ge=1, le=monitoring.MAX_LIMIT, description="the newest this many windows")]
+WindowsFrom = Annotated[datetime | None, Query(alias="from", description="windows starting at or after this time")]
+WindowsTo = Annotated[datetime | None, Query(alias="to", description="windows starting at or before this time")]
+
+
 @route("GET", "/endpoints/<endpointName>/monitoring",
        "The endpoint's monitoring windows, newest first: each statistic against its threshold, and the verdict",
        {200: answer("windows newest first (none yet: an empty list), and the window objects that could not be read",
@@ -224,11 +230,9 @@ def get_endpoint_history(
                    "beside GET /endpoints/{endpointName}/history to see which model served each window.")
 def get_endpoint_monitoring(
     endpointName: Annotated[str, Path(pattern=ENDPOINT_NAME_PATTERN)],  # the route's spelling
-    limit: Annotated[int, Query(ge=1, le=monitoring.MAX_LIMIT, description="the newest this many windows")]
-        = monitoring.DEFAULT_LIMIT,
-    start: Annotated[datetime | None, Query(alias="from", description="windows starting at or after this time")]
-        = None,
-    end: Annotated[datetime | None, Query(alias="to", description="windows starting at or before this time")] = None,
+    limit: WindowLimit = monitoring.DEFAULT_LIMIT,
+    start: WindowsFrom = None,
+    end: WindowsTo = None,
 ) -> MonitoringView:
     return monitoring.monitoring_view(clients.client("s3"), os.environ["ARTIFACTS_BUCKET"], endpointName, limit,
                                       start, end)
@@ -242,11 +246,9 @@ def get_endpoint_monitoring(
         404: "S3 refused the endpoint's monitoring windows to the API (AccessDenied: the message says so)"},
        description="The stack serves one endpoint (the EndpointName parameter); this path needs no name.")
 def get_stack_endpoint_monitoring(
-    limit: Annotated[int, Query(ge=1, le=monitoring.MAX_LIMIT, description="the newest this many windows")]
-        = monitoring.DEFAULT_LIMIT,
-    start: Annotated[datetime | None, Query(alias="from", description="windows starting at or after this time")]
-        = None,
-    end: Annotated[datetime | None, Query(alias="to", description="windows starting at or before this time")] = None,
+    limit: WindowLimit = monitoring.DEFAULT_LIMIT,
+    start: WindowsFrom = None,
+    end: WindowsTo = None,
 ) -> MonitoringView:
     return monitoring.monitoring_view(clients.client("s3"), os.environ["ARTIFACTS_BUCKET"], os.environ["ENDPOINT_NAME"],
                                       limit, start, end)
