@@ -104,7 +104,8 @@ def test_endpoint_lifecycle_blue_green_and_rollback(runtime: OfflineRuntime, bac
     with pytest.raises(sm.exceptions.ClientError, match="Could not find endpoint"):
         sm.describe_endpoint(EndpointName=ENDPOINT)
 
-    blue = endpoint_config(runtime, "blue", model, environment=env)
+    # Names per backend: moto's state is one per process, and both backends' runtimes run in this one.
+    blue = endpoint_config(runtime, f"blue-{backend}", model, environment=env)
     sm.create_endpoint(EndpointName=ENDPOINT, EndpointConfigName=blue)
     assert sm.describe_endpoint(EndpointName=ENDPOINT)["EndpointStatus"] == "Creating"
     with pytest.raises(smr.exceptions.ValidationError):  # nothing serves before InService
@@ -122,7 +123,7 @@ def test_endpoint_lifecycle_blue_green_and_rollback(runtime: OfflineRuntime, bac
     blue_url = runtime.sagemaker.endpoint_url(ENDPOINT)
     assert blue_url is not None
 
-    broken = endpoint_config(runtime, "broken", b"this is not a model archive", environment=env)
+    broken = endpoint_config(runtime, f"broken-{backend}", b"this is not a model archive", environment=env)
     sm.update_endpoint(EndpointName=ENDPOINT, EndpointConfigName=broken)
     assert sm.describe_endpoint(EndpointName=ENDPOINT)["EndpointStatus"] == "Updating"
     _invoke(runtime)  # blue keeps serving during the update
@@ -132,7 +133,7 @@ def test_endpoint_lifecycle_blue_green_and_rollback(runtime: OfflineRuntime, bac
     assert runtime.sagemaker.endpoint_url(ENDPOINT) == blue_url
     _invoke(runtime)
 
-    green = endpoint_config(runtime, "green", model, environment=env)
+    green = endpoint_config(runtime, f"green-{backend}", model, environment=env)
     sm.update_endpoint(EndpointName=ENDPOINT, EndpointConfigName=green)
     described = _settle(runtime)
     assert (described["EndpointStatus"], described["EndpointConfigName"]) == ("InService", green)
@@ -141,7 +142,7 @@ def test_endpoint_lifecycle_blue_green_and_rollback(runtime: OfflineRuntime, bac
     assert _answers(str(green_url)) and not _answers(blue_url)  # traffic switched, then blue stopped
     _invoke(runtime)
 
-    _a_canary_failing_its_smoke_test_is_rolled_back(runtime, tmp_path, green, str(green_url), env)
+    _a_canary_failing_its_smoke_test_is_rolled_back(runtime, tmp_path, green, str(green_url), env, backend)
 
     sm.delete_endpoint(EndpointName=ENDPOINT)
     with pytest.raises(smr.exceptions.ValidationError):
@@ -151,7 +152,7 @@ def test_endpoint_lifecycle_blue_green_and_rollback(runtime: OfflineRuntime, bac
 
 
 def _a_canary_failing_its_smoke_test_is_rolled_back(rt: OfflineRuntime, tmp_path: Path, old_config: str,
-                                                    old_url: str, environment: dict[str, str]) -> None:
+                                                    old_url: str, environment: dict[str, str], backend: str) -> None:
     """The canary's rollback with the old model serving (what the pipeline's bake does, minus the state machine).
 
     The canary is the serving model relabelled (ids 101/102/107, ``canary-*`` names) and wrapped to
@@ -169,8 +170,8 @@ def _a_canary_failing_its_smoke_test_is_rolled_back(rt: OfflineRuntime, tmp_path
 
     canary_model = relabelled(cached_artifact(), tmp_path / "canary", [100 + i for i in CATEGORY_IDS],
                               [f"canary-{n}" for n in CLASS_NAMES])
-    bad = endpoint_config(rt, "bad", failing_artifact(canary_model, tmp_path / "bad"), instances=CANARY_INSTANCES,
-                          environment=environment)
+    bad = endpoint_config(rt, f"bad-{backend}", failing_artifact(canary_model, tmp_path / "bad"),
+                          instances=CANARY_INSTANCES, environment=environment)
     routing = deployment_config(rt, CANARY_INSTANCES)
     assert routing["BlueGreenUpdatePolicy"]["TrafficRoutingConfiguration"]["Type"] == "CANARY"
     sm.update_endpoint(EndpointName=ENDPOINT, EndpointConfigName=bad, DeploymentConfig=routing)

@@ -27,9 +27,9 @@ from tests.fixtures.serving.support import (
     jpeg_bytes,
     png_bytes,
     served_posts,
-    server_log,
     server_processes,
     still_running,
+    wait_for_log,
 )
 from tests.fixtures.serving.thresholds import (
     SPLIT_CLASS,
@@ -102,7 +102,7 @@ def test_ping_is_unhealthy_until_the_model_is_loaded_and_warm(served):
     first_503 = statuses.index(503)
     early = {None, 404} if endpoint.backend == "ray-serve" else {None}
     assert set(statuses[:first_503]) <= early and set(statuses[first_503:-1]) <= {None, 503}, statuses
-    assert "warm-up done" in server_log(endpoint)
+    assert "warm-up done" in wait_for_log(endpoint, "warm-up done")
 
 
 def test_invocations_with_jpeg_and_png(served):
