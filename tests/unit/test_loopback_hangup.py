@@ -17,7 +17,9 @@ import pytest
 
 from d2ops.offline.loopback import LoopbackServer
 
-LOGGER = "d2ops.tests.loopback"
+# Outside the "d2ops" hierarchy on purpose: with POWERTOOLS_SERVICE_NAME=d2ops, a handler test earlier in the
+# session leaves Powertools' "d2ops" logger writing to a capture stream pytest has closed since.
+LOGGER = "tests.loopback_hangup"
 
 
 def _answer(handler: BaseHTTPRequestHandler) -> None:
