@@ -213,7 +213,7 @@ def test_bad_input_each_one_line_naming_the_item(label_studio: LabelStudioServer
     code, _, err = cli(capsys, monkeypatch, "not-the-token-0123", "label", "export", "--to", "label-studio", ls.url,
                        "--project", "x", "--selection", str(tmp_path / "selection"))
     one_line(code, err, "refused the token in LABEL_STUDIO_API_KEY", "401")
-    jwt = pytest.importorskip("jwt")  # the SDK's own dependency: it refuses an expired refresh token itself
+    import jwt  # label-studio-sdk requires PyJWT: the SDK refuses an expired refresh token itself
     expired = jwt.encode({"exp": int((datetime.now(UTC) - timedelta(days=1)).timestamp()), "token_type": "refresh"},
                          "k" * 32, algorithm="HS256")
     code, _, err = cli(capsys, monkeypatch, expired, "label", "export", "--to", "label-studio", ls.url, "--project",
