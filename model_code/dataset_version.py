@@ -7,8 +7,10 @@ trainer and the artifact use (sorted dataset category ids -> labels 0..K-1).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -92,6 +94,9 @@ def _with_derived_val(version: DatasetVersion, train_rel: str) -> DatasetVersion
     except SplitError as exc:
         raise DatasetError(f"{version.root}: no val split and none can be derived: {exc}") from None
     out = Path(tempfile.mkdtemp(prefix="d2ops-split-"))
+    # Read for the life of this process (a training or evaluation job); not left behind in /tmp, where the
+    # offline runtime's jobs run on the user's own machine run after run.
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
     (out / "train.json").write_text(json.dumps(train))
     (out / "val.json").write_text(json.dumps(val))
     return DatasetVersion(root=version.root, name=version.name, version=version.version, task=version.task,

@@ -200,13 +200,19 @@ def write_properties(path: Path, props: Mapping[str, str]) -> Path:
 MAX_UNIX_SOCKET_PATH = 100
 
 
-def serving_env(workdir: Path, base: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """Environment for TorchServe: its logs, temp files and pid file under ``workdir``."""
-    tmp = workdir / "tmp"
-    if len(str(tmp / ".ts.sock.9999")) > MAX_UNIX_SOCKET_PATH:
-        # Workers listen on a Unix socket in the temp dir; a deep workdir would exceed the
-        # 107-byte socket path limit ("AF_UNIX path too long"), so use a short one instead.
-        tmp = Path(tempfile.mkdtemp(prefix="d2ops-ts-"))
+def temp_dir(workdir: Path) -> tuple[Path, bool]:
+    """TorchServe's temp dir and whether it is outside ``workdir`` (then its owner removes it at stop)."""
+    inside = workdir / "tmp"
+    if len(str(inside / ".ts.sock.9999")) <= MAX_UNIX_SOCKET_PATH:
+        return inside, False
+    # Workers listen on a Unix socket in the temp dir; a deep workdir would exceed the
+    # 107-byte socket path limit ("AF_UNIX path too long"), so use a short one instead.
+    return Path(tempfile.mkdtemp(prefix="d2ops-ts-")), True
+
+
+def serving_env(workdir: Path, base: Mapping[str, str] = os.environ, *, tmp: Path | None = None) -> dict[str, str]:
+    """Environment for TorchServe: its logs, temp files and pid file under ``workdir`` (or ``tmp``)."""
+    tmp = tmp if tmp is not None else temp_dir(workdir)[0]
     tmp.mkdir(parents=True, exist_ok=True)
     env = dict(base)
     env.update({
@@ -325,12 +331,20 @@ class TorchServeProcess(ServerProcess):
     def __init__(self, config_file: Path, workdir: Path, ping_url: str, *, stdout: IO[bytes] | int | None = None):
         super().__init__(workdir, ping_url, stdout=stdout)
         self.config_file = config_file
+        self.temp, self._own_temp = temp_dir(workdir)
 
     def command(self) -> list[str]:
         return torchserve_command(self.config_file, Path(read_properties(self.config_file)["model_store"]))
 
     def environment(self) -> dict[str, str]:
-        return serving_env(self.workdir)
+        return serving_env(self.workdir, tmp=self.temp)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        try:
+            super().stop(timeout)
+        finally:
+            if self._own_temp:
+                shutil.rmtree(self.temp, ignore_errors=True)
 
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h

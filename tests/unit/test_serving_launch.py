@@ -151,6 +151,22 @@ def test_deep_workdirs_get_a_temp_dir_short_enough_for_worker_sockets(tmp_path):
     assert serving_env(tmp_path / "w", base={})["TEMP"] == str(tmp_path / "w" / "tmp")
 
 
+def test_a_short_temp_dir_outside_the_workdir_is_removed_when_the_server_stops(tmp_path):
+    from model_code.serving.launch import TorchServeProcess
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    server = TorchServeProcess(deep / "config.properties", deep, "http://127.0.0.1:1/ping")
+    assert server.environment()["TMPDIR"] == str(server.temp) and server.temp.is_dir()
+    assert not server.temp.is_relative_to(deep)
+    server.stop()
+    assert not server.temp.exists()  # not left in /tmp, one per endpoint started
+
+    shallow = TorchServeProcess(tmp_path / "w" / "config.properties", tmp_path / "w", "http://127.0.0.1:1/ping")
+    shallow.environment()
+    shallow.stop()
+    assert (tmp_path / "w" / "tmp").is_dir()  # inside the work dir: its logs' neighbour, kept
+
+
 def _tar_of(path: Path, files: dict[str, bytes]) -> Path:
     with tarfile.open(path, "w:gz") as tar:
         for name, payload in files.items():

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -298,6 +301,16 @@ def test_the_validator_derives_the_split_the_trainer_reads_and_records_it(tmp_pa
     version = open_dataset_version(dataset)
     assert version.derived == derived and open_dataset_version(dataset).derived == derived  # a re-run: the same
     assert version.image_sha256 is not None and len(version.image_sha256) == 20
+
+
+def test_the_derived_split_files_do_not_outlive_the_job_that_read_them(tmp_path: Path) -> None:
+    dataset = train_only(tmp_path / "ds", images=20)
+    job = "from model_code.dataset_version import open_dataset_version as o; import sys; " \
+          "v = o(sys.argv[1]); print(v.val_json); assert v.val_json.is_file()"
+    done = subprocess.run([sys.executable, "-c", job, str(dataset)], capture_output=True, text=True, check=True,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
+    val_json = Path(done.stdout.strip())
+    assert val_json.is_relative_to(tmp_path) and not val_json.parent.exists()
 
 
 def test_without_reading_images_the_split_is_pending(tmp_path: Path) -> None:
