@@ -144,7 +144,8 @@ DOCUMENTS: tuple[Document, ...] = (
         f"`{s3_layout.s3_uri(_ARTIFACTS, s3_layout.monitoring_baseline_key(_RUN))}` (the evaluation job's output)",
         "the evaluation job (`model_code.evaluation.monitoring_baseline`, features from "
         "`d2ops_core.monitoring_features`)",
-        "`monitor_endpoint` (once the run's model serves), `d2ops label select`",
+        "`d2ops_core.monitoring_baseline` for the monitor (`monitor_endpoint`, once the run's model serves) and "
+        "`d2ops label select`",
         "d2ops_core.documents.monitoring:MonitoringBaseline"),
     Document(
         "monitoring-window", "Monitoring window verdict",

@@ -288,32 +288,48 @@ def test_the_box_expectation_comes_from_the_baseline_then_the_report_then_a_defa
     assert box_expectation().boxes_per_image == DEFAULT_EXPECTED_BOXES
 
 
-def test_the_serving_runs_baseline_is_read_from_its_evaluation_prefix() -> None:
-    from d2ops.labelling.capture_source import read_monitoring_baseline
+def test_a_corrupt_evaluation_report_is_one_line_naming_the_object() -> None:
+    # catches: a ValidationError / JSON error from the serving run's report reaching the user as a traceback
+    from d2ops.labelling.capture_source import read_evaluation_report
 
-    run = "shapes_v1_0123456789abcdef"
     with s3_with_capture() as (s3, _):
-        assert read_monitoring_baseline(s3, BUCKET, run) is None  # a run from before baselines
-        s3.put_object(Bucket=BUCKET, Key=s3_layout.monitoring_baseline_key(run),
-                      Body=baseline(50, 100).model_dump_json().encode())
-        # catches the baseline looked for under another key (the term would silently use the report's number)
-        got = read_monitoring_baseline(s3, BUCKET, run)
-        assert got is not None and (got.images, got.detections) == (50, 100)
-
-
-def test_a_corrupt_baseline_or_report_is_one_line_naming_the_object() -> None:
-    # catches: a ValidationError / JSON error from the serving run's documents reaching the user as a traceback
-    from d2ops.labelling.capture_source import read_evaluation_report, read_monitoring_baseline
-    from d2ops.labelling.documents import SelectionError
-
-    run = "shapes_v1_0123456789abcdef"
-    with s3_with_capture() as (s3, _):
-        key = s3_layout.monitoring_baseline_key(run)
-        s3.put_object(Bucket=BUCKET, Key=key, Body=b'{"schema_version": 1, "run_id": 7')
-        with pytest.raises(SelectionError, match=rf"^s3://{BUCKET}/{key}: not a monitoring baseline \(") as info:
-            read_monitoring_baseline(s3, BUCKET, run)
-        assert "\n" not in str(info.value)
         s3.put_object(Bucket=BUCKET, Key="runs/x/evaluation.json", Body=b'{"challenger": 3}')
         with pytest.raises(SelectionError, match=r"evaluation.json: not an evaluation report \(") as info:
             read_evaluation_report(s3, f"s3://{BUCKET}/runs/x/evaluation.json")
         assert "\n" not in str(info.value)
+
+
+def test_select_stops_in_one_line_on_the_serving_runs_corrupt_baseline(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    # catches: the shared reader's BaselineError escaping the command as a traceback, or the baseline skipped
+    # silently (the `empty` term would then judge boxes against the report's number without saying so)
+    from d2ops_core.champion import CHAMPION_KEY
+
+    run = "shapes_v1_0123456789abcdef"
+    key = s3_layout.monitoring_baseline_key(run)
+    with s3_with_capture() as (s3, _):
+        report = {"primary_metric": "bbox_AP", "val_images": 8, "class_instances": {"square": 8},
+                  "challenger": {"metrics": {"bbox_AP": 0.7}, "per_class": {"square": {"bbox_AP": 0.7}}}}
+        s3.put_object(Bucket=BUCKET, Key=f"runs/{run}/evaluation.json", Body=json.dumps(report).encode())
+        champion = {"run_id": run, "endpoint_name": ENDPOINT, "model_package_arn": "arn:mp", "model_name": "m",
+                    "dataset": {"bucket": BUCKET, "prefix": "datasets/shapes/v1/", "name": "shapes", "version": "v1",
+                                "manifest_key": "datasets/shapes/v1/manifest.json", "manifest_version": "1"},
+                    "model_data": "s3://b/model.tar.gz", "endpoint_config_name": "c", "primary_metric": "bbox_AP",
+                    "primary_value": 0.7, "evaluation_uri": f"s3://{BUCKET}/runs/{run}/evaluation.json",
+                    "gate": {"decision": "approved", "approval_status": "Approved", "reason": "better"},
+                    "promoted_at": "2026-05-01T00:00:00Z"}
+        s3.put_object(Bucket=BUCKET, Key=CHAMPION_KEY, Body=json.dumps(champion).encode())
+        s3.put_object(Bucket=BUCKET, Key=key, Body=b'{"schema_version": 1, "run_id": 7')
+
+        @contextlib.contextmanager
+        def offline(work_dir: Path) -> Iterator[tuple[Any, str, str]]:
+            yield s3, BUCKET, ENDPOINT
+
+        monkeypatch.setattr(label_select, "_offline", offline)
+        out = tmp_path / "batch"
+        assert main(["label", "select", "--max-images", "10", "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"d2ops label select: error: s3://{BUCKET}/{key}: not a monitoring baseline (document: Invalid JSON")
+    assert not out.exists()  # nothing half-written

@@ -23,6 +23,7 @@ from d2ops_core.champion import read_champion, read_endpoint_history
 from d2ops_core.documents.capture import CaptureError, CaptureRecord
 from d2ops_core.documents.detections import InvocationResponse
 from d2ops_core.documents.monitoring import MonitoringBaseline, MonitoringWindow, StatisticVerdict
+from d2ops_core.monitoring_baseline import BaselineError, read_monitoring_baseline
 from d2ops_core.monitoring_features import FeatureSample, ImageFeatures, answer_features
 from d2ops_core.s3_probe import key_listed
 from monitor_endpoint.models import MonitorEvent, MonitorResult
@@ -87,21 +88,6 @@ def _moment(text: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-def read_baseline(s3: Any, bucket: str, run_id: str, problems: list[str]) -> MonitoringBaseline | None:
-    """The run's baseline; None when it has none (a model evaluated before baselines were written) or when it is
-    not a baseline document (why appended to ``problems``: the window says so, judged ``no_baseline``)."""
-    key = s3_layout.monitoring_baseline_key(run_id)
-    if not key_listed(s3, bucket, key):
-        return None
-    try:
-        return MonitoringBaseline.model_validate_json(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(part) for part in first["loc"]) or "document"
-        problems.append(f"{s3_layout.s3_uri(bucket, key)}: not a monitoring baseline ({where}: {first['msg']})")
-        return None
-
-
 def record_features(record: CaptureRecord, thresholds: dict[str, float], where: str) -> ImageFeatures:
     """A captured invocation's features; ``ValueError`` (naming ``where``) when a side is missing or unreadable."""
     data = record.captureData
@@ -142,7 +128,10 @@ def monitor(event: MonitorEvent, settings: Settings, s3: Any, cloudwatch: Any, s
         return _result(_read_window(s3, settings.bucket, key), uri, already=True, notified=False)
     run_id = serving_run(s3, settings.bucket, settings.endpoint, start, end)
     baseline_problems: list[str] = []
-    baseline = read_baseline(s3, settings.bucket, run_id, baseline_problems) if run_id else None
+    try:
+        baseline = read_monitoring_baseline(s3, settings.bucket, run_id) if run_id else None
+    except BaselineError as exc:  # the window says which object, judged no_baseline: not a failure every hour
+        baseline, baseline_problems = None, [str(exc)]
     skipped: list[SkippedLine] = []
     problems: list[str] = []
     sample, records = window_features(read_capture_window(s3, settings.bucket, settings.endpoint, start, end,

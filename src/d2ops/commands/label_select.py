@@ -164,11 +164,13 @@ def make_selection(s3: Any, bucket: str, endpoint: str, args: argparse.Namespace
         LabelSelection,
         SelectedImage,
         SelectionCounts,
+        SelectionError,
         SelectionParameters,
         image_file_name,
     )
     from d2ops.labelling.selection import DEFAULT_WEIGHTS, Candidate, box_expectation, rank
     from d2ops_core.champion import read_champion
+    from d2ops_core.monitoring_baseline import BaselineError, read_monitoring_baseline
 
     weights = {**DEFAULT_WEIGHTS, **dict(args.weight)}
     if args.compare_with is None:
@@ -184,7 +186,10 @@ def make_selection(s3: Any, bucket: str, endpoint: str, args: argparse.Namespace
     others: list[Any] = _other_answers(args.compare_with, fresh) if args.compare_with else [None] * len(fresh)
     candidates = [Candidate(sha256=i.sha256, thumb=i.thumb, detections=i.detections, thresholds=i.thresholds,
                             other=other, payload=i) for i, other in zip(fresh, others, strict=True)]
-    baseline = capture_source.read_monitoring_baseline(s3, bucket, champion.run_id) if champion else None
+    try:
+        baseline = read_monitoring_baseline(s3, bucket, champion.run_id) if champion else None
+    except BaselineError as exc:
+        raise SelectionError(str(exc)) from None
     outcome = rank(candidates, max_images=args.max_images, weights=weights, margin=args.margin, weak=weak,
                    duplicate_distance=args.duplicate_distance, expectation=box_expectation(baseline, report))
     # the serving model's classes in label order (its report's); without one, the classes its answers named

@@ -31,7 +31,6 @@ from d2ops_core.capture_files import CAPTURE_FILE_SUFFIX, SkippedLine, capture_k
 from d2ops_core.documents.capture import SMOKE_TEST_INFERENCE_ID, CaptureError, CaptureRecord
 from d2ops_core.documents.detections import Detection, InvocationResponse
 from d2ops_core.documents.evaluation import EvaluationReport
-from d2ops_core.documents.monitoring import MonitoringBaseline
 from d2ops_core.images import ImageRejected, load_rgb
 from d2ops_core.validation.inventory import read_inventory
 
@@ -215,16 +214,3 @@ def read_evaluation_report(s3: Any, uri: str) -> EvaluationReport:
         return EvaluationReport.model_validate_json(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
     except ValueError as exc:  # ValidationError too: a corrupt report is one line, not a traceback
         raise _document_problem(uri, "an evaluation report", exc) from exc
-
-
-def read_monitoring_baseline(s3: Any, bucket: str, run_id: str) -> MonitoringBaseline | None:
-    """The run's monitoring baseline (its model's answers on its val set); None for a run from before baselines."""
-    try:
-        body = s3.get_object(Bucket=bucket, Key=s3_layout.monitoring_baseline_key(run_id))["Body"].read()
-    except s3.exceptions.NoSuchKey:
-        return None
-    try:
-        return MonitoringBaseline.model_validate_json(body)
-    except ValueError as exc:
-        raise _document_problem(s3_layout.s3_uri(bucket, s3_layout.monitoring_baseline_key(run_id)),
-                                "a monitoring baseline", exc) from exc
