@@ -19,7 +19,7 @@ from PIL import Image, ImageEnhance
 
 from d2ops import synth
 from d2ops.cli import main
-from d2ops.commands import label_select
+from d2ops.commands import artifacts_bucket
 from d2ops.labelling.documents import SELECTION_FILE, SelectionError, read_selection
 from d2ops.labelling.selection import (
     DEFAULT_EXPECTED_BOXES,
@@ -174,7 +174,7 @@ def test_select_writes_the_ranked_images_and_never_an_excluded_one(tmp_path: Pat
         def offline(work_dir: Path) -> Iterator[tuple[Any, str, str]]:
             yield s3, BUCKET, ENDPOINT
 
-        monkeypatch.setattr(label_select, "_offline", offline)
+        monkeypatch.setattr(artifacts_bucket, "offline", offline)
         out = tmp_path / "batch"
         assert main(["label", "select", "--max-images", "10", "--out", str(out), "--weak-class", "disc"]) == 0
     selection = read_selection(out)
@@ -326,7 +326,7 @@ def test_select_stops_in_one_line_on_the_serving_runs_corrupt_baseline(tmp_path:
         def offline(work_dir: Path) -> Iterator[tuple[Any, str, str]]:
             yield s3, BUCKET, ENDPOINT
 
-        monkeypatch.setattr(label_select, "_offline", offline)
+        monkeypatch.setattr(artifacts_bucket, "offline", offline)
         out = tmp_path / "batch"
         assert main(["label", "select", "--max-images", "10", "--out", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()

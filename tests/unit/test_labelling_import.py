@@ -265,3 +265,121 @@ def test_a_base_in_s3_is_copied_down_whole(tmp_path: Path) -> None:
         assert open_base(copied).classes == {"square": 1, "disc": 2, "triangle": 3}
         with pytest.raises(LabellingError, match=r"no manifest\.json there"):
             download_base(s3, "s3://data/datasets/shapes/v9/", tmp_path / "none")
+
+
+CHAMPION_RUN = "shapes_v1_0123456789abcdef"
+
+
+def _artifacts_with_a_champion(s3: Any, bucket: str, base: Path, *, champion: bool = True) -> None:
+    """``bucket`` after a deployment: champion.json and the champion run's snapshot of ``base`` (a bucket per test:
+    the in-process moto server's state outlives the server)."""
+    from d2ops_core import s3_layout
+    from d2ops_core.champion import CHAMPION_KEY
+
+    s3.create_bucket(Bucket=bucket)
+    for path in sorted(p for p in base.rglob("*") if p.is_file()):
+        s3.upload_file(str(path), bucket,
+                       s3_layout.snapshot_prefix(CHAMPION_RUN) + path.relative_to(base).as_posix())
+    if champion:
+        record = {"run_id": CHAMPION_RUN, "endpoint_name": "d2ops", "model_package_arn": "arn:mp", "model_name": "m",
+                  "dataset": {"bucket": "data-changed", "prefix": "datasets/shapes/v1/", "name": "shapes",
+                              "version": "v1", "manifest_key": "datasets/shapes/v1/manifest.json",
+                              "manifest_version": "1"},
+                  "model_data": f"s3://{bucket}/model.tar.gz", "endpoint_config_name": "c",
+                  "primary_metric": "bbox_AP", "primary_value": 0.7, "evaluation_uri": f"s3://{bucket}/e.json",
+                  "gate": {"decision": "approved", "approval_status": "Approved", "reason": "better"},
+                  "promoted_at": "2026-05-01T00:00:00Z"}
+        s3.put_object(Bucket=bucket, Key=CHAMPION_KEY, Body=json.dumps(record).encode())
+
+
+def _coco_of_one_labelled_image(tmp_path: Path) -> Path:
+    image = Image.new("RGB", (64, 64), (90, 90, 90))
+    (tmp_path / "labelled" / "images").mkdir(parents=True)
+    image.save(tmp_path / "labelled" / "images" / "a.jpg")
+    document = {"images": [{"id": 1, "file_name": "a.jpg", "width": 64, "height": 64}],
+                "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [8, 8, 20, 20], "area": 400,
+                                 "iscrowd": 0}],
+                "categories": [{"id": 1, "name": "square"}]}
+    (tmp_path / "labelled" / "coco.json").write_text(json.dumps(document))
+    return tmp_path / "labelled" / "coco.json"
+
+
+def test_without_dataset_the_base_is_the_champions_training_snapshot(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # catches: the base read from the data bucket's (mutable) prefix instead of the champion's snapshot, or
+    # --dataset still required
+    import contextlib
+    from collections.abc import Iterator
+
+    from d2ops.cli import main
+    from d2ops.commands import artifacts_bucket
+    from tests.fixtures.moto_server import moto_server
+
+    base = tmp_path / "v1"
+    synth.generate(base, images=10, seed=1, size=64)
+    coco = _coco_of_one_labelled_image(tmp_path)
+    with moto_server() as url:
+        s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="test",
+                          aws_secret_access_key="test")
+        _artifacts_with_a_champion(s3, "artifacts-snapshot", base)
+        s3.create_bucket(Bucket="data-changed")  # the prefix the champion was uploaded to, changed since: not the base
+        s3.put_object(Bucket="data-changed", Key="datasets/shapes/v1/images/changed.jpg", Body=b"later")
+
+        @contextlib.contextmanager
+        def offline(work_dir: Path) -> Iterator[tuple[Any, str, str]]:
+            assert work_dir == tmp_path / "state"
+            yield s3, "artifacts-snapshot", "d2ops"
+
+        monkeypatch.setattr(artifacts_bucket, "offline", offline)
+        (tmp_path / "state").mkdir()
+        code = main(["label", "import", "--from", "coco", str(coco), "--work-dir", str(tmp_path / "state"),
+                     "--out", str(tmp_path / "v2")])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert f"base: the champion's training snapshot, run {CHAMPION_RUN} (shapes/v1)" in err
+    v2 = tmp_path / "v2"
+    assert json.loads((v2 / "manifest.json").read_text())["version"] == "v2"
+    names = {p.relative_to(v2 / "images").as_posix() for p in (v2 / "images").rglob("*") if p.is_file()}
+    base_names = {p.relative_to(base / "images").as_posix() for p in (base / "images").rglob("*") if p.is_file()}
+    assert base_names < names and "changed.jpg" not in names
+    assert len(names - base_names) == 1 and next(iter(names - base_names)).startswith("labelled/")
+
+
+def test_without_dataset_and_without_a_champion_the_error_is_one_line(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    # catches: a None champion dereferenced (a traceback), or an offline runtime started in a directory the user
+    # never made
+    import contextlib
+    from collections.abc import Iterator
+
+    from d2ops.cli import main
+    from d2ops.commands import artifacts_bucket
+    from tests.fixtures.moto_server import moto_server
+
+    base = tmp_path / "v1"
+    synth.generate(base, images=6, seed=1, size=64)
+    coco = _coco_of_one_labelled_image(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        main(["label", "import", "--from", "coco", str(coco), "--work-dir", str(tmp_path / "none"),
+              "--out", str(tmp_path / "v2")])
+    assert stopped.value.code == 2 and not (tmp_path / "none").exists()
+    assert "--work-dir" in capsys.readouterr().err
+    with moto_server() as url:
+        s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="test",
+                          aws_secret_access_key="test")
+        _artifacts_with_a_champion(s3, "artifacts-no-champion", base, champion=False)
+
+        @contextlib.contextmanager
+        def offline(work_dir: Path) -> Iterator[tuple[Any, str, str]]:
+            yield s3, "artifacts-no-champion", "d2ops"
+
+        monkeypatch.setattr(artifacts_bucket, "offline", offline)
+        code = main(["label", "import", "--from", "coco", str(coco), "--work-dir", str(tmp_path),
+                     "--out", str(tmp_path / "v2")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and err == [
+        "d2ops label import: error: s3://artifacts-no-champion: no champion yet (no model has been deployed), so no "
+        "snapshot to build on; name the base with --dataset DIR_OR_S3_URI"]
+    assert not (tmp_path / "v2").exists()

@@ -351,7 +351,12 @@ def _steps(rt: Any, args: argparse.Namespace, work_dir: Path, root: Path, first:
                    if importlib.util.find_spec(m) is None]
         if missing:
             raise NotYet(f"d2ops label export/import are not in this checkout ({', '.join(missing)})")
-        result.labelling = label(root / "selection", stream_facts["truth"], work_dir / "datasets" / "shapes-v1",
+        from d2ops.labelling.new_version import download_champion_snapshot
+
+        # the base is what `d2ops label import` takes by default: the serving model's training snapshot
+        base = download_champion_snapshot(rt.client("s3"), rt.stack.artifacts_bucket, root / "champion-snapshot",
+                                          lambda m: say(f"  {m}"))
+        result.labelling = label(root / "selection", stream_facts["truth"], base,
                                  work_dir / "datasets" / "shapes-v2", background, say)
         background.close()  # not needed while the next version trains
         return result.labelling

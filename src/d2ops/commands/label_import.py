@@ -1,8 +1,9 @@
-"""``d2ops label import --from label-studio URL --project NAME --dataset BASE --out DIR``: labels into a new version.
+"""``d2ops label import --from label-studio URL --project NAME [--dataset BASE] --out DIR``: labels into a new version.
 
 Reads the project's completed, non-skipped tasks, reports conflicts between annotators, and writes the base
-dataset version plus the labelled images as a new version, validated like any upload; ``--upload s3://BUCKET``
-then puts it under datasets/<name>/<version>/, manifest last, which starts the next run (docs/labelling.md).
+dataset version (by default the champion's training snapshot) plus the labelled images as a new version,
+validated like any upload; ``--upload s3://BUCKET`` then puts it under datasets/<name>/<version>/, manifest
+last, which starts the next run (docs/labelling.md).
 ``--from coco FILE [--images DIR]`` reads a labelling tool's COCO export (CVAT's COCO 1.0) instead.
 Exit codes: 0 written, 1 a one-line error or an invalid new version (its report printed), 2 usage.
 """
@@ -17,7 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from d2ops.commands.deployed import add_deployed_stack_arguments
 from d2ops.commands.errors import UsageError
+
+CHAMPION = "champion"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,8 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--project", help="Label Studio project title")
     p.add_argument("--images", type=Path, metavar="DIR", help="coco: the directory file_name values are relative "
                                                                "to (default: images/ beside the file or its parent)")
-    p.add_argument("--dataset", required=True, metavar="DIR_OR_S3_URI",
-                   help="the base dataset version (the champion's): a directory or s3://BUCKET/datasets/NAME/VERSION/")
+    p.add_argument("--dataset", default=CHAMPION, metavar="DIR_OR_S3_URI",
+                   help="the base dataset version: a directory, s3://BUCKET/datasets/NAME/VERSION/, or "
+                        f"{CHAMPION!r} (the default): the serving model's training snapshot, read from --stack's "
+                        "artifacts bucket or the offline runtime's in --work-dir")
+    add_deployed_stack_arguments(p)
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="where the new version is written "
                                                                            "(must not exist)")
     p.add_argument("--version", default=None, help="the new version's name (default: the base's, plus one: v1 -> v2)")
@@ -55,7 +62,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--upload {args.upload}: expected s3://BUCKET")
     scratch = None
     try:
-        if args.dataset.startswith("s3://"):
+        if args.dataset == CHAMPION:
+            scratch = nv.scratch_dir()
+            base_root = _champion_snapshot(args, scratch, say)
+        elif args.dataset.startswith("s3://"):
             import boto3
 
             scratch = nv.scratch_dir()
@@ -112,6 +122,18 @@ def run(args: argparse.Namespace) -> int:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     return 0
+
+
+def _champion_snapshot(args: argparse.Namespace, into: Path, say: Any) -> Path:
+    """The champion's training snapshot in ``--stack``'s artifacts bucket, or the offline runtime's."""
+    from d2ops.commands import artifacts_bucket
+    from d2ops.labelling import new_version as nv
+
+    if not args.stack and not args.work_dir.is_dir():
+        raise UsageError(f"--work-dir {args.work_dir}: no offline runtime state there, so no champion to build on; "
+                         "name the base with --dataset DIR_OR_S3_URI, or the deployed stack with --stack NAME")
+    with artifacts_bucket.opened(args) as (s3, bucket, _):
+        return nv.download_champion_snapshot(s3, bucket, into, say)
 
 
 def _from_coco(path: Path, images: Path | None, classes: list[str]) -> tuple[list[Any], str]:

@@ -10,16 +10,15 @@ all (written beside it, then renamed).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from d2ops.commands import artifacts_bucket
 from d2ops.commands.deployed import add_deployed_stack_arguments
 from d2ops.commands.errors import UsageError
 
@@ -76,37 +75,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="thumbnail distance at or below which two images are near-duplicates (0-2) "
                         f"(default {DEFAULT_DUPLICATE_DISTANCE})")
     p.set_defaults(func=run)
-
-
-@contextlib.contextmanager
-def _offline(work_dir: Path) -> Iterator[tuple[Any, str, str]]:
-    from d2ops.offline.client import running_runtime
-    from d2ops.offline.processes import RuntimeBusy
-    from d2ops.offline.runtime import OfflineRuntime
-    from d2ops.offline.stack import REGION, load_stack
-
-    running = running_runtime(work_dir)
-    if running is not None:  # `d2ops demo` or `d2ops run` holds the work dir: read its local S3
-        stack = load_stack(parameters=running.parameters)
-        yield running.session().client("s3", region_name=REGION, endpoint_url=running.moto), \
-            stack.artifacts_bucket, stack.endpoint_name
-        return
-    try:
-        with OfflineRuntime(work_dir) as rt:
-            yield rt.client("s3"), rt.stack.artifacts_bucket, rt.stack.endpoint_name
-    except RuntimeBusy as exc:
-        raise UsageError(str(exc)) from exc
-
-
-@contextlib.contextmanager
-def _deployed(args: argparse.Namespace) -> Iterator[tuple[Any, str, str]]:
-    from d2ops.commands.deployed import deployed_stack
-
-    session, stack = deployed_stack(args)
-    bucket = stack.outputs.get("ArtifactsBucketName")
-    if not bucket:
-        raise UsageError(f"--stack {args.stack}: no ArtifactsBucketName output (deployed before d2ops 0.x?)")
-    yield session.client("s3"), bucket, stack.endpoint_name
 
 
 def _other_answers(model: Path, images: list[Any]) -> list[list[Any]]:
@@ -260,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
     from d2ops.labelling.documents import SelectionError
 
     excluded_local = check_options(args)
-    where = _deployed(args) if args.stack else _offline(args.work_dir)
+    where = artifacts_bucket.opened(args)
     bucket = "the artifacts bucket"
     try:
         with where as (s3, bucket, stack_endpoint):

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from d2ops.labelling.labelstudio import LabelledImage, LabellingError
+from d2ops_core import s3_layout
+from d2ops_core.champion import read_champion
 from d2ops_core.file_hash import file_sha256
 from d2ops_core.validation import ValidationReport, validate_local
 from d2ops_core.validation.manifest import MANIFEST_FILE, parse_manifest
@@ -218,6 +220,18 @@ def download_base(s3: Any, uri: str, into: Path, progress: Progress = _quiet) ->
         raise LabellingError(f"{uri}: no manifest.json there ({count} objects): not a dataset version")
     progress(f"downloaded the base version from {uri} ({count} files)")
     return into
+
+
+def download_champion_snapshot(s3: Any, artifacts_bucket: str, into: Path, progress: Progress = _quiet) -> Path:
+    """The serving model's training snapshot (``runs/<its run>/dataset/``), copied into ``into``: the bytes the
+    champion was trained and judged on, whatever has happened to the data bucket's prefix since."""
+    champion = read_champion(s3, artifacts_bucket)
+    if champion is None:
+        raise LabellingError(f"s3://{artifacts_bucket}: no champion yet (no model has been deployed), so no snapshot "
+                             "to build on; name the base with --dataset DIR_OR_S3_URI")
+    progress(f"base: the champion's training snapshot, run {champion.run_id} "
+             f"({champion.dataset.name}/{champion.dataset.version})")
+    return download_base(s3, s3_layout.snapshot_uri(artifacts_bucket, champion.run_id), into, progress)
 
 
 def upload_version(s3: Any, version: NewVersion, destination: str, progress: Progress = _quiet) -> str:
