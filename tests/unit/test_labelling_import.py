@@ -184,8 +184,53 @@ def test_upload_puts_the_manifest_last_under_datasets_name_version(tmp_path: Pat
         assert uri == "s3://data/datasets/shapes/v2/"
         assert order[-1] == "datasets/shapes/v2/manifest.json" and len(order) == len(set(order))  # catches: early
         assert len(order) == sum(1 for p in (tmp_path / "v2").rglob("*") if p.is_file())
-        with pytest.raises(LabellingError, match="already has objects"):  # catches: overwriting an uploaded version
+        with pytest.raises(LabellingError, match="is already a dataset version"):  # catches: overwriting one
             upload_version(s3, written, "s3://data")
+
+
+def test_an_upload_that_did_not_finish_is_finished_over_and_its_leftovers_removed(tmp_path: Path) -> None:
+    # catches: a retry refused for good after an interrupted upload (the prefix has objects but no manifest), and
+    # a file of the unfinished attempt left in the version the manifest then declares
+    base = tmp_path / "v1"
+    synth.generate(base, images=10, seed=1, size=64)
+    written = write_version(open_base(base), _labelled(2, seed=6), tmp_path / "v2", version="v2")
+    prefix = "datasets/shapes/v2/"
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="data")
+        s3.put_object(Bucket="data", Key=prefix + "images/labelled/from-the-first-attempt.jpg", Body=b"old")
+        s3.put_object(Bucket="data", Key=prefix + "annotations/train.json", Body=b"{")  # cut short
+        said: list[str] = []
+        upload_version(s3, written, "s3://data", said.append)
+        keys = {o["Key"] for o in s3.list_objects_v2(Bucket="data", Prefix=prefix)["Contents"]}
+        files = {prefix + p.relative_to(written.path).as_posix() for p in written.path.rglob("*") if p.is_file()}
+        assert keys == files
+        assert s3.get_object(Bucket="data", Key=prefix + "annotations/train.json")["Body"].read() == \
+            (written.path / "annotations" / "train.json").read_bytes()
+        assert "holds 2 objects but no manifest.json" in said[0] and "removed 1 the unfinished upload" in said[-1]
+
+
+def test_a_failed_upload_is_one_line_that_says_no_run_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    # catches: a botocore error during --upload reaching the user as a traceback, or without what to do next
+    from d2ops.cli import main
+    from tests.fixtures.moto_server import moto_server
+
+    base = tmp_path / "v1"
+    synth.generate(base, images=6, seed=1, size=64)
+    coco = _coco_of_one_labelled_image(tmp_path)
+    with moto_server() as url:
+        for name, value in {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                            "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            monkeypatch.setenv(name, value)
+        code = main(["label", "import", "--from", "coco", str(coco), "--dataset", str(base), "--out",
+                     str(tmp_path / "v2"), "--upload", "s3://no-such-data-bucket"])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("d2ops label import: error")]
+    assert code == 1 and len(errors) == 1
+    assert errors[0].startswith(f"d2ops label import: error: uploading {tmp_path / 'v2'} to s3://no-such-data-bucket:"
+                                " S3: ") and "NoSuchBucket" in errors[0]
+    assert errors[0].endswith("no run started (the manifest goes last): import again with a new --out to finish the "
+                              "upload")
 
 
 def test_coco_out_and_back_in_makes_the_next_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -108,13 +108,20 @@ def run(args: argparse.Namespace) -> int:
         if args.upload:
             import boto3
 
-            uri = nv.upload_version(boto3.client("s3"), written, args.upload, say)
+            try:
+                uri = nv.upload_version(boto3.client("s3"), written, args.upload, say)
+            except Exception as exc:
+                if not _from_aws_sdk(exc):
+                    raise
+                raise LabellingError(f"uploading {written.path} to {args.upload}: S3: {exc}; no run started (the "
+                                     "manifest goes last): import again with a new --out to finish the upload"
+                                     ) from None
             say(f"uploaded to {uri}: its manifest starts the next run")
     except LabellingError as exc:
         print(f"d2ops label import: error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # S3 (botocore) failures: one line naming the bucket's problem, not a traceback
-        if type(exc).__module__.split(".")[0] not in ("botocore", "boto3"):
+        if not _from_aws_sdk(exc):
             raise
         print(f"d2ops label import: error: S3: {exc}", file=sys.stderr)
         return 1
@@ -122,6 +129,10 @@ def run(args: argparse.Namespace) -> int:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     return 0
+
+
+def _from_aws_sdk(exc: Exception) -> bool:
+    return type(exc).__module__.split(".")[0] in ("botocore", "boto3")
 
 
 def _champion_snapshot(args: argparse.Namespace, into: Path, say: Any) -> Path:

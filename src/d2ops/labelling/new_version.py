@@ -235,21 +235,36 @@ def download_champion_snapshot(s3: Any, artifacts_bucket: str, into: Path, progr
 
 
 def upload_version(s3: Any, version: NewVersion, destination: str, progress: Progress = _quiet) -> str:
-    """Upload the version to ``s3://bucket/datasets/<name>/<version>/``, manifest.json LAST (it starts a run)."""
+    """Upload the version to ``s3://bucket/datasets/<name>/<version>/``, manifest.json LAST (it starts a run).
+
+    A prefix that already has a manifest is a dataset version: never overwritten. One with objects but no
+    manifest is an upload that did not finish (nothing started a run from it): this upload goes over it, removes
+    what it left that this version does not have, and only then puts the manifest.
+    """
     bucket, rest = split_s3_uri(destination)
     if rest.strip("/"):
         raise LabellingError(f"--upload {destination}: give the data bucket only (s3://BUCKET); the version goes "
                              f"under datasets/{version.name}/{version.version}/, where the pipeline listens")
     prefix = f"datasets/{version.name}/{version.version}/"
-    listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1)
-    if listed.get("KeyCount", 0):
-        raise LabellingError(f"s3://{bucket}/{prefix} already has objects: a dataset version is never "
-                             "overwritten; choose another --version")
+    left = {obj["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+            for obj in page.get("Contents", [])}
+    if prefix + MANIFEST_FILE in left:
+        raise LabellingError(f"s3://{bucket}/{prefix} is already a dataset version (its manifest.json is there): a "
+                             "version is never overwritten; choose another --version")
+    if left:
+        progress(f"s3://{bucket}/{prefix} holds {len(left)} objects but no manifest.json, left by an upload that "
+                 "did not finish: uploading over them")
     files = sorted(p for p in version.path.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
-    for path in files:
-        s3.upload_file(str(path), bucket, prefix + path.relative_to(version.path).as_posix())
+    keys = [prefix + path.relative_to(version.path).as_posix() for path in files]
+    for path, key in zip(files, keys, strict=True):
+        s3.upload_file(str(path), bucket, key)
+    stale = sorted(left - set(keys))
+    for start in range(0, len(stale), 1000):  # DeleteObjects takes at most 1,000 keys
+        s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in stale[start:start + 1000]],
+                                                 "Quiet": True})
     s3.upload_file(str(version.path / MANIFEST_FILE), bucket, prefix + MANIFEST_FILE)
-    progress(f"uploaded {len(files) + 1} files to s3://{bucket}/{prefix} (manifest.json last)")
+    progress(f"uploaded {len(files) + 1} files to s3://{bucket}/{prefix} (manifest.json last)"
+             + (f"; removed {len(stale)} the unfinished upload had left" if stale else ""))
     return f"s3://{bucket}/{prefix}"
 
 
