@@ -23,7 +23,8 @@ import pytest
 
 from d2ops.commands.console import Console, invoke_with
 from d2ops.offline.client import offline_status_api
-from d2ops.offline.runtime import OfflineRuntime
+from d2ops.offline.runtime import OfflineRuntime, credentials_environment
+from d2ops.offline.stack import REGION
 from d2ops_core.champion import CHAMPION_KEY, ChampionRecord, GateDecision, history_prefix
 from d2ops_core.dataset_identity import DatasetRef
 from tests.fixtures.console import browser_page, screenshot
@@ -80,8 +81,10 @@ def test_the_status_api_answers_the_windows_to_signed_callers_only(seeded: tuple
     assert refused.value.code == 403
 
 
-def d2ops(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+def d2ops(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI in a process of its own; ``env`` replaces the caller's AWS settings (profile, endpoint)."""
+    base = {k: v for k, v in os.environ.items() if not (env and k in ("AWS_PROFILE", "AWS_ENDPOINT_URL"))}
+    env = {**base, **(env or {}), "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
     return subprocess.run([sys.executable, "-m", "d2ops", *args], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=120)
 
@@ -109,6 +112,31 @@ def test_d2ops_monitor_prints_the_windows_of_the_running_offline_stack(
         done = d2ops("monitor", "--work-dir", str(rt.work_dir), *bad)
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert "limit" in done.stderr
+
+
+def test_d2ops_monitor_stack_reads_the_deployed_stacks_api_for_its_endpoint_and_signs(
+        seeded: tuple[OfflineRuntime, list[Any]]) -> None:
+    """``d2ops monitor --stack``: DescribeStacks (moto server) -> StatusApiUrl and EndpointName -> a SigV4-signed
+    GET of that endpoint's windows. Catches: the offline API asked instead of the stack's, the endpoint taken from
+    somewhere other than the stack's output, or a refused signature reaching the user as a traceback."""
+    rt, windows = seeded
+    cloudformation = rt.moto_client("cloudformation")
+    template = {"Resources": {"Topic": {"Type": "AWS::SNS::Topic"}},
+                "Outputs": {"StatusApiUrl": {"Value": rt.status_api.url},
+                            "EndpointName": {"Value": rt.stack.endpoint_name}}}
+    cloudformation.create_stack(StackName="d2ops-monitor-test", TemplateBody=json.dumps(template))
+    env = {"AWS_ENDPOINT_URL_CLOUDFORMATION": rt.moto_url, "AWS_REGION": REGION, "AWS_DEFAULT_REGION": REGION,
+           **credentials_environment(rt.credentials)}
+    # a work dir with no runtime: had the command asked the offline API, it would have found nothing there
+    done = d2ops("monitor", "--stack", "d2ops-monitor-test", "--limit", "3", "--work-dir", "/nonexistent", env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"endpoint {rt.stack.endpoint_name}: 3 window(s), newest first"
+    assert [row.split()[3] for row in lines[2:5]] == [w.verdict for w in windows[:3]]
+    forged = d2ops("monitor", "--stack", "d2ops-monitor-test", env={**env, "AWS_SECRET_ACCESS_KEY": "forged"})
+    assert forged.returncode == 2 and forged.stderr.count("\n") == 1, forged.stderr
+    assert forged.stderr.startswith("d2ops monitor: error: --stack d2ops-monitor-test: ")
+    assert "The request signature we calculated does not match" in forged.stderr
 
 
 def test_the_console_plots_each_statistic_against_its_threshold_with_the_drifted_window_marked(
