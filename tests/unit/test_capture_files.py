@@ -70,6 +70,21 @@ def test_bad_lines_are_skipped_and_reported_by_file_and_line_and_the_rest_is_rea
     assert str(skipped[0]).startswith(f"{uri}:2: ") and "\n" not in str(skipped[4])
 
 
+def test_hostile_lines_are_skipped_lines_not_a_crash(s3: Any) -> None:
+    """Mutation caught: the lines parsed with json.loads, which recurses once per nesting level (a RecursionError
+    out of the reader would end every monitor run over this window), or bytes that are not UTF-8 raising."""
+    hostile = ["[" * 100_000 + "]" * 100_000, '{"captureData": ' * 50_000 + "1" + "}" * 50_000]
+    key = put(s3, T0 + timedelta(hours=3), [*hostile, line("after", T0 + timedelta(hours=3))])
+    body = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    s3.put_object(Bucket=BUCKET, Key=key, Body=b'{"captureData": "\xff\xfe"}\n' + body)  # not UTF-8, first
+    skipped: list[SkippedLine] = []
+    window = (T0 + timedelta(hours=3), T0 + timedelta(hours=4))
+    records = list(read_capture_window(s3, BUCKET, ENDPOINT, *window, skipped=skipped))
+    assert [r.eventMetadata.eventId for r in records] == ["after"]
+    assert [s.line for s in skipped] == [1, 2, 3] and all("not JSON" in s.reason for s in skipped)
+    assert "recursion limit" in skipped[1].reason and len(str(skipped[1])) < 300
+
+
 def test_a_bad_file_does_not_hide_the_next_one(s3: Any) -> None:
     put(s3, T0, ["\x00\x01 garbage"], name="00-00-000-a.jsonl")
     put(s3, T0, [line("ok", T0)], name="00-00-001-b.jsonl")

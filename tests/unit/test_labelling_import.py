@@ -15,6 +15,7 @@ from moto import mock_aws
 from PIL import Image
 
 from d2ops import synth
+from d2ops.labelling.documents import SELECTION_FILE, SelectionError, read_selection
 from d2ops.labelling.labelstudio import (
     Box,
     BoxControl,
@@ -428,3 +429,43 @@ def test_without_dataset_and_without_a_champion_the_error_is_one_line(tmp_path: 
         "d2ops label import: error: s3://artifacts-no-champion: no champion yet (no model has been deployed), so no "
         "snapshot to build on; name the base with --dataset DIR_OR_S3_URI"]
     assert not (tmp_path / "v2").exists()
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # json.loads recurses once per level: a RecursionError, not a ValueError
+
+
+@pytest.mark.parametrize(("categories", "problem"), [
+    ({"1": "square"}, "'categories' is not a list"),
+    ([1], r"categories\[0\] is not a COCO category"),
+    ([{"id": "1", "name": "square"}], r"categories\[0\] is not a COCO category"),
+    ([{"id": 1}], r"categories\[0\] is not a COCO category"),
+], ids=["a-dict", "a-number", "a-string-id", "no-name"])
+def test_a_base_whose_categories_are_not_coco_is_one_error_naming_the_file(tmp_path: Path, categories: Any,
+                                                                          problem: str) -> None:
+    # catches: a TypeError / KeyError / ValueError traceback from a hand-made base's train.json
+    base = tmp_path / "v1"
+    synth.generate(base, images=4, seed=1, size=64)
+    train = base / "annotations" / "train.json"
+    document = json.loads(train.read_text())
+    document["categories"] = categories
+    train.write_text(json.dumps(document))
+    with pytest.raises(LabellingError, match=rf"train\.json: {problem}"):
+        open_base(base)
+
+
+def test_json_nested_too_deep_is_one_error_naming_the_file_wherever_it_is(tmp_path: Path) -> None:
+    # catches: RecursionError (not a ValueError) escaping json.loads from the base, a COCO import or a selection
+    from d2ops.labelling.coco_files import read_coco_labels
+
+    base = tmp_path / "v1"
+    synth.generate(base, images=4, seed=1, size=64)
+    (base / "annotations" / "train.json").write_text(DEEP)
+    with pytest.raises(LabellingError, match=r"train\.json: not readable COCO JSON"):
+        open_base(base)
+    (tmp_path / "coco.json").write_text(DEEP)
+    with pytest.raises(LabellingError, match=r"coco\.json: not readable COCO JSON"):
+        read_coco_labels(tmp_path / "coco.json", tmp_path, ["square"])
+    (tmp_path / "selection").mkdir()
+    (tmp_path / "selection" / SELECTION_FILE).write_text(DEEP)
+    with pytest.raises(SelectionError, match=r"selection\.json: not JSON \(.*recursion limit"):
+        read_selection(tmp_path / "selection")

@@ -76,7 +76,7 @@ def read_coco_labels(coco_file: Path, images_dir: Path, classes: list[str]) -> C
     """The labelled images of a COCO instances file whose ``file_name`` values are relative to ``images_dir``."""
     try:
         document = json.loads(coco_file.read_bytes())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep for json.loads
         raise LabellingError(f"{coco_file}: not readable COCO JSON: {exc}") from None
     if not isinstance(document, dict) or not all(isinstance(document.get(k), list)
                                                   for k in ("images", "annotations", "categories")):

@@ -14,7 +14,6 @@ Written once (a temporary directory renamed into place), never edited; readers i
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from pathlib import Path
 from typing import Literal
@@ -131,15 +130,15 @@ def read_selection(directory: str | Path) -> LabelSelection:
     root = Path(directory)
     path = root / SELECTION_FILE
     try:
-        selection = LabelSelection.model_validate(json.loads(path.read_text(encoding="utf-8")))
+        selection = LabelSelection.model_validate_json(path.read_bytes())  # bounded nesting, unlike json.loads
     except FileNotFoundError as exc:
         raise SelectionError(f"{path}: missing (not a selection directory; run d2ops label select)") from exc
-    except json.JSONDecodeError as exc:
-        raise SelectionError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from exc
     except ValidationError as exc:
-        first = exc.errors()[0]
+        first = exc.errors(include_url=False)[0]
+        if first["type"] == "json_invalid":
+            raise SelectionError(f"{path}: not JSON ({first['msg']})") from None
         where = ".".join(str(p) for p in first["loc"])
-        raise SelectionError(f"{path}: not a selection ({where}: {first['msg']})") from exc
+        raise SelectionError(f"{path}: not a selection ({where}: {first['msg']})") from None
     for image in selection.images:
         if not (root / image.file).is_file():
             raise SelectionError(f"{root / image.file}: missing (image rank {image.rank}, sha256 {image.sha256})")

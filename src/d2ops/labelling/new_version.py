@@ -71,9 +71,15 @@ def open_base(root: Path) -> BaseVersion:
         raise LabellingError(f"{path}: invalid manifest: {'; '.join(m for _, m, _ in problems)}")
     train = _read_coco(root / manifest.train)
     val_file = manifest.val_named or (root / manifest.val).is_file()
+    categories = train.get("categories") or []
+    if not isinstance(categories, list):
+        raise LabellingError(f"{root / manifest.train}: 'categories' is not a list")
     classes = {}
-    for cat in train.get("categories") or []:
-        classes[str(cat["name"])] = int(cat["id"])
+    for i, cat in enumerate(categories):
+        if not (isinstance(cat, dict) and isinstance(cat.get("name"), str) and type(cat.get("id")) is int):
+            raise LabellingError(f"{root / manifest.train}: categories[{i}] is not a COCO category (an integer 'id' "
+                                 "and a string 'name')")
+        classes[cat["name"]] = cat["id"]
     if not classes:
         raise LabellingError(f"{root / manifest.train}: no categories: the base version names no classes")
     return BaseVersion(root=root, raw_manifest=json.loads(raw), name=manifest.name, version=manifest.version,
@@ -84,7 +90,7 @@ def open_base(root: Path) -> BaseVersion:
 def _read_coco(path: Path) -> dict[str, Any]:
     try:
         document = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep for json.loads
         raise LabellingError(f"{path}: not readable COCO JSON: {exc}") from None
     if not isinstance(document, dict) or not isinstance(document.get("images"), list):
         raise LabellingError(f"{path}: not a COCO instances file (no 'images' list)")
