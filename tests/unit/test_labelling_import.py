@@ -469,3 +469,29 @@ def test_json_nested_too_deep_is_one_error_naming_the_file_wherever_it_is(tmp_pa
     (tmp_path / "selection" / SELECTION_FILE).write_text(DEEP)
     with pytest.raises(SelectionError, match=r"selection\.json: not JSON \(.*recursion limit"):
         read_selection(tmp_path / "selection")
+
+
+@pytest.mark.parametrize(("file_name", "problem"), [
+    ("../secret.jpg", "contains '..'"),
+    ("/etc/passwd", "is absolute"),
+    ("link/outside.jpg", "leads outside the images directory"),
+], ids=["dot-dot", "absolute", "symlink"])
+def test_a_coco_file_name_outside_the_images_directory_is_refused(tmp_path: Path, file_name: str,
+                                                                  problem: str) -> None:
+    # catches: a COCO export from elsewhere copying any image the user can read into the version (and, with
+    # --upload, into the data bucket)
+    from d2ops.labelling.coco_files import read_coco_labels
+
+    images = tmp_path / "export" / "images"
+    images.mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    Image.new("RGB", (32, 32), (200, 10, 10)).save(outside / "outside.jpg")
+    Image.new("RGB", (32, 32), (200, 10, 10)).save(tmp_path / "export" / "secret.jpg")
+    (images / "link").symlink_to(outside, target_is_directory=True)
+    document = {"images": [{"id": 1, "file_name": file_name, "width": 32, "height": 32}],
+                "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [1, 1, 8, 8]}],
+                "categories": [{"id": 1, "name": "square"}]}
+    (tmp_path / "export" / "coco.json").write_text(json.dumps(document))
+    with pytest.raises(LabellingError, match=rf"images\[0\] file_name '{file_name}' {problem}"):
+        read_coco_labels(tmp_path / "export" / "coco.json", images, ["square"])

@@ -28,6 +28,7 @@ from typing import Any
 from d2ops.labelling.documents import SelectionError, read_selection
 from d2ops.labelling.labelstudio import Box, LabelledImage, LabellingError, check_selection
 from d2ops_core.images import ImageRejected, load_rgb
+from d2ops_core.validation.manifest import unsafe_relative_path
 
 ANNOTATIONS_FILE = "annotations.json"
 
@@ -110,6 +111,13 @@ def read_coco_labels(coco_file: Path, images_dir: Path, classes: list[str]) -> C
         name = str(im.get("file_name", ""))
         path = images_dir / name
         where = f"{coco_file}: images[{i}] ({path})"
+        # Only files under --images go into the version (and, with --upload, to the data bucket): a file_name
+        # such as ../../home/me/id.jpg, or a link out of the directory, is refused rather than copied.
+        unsafe = unsafe_relative_path(name)
+        if unsafe is None and not path.resolve().is_relative_to(images_dir.resolve()):
+            unsafe = "leads outside the images directory (a symbolic link)"
+        if unsafe is not None:
+            raise LabellingError(f"{coco_file}: images[{i}] file_name {name!r} {unsafe}")
         try:
             data = path.read_bytes()
         except OSError as exc:
