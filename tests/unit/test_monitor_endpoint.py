@@ -29,13 +29,14 @@ from tests.fixtures.pipeline import support
 support.function_path("monitor_endpoint")
 from monitor_endpoint import handler as monitor_handler  # noqa: E402
 from monitor_endpoint.models import MonitorEvent  # noqa: E402
-from monitor_endpoint.service import NAMESPACE, SETTLE, Settings, window_of  # noqa: E402
+from monitor_endpoint.service import NAMESPACE, SETTLE, Settings, WindowNotBegun, window_of  # noqa: E402
 from monitor_endpoint.statistics import Thresholds  # noqa: E402
 
 ENDPOINT = support.ENDPOINT_NAME
 RUN = "shapes_v1_abc"
 CLASSES = ("square", "circle")
-START = datetime(2026, 11, 29, 9, 0, tzinfo=UTC)
+# A day before the tests were written: the monitor refuses a window that has not begun by the real clock.
+START = datetime(2026, 11, 28, 9, 0, tzinfo=UTC)
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +109,7 @@ def put_capture(aws: dict[str, Any], count: int, grey: int, *, extra_lines: tupl
                                                                   "OUTPUT")),
             eventMetadata=EventMetadata(eventId=f"e-{i}", inferenceTime=START + timedelta(seconds=30 * i)))
         lines.append(record.model_dump_json().encode())
-    key = s3_layout.capture_hour_prefix(ENDPOINT, "AllTraffic", 2026, 11, 29, 9) + "part-0.jsonl"
+    key = s3_layout.capture_hour_prefix(ENDPOINT, "AllTraffic", 2026, 11, 28, 9) + "part-0.jsonl"
     aws["s3"].put_object(Bucket=aws["bucket"], Key=key, Body=b"\n".join([*lines, *extra_lines]) + b"\n")
 
 
@@ -129,7 +130,7 @@ def test_a_darker_window_is_drifted_written_once_measured_and_announced_once(aws
     put_capture(aws, 60, grey=50, extra_lines=(b'{"captureData": {"endpointInput"',))
     result = invoke()
     assert result["verdict"] == "drifted" and "brightness" in result["drifted"] and result["notified"]
-    key = s3_layout.monitoring_window_key(ENDPOINT, "2026-11-29T09:00Z")
+    key = s3_layout.monitoring_window_key(ENDPOINT, "2026-11-28T09:00Z")
     stored = aws["s3"].get_object(Bucket=aws["bucket"], Key=key)["Body"].read()
     window = MonitoringWindow.model_validate_json(stored)
     assert window.records == 60 and window.model_run_id == RUN and window.unreadable == 1
@@ -208,7 +209,7 @@ def test_no_baseline_and_too_few_records_are_verdicts_not_errors(aws: dict[str, 
     aws["s3"].put_object(Bucket=aws["bucket"], Key=key, Body=b'{"run_id": "cut short')
     assert invoke(START - timedelta(hours=1))["verdict"] == "no_baseline"
     window = MonitoringWindow.model_validate_json(aws["s3"].get_object(
-        Bucket=aws["bucket"], Key=s3_layout.monitoring_window_key(ENDPOINT, "2026-11-29T08:00Z"))["Body"].read())
+        Bucket=aws["bucket"], Key=s3_layout.monitoring_window_key(ENDPOINT, "2026-11-28T08:00Z"))["Body"].read())
     (problem,) = window.problems
     assert problem.startswith(f"s3://{aws['bucket']}/{key}: not a monitoring baseline (document: Invalid JSON")
     assert messages(aws) == []
@@ -216,10 +217,25 @@ def test_no_baseline_and_too_few_records_are_verdicts_not_errors(aws: dict[str, 
 
 def test_the_default_window_is_the_last_full_one_settled() -> None:
     settings = Settings(bucket="b", endpoint="e", topic_arn=None, thresholds=Thresholds())
-    now = datetime(2026, 11, 29, 10, 20, tzinfo=UTC)
+    now = datetime(2026, 11, 28, 10, 20, tzinfo=UTC)
     assert window_of(MonitorEvent(), settings, now) == (START, START + timedelta(hours=1))
-    early = datetime(2026, 11, 29, 10, 0, tzinfo=UTC) + SETTLE - timedelta(minutes=1)  # 09:xx capture not settled
+    early = datetime(2026, 11, 28, 10, 0, tzinfo=UTC) + SETTLE - timedelta(minutes=1)  # 09:xx capture not settled
     assert window_of(MonitorEvent(), settings, early)[0] == START - timedelta(hours=1)
     given = MonitorEvent(window_start=datetime(2026, 11, 1, 3, 0), window_minutes=15)
     assert window_of(given, settings, now) == (datetime(2026, 11, 1, 3, 0, tzinfo=UTC),
                                                datetime(2026, 11, 1, 3, 15, tzinfo=UTC))
+
+
+def test_a_window_that_has_not_begun_is_refused_before_anything_is_written(aws: dict[str, Any]) -> None:
+    # Mutation caught: a future window judged now, its too_few_records verdict written once and kept for good
+    # when its traffic came; or a start near datetime.max overflowing into a traceback.
+    settings = Settings(bucket="b", endpoint="e", topic_arn=None, thresholds=Thresholds())
+    now = datetime(2026, 11, 29, 10, 20, tzinfo=UTC)
+    for start in (now + timedelta(minutes=1), datetime(9999, 12, 31, 23, 59, tzinfo=UTC)):
+        with pytest.raises(WindowNotBegun, match=r"^the window .* has not begun \(now 2026-11-29T10:20Z\)"):
+            window_of(MonitorEvent(window_start=start), settings, now)
+    assert window_of(MonitorEvent(window_start=now), settings, now)[0] == now  # begun: the caller's choice
+    with pytest.raises(WindowNotBegun):
+        invoke(datetime.now(UTC) + timedelta(days=1))
+    listed = aws["s3"].list_objects_v2(Bucket=aws["bucket"], Prefix="monitoring/")
+    assert listed.get("KeyCount", 0) == 0  # nothing written

@@ -49,13 +49,25 @@ class Settings:
     window_minutes: int = 60
 
 
+class WindowNotBegun(Exception):
+    """The asked window starts after now: there is no traffic of it to judge yet."""
+
+
 def window_of(event: MonitorEvent, settings: Settings, now: datetime) -> tuple[datetime, datetime]:
     """``[start, end)``: the event's window, else the last full one (windows are aligned to the epoch, so an
-    hourly window is a clock hour) that ended at least :data:`SETTLE` before ``now``."""
+    hourly window is a clock hour) that ended at least :data:`SETTLE` before ``now``.
+
+    An asked window that has not begun is refused: its verdict is written once, so a future window judged now
+    (``too_few_records``) would keep that verdict when its traffic came. One asked before it settled is the
+    caller's choice (``d2ops demo --loop`` asks for the window it just sent, its capture already flushed).
+    """
     length = timedelta(minutes=event.window_minutes or settings.window_minutes)
     if event.window_start is not None:
         start = event.window_start if event.window_start.tzinfo else event.window_start.replace(tzinfo=UTC)
         start = start.astimezone(UTC)
+        if start > now:  # compared before adding the length: a start near datetime.max cannot overflow
+            raise WindowNotBegun(f"the window {window_iso(start)} has not begun (now {window_iso(now)}): there is "
+                                 "no capture of it to judge yet")
         return start, start + length
     epoch = datetime(1970, 1, 1, tzinfo=UTC)
     end = epoch + ((now - SETTLE) - epoch) // length * length
