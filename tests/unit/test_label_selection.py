@@ -224,6 +224,22 @@ def test_read_selection_names_what_is_wrong(tmp_path: Path) -> None:
         read_selection(tmp_path)
 
 
+def test_a_selection_naming_a_file_other_than_the_images_own_is_refused(tmp_path: Path) -> None:
+    # catches: `label export` uploading whatever file an edited selection.json names (../../id.jpg with its
+    # sha256 set to match) to a labelling server
+    from tests.fixtures.labelling import captured_images, write_selection
+
+    write_selection(tmp_path / "batch", captured_images(tmp_path / "capture", 4, seed=3))
+    document = json.loads((tmp_path / "batch" / SELECTION_FILE).read_text())
+    outside = tmp_path / "id.jpg"
+    outside.write_bytes((tmp_path / "batch" / document["images"][0]["file"]).read_bytes())
+    document["images"][0]["file"] = "../id.jpg"
+    (tmp_path / "batch" / SELECTION_FILE).write_text(json.dumps(document))
+    with pytest.raises(SelectionError, match=r"images\.0: Value error, file '\.\./id\.jpg' is not 'images/[0-9a-f]{64}"
+                                             r"\.jpg', the image's own name in the selection"):
+        read_selection(tmp_path / "batch")
+
+
 def test_weak_classes_are_below_their_share_of_the_models_ap() -> None:
     from d2ops.labelling.capture_source import weak_classes
     from d2ops_core.documents.evaluation import EvaluationReport

@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from d2ops_core.documents.detections import Detection
 
@@ -66,6 +66,15 @@ class SelectedImage(BaseModel):
     file: str = Field(description="the image's path relative to the selection directory: images/<sha256>.<ext>")
     content_type: str = Field(description="as the caller sent it (image/jpeg, image/png)")
     width: int = Field(gt=0, description="upright pixels (EXIF orientation applied), the boxes' frame")
+
+    @model_validator(mode="after")
+    def _file_is_the_images_own(self) -> SelectedImage:
+        # `label export` uploads the file named here: a selection.json edited to name ../../id.jpg (its sha256
+        # set to match) must not send a file from outside the selection to a labelling server.
+        if self.file != image_file_name(self.sha256, self.content_type):
+            raise ValueError(f"file {self.file!r} is not {image_file_name(self.sha256, self.content_type)!r}, "
+                             "the image's own name in the selection")
+        return self
     height: int = Field(gt=0)
     source: CaptureSource
     detections: list[Detection] = Field(description="the serving model's answer as captured (xyxy pixels, class "
