@@ -265,6 +265,10 @@ class ServerProcess:
         self.ping_url = ping_url
         self.stdout = stdout
         self.proc: subprocess.Popen[bytes] | None = None
+        # The server's temp dir, when a short one outside the work dir had to be made (Unix socket paths are
+        # limited to 107 bytes): removed at stop, not left in /tmp once per server started.
+        self.temp: Path | None = None
+        self._own_temp = False
 
     @property
     def logs_dir(self) -> Path:
@@ -299,6 +303,13 @@ class ServerProcess:
             raise ServingError(f"{exc}; see {self.logs_dir}") from exc
 
     def stop(self, timeout: float = 30.0) -> None:
+        try:
+            self._stop_group(timeout)
+        finally:
+            if self._own_temp and self.temp is not None:
+                shutil.rmtree(self.temp, ignore_errors=True)
+
+    def _stop_group(self, timeout: float) -> None:
         """Stop the leader's children (TorchServe's Java and workers), then the leader, or the leader first
         (:attr:`leader_first`); SIGKILL what is left in the group after ``timeout``.
 
@@ -338,14 +349,6 @@ class TorchServeProcess(ServerProcess):
 
     def environment(self) -> dict[str, str]:
         return serving_env(self.workdir, tmp=self.temp)
-
-    def stop(self, timeout: float = 30.0) -> None:
-        try:
-            super().stop(timeout)
-        finally:
-            if self._own_temp:
-                shutil.rmtree(self.temp, ignore_errors=True)
-
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 

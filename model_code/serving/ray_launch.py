@@ -9,7 +9,6 @@ never loads it.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -90,10 +89,3 @@ class RayServeProcess(launch.ServerProcess):
         env.update(RAY_ENV)
         env["TMPDIR"] = str(self.temp)
         return env
-
-    def stop(self, timeout: float = 30.0) -> None:
-        try:
-            super().stop(timeout)
-        finally:
-            if self._own_temp:
-                shutil.rmtree(self.temp, ignore_errors=True)

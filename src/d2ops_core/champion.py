@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from d2ops_core.dataset_identity import DatasetRef
-from d2ops_core.s3_probe import key_listed
+from d2ops_core.s3_probe import read_listed
 
 CHAMPION_KEY = "champion.json"
 HISTORY_PREFIX = "endpoint-history/"
@@ -67,16 +67,11 @@ class _S3Client(Protocol):
 def read_champion(s3: _S3Client, bucket: str) -> ChampionRecord | None:
     """The current champion, or None before the first promotion.
 
-    Existence is asked by listing (:func:`d2ops_core.s3_probe.key_listed`): readers may list only
+    Existence is asked by listing (:func:`d2ops_core.s3_probe.read_listed`): readers may list only
     ``champion.json``, and a GET of the missing record could answer 403 rather than 404.
     """
-    if not key_listed(s3, bucket, CHAMPION_KEY):
-        return None
-    try:
-        body = s3.get_object(Bucket=bucket, Key=CHAMPION_KEY)["Body"].read()
-    except s3.exceptions.NoSuchKey:  # removed between the listing and the read
-        return None
-    return ChampionRecord.model_validate_json(body)
+    body = read_listed(s3, bucket, CHAMPION_KEY)
+    return None if body is None else ChampionRecord.model_validate_json(body)
 
 
 # ----- endpoint history ---------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from d2ops_core import s3_layout
 from d2ops_core.documents.monitoring import MonitoringBaseline
-from d2ops_core.s3_probe import key_listed
+from d2ops_core.s3_probe import read_listed
 
 
 class BaselineError(ValueError):
@@ -25,15 +25,12 @@ def read_monitoring_baseline(s3: Any, bucket: str, run_id: str) -> MonitoringBas
     """The run's baseline: its model's answers on its val split. None when the run has none (evaluated before
     baselines were written); :class:`BaselineError` when the object is there but is not a baseline.
 
-    Existence is asked by listing (:func:`d2ops_core.s3_probe.key_listed`), as roles that may only list the
+    Existence is asked by listing (:func:`d2ops_core.s3_probe.read_listed`), as roles that may only list the
     prefix can: a GET of a missing key could answer 403 rather than 404.
     """
     key = s3_layout.monitoring_baseline_key(run_id)
-    if not key_listed(s3, bucket, key):
-        return None
-    try:
-        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-    except s3.exceptions.NoSuchKey:  # removed between the listing and the read
+    body = read_listed(s3, bucket, key)
+    if body is None:
         return None
     try:
         return MonitoringBaseline.model_validate_json(body)

@@ -15,3 +15,14 @@ def key_listed(s3: Any, bucket: str, key: str) -> bool:
     """
     page = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
     return any(obj["Key"] == key for obj in page.get("Contents", []))
+
+
+def read_listed(s3: Any, bucket: str, key: str) -> bytes | None:
+    """The object's bytes, or None when it does not exist: asked by :func:`key_listed` first (a GET of a missing
+    key may answer 403), and None too when it is removed between the listing and the read."""
+    if not key_listed(s3, bucket, key):
+        return None
+    try:
+        return bytes(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    except s3.exceptions.NoSuchKey:
+        return None

@@ -3,9 +3,11 @@ tests/integration/test_label_studio.py runs the round trip against a real Label 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -338,6 +340,28 @@ def _artifacts_with_a_champion(s3: Any, bucket: str, base: Path, *, champion: bo
         s3.put_object(Bucket=bucket, Key=CHAMPION_KEY, Body=json.dumps(record).encode())
 
 
+@contextlib.contextmanager
+def offline_artifacts(monkeypatch: pytest.MonkeyPatch, base: Path, bucket: str, *, champion: bool = True,
+                      work_dir: Path | None = None) -> Iterator[Any]:
+    """A moto server's S3 as the offline runtime's artifacts bucket (``bucket``, holding the champion's snapshot
+    of ``base``) for commands that open it (d2ops.commands.artifacts_bucket); yields the S3 client."""
+    from d2ops.commands import artifacts_bucket
+    from tests.fixtures.moto_server import moto_server
+
+    with moto_server() as url:
+        s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="test",
+                          aws_secret_access_key="test")
+        _artifacts_with_a_champion(s3, bucket, base, champion=champion)
+
+        @contextlib.contextmanager
+        def offline(asked: Path) -> Iterator[tuple[Any, str, str]]:
+            assert work_dir is None or asked == work_dir
+            yield s3, bucket, "d2ops"
+
+        monkeypatch.setattr(artifacts_bucket, "offline", offline)
+        yield s3
+
+
 def _coco_of_one_labelled_image(tmp_path: Path) -> Path:
     image = Image.new("RGB", (64, 64), (90, 90, 90))
     (tmp_path / "labelled" / "images").mkdir(parents=True)
@@ -355,29 +379,14 @@ def test_without_dataset_the_base_is_the_champions_training_snapshot(tmp_path: P
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     # catches: the base read from the data bucket's (mutable) prefix instead of the champion's snapshot, or
     # --dataset still required
-    import contextlib
-    from collections.abc import Iterator
-
     from d2ops.cli import main
-    from d2ops.commands import artifacts_bucket
-    from tests.fixtures.moto_server import moto_server
 
     base = tmp_path / "v1"
     synth.generate(base, images=10, seed=1, size=64)
     coco = _coco_of_one_labelled_image(tmp_path)
-    with moto_server() as url:
-        s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="test",
-                          aws_secret_access_key="test")
-        _artifacts_with_a_champion(s3, "artifacts-snapshot", base)
+    with offline_artifacts(monkeypatch, base, "artifacts-snapshot", work_dir=tmp_path / "state") as s3:
         s3.create_bucket(Bucket="data-changed")  # the prefix the champion was uploaded to, changed since: not the base
         s3.put_object(Bucket="data-changed", Key="datasets/shapes/v1/images/changed.jpg", Body=b"later")
-
-        @contextlib.contextmanager
-        def offline(work_dir: Path) -> Iterator[tuple[Any, str, str]]:
-            assert work_dir == tmp_path / "state"
-            yield s3, "artifacts-snapshot", "d2ops"
-
-        monkeypatch.setattr(artifacts_bucket, "offline", offline)
         (tmp_path / "state").mkdir()
         code = main(["label", "import", "--from", "coco", str(coco), "--work-dir", str(tmp_path / "state"),
                      "--out", str(tmp_path / "v2")])
@@ -397,12 +406,7 @@ def test_without_dataset_and_without_a_champion_the_error_is_one_line(tmp_path: 
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     # catches: a None champion dereferenced (a traceback), or an offline runtime started in a directory the user
     # never made
-    import contextlib
-    from collections.abc import Iterator
-
     from d2ops.cli import main
-    from d2ops.commands import artifacts_bucket
-    from tests.fixtures.moto_server import moto_server
 
     base = tmp_path / "v1"
     synth.generate(base, images=6, seed=1, size=64)
@@ -412,16 +416,7 @@ def test_without_dataset_and_without_a_champion_the_error_is_one_line(tmp_path: 
               "--out", str(tmp_path / "v2")])
     assert stopped.value.code == 2 and not (tmp_path / "none").exists()
     assert "--work-dir" in capsys.readouterr().err
-    with moto_server() as url:
-        s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="test",
-                          aws_secret_access_key="test")
-        _artifacts_with_a_champion(s3, "artifacts-no-champion", base, champion=False)
-
-        @contextlib.contextmanager
-        def offline(work_dir: Path) -> Iterator[tuple[Any, str, str]]:
-            yield s3, "artifacts-no-champion", "d2ops"
-
-        monkeypatch.setattr(artifacts_bucket, "offline", offline)
+    with offline_artifacts(monkeypatch, base, "artifacts-no-champion", champion=False):
         code = main(["label", "import", "--from", "coco", str(coco), "--work-dir", str(tmp_path),
                      "--out", str(tmp_path / "v2")])
     err = capsys.readouterr().err.strip().splitlines()

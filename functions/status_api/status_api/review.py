@@ -77,14 +77,6 @@ def may_decide(caller: str, reviewer_role_arn: str) -> None:
                         "--stack does)")
 
 
-def _read(s3: Any, bucket: str, key: str) -> bytes | None:
-    """The object's bytes, None when it does not exist (asked by listing: our role may not list all keys)."""
-    if not s3_probe.key_listed(s3, bucket, key):
-        return None
-    try:
-        return bytes(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-    except s3.exceptions.NoSuchKey:  # removed between the listing and the read
-        return None
 
 
 class ReviewUnreadable(NotFound):
@@ -93,7 +85,7 @@ class ReviewUnreadable(NotFound):
 
 def read_request(s3: Any, bucket: str, run_id: str) -> ReviewRequest | None:
     key = s3_layout.review_request_key(run_id)
-    data = _read(s3, bucket, key)
+    data = s3_probe.read_listed(s3, bucket, key)
     if data is None:
         return None
     try:
@@ -110,7 +102,7 @@ def read_request(s3: Any, bucket: str, run_id: str) -> ReviewRequest | None:
 
 def read_decision(s3: Any, bucket: str, run_id: str) -> ReviewDecision | None:
     key = s3_layout.review_decision_key(run_id)
-    data = _read(s3, bucket, key)
+    data = s3_probe.read_listed(s3, bucket, key)
     if data is None:
         return None
     try:
