@@ -21,6 +21,8 @@ Environment (all optional):
   D2OPS_REQUIRE_GPU         auto (default: a GPU is required where the host exposes NVIDIA devices), true, false
                             (model_code.serving.device); where one is required and CUDA is unusable,
                             /ping stays unhealthy instead of serving on CPU
+  D2OPS_STOP_WITH_PARENT    1: stop the server when the process that started this one exits (``d2ops serve``
+                            and the offline endpoints set it; in a container PID 1 never goes away)
 """
 
 from __future__ import annotations
@@ -97,6 +99,18 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+STOP_WITH_PARENT = "D2OPS_STOP_WITH_PARENT"
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw in ("", "0", "false"):
+        return False
+    if raw in ("1", "true"):
+        return True
+    raise launch.ServingError(f"{name}={raw[:40]!r} is not 1, true, 0 or false")
+
+
 def serve(env: Mapping[str, str]) -> int:
     try:
         backend = backends.backend_from_env(env)
@@ -106,6 +120,7 @@ def serve(env: Mapping[str, str]) -> int:
         pixel_limit = rule.max_pixels(env)
     except rule.PixelLimitError as exc:
         raise launch.ServingError(str(exc)) from exc
+    stop_with_parent = _flag(env, STOP_WITH_PARENT)
     print(f"d2ops serving: images up to {pixel_limit:,} pixels ({rule.MAX_PIXELS_ENV})", flush=True)
     model = Path(env.get("D2OPS_MODEL_PATH") or "/opt/ml/model")
     workdir = Path(env.get("D2OPS_SERVING_WORKDIR") or "/tmp/d2ops-serving")
@@ -145,6 +160,7 @@ def serve(env: Mapping[str, str]) -> int:
                                 metrics_address=f"http://127.0.0.1:{metrics}", settings=settings, grpc_ports=grpc)
         server = launch.TorchServeProcess(config, workdir, ping_url)
 
+    parent = os.getppid()
     stopping = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -170,6 +186,13 @@ def serve(env: Mapping[str, str]) -> int:
             if not healthy and waited > timeout:
                 print(f"d2ops serving: /ping not healthy after {timeout:.0f} s; stopping", flush=True)
                 return 1
+            if stop_with_parent and os.getppid() != parent:
+                # Reparented: whoever started the server was killed without stopping it (a SIGKILLed `d2ops
+                # demo`, a test run cut short). Its server (TorchServe's JVM, Ray's dozen processes) must not
+                # outlive it, holding ports and memory.
+                print(f"d2ops serving: the process that started this server ({parent}) has exited; stopping",
+                      flush=True)
+                return 0
             stopping.wait(0.5)
             waited += 0.5
             launch.reap_orphans(keep=server.pid)

@@ -34,6 +34,17 @@ def test_a_startup_timeout_that_is_not_a_number_is_one_line_and_exit_1(tmp_path,
         assert f"D2OPS_STARTUP_TIMEOUT={raw!r}" in err and "Traceback" not in err
 
 
+def test_a_stop_with_parent_flag_that_is_not_a_boolean_is_one_line_and_exit_1(tmp_path, monkeypatch,
+                                                                              capsys) -> None:
+    monkeypatch.setenv("D2OPS_MODEL_PATH", str(cached_artifact()))
+    monkeypatch.setenv("D2OPS_SERVING_WORKDIR", str(tmp_path / "work"))
+    monkeypatch.setenv("D2OPS_STOP_WITH_PARENT", "yes please")
+    assert entrypoint.main(["serve"]) == 1
+    err = capsys.readouterr().err
+    assert "D2OPS_STOP_WITH_PARENT='yes please' is not 1, true, 0 or false" in err and "Traceback" not in err
+    assert not (tmp_path / "work").exists()  # refused before anything was prepared
+
+
 def _copy_artifact(tmp_path: Path) -> Path:
     model = tmp_path / "model"
     shutil.copytree(cached_artifact(), model)

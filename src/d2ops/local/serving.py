@@ -116,6 +116,7 @@ class LocalEndpoint:
             "D2OPS_METRICS_PORT": str(metrics), "D2OPS_GRPC_INFERENCE_PORT": str(grpc_inference),
             "D2OPS_GRPC_MANAGEMENT_PORT": str(grpc_management), "D2OPS_STARTUP_TIMEOUT": str(self.startup_timeout),
             "PYTHONUNBUFFERED": "1", backends.BACKEND_ENV: self.backend,
+            "D2OPS_STOP_WITH_PARENT": "1",  # a server outlives no d2ops process that was killed without stopping it
         })
         env.update({k: str(v) for k, v in self.settings.items() if v is not None})
         return env
