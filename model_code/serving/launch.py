@@ -350,6 +350,7 @@ class TorchServeProcess(ServerProcess):
     def environment(self) -> dict[str, str]:
         return serving_env(self.workdir, tmp=self.temp)
 
+
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 

@@ -77,8 +77,6 @@ def may_decide(caller: str, reviewer_role_arn: str) -> None:
                         "--stack does)")
 
 
-
-
 class ReviewUnreadable(NotFound):
     """A review document that is not the document (404 naming it, logged for the operator)."""
 

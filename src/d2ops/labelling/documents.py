@@ -66,6 +66,12 @@ class SelectedImage(BaseModel):
     file: str = Field(description="the image's path relative to the selection directory: images/<sha256>.<ext>")
     content_type: str = Field(description="as the caller sent it (image/jpeg, image/png)")
     width: int = Field(gt=0, description="upright pixels (EXIF orientation applied), the boxes' frame")
+    height: int = Field(gt=0)
+    source: CaptureSource
+    detections: list[Detection] = Field(description="the serving model's answer as captured (xyxy pixels, class "
+                                                    "names, scores): the pre-annotations")
+    score: float = Field(description="the rank score: the sum of the reasons' weight * value")
+    reasons: list[RankReason] = Field(description="each rule term that contributed (value != 0)")
 
     @model_validator(mode="after")
     def _file_is_the_images_own(self) -> SelectedImage:
@@ -75,12 +81,6 @@ class SelectedImage(BaseModel):
             raise ValueError(f"file {self.file!r} is not {image_file_name(self.sha256, self.content_type)!r}, "
                              "the image's own name in the selection")
         return self
-    height: int = Field(gt=0)
-    source: CaptureSource
-    detections: list[Detection] = Field(description="the serving model's answer as captured (xyxy pixels, class "
-                                                    "names, scores): the pre-annotations")
-    score: float = Field(description="the rank score: the sum of the reasons' weight * value")
-    reasons: list[RankReason] = Field(description="each rule term that contributed (value != 0)")
 
 
 class SelectionParameters(BaseModel):
