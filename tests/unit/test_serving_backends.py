@@ -62,6 +62,7 @@ def test_ray_serve_gets_the_torchserve_limits_a_private_instance_and_no_usage_re
     assert "RAY_ADDRESS" not in env and env["RAY_USAGE_STATS_ENABLED"] == "0"
     assert env["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] == "0"  # Ray must not hide the GPUs device.py decides on
     assert options["--temp-dir"].startswith(str(tmp_path / "w")) or server.temp.name.startswith("d2ops-ray-")
+    server.stop()  # never started: removes only the short temp dir a deep tmp_path gets
 
 
 def test_a_deep_work_dir_gets_a_short_ray_temp_dir_that_stop_removes(tmp_path) -> None:

@@ -147,6 +147,7 @@ def test_deep_workdirs_get_a_temp_dir_short_enough_for_worker_sockets(tmp_path):
 
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     temp = serving_env(deep, base={})["TEMP"]
+    shutil.rmtree(temp)  # outside tmp_path: a server's own stop removes it (the next test)
     assert len(temp + "/.ts.sock.9000") <= MAX_UNIX_SOCKET_PATH
     assert serving_env(tmp_path / "w", base={})["TEMP"] == str(tmp_path / "w" / "tmp")
 
