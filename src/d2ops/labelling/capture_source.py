@@ -198,19 +198,11 @@ def weak_classes(report: EvaluationReport) -> list[str]:
     return sorted(weak)
 
 
-def _document_problem(uri: str, what: str, exc: ValueError) -> SelectionError:
-    """One line naming the object and its first problem (a pydantic error's location, or the JSON error)."""
-    if isinstance(exc, ValidationError):
-        first = exc.errors()[0]
-        detail = f"{'.'.join(str(p) for p in first['loc']) or 'the document'}: {first['msg']}"
-    else:
-        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return SelectionError(f"{uri}: not {what} ({detail})")
-
-
 def read_evaluation_report(s3: Any, uri: str) -> EvaluationReport:
     bucket, key = s3_layout.parse_s3_uri(uri)
     try:
         return EvaluationReport.model_validate_json(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-    except ValueError as exc:  # ValidationError too: a corrupt report is one line, not a traceback
-        raise _document_problem(uri, "an evaluation report", exc) from exc
+    except ValidationError as exc:  # a JSON syntax error is one too: a corrupt report is one line, not a traceback
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "document"
+        raise SelectionError(f"{uri}: not an evaluation report ({where}: {first['msg']})") from None
